@@ -1,0 +1,62 @@
+# OpenMesh: a thin wrapper around CMake. `make up` runs the mesh on its
+# embedded default; `make check` runs every test (sanitized when CI=true).
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+ifeq ($(CI),true)
+BUILD ?= build-ci
+CMAKE_FLAGS += -DOPENMESH_SANITIZE=ON -DOPENMESH_WERROR=ON -DCMAKE_BUILD_TYPE=Debug
+else
+BUILD ?= build
+endif
+BENCH_BUILD ?= build-bench
+
+# Run Lua (busted) against the module just built. A sanitized module needs
+# the sanitizer runtimes loaded first into the stock interpreter.
+LUA_ENV = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
+          LUA_CPATH="$(CURDIR)/$(BUILD)/lib/?.so;;"
+ifeq ($(CI),true)
+LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)" \
+           ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+endif
+
+.PHONY: all build deps check test-c test-lua bench format clean up
+
+all: build
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+deps:
+	scripts/deps
+
+check: deps
+	$(MAKE) build
+	@c=0; l=0; \
+	$(MAKE) --no-print-directory test-c || c=1; \
+	$(MAKE) --no-print-directory test-lua || l=1; \
+	if [ $$c -ne 0 ] || [ $$l -ne 0 ]; then \
+	  echo "make check: FAILED (C tests: $$([ $$c -eq 0 ] && echo ok || echo failed), Lua specs: $$([ $$l -eq 0 ] && echo ok || echo failed))"; \
+	  exit 1; fi; \
+	echo "make check: all C tests and Lua specs passed"
+
+test-c:
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-lua:
+	$(LUA_ENV) busted --lua=lua5.4 spec
+
+bench: deps
+	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BENCH_BUILD) -j $(JOBS)
+	@for b in $(BENCH_BUILD)/bench/bench_*; do \
+	  [ -x "$$b" ] || continue; "$$b" || exit 1; done
+
+format:
+	clang-format -i core/*.[ch] bindings/*.[ch] tests/*.c tests/support/*.[ch] bench/*.[ch] 2>/dev/null || true
+
+clean:
+	rm -rf build build-ci $(BENCH_BUILD)

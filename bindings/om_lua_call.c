@@ -1,0 +1,31 @@
+/*
+ * om_lua_call.c: the one protected path from C into Lua (luv's luv_cfpcall,
+ * lua.c's msghandler): a traceback on error, a fixed message on OOM.
+ */
+#include "om_lua.h"
+
+static int msghandler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) { /* error object is not a string */
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)",
+                          luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+int om_lua_pcall(lua_State *L, int nargs, int nresults) {
+  int base = lua_gettop(L) - nargs; /* the function's index */
+  int status;
+  lua_pushcfunction(L, msghandler);
+  lua_insert(L, base);
+  status = lua_pcall(L, nargs, nresults, base);
+  lua_remove(L, base);
+  if (status == LUA_ERRMEM) {
+    lua_pop(L, 1);
+    lua_pushliteral(L, "not enough memory");
+  }
+  return status;
+}
