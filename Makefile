@@ -47,7 +47,8 @@ test-c:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-lua:
-	$(LUA_ENV) busted --lua=lua5.4 spec
+	$(LUA_ENV) busted --lua=lua5.4 --lpath="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua" \
+	  --cpath="$(CURDIR)/$(BUILD)/lib/?.so" spec
 
 bench: deps
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release

@@ -51,7 +51,8 @@ lua_Integer om__lua_field_int(lua_State *L, int idx, const char *name,
   int isnum = 0;
   idx = lua_absindex(L, idx);
   if (lua_getfield(L, idx, name) != LUA_TNIL) {
-    v = lua_tointegerx(L, -1, &isnum);
+    if (lua_type(L, -1) == LUA_TNUMBER) /* no numeric strings */
+      v = lua_tointegerx(L, -1, &isnum);
     if (!isnum)
       field_error(L, idx, name, "integer expected");
     if (v < min || v > max) {

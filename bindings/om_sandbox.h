@@ -1,0 +1,68 @@
+/*
+ * om_sandbox.h: the Lua state a policy runs in.
+ *
+ * One sandbox is one lua_State owned by one policy version. Code is loaded as
+ * text only (mode "t") into an _ENV built from an allow-list: no io, no os
+ * beyond time/clock, no debug, no package, no string.dump, no
+ * collectgarbage; `require` reaches only `openmesh` and `openmesh.*`. Every
+ * call runs under an instruction budget (a count hook that stays tripped, so a
+ * pcall inside the policy cannot swallow it) and a wall-clock cap, and the
+ * whole state under a memory cap (an accounting allocator that never refuses a
+ * shrink). Metatables with __gc are refused, so no finalizer runs unbounded.
+ * (Kong's sandbox, Redis's luaMaskCountHook and HAProxy's hlua_alloc, without
+ * patching the VM or opening then pruning libraries.)
+ */
+#ifndef OM_SANDBOX_H
+#define OM_SANDBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <lua.h>
+
+typedef struct om_sandbox_s om_sandbox_t;
+
+typedef struct om_sandbox_opts_s {
+  size_t mem_limit;       /* bytes for the whole state; 0: 32 MiB */
+  uint64_t instr_limit;   /* VM instructions per call; 0: 10,000,000 */
+  uint64_t wall_limit_ns; /* wall clock per call; 0: 100 ms */
+  const char *lib_dir;    /* dir holding openmesh/NAME.lua; may be NULL */
+} om_sandbox_opts_t;
+
+/*
+ * om_sandbox_new: a fresh sandboxed state. opts may be NULL for defaults.
+ * Returns 0 and sets *out, or OM_ENOMEM / OM_EINVAL with *out untouched and
+ * nothing allocated. lib_dir is copied.
+ */
+int om_sandbox_new(const om_sandbox_opts_t *opts, om_sandbox_t **out);
+
+/* om_sandbox_free: closes the state. NULL is accepted. */
+void om_sandbox_free(om_sandbox_t *sb);
+
+/* The sandbox's state, for pushing arguments and reading results. */
+lua_State *om_sandbox_state(om_sandbox_t *sb);
+
+/*
+ * om_sandbox_load: compile src (text only) as chunk `name` with the sandbox
+ * _ENV and run its top level under the call budgets. On LUA_OK the chunk's
+ * first result is on the stack; otherwise the error message (with traceback)
+ * is, and the state is still usable.
+ */
+int om_sandbox_load(om_sandbox_t *sb, const char *name, const char *src,
+                    size_t len);
+
+/*
+ * om_sandbox_call: call the function below nargs arguments under fresh
+ * budgets, through om_lua_pcall. Same stack contract as lua_pcall. A budget
+ * overrun is LUA_ERRRUN with a message starting "budget: ".
+ */
+int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults);
+
+/* Bytes the state holds now, and the most it ever held. */
+size_t om_sandbox_mem_used(const om_sandbox_t *sb);
+size_t om_sandbox_mem_peak(const om_sandbox_t *sb);
+
+/* Push the sandbox's _ENV table. */
+void om_sandbox_push_env(om_sandbox_t *sb);
+
+#endif /* OM_SANDBOX_H */
