@@ -1,0 +1,51 @@
+/*
+ * main.c: the `openmesh` command. Each subcommand is a function taking
+ * argc/argv after the subcommand name; exit codes are 0 ok, 1 runtime
+ * failure, 2 usage or invalid input.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "om_cli.h"
+#include "om_lua.h"
+
+static int cmd_version(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  printf("openmesh %s\n", OM_VERSION);
+  return OM_EXIT_OK;
+}
+
+static const om_cli_command_t commands[] = {
+    {"version", "print the version", cmd_version},
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: openmesh COMMAND [ARGS...]\n\ncommands:\n");
+  for (const om_cli_command_t *c = commands; c->name != NULL; c++)
+    fprintf(out, "  %-10s %s\n", c->name, c->summary);
+  fprintf(out, "\n`openmesh COMMAND --help` describes each command.\n"
+               "exit codes: 0 ok, 1 runtime failure, 2 usage or invalid "
+               "input\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return OM_EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return OM_EXIT_OK;
+  }
+  if (strcmp(argv[1], "--version") == 0)
+    return cmd_version(0, NULL);
+  for (const om_cli_command_t *c = commands; c->name != NULL; c++)
+    if (strcmp(argv[1], c->name) == 0)
+      return c->run(argc - 1, argv + 1);
+  fprintf(stderr, "openmesh: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return OM_EXIT_USAGE;
+}

@@ -1,0 +1,19 @@
+/*
+ * om_log.h: one JSON object per line on stderr, for events worth an
+ * operator's time. Fields are key/value string pairs; values are escaped.
+ */
+#ifndef OM_LOG_H
+#define OM_LOG_H
+
+typedef enum { OM_LOG_DEBUG, OM_LOG_INFO, OM_LOG_WARN, OM_LOG_ERROR } om_log_level_t;
+
+/* Lines below this level are dropped (default OM_LOG_INFO). */
+void om_log_set_level(om_log_level_t level);
+
+/*
+ * om_log: write {"ts":..., "level":..., "event": event, k1: v1, ...} for a
+ * NULL-terminated list of const char * key/value pairs.
+ */
+void om_log(om_log_level_t level, const char *event, ...);
+
+#endif /* OM_LOG_H */
