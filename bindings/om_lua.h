@@ -20,6 +20,15 @@
 
 #define OM_VERSION "0.1.0"
 
+/*
+ * Registry field set in policy sandboxes. There, `require "openmesh"` gives
+ * only functions whose C memory is bounded by their arguments (hash,
+ * retry_after, backoff, retryable, deadline, errors): objects that hold C
+ * memory across calls (parsers, admission pools, policies) would escape the
+ * sandbox's memory cap.
+ */
+#define OM_LUA_SANDBOXED "openmesh.sandboxed"
+
 /* The module entry point: require "openmesh". */
 int luaopen_openmesh(lua_State *L);
 
@@ -81,5 +90,6 @@ void om__lua_open_selection(lua_State *L);  /* hash, rendezvous, p2c */
 void om__lua_open_admission(lua_State *L);  /* admission, limiter, deadline */
 void om__lua_open_resilience(lua_State *L); /* circuit, backoff, retry */
 void om__lua_open_sse(lua_State *L);        /* sse.parser, sse.encode */
+void om__lua_open_policy(lua_State *L);     /* policy.load */
 
 #endif /* OM_LUA_H */

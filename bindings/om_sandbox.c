@@ -26,6 +26,7 @@
 #define DEFAULT_INSTR_LIMIT 10000000u
 #define DEFAULT_WALL_LIMIT_NS 100000000u
 #define REG_ENV "openmesh.sandbox.env"
+#define REG_LIBENV "openmesh.sandbox.libenv"
 #define REG_LOADED "openmesh.sandbox.loaded"
 
 enum { TRIP_NONE, TRIP_INSTR, TRIP_WALL };
@@ -219,7 +220,7 @@ static int load_lib_file(lua_State *L, om_sandbox_t *sb, const char *name) {
   if (luaL_loadbufferx(L, lua_tostring(L, -2), lua_rawlen(L, -2),
                        lua_tostring(L, -1), "t") != LUA_OK)
     return lua_error(L);
-  lua_getfield(L, LUA_REGISTRYINDEX, REG_ENV);
+  lua_getfield(L, LUA_REGISTRYINDEX, REG_LIBENV);
   lua_setupvalue(L, -2, 1); /* its _ENV */
   lua_pushstring(L, name);
   lua_call(L, 1, 1);
@@ -281,7 +282,13 @@ static void wrap_field(lua_State *L, const char *name, lua_CFunction fn) {
   lua_setfield(L, -2, name);
 }
 
-static int build_env(lua_State *L) {
+/*
+ * Push a new _ENV built from the allow-list, copying from the real globals
+ * at G. Policies and the openmesh.* library get separate ones, so a policy
+ * that overwrites `pairs` or `require` in its _ENV cannot reach the
+ * validator's.
+ */
+static void make_env(lua_State *L, int G) {
   static const char *const base[] = {
       "assert", "error",  "ipairs",   "next",     "pairs",
       "pcall",  "select", "tonumber", "tostring", "type",
@@ -290,6 +297,39 @@ static int build_env(lua_State *L) {
   static const char *const libs[] = {"string", "table", "math", "utf8",
                                      "coroutine", NULL};
   static const char *const os_fields[] = {"time", "clock", NULL};
+  copy_fields(L, G, base); /* [env] */
+  int env = lua_gettop(L);
+  for (const char *const *lib = libs; *lib != NULL; lib++) {
+    lua_getfield(L, G, *lib); /* [env, lib] */
+    lua_newtable(L);          /* [env, lib, copy] */
+    lua_pushnil(L);
+    while (lua_next(L, -3)) { /* [env, lib, copy, k, v] */
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, -4);
+    }
+    lua_setfield(L, env, *lib);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, G, "os");
+  copy_fields(L, lua_gettop(L), os_fields);
+  lua_setfield(L, env, "os");
+  lua_pop(L, 1);
+  lua_getfield(L, G, "setmetatable");
+  lua_pushcclosure(L, sandbox_setmetatable, 1);
+  lua_setfield(L, env, "setmetatable");
+  lua_pushcfunction(L, sandbox_xpcall);
+  lua_setfield(L, env, "xpcall");
+  lua_getfield(L, G, "load");
+  lua_pushcclosure(L, sandbox_load, 1);
+  lua_setfield(L, env, "load");
+  lua_pushcfunction(L, sandbox_require);
+  lua_setfield(L, env, "require");
+  lua_pushvalue(L, env);
+  lua_setfield(L, env, "_G");
+}
+
+static int build_env(lua_State *L) {
   static const luaL_Reg opened[] = {{LUA_GNAME, luaopen_base},
                                     {LUA_STRLIBNAME, luaopen_string},
                                     {LUA_TABLIBNAME, luaopen_table},
@@ -320,41 +360,14 @@ static int build_env(lua_State *L) {
   lua_setfield(L, -2, "__metatable");
   lua_pop(L, 2);
 
-  copy_fields(L, G, base); /* [G, env] */
-  int env = lua_gettop(L);
-  for (const char *const *lib = libs; *lib != NULL; lib++) {
-    lua_getfield(L, G, *lib); /* [G, env, lib] */
-    lua_newtable(L);          /* [G, env, lib, copy] */
-    lua_pushnil(L);
-    while (lua_next(L, -3)) { /* [G, env, lib, copy, k, v] */
-      lua_pushvalue(L, -2);
-      lua_insert(L, -2);
-      lua_rawset(L, -4);
-    }
-    lua_setfield(L, env, *lib);
-    lua_pop(L, 1);
-  }
-  lua_getfield(L, G, "os");
-  copy_fields(L, lua_gettop(L), os_fields);
-  lua_setfield(L, env, "os");
-  lua_pop(L, 1);
-  lua_getfield(L, G, "setmetatable");
-  lua_pushcclosure(L, sandbox_setmetatable, 1);
-  lua_setfield(L, env, "setmetatable");
-  lua_pushcfunction(L, sandbox_xpcall);
-  lua_setfield(L, env, "xpcall");
-  lua_getfield(L, G, "load");
-  lua_pushcclosure(L, sandbox_load, 1);
-  lua_setfield(L, env, "load");
-  lua_pushcfunction(L, sandbox_require);
-  lua_setfield(L, env, "require");
-  lua_pushvalue(L, env);
-  lua_setfield(L, env, "_G");
-
-  lua_pushvalue(L, env);
+  make_env(L, G); /* [G, env]: what policy code sees */
   lua_setfield(L, LUA_REGISTRYINDEX, REG_ENV);
+  make_env(L, G); /* a second, pristine one for openmesh.* modules */
+  lua_setfield(L, LUA_REGISTRYINDEX, REG_LIBENV);
   lua_newtable(L);
   lua_setfield(L, LUA_REGISTRYINDEX, REG_LOADED);
+  lua_pushboolean(L, 1); /* luaopen_openmesh then offers only pure functions */
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_SANDBOXED);
   return 0;
 }
 
@@ -451,4 +464,10 @@ int om_sandbox_load(om_sandbox_t *sb, const char *name, const char *src,
   om_sandbox_push_env(sb);
   lua_setupvalue(L, -2, 1); /* the chunk's _ENV */
   return om_sandbox_call(sb, 0, 1);
+}
+
+int om_sandbox_require(om_sandbox_t *sb, const char *name) {
+  lua_pushcfunction(sb->L, sandbox_require);
+  lua_pushstring(sb->L, name);
+  return om_sandbox_call(sb, 1, 1);
 }

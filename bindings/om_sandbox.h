@@ -58,6 +58,14 @@ int om_sandbox_load(om_sandbox_t *sb, const char *name, const char *src,
  */
 int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults);
 
+/*
+ * om_sandbox_require: require(name) as policy code would, but through the
+ * sandbox's own loader (a policy cannot have replaced it), under the call
+ * budgets. Library modules (openmesh.*) run with an _ENV of their own, out of
+ * reach of policy code. LUA_OK leaves the module on the stack.
+ */
+int om_sandbox_require(om_sandbox_t *sb, const char *name);
+
 /* Bytes the state holds now, and the most it ever held. */
 size_t om_sandbox_mem_used(const om_sandbox_t *sb);
 size_t om_sandbox_mem_peak(const om_sandbox_t *sb);

@@ -133,8 +133,22 @@ static int l_strerror(lua_State *L) {
   return 1;
 }
 
+/* Replace the module on top with a copy holding only the sandbox-safe part. */
+static void restrict_for_sandbox(lua_State *L) {
+  static const char *const safe[] = {
+      "version", "errors",      "strerror", "hash",      "retry_after",
+      "retry_after_ms", "backoff", "retryable", "deadline", NULL};
+  lua_newtable(L); /* [om, safe] */
+  for (const char *const *f = safe; *f != NULL; f++) {
+    lua_getfield(L, -2, *f);
+    lua_setfield(L, -2, *f);
+  }
+  lua_remove(L, -2); /* [safe] */
+}
+
 int luaopen_openmesh(lua_State *L) {
   static const luaL_Reg funcs[] = {{"strerror", l_strerror}, {NULL, NULL}};
+  int sandboxed;
   luaL_checkversion(L);
   luaL_newlib(L, funcs); /* [om] */
   lua_pushliteral(L, OM_VERSION);
@@ -144,5 +158,12 @@ int luaopen_openmesh(lua_State *L) {
   om__lua_open_admission(L);
   om__lua_open_resilience(L);
   om__lua_open_sse(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_SANDBOXED);
+  sandboxed = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (sandboxed)
+    restrict_for_sandbox(L);
+  else
+    om__lua_open_policy(L);
   return 1;
 }

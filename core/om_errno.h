@@ -23,7 +23,8 @@
   XX(ECIRCUIT, -10, "circuit open")                                        \
   XX(EBUDGET, -11, "retry budget exhausted")                               \
   XX(ESTATE, -12, "operation not valid in the current state")              \
-  XX(ERANGE, -13, "value out of range")
+  XX(ERANGE, -13, "value out of range")                                    \
+  XX(EPOLICY, -14, "policy rejected or failed")
 
 typedef enum {
   OM_OK = 0,

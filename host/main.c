@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "om_cli.h"
+#include "om_cmds.h"
 #include "om_lua.h"
 
 static int cmd_version(int argc, char **argv) {
@@ -17,6 +18,8 @@ static int cmd_version(int argc, char **argv) {
 }
 
 static const om_cli_command_t commands[] = {
+    {"check", "validate policy files as hot reload does", om_cmd_check},
+    {"test", "run busted specs inside the embedded runtime", om_cmd_test},
     {"version", "print the version", cmd_version},
     {NULL, NULL, NULL},
 };

@@ -1,0 +1,460 @@
+/*
+ * om_policy.c: load -> validate -> (caller swaps), and the traffic call path
+ * (see om_policy.h). Policy code runs only through om_sandbox_call, so every
+ * call is protected and budgeted; C code here reads results with raw
+ * accessors only, so no policy metamethod ever runs unprotected.
+ */
+#include "om_policy.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+
+#include "om_errno.h"
+
+/* Registry keys (their addresses) in the policy's state. */
+static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_INDEX;
+
+struct om_policy_s {
+  om_sandbox_t *sb;
+  om_policy_kind_t kind;
+  char *name;
+  size_t n_peers;
+  uint32_t *seen; /* per-peer stamp of the call that returned it */
+  uint32_t stamp;
+  int has_key;
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  if (err == NULL || errlen == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* The message on top of the stack without the traceback om_lua_pcall adds. */
+static void lua_err(lua_State *L, char *err, size_t errlen,
+                    const char *prefix) {
+  size_t len;
+  const char *msg = lua_tolstring(L, -1, &len);
+  const char *tb;
+  if (msg == NULL) {
+    msg = "(no message)";
+    len = strlen(msg);
+  }
+  tb = strstr(msg, "\nstack traceback:");
+  if (tb != NULL)
+    len = (size_t)(tb - msg);
+  if (len > (size_t)1 << 16)
+    len = (size_t)1 << 16;
+  set_err(err, errlen, "%s%.*s", prefix, (int)len, msg);
+}
+
+const char *om_policy_kind_name(om_policy_kind_t kind) {
+  switch (kind) {
+  case OM_POLICY_TRAFFIC:
+    return "traffic";
+  case OM_POLICY_FALLBACK:
+    return "fallback";
+  case OM_POLICY_EGRESS_HEURISTICS:
+    return "egress_heuristics";
+  }
+  return "unknown";
+}
+
+static om_policy_kind_t kind_from_name(const char *s) {
+  for (int k = OM_POLICY_TRAFFIC; k <= OM_POLICY_EGRESS_HEURISTICS; k++)
+    if (s != NULL && strcmp(s, om_policy_kind_name(k)) == 0)
+      return (om_policy_kind_t)k;
+  return 0;
+}
+
+/* "policies/traffic.lua" -> "traffic": the default `name` of a policy. */
+static char *display_name(const char *name) {
+  const char *base = strrchr(name, '/');
+  size_t len;
+  char *out;
+  base = base != NULL ? base + 1 : name;
+  len = strlen(base);
+  if (len > 4 && strcmp(base + len - 4, ".lua") == 0)
+    len -= 4;
+  out = malloc(len + 1);
+  if (out != NULL) {
+    memcpy(out, base, len);
+    out[len] = '\0';
+  }
+  return out;
+}
+
+/* Read a field of the table at idx without metamethods; pushes it. */
+static int rawfield(lua_State *L, int idx, const char *name) {
+  idx = lua_absindex(L, idx);
+  lua_pushstring(L, name); /* inside protected code only */
+  return lua_rawget(L, idx);
+}
+
+/*
+ * After validation: the kind, the display name, and the functions the hot
+ * path calls, cached in the registry so a later change to the policy table
+ * cannot swap them. Runs protected.
+ */
+static int capture(lua_State *L) {
+  om_policy_t *p = lua_touserdata(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_POLICY); /* [p, policy] */
+  rawfield(L, 2, "kind");
+  p->kind = kind_from_name(lua_tostring(L, -1));
+  lua_pop(L, 1);
+  if (rawfield(L, 2, "name") == LUA_TSTRING) {
+    char *name = strdup(lua_tostring(L, -1));
+    if (name == NULL)
+      return luaL_error(L, "not enough memory");
+    free(p->name);
+    p->name = name;
+  }
+  lua_pop(L, 1);
+  rawfield(L, 2, "subset");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
+  p->has_key = rawfield(L, 2, "key") == LUA_TFUNCTION;
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
+  return 0;
+}
+
+int om_policy_load(const om_policy_opts_t *opts, const char *name,
+                   const char *src, size_t len, om_policy_t **out, char *err,
+                   size_t errlen) {
+  om_sandbox_opts_t so;
+  om_policy_t *p;
+  lua_State *L;
+  char chunkname[512];
+  int rc;
+  set_err(err, errlen, "%s", "");
+  if (opts == NULL || opts->lib_dir == NULL || name == NULL || src == NULL ||
+      out == NULL) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  so = (om_sandbox_opts_t){.mem_limit = opts->mem_limit,
+                           .instr_limit = opts->instr_limit,
+                           .wall_limit_ns = opts->wall_limit_ns,
+                           .lib_dir = opts->lib_dir};
+  p = calloc(1, sizeof *p);
+  if (p == NULL || (p->name = display_name(name)) == NULL ||
+      (rc = om_sandbox_new(&so, &p->sb)) != 0) {
+    om_policy_free(p);
+    set_err(err, errlen, "%s: out of memory", name);
+    return OM_ENOMEM;
+  }
+  L = om_sandbox_state(p->sb);
+  rc = OM_EPOLICY;
+  /* The validator first, before any policy code can run. */
+  if (om_sandbox_require(p->sb, "openmesh.contract") != LUA_OK) {
+    lua_err(L, err, errlen, "cannot load openmesh.contract: ");
+    goto fail;
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
+  snprintf(chunkname, sizeof chunkname, "@%s", name);
+  if (om_sandbox_load(p->sb, chunkname, src, len) != LUA_OK) {
+    lua_err(L, err, errlen, "");
+    goto fail;
+  }
+  if (lua_type(L, -1) != LUA_TTABLE) {
+    set_err(err, errlen, "%s: a policy must return a table, got %s", name,
+            luaL_typename(L, -1));
+    goto fail;
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_POLICY);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
+  lua_getfield(L, -1, "validate"); /* [contract, validate] */
+  lua_remove(L, -2);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_POLICY);
+  lua_pushstring(L, name); /* [validate, policy, name] */
+  if (om_sandbox_call(p->sb, 2, 2) != LUA_OK) {
+    lua_err(L, err, errlen, "");
+    goto fail;
+  }
+  if (!lua_toboolean(L, -2)) {
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%s: ", name);
+    lua_err(L, err, errlen, prefix);
+    goto fail;
+  }
+  lua_settop(L, 0);
+  lua_pushcfunction(L, capture);
+  lua_pushlightuserdata(L, p);
+  if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
+    lua_err(L, err, errlen, "");
+    rc = OM_ENOMEM;
+    goto fail;
+  }
+  if (p->kind == 0) {
+    set_err(err, errlen, "%s: field 'kind': unknown policy kind", name);
+    goto fail;
+  }
+  lua_settop(L, 0);
+  if (p->kind == OM_POLICY_TRAFFIC && (rc = om_policy_set_peers(p, NULL, 0))) {
+    set_err(err, errlen, "%s: out of memory", name);
+    goto fail;
+  }
+  *out = p;
+  return 0;
+fail:
+  om_policy_free(p);
+  return rc;
+}
+
+int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
+                        om_policy_t **out, char *err, size_t errlen) {
+  FILE *f;
+  char *buf = NULL;
+  size_t len = 0, cap = 0, n;
+  int rc;
+  if (path == NULL) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  f = fopen(path, "rb");
+  if (f == NULL) {
+    set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return OM_ENOTFOUND;
+  }
+  do {
+    if (len == cap) {
+      size_t ncap = cap ? cap * 2 : 8192;
+      char *nbuf = ncap <= ((size_t)64 << 20) ? realloc(buf, ncap) : NULL;
+      if (nbuf == NULL) {
+        free(buf);
+        fclose(f);
+        set_err(err, errlen, "%s: file too large or out of memory", path);
+        return ncap <= ((size_t)64 << 20) ? OM_ENOMEM : OM_ETOOBIG;
+      }
+      buf = nbuf;
+      cap = ncap;
+    }
+    n = fread(buf + len, 1, cap - len, f);
+    len += n;
+  } while (n > 0);
+  if (ferror(f)) {
+    set_err(err, errlen, "%s: read error", path);
+    free(buf);
+    fclose(f);
+    return OM_EINVAL;
+  }
+  fclose(f);
+  rc = om_policy_load(opts, path, buf ? buf : "", len, out, err, errlen);
+  free(buf);
+  return rc;
+}
+
+void om_policy_free(om_policy_t *p) {
+  if (p == NULL)
+    return;
+  om_sandbox_free(p->sb);
+  free(p->seen);
+  free(p->name);
+  free(p);
+}
+
+om_policy_kind_t om_policy_kind(const om_policy_t *p) {
+  return p->kind;
+}
+
+const char *om_policy_name(const om_policy_t *p) {
+  return p->name;
+}
+
+om_sandbox_t *om_policy_sandbox(om_policy_t *p) {
+  return p->sb;
+}
+
+void om_policy_push(om_policy_t *p) {
+  lua_rawgetp(om_sandbox_state(p->sb), LUA_REGISTRYINDEX, &K_POLICY);
+}
+
+size_t om_policy_peer_count(const om_policy_t *p) {
+  return p->n_peers;
+}
+
+static void push_kv_table(lua_State *L, const om_policy_kv_t *kv, size_t n) {
+  lua_createtable(L, 0, (int)n);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushlstring(L, kv[i].name, kv[i].name_len);
+    lua_pushlstring(L, kv[i].value, kv[i].value_len);
+    lua_rawset(L, -3);
+  }
+}
+
+typedef struct {
+  const om_policy_peer_t *peers;
+  size_t n;
+} peers_arg_t;
+
+/* Build {peer, ...} and {[peer] = index} and store both. Runs protected. */
+static int build_peers(lua_State *L) {
+  const peers_arg_t *a = lua_touserdata(L, 1);
+  lua_createtable(L, (int)a->n, 0);  /* [a, peers] */
+  lua_createtable(L, 0, (int)a->n);  /* [a, peers, index] */
+  for (size_t i = 0; i < a->n; i++) {
+    const om_policy_peer_t *pe = &a->peers[i];
+    lua_createtable(L, 0, 5); /* [a, peers, index, peer] */
+    lua_pushstring(L, pe->id);
+    lua_setfield(L, -2, "id");
+    lua_pushstring(L, pe->url != NULL ? pe->url : "");
+    lua_setfield(L, -2, "url");
+    lua_pushnumber(L, pe->weight);
+    lua_setfield(L, -2, "weight");
+    if (pe->zone != NULL) {
+      lua_pushstring(L, pe->zone);
+      lua_setfield(L, -2, "zone");
+    }
+    push_kv_table(L, pe->metadata, pe->n_metadata);
+    lua_setfield(L, -2, "metadata");
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, -4, (lua_Integer)i + 1); /* peers[i+1] = peer */
+    lua_pushinteger(L, (lua_Integer)i);
+    lua_rawset(L, -3); /* index[peer] = i */
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_INDEX);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
+  return 0;
+}
+
+int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
+                        size_t n) {
+  lua_State *L = om_sandbox_state(p->sb);
+  peers_arg_t a = {peers, n};
+  uint32_t *seen;
+  if (p->kind != OM_POLICY_TRAFFIC || (peers == NULL && n > 0) ||
+      n > UINT32_MAX)
+    return OM_EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (peers[i].id == NULL)
+      return OM_EINVAL;
+  seen = calloc(n ? n : 1, sizeof *seen);
+  if (seen == NULL)
+    return OM_ENOMEM;
+  lua_settop(L, 0);
+  lua_pushcfunction(L, build_peers);
+  lua_pushlightuserdata(L, &a);
+  if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
+    lua_settop(L, 0);
+    free(seen);
+    return OM_ENOMEM; /* only allocation can fail in build_peers */
+  }
+  free(p->seen);
+  p->seen = seen;
+  p->stamp = 0;
+  p->n_peers = n;
+  return 0;
+}
+
+/* key(req) then subset(req, peers): returns key, result. Runs protected. */
+static int call_route(lua_State *L) {
+  const om_policy_req_t *req = lua_touserdata(L, 1);
+  const om_policy_t *p = lua_touserdata(L, 2);
+  lua_settop(L, 0);
+  lua_createtable(L, 0, 5); /* [req] */
+  lua_pushstring(L, req->service != NULL ? req->service : "");
+  lua_setfield(L, 1, "service");
+  lua_pushstring(L, req->method != NULL ? req->method : "GET");
+  lua_setfield(L, 1, "method");
+  lua_pushstring(L, req->path != NULL ? req->path : "/");
+  lua_setfield(L, 1, "path");
+  push_kv_table(L, req->headers, req->n_headers);
+  lua_setfield(L, 1, "headers");
+  push_kv_table(L, req->metadata, req->n_metadata);
+  lua_setfield(L, 1, "metadata");
+  if (p->has_key) {
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 1); /* [req, key] */
+    if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TSTRING)
+      return luaL_error(L, "key returned a %s, expected a string or nil",
+                        luaL_typename(L, 2));
+  } else {
+    lua_pushnil(L);
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
+  lua_pushvalue(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS);
+  lua_call(L, 2, 1); /* [req, key, result] */
+  return 2;
+}
+
+int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
+                    size_t *n_out, const char **key, size_t *key_len,
+                    char *err, size_t errlen) {
+  lua_State *L = om_sandbox_state(p->sb);
+  lua_Unsigned len;
+  int res;
+  if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
+      (out == NULL && p->n_peers > 0)) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  lua_settop(L, 0);
+  lua_pushcfunction(L, call_route);
+  lua_pushlightuserdata(L, (void *)req);
+  lua_pushlightuserdata(L, p);
+  if (om_sandbox_call(p->sb, 2, 2) != LUA_OK) {
+    lua_err(L, err, errlen, "");
+    lua_settop(L, 0);
+    return OM_EPOLICY;
+  }
+  /* [key, result]: raw reads only from here on */
+  if (key != NULL)
+    *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
+  res = 2;
+  if (lua_type(L, res) != LUA_TTABLE) {
+    set_err(err, errlen, "subset returned a %s, expected an array of peers",
+            luaL_typename(L, res));
+    return OM_EPOLICY;
+  }
+  len = lua_rawlen(L, res);
+  if (len > p->n_peers) {
+    set_err(err, errlen, "subset returned %llu peers out of %zu offered",
+            (unsigned long long)len, p->n_peers);
+    return OM_EPOLICY;
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_INDEX); /* [key, result, index] */
+  if (++p->stamp == 0) {                        /* wrapped: start over */
+    memset(p->seen, 0, p->n_peers * sizeof *p->seen);
+    p->stamp = 1;
+  }
+  for (lua_Unsigned i = 1; i <= len; i++) {
+    lua_Integer idx;
+    int isnum;
+    if (lua_rawgeti(L, res, (lua_Integer)i) != LUA_TTABLE) {
+      set_err(err, errlen, "subset result [%llu] is a %s, not an offered peer",
+              (unsigned long long)i, luaL_typename(L, -1));
+      lua_settop(L, 2);
+      return OM_EPOLICY;
+    }
+    lua_rawget(L, 3); /* index[element] */
+    idx = lua_tointegerx(L, -1, &isnum);
+    lua_pop(L, 1);
+    if (!isnum) {
+      set_err(err, errlen,
+              "subset result [%llu] is not one of the offered peers",
+              (unsigned long long)i);
+      lua_settop(L, 2);
+      return OM_EPOLICY;
+    }
+    if (p->seen[idx] == p->stamp) {
+      set_err(err, errlen, "subset result [%llu] repeats a peer",
+              (unsigned long long)i);
+      lua_settop(L, 2);
+      return OM_EPOLICY;
+    }
+    p->seen[idx] = p->stamp;
+    out[i - 1] = (uint32_t)idx;
+  }
+  lua_settop(L, 2);
+  *n_out = (size_t)len;
+  return 0;
+}

@@ -1,0 +1,116 @@
+/*
+ * om_policy.h: a loaded, validated policy (docs/POLICIES.md).
+ *
+ * om_policy_load compiles a policy in a fresh sandbox, runs its top level
+ * under the budgets, validates it with openmesh.contract (shape, then every
+ * example) and only then returns it. A caller swaps the returned policy in
+ * for the old one; on any failure the caller keeps the old one and shows the
+ * message ("file:line: message" or "file: field 'x': ...").
+ *
+ * The traffic call path (om_policy_set_peers once per snapshot revision,
+ * om_policy_route per request) is the proxy's hot path: the Lua view of a
+ * peer set is built once and reused; each request builds only its req table.
+ */
+#ifndef OM_POLICY_H
+#define OM_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "om_sandbox.h"
+
+typedef enum {
+  OM_POLICY_TRAFFIC = 1,
+  OM_POLICY_FALLBACK = 2,
+  OM_POLICY_EGRESS_HEURISTICS = 3
+} om_policy_kind_t;
+
+typedef struct om_policy_s om_policy_t;
+
+typedef struct om_policy_opts_s {
+  const char *lib_dir;    /* holds openmesh/contract.lua: required */
+  size_t mem_limit;       /* sandbox budgets; 0: the sandbox defaults */
+  uint64_t instr_limit;
+  uint64_t wall_limit_ns;
+} om_policy_opts_t;
+
+/* A name/value pair with lengths (header, metadata entry). */
+typedef struct om_policy_kv_s {
+  const char *name;
+  size_t name_len;
+  const char *value;
+  size_t value_len;
+} om_policy_kv_t;
+
+/* What a traffic policy sees of a request. Strings are NUL-terminated. */
+typedef struct om_policy_req_s {
+  const char *service;
+  const char *method;
+  const char *path;
+  const om_policy_kv_t *headers; /* names already lower-case */
+  size_t n_headers;
+  const om_policy_kv_t *metadata;
+  size_t n_metadata;
+} om_policy_req_t;
+
+/* What a traffic policy sees of a peer. zone may be NULL. */
+typedef struct om_policy_peer_s {
+  const char *id;
+  const char *url;
+  const char *zone;
+  double weight;
+  const om_policy_kv_t *metadata;
+  size_t n_metadata;
+} om_policy_peer_t;
+
+/*
+ * om_policy_load: compile, run and validate src as policy `name` (used in
+ * messages; by convention the file name). Returns 0 with *out set, or a
+ * negative code with *out untouched and a message in err (always
+ * NUL-terminated when errlen > 0): OM_EPOLICY for a rejected policy,
+ * OM_ENOMEM, OM_EINVAL for bad arguments.
+ */
+int om_policy_load(const om_policy_opts_t *opts, const char *name,
+                   const char *src, size_t len, om_policy_t **out, char *err,
+                   size_t errlen);
+
+/* om_policy_load_file: the same, reading path (name = path). */
+int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
+                        om_policy_t **out, char *err, size_t errlen);
+
+/* om_policy_free: closes the policy's state. NULL is accepted. */
+void om_policy_free(om_policy_t *p);
+
+om_policy_kind_t om_policy_kind(const om_policy_t *p);
+const char *om_policy_kind_name(om_policy_kind_t kind);
+/* The policy's `name` field, else the name it was loaded under. */
+const char *om_policy_name(const om_policy_t *p);
+om_sandbox_t *om_policy_sandbox(om_policy_t *p);
+
+/* Push the policy table onto its own state (om_sandbox_state). */
+void om_policy_push(om_policy_t *p);
+
+/*
+ * om_policy_set_peers: build the Lua view of a peer set (traffic policies),
+ * replacing the previous one. Call once per snapshot revision. On error the
+ * previous view stays. Strings are copied into the policy's state.
+ */
+int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
+                        size_t n);
+
+/* The number of peers in the current view. */
+size_t om_policy_peer_count(const om_policy_t *p);
+
+/*
+ * om_policy_route: run a traffic policy for one request: key(req) when the
+ * policy has one, then subset(req, peers). On 0, out[0..*n_out) are indices
+ * into the current peer view (out must hold om_policy_peer_count entries) and
+ * *key / *key_len the policy's key (NULL when none; valid until the next call
+ * into this policy). Anything but a proper subset is OM_EPOLICY with the
+ * reason in err: the caller fails the request, never widens it.
+ */
+int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
+                    size_t *n_out, const char **key, size_t *key_len,
+                    char *err, size_t errlen);
+
+#endif /* OM_POLICY_H */

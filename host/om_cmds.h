@@ -1,0 +1,8 @@
+/* om_cmds.h: the `openmesh` subcommands, one function each. */
+#ifndef OM_CMDS_H
+#define OM_CMDS_H
+
+int om_cmd_check(int argc, char **argv);
+int om_cmd_test(int argc, char **argv);
+
+#endif /* OM_CMDS_H */

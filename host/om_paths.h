@@ -1,0 +1,12 @@
+/* om_paths.h: where the host finds the Lua library shipped with it. */
+#ifndef OM_PATHS_H
+#define OM_PATHS_H
+
+/*
+ * The directory holding the openmesh Lua modules (openmesh.contract, .policy,
+ * .testing): $OPENMESH_LIB_DIR if set, else the source tree's lua/ (the
+ * binary runs from its build tree). The string is static or from getenv.
+ */
+const char *om_lib_dir(void);
+
+#endif /* OM_PATHS_H */
