@@ -1,0 +1,218 @@
+/* om_policy_watch.c: see om_policy_watch.h. */
+#include "om_policy_watch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "om_errno.h"
+#include "om_log.h"
+
+#define ERRLEN 2048
+
+struct om_policy_watch_s {
+  uv_fs_event_t event;
+  uv_timer_t debounce;
+  om_policy_watch_opts_t opts;
+  char *path, *dir, *base, *lib_dir;
+  om_policy_t *current;
+  uint64_t version, failures, content_hash;
+  int open_handles;
+  char last_error[ERRLEN];
+};
+
+/* XXH3 of the file's bytes; 0 when unreadable (treated as changed). */
+static uint64_t hash_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  XXH3_state_t *st;
+  char buf[16384];
+  size_t n;
+  uint64_t h;
+  if (f == NULL)
+    return 0;
+  st = XXH3_createState();
+  if (st == NULL) {
+    fclose(f);
+    return 0;
+  }
+  XXH3_64bits_reset(st);
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    XXH3_64bits_update(st, buf, n);
+  fclose(f);
+  h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+static int load(om_policy_watch_t *w, om_policy_t **out, char *err,
+                size_t errlen) {
+  int rc = om_policy_load_file(&w->opts.policy, w->path, out, err, errlen);
+  if (rc == 0 && w->opts.kind != 0 && om_policy_kind(*out) != w->opts.kind) {
+    snprintf(err, errlen, "%s: field 'kind': expected '%s', got '%s'",
+             w->path, om_policy_kind_name(w->opts.kind),
+             om_policy_kind_name(om_policy_kind(*out)));
+    om_policy_free(*out);
+    *out = NULL;
+    rc = OM_EPOLICY;
+  }
+  return rc;
+}
+
+int om_policy_watch_reload(om_policy_watch_t *w) {
+  char err[ERRLEN], version[32];
+  om_policy_t *next = NULL;
+  uint64_t h = hash_file(w->path);
+  int rc;
+  if (h != 0 && h == w->content_hash)
+    return 1;
+  rc = load(w, &next, err, sizeof err);
+  if (rc == 0 && w->opts.on_swap != NULL &&
+      w->opts.on_swap(w->opts.ud, next, w->current) != 0) {
+    snprintf(err, sizeof err, "%s: the new version could not be applied",
+             w->path);
+    om_policy_free(next);
+    rc = OM_EPOLICY;
+  }
+  if (rc != 0) {
+    w->failures++;
+    snprintf(w->last_error, sizeof w->last_error, "%s", err);
+    om_log(OM_LOG_ERROR, "policy_reload_failed", "path", w->path, "error",
+           err, "kept_version",
+           (snprintf(version, sizeof version, "%llu",
+                     (unsigned long long)w->version),
+            version),
+           NULL);
+    return rc;
+  }
+  om_policy_free(w->current);
+  w->current = next;
+  w->version++;
+  w->content_hash = h;
+  snprintf(version, sizeof version, "%llu", (unsigned long long)w->version);
+  om_log(OM_LOG_INFO, "policy_reloaded", "path", w->path, "name",
+         om_policy_name(next), "version", version, NULL);
+  return 0;
+}
+
+static void on_debounce(uv_timer_t *t) {
+  om_policy_watch_reload(t->data);
+}
+
+static void on_event(uv_fs_event_t *h, const char *filename, int events,
+                     int status) {
+  om_policy_watch_t *w = h->data;
+  (void)events;
+  if (status < 0 || (filename != NULL && strcmp(filename, w->base) != 0))
+    return;
+  uv_timer_start(&w->debounce, on_debounce, w->opts.debounce_ms, 0);
+}
+
+static void free_watch(om_policy_watch_t *w) {
+  om_policy_free(w->current);
+  free(w->path);
+  free(w->dir);
+  free(w->lib_dir);
+  free(w);
+}
+
+static void on_closed(uv_handle_t *h) {
+  om_policy_watch_t *w = h->data;
+  if (--w->open_handles == 0)
+    free_watch(w);
+}
+
+int om_policy_watch_start(uv_loop_t *loop, const om_policy_watch_opts_t *opts,
+                          om_policy_watch_t **out, char *err, size_t errlen) {
+  om_policy_watch_t *w;
+  char *slash;
+  int rc;
+  if (loop == NULL || opts == NULL || opts->path == NULL || out == NULL ||
+      opts->policy.lib_dir == NULL) {
+    snprintf(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  w = calloc(1, sizeof *w);
+  if (w == NULL || (w->path = strdup(opts->path)) == NULL ||
+      (w->dir = strdup(opts->path)) == NULL ||
+      (w->lib_dir = strdup(opts->policy.lib_dir)) == NULL) {
+    if (w != NULL) {
+      free(w->path);
+      free(w->dir);
+      free(w);
+    }
+    snprintf(err, errlen, "out of memory");
+    return OM_ENOMEM;
+  }
+  w->opts = *opts;
+  w->opts.path = w->path;
+  w->opts.policy.lib_dir = w->lib_dir;
+  if (w->opts.debounce_ms == 0)
+    w->opts.debounce_ms = 100;
+  slash = strrchr(w->dir, '/');
+  if (slash == NULL) {
+    w->base = w->path;
+    strcpy(w->dir, ".");
+  } else {
+    *slash = '\0';
+    w->base = w->path + (slash - w->dir) + 1;
+    if (w->dir[0] == '\0')
+      strcpy(w->dir, "/");
+  }
+  w->content_hash = hash_file(w->path);
+  rc = load(w, &w->current, err, errlen);
+  if (rc == 0 && opts->on_swap != NULL &&
+      opts->on_swap(opts->ud, w->current, NULL) != 0) {
+    snprintf(err, errlen, "%s: the policy could not be applied", w->path);
+    rc = OM_EPOLICY;
+  }
+  if (rc != 0) {
+    free_watch(w);
+    return rc;
+  }
+  w->version = 1;
+  uv_timer_init(loop, &w->debounce);
+  w->debounce.data = w;
+  uv_fs_event_init(loop, &w->event);
+  w->event.data = w;
+  w->open_handles = 2;
+  rc = uv_fs_event_start(&w->event, on_event, w->dir, 0);
+  if (rc != 0) {
+    snprintf(err, errlen, "%s: cannot watch: %s", w->dir, uv_strerror(rc));
+    om_policy_watch_stop(w);
+    return OM_EINVAL;
+  }
+  *out = w;
+  return 0;
+}
+
+void om_policy_watch_stop(om_policy_watch_t *w) {
+  if (w == NULL)
+    return;
+  uv_fs_event_stop(&w->event);
+  uv_timer_stop(&w->debounce);
+  uv_close((uv_handle_t *)&w->event, on_closed);
+  uv_close((uv_handle_t *)&w->debounce, on_closed);
+}
+
+om_policy_t *om_policy_watch_current(const om_policy_watch_t *w) {
+  return w->current;
+}
+
+uint64_t om_policy_watch_version(const om_policy_watch_t *w) {
+  return w->version;
+}
+
+uint64_t om_policy_watch_failures(const om_policy_watch_t *w) {
+  return w->failures;
+}
+
+const char *om_policy_watch_last_error(const om_policy_watch_t *w) {
+  return w->last_error;
+}
+
+const char *om_policy_watch_path(const om_policy_watch_t *w) {
+  return w->path;
+}
