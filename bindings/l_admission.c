@@ -79,40 +79,6 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static int field_fail(lua_State *L, int idx, const char *name,
-                      const char *why) {
-  lua_pushfstring(L, "field '%s': %s", name, why);
-  return luaL_argerror(L, idx, lua_tostring(L, -1));
-}
-
-/* Raise on any key of the table at idx that is not in allowed. */
-static void check_fields(lua_State *L, int idx, const char *const *allowed) {
-  lua_pushnil(L);                 /* [nil] */
-  while (lua_next(L, idx) != 0) { /* [key, value] */
-    const char *key;
-    int known = 0;
-    if (lua_type(L, -2) != LUA_TSTRING)
-      luaL_argerror(L, idx, "option keys must be strings");
-    key = lua_tostring(L, -2);
-    for (const char *const *f = allowed; *f != NULL; f++)
-      if (strcmp(*f, key) == 0) {
-        known = 1;
-        break;
-      }
-    if (!known) {
-      lua_pushfstring(L, "unknown field '%s'", key);
-      luaL_argerror(L, idx, lua_tostring(L, -1));
-    }
-    lua_pop(L, 1); /* [key] */
-  }
-}
-
-static int has_field(lua_State *L, int idx, const char *name) {
-  int present = lua_getfield(L, idx, name) != LUA_TNIL;
-  lua_pop(L, 1);
-  return present;
-}
-
 /* Milliseconds (finite >= 0, or math.huge) to ns; math.huge and anything
  * past the end of the clock are OM_DEADLINE_NEVER. */
 static uint64_t ms_or_never(lua_State *L, int idx, const char *what) {
@@ -254,9 +220,9 @@ static int l_admission_new(lua_State *L) {
   size_t size;
   int rc;
   luaL_checktype(L, 1, LUA_TTABLE);
-  check_fields(L, 1, fields);
-  if (!has_field(L, 1, "max_inflight"))
-    field_fail(L, 1, "max_inflight", "required");
+  om__lua_check_fields(L, 1, fields);
+  if (!om__lua_has_field(L, 1, "max_inflight"))
+    om__lua_field_fail(L, 1, "max_inflight", "required");
   o.max_inflight =
       (uint32_t)om__lua_field_int(L, 1, "max_inflight", 1, 1, UINT32_MAX);
   o.max_queue =
@@ -468,13 +434,13 @@ static int l_limiter_new(lua_State *L) {
   om_limiter_opts_init(&o);
   if (!lua_isnoneornil(L, 1)) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    check_fields(L, 1, fields);
+    om__lua_check_fields(L, 1, fields);
     o.min_limit = (uint32_t)om__lua_field_int(L, 1, "min_limit", o.min_limit, 1,
                                               UINT32_MAX);
     o.max_limit = (uint32_t)om__lua_field_int(L, 1, "max_limit", o.max_limit, 1,
                                               UINT32_MAX);
     if (o.max_limit < o.min_limit)
-      field_fail(L, 1, "max_limit", "must be >= min_limit");
+      om__lua_field_fail(L, 1, "max_limit", "must be >= min_limit");
     /* The default initial limit follows the bounds the caller chose. */
     if (o.initial_limit < o.min_limit)
       o.initial_limit = o.min_limit;
@@ -485,13 +451,13 @@ static int l_limiter_new(lua_State *L) {
     o.tolerance =
         om__lua_field_num(L, 1, "tolerance", o.tolerance, 1.0, HUGE_VAL);
     if (!isfinite(o.tolerance))
-      field_fail(L, 1, "tolerance", "must be finite");
+      om__lua_field_fail(L, 1, "tolerance", "must be finite");
     o.smoothing = om__lua_field_num(L, 1, "smoothing", o.smoothing, 0, 1);
     if (o.smoothing == 0)
-      field_fail(L, 1, "smoothing", "must be > 0");
+      om__lua_field_fail(L, 1, "smoothing", "must be > 0");
     o.backoff = om__lua_field_num(L, 1, "backoff", o.backoff, 0, 1);
     if (o.backoff == 0 || o.backoff == 1)
-      field_fail(L, 1, "backoff", "must be in (0, 1)");
+      om__lua_field_fail(L, 1, "backoff", "must be in (0, 1)");
     o.window_ns = om__lua_field_ms(L, 1, "window_ms", o.window_ns);
     o.window_samples = (uint32_t)om__lua_field_int(
         L, 1, "window_samples", o.window_samples, 1, UINT32_MAX);

@@ -43,58 +43,12 @@
 
 /* ---- option-table helpers ---------------------------------------------- */
 
-static int field_fail(lua_State *L, int idx, const char *name,
-                      const char *why) {
-  lua_pushfstring(L, "field '%s': %s", name, why);
-  return luaL_argerror(L, idx, lua_tostring(L, -1));
-}
-
-/* Raise on any key of the table at idx that is not in allowed. */
-static void check_fields(lua_State *L, int idx, const char *const *allowed) {
-  lua_pushnil(L);                 /* [nil] */
-  while (lua_next(L, idx) != 0) { /* [key, value] */
-    const char *key;
-    int known = 0;
-    if (lua_type(L, -2) != LUA_TSTRING)
-      luaL_argerror(L, idx, "option keys must be strings");
-    key = lua_tostring(L, -2);
-    for (const char *const *a = allowed; *a != NULL; a++)
-      if (strcmp(*a, key) == 0) {
-        known = 1;
-        break;
-      }
-    if (!known) {
-      lua_pushfstring(L, "unknown field '%s'", key);
-      luaL_argerror(L, idx, lua_tostring(L, -1));
-    }
-    lua_pop(L, 1); /* [key] */
-  }
-}
-
-/* om__lua_field_int, but a string ("5") is a type error, as it is for
- * om__lua_field_num: lua_tointegerx alone would coerce it. */
-static lua_Integer field_int(lua_State *L, int idx, const char *name,
-                             lua_Integer def, lua_Integer min,
-                             lua_Integer max) {
-  int t = lua_getfield(L, idx, name);
-  lua_pop(L, 1);
-  if (t != LUA_TNIL && t != LUA_TNUMBER)
-    field_fail(L, idx, name, "integer expected");
-  return om__lua_field_int(L, idx, name, def, min, max);
-}
-
 /* The options table at idx, or defaults when none/nil. */
 static int opt_table(lua_State *L, int idx) {
   if (lua_isnoneornil(L, idx))
     return 0;
   luaL_checktype(L, idx, LUA_TTABLE);
   return 1;
-}
-
-static int has_field(lua_State *L, int idx, const char *name) {
-  int present = lua_getfield(L, idx, name) != LUA_TNIL;
-  lua_pop(L, 1);
-  return present;
 }
 
 /* A time argument in ms, finite and >= 0, as whole milliseconds. */
@@ -145,30 +99,30 @@ static int l_circuit_new(lua_State *L) {
   int rc;
   om_circuit_opts_default(&o);
   if (opt_table(L, 1)) {
-    check_fields(L, 1, fields);
-    o.failures = (uint32_t)field_int(L, 1, "failures", 5, 0, UINT32_MAX);
+    om__lua_check_fields(L, 1, fields);
+    o.failures = (uint32_t)om__lua_field_int(L, 1, "failures", 5, 0, UINT32_MAX);
     o.cooldown_ns = om__lua_field_ms(L, 1, "cooldown_ms", o.cooldown_ns);
     if (o.cooldown_ns == 0)
-      field_fail(L, 1, "cooldown_ms", "must be > 0");
+      om__lua_field_fail(L, 1, "cooldown_ms", "must be > 0");
     if (o.max_cooldown_ns < o.cooldown_ns)
       o.max_cooldown_ns = o.cooldown_ns;
     o.max_cooldown_ns =
         om__lua_field_ms(L, 1, "max_cooldown_ms", o.max_cooldown_ns);
     if (o.max_cooldown_ns < o.cooldown_ns)
-      field_fail(L, 1, "max_cooldown_ms", "must be >= cooldown_ms");
+      om__lua_field_fail(L, 1, "max_cooldown_ms", "must be >= cooldown_ms");
     o.window_ns = om__lua_field_ms(L, 1, "window_ms", o.window_ns);
     if (o.window_ns != 0 && o.window_ns < MS_NS)
-      field_fail(L, 1, "window_ms", "must be 0 (off) or >= 1");
+      om__lua_field_fail(L, 1, "window_ms", "must be 0 (off) or >= 1");
     o.min_requests =
-        (uint32_t)field_int(L, 1, "min_requests", 20, 1, UINT32_MAX);
+        (uint32_t)om__lua_field_int(L, 1, "min_requests", 20, 1, UINT32_MAX);
     o.failure_ratio = om__lua_field_num(L, 1, "failure_ratio", 0.5, 0.0, 1.0);
     if (o.failure_ratio == 0.0)
-      field_fail(L, 1, "failure_ratio", "must be > 0");
+      om__lua_field_fail(L, 1, "failure_ratio", "must be > 0");
     o.reset_ns = om__lua_field_ms(L, 1, "reset_ms", o.reset_ns);
     o.probe_timeout_ns =
         om__lua_field_ms(L, 1, "probe_timeout_ms", o.probe_timeout_ns);
     if (o.failures == 0 && o.window_ns == 0)
-      field_fail(L, 1, "failures",
+      om__lua_field_fail(L, 1, "failures",
                  "0 (off) needs the ratio rule (window_ms > 0)");
   }
   u = lua_newuserdatauv(L, sizeof *u, 0); /* [circuit] closed */
@@ -233,17 +187,17 @@ static int l_backoff(lua_State *L) {
   uint64_t base, cap;
   double r;
   luaL_checktype(L, 1, LUA_TTABLE);
-  check_fields(L, 1, fields);
-  if (!has_field(L, 1, "attempt"))
-    field_fail(L, 1, "attempt", "required (1 = the first retry)");
-  attempt = field_int(L, 1, "attempt", 1, 1, UINT32_MAX);
+  om__lua_check_fields(L, 1, fields);
+  if (!om__lua_has_field(L, 1, "attempt"))
+    om__lua_field_fail(L, 1, "attempt", "required (1 = the first retry)");
+  attempt = om__lua_field_int(L, 1, "attempt", 1, 1, UINT32_MAX);
   base = om__lua_field_ms(L, 1, "base_ms", 100 * MS_NS);
   cap = om__lua_field_ms(L, 1, "cap_ms", 10000 * MS_NS);
-  if (!has_field(L, 1, "random"))
-    field_fail(L, 1, "random", "required (a number in [0, 1))");
+  if (!om__lua_has_field(L, 1, "random"))
+    om__lua_field_fail(L, 1, "random", "required (a number in [0, 1))");
   r = om__lua_field_num(L, 1, "random", 0.0, 0.0, 1.0);
   if (r >= 1.0)
-    field_fail(L, 1, "random", "must be in [0, 1)");
+    om__lua_field_fail(L, 1, "random", "must be in [0, 1)");
   lua_pushnumber(L, om__lua_ns_to_ms(om_backoff_full_jitter_ns(
                         (uint32_t)attempt, base, cap, r)));
   return 1;
@@ -299,13 +253,13 @@ static om_retry_error_t error_class(lua_State *L, int idx, const char *field,
                                     int vidx) {
   const char *s;
   if (lua_type(L, vidx) != LUA_TSTRING)
-    field_fail(L, idx, field, "\"connect\", \"timeout\" or \"reset\" expected");
+    om__lua_field_fail(L, idx, field, "\"connect\", \"timeout\" or \"reset\" expected");
   s = lua_tostring(L, vidx);
   for (int i = 1; error_names[i] != NULL; i++)
     if (strcmp(s, error_names[i]) == 0)
       return (om_retry_error_t)i;
   lua_pushfstring(L, "unknown error class '%s' (connect, timeout, reset)", s);
-  return (om_retry_error_t)field_fail(L, idx, field, lua_tostring(L, -1));
+  return (om_retry_error_t)om__lua_field_fail(L, idx, field, lua_tostring(L, -1));
 }
 
 /* headers["idempotency-key"], falling back to a case-insensitive match
@@ -316,7 +270,7 @@ static void idempotency_key(lua_State *L, int idx) {
   if (lua_getfield(L, idx, "headers") == LUA_TNIL) /* [headers] */
     return;
   if (!lua_istable(L, -1))
-    field_fail(L, idx, "headers", "table expected");
+    om__lua_field_fail(L, idx, "headers", "table expected");
   hidx = lua_gettop(L);
   if (lua_getfield(L, hidx, "idempotency-key") == LUA_TNIL) { /* [h, v] */
     lua_pop(L, 1);                                            /* [h] */
@@ -345,7 +299,7 @@ static void idempotency_key(lua_State *L, int idx) {
 found:
   lua_remove(L, hidx); /* [v] */
   if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
-    field_fail(L, idx, "headers", "'idempotency-key' must be a string");
+    om__lua_field_fail(L, idx, "headers", "'idempotency-key' must be a string");
 }
 
 static void statuses_field(lua_State *L, int idx, om_retry_policy_t *p) {
@@ -355,7 +309,7 @@ static void statuses_field(lua_State *L, int idx, om_retry_policy_t *p) {
     return;
   }
   if (!lua_istable(L, -1))
-    field_fail(L, idx, "statuses", "array of status codes expected");
+    om__lua_field_fail(L, idx, "statuses", "array of status codes expected");
   memset(p->status_bits, 0, sizeof p->status_bits);
   n = (lua_Integer)lua_rawlen(L, -1);
   for (lua_Integer i = 1; i <= n; i++) {
@@ -364,7 +318,7 @@ static void statuses_field(lua_State *L, int idx, om_retry_policy_t *p) {
     lua_rawgeti(L, -1, i); /* [list, v] */
     st = lua_tointegerx(L, -1, &isint);
     if (!isint || st < 100 || st > 599)
-      field_fail(L, idx, "statuses", "entries must be integers in [100, 599]");
+      om__lua_field_fail(L, idx, "statuses", "entries must be integers in [100, 599]");
     om_retry_policy_set_status(p, (int)st, true);
     lua_pop(L, 1); /* [list] */
   }
@@ -378,7 +332,7 @@ static void errors_field(lua_State *L, int idx, om_retry_policy_t *p) {
     return;
   }
   if (!lua_istable(L, -1))
-    field_fail(L, idx, "errors", "array of error classes expected");
+    om__lua_field_fail(L, idx, "errors", "array of error classes expected");
   p->error_bits = 0;
   n = (lua_Integer)lua_rawlen(L, -1);
   for (lua_Integer i = 1; i <= n; i++) {
@@ -397,32 +351,32 @@ static int l_retryable(lua_State *L) {
   om_retry_reason_t why;
   bool ok;
   luaL_checktype(L, 1, LUA_TTABLE);
-  check_fields(L, 1, fields);
+  om__lua_check_fields(L, 1, fields);
   memset(&req, 0, sizeof req);
   om_retry_policy_default(&policy);
   req.policy = &policy;
 
   if (lua_getfield(L, 1, "method") != LUA_TSTRING) /* [method] */
-    field_fail(L, 1, "method", "string expected");
+    om__lua_field_fail(L, 1, "method", "string expected");
   req.method = lua_tolstring(L, -1, &req.method_len); /* kept on the stack */
 
   idempotency_key(L, 1); /* [method, key|nil] */
   if (lua_isstring(L, -1))
     req.idempotency_key = lua_tolstring(L, -1, &req.idempotency_key_len);
 
-  if (has_field(L, 1, "status") && has_field(L, 1, "error"))
-    field_fail(L, 1, "status", "give either 'status' or 'error', not both");
-  if (has_field(L, 1, "status"))
-    req.status = (int)field_int(L, 1, "status", 0, 100, 599);
+  if (om__lua_has_field(L, 1, "status") && om__lua_has_field(L, 1, "error"))
+    om__lua_field_fail(L, 1, "status", "give either 'status' or 'error', not both");
+  if (om__lua_has_field(L, 1, "status"))
+    req.status = (int)om__lua_field_int(L, 1, "status", 0, 100, 599);
   else if (lua_getfield(L, 1, "error") != LUA_TNIL) { /* [..., error] */
     req.error = error_class(L, 1, "error", -1);
     lua_pop(L, 1);
   } else
-    field_fail(L, 1, "status", "required (or 'error')");
+    om__lua_field_fail(L, 1, "status", "required (or 'error')");
 
   if (lua_getfield(L, 1, "opt_in") != LUA_TNIL) { /* [..., opt_in] */
     if (!lua_isboolean(L, -1))
-      field_fail(L, 1, "opt_in", "boolean expected");
+      om__lua_field_fail(L, 1, "opt_in", "boolean expected");
     req.opt_in = lua_toboolean(L, -1);
   }
   lua_pop(L, 1);
@@ -462,11 +416,11 @@ static int l_budget_new(lua_State *L) {
   int rc;
   om_retry_budget_opts_default(&o);
   if (opt_table(L, 1)) {
-    check_fields(L, 1, fields);
+    om__lua_check_fields(L, 1, fields);
     o.ratio = om__lua_field_num(L, 1, "ratio", o.ratio, 0.0, 100.0);
     o.window_ns = om__lua_field_ms(L, 1, "window_ms", o.window_ns);
     if (o.window_ns < MS_NS || o.window_ns > UINT64_C(3600000) * MS_NS)
-      field_fail(L, 1, "window_ms", "must be in [1, 3600000]");
+      om__lua_field_fail(L, 1, "window_ms", "must be in [1, 3600000]");
     o.min_per_s = om__lua_field_num(L, 1, "min_per_s", o.min_per_s, 0.0, 1e6);
   }
   u = lua_newuserdatauv(L, sizeof *u, 0); /* [budget] closed */

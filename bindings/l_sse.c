@@ -34,25 +34,6 @@ static om_sse_parser_t *check_open_parser(lua_State *L, int idx) {
   return u->p;
 }
 
-/* Raise on option keys we do not know: a typo must not pass silently. */
-static void check_keys(lua_State *L, int idx, const char *const *known) {
-  idx = lua_absindex(L, idx);
-  lua_pushnil(L);
-  while (lua_next(L, idx) != 0) { /* [key, value] */
-    int ok = 0;
-    if (lua_type(L, -2) == LUA_TSTRING) {
-      const char *k = lua_tostring(L, -2);
-      for (const char *const *n = known; *n != NULL && !ok; n++)
-        ok = strcmp(k, *n) == 0;
-    }
-    if (!ok) {
-      lua_pushfstring(L, "unknown field '%s'", luaL_tolstring(L, -2, NULL));
-      luaL_argerror(L, idx, lua_tostring(L, -1));
-    }
-    lua_pop(L, 1); /* [key] */
-  }
-}
-
 static int l_parser_new(lua_State *L) {
   static const char *const known[] = {"max_event_bytes", NULL};
   om_sse_parser_opts_t opts = {0};
@@ -60,7 +41,7 @@ static int l_parser_new(lua_State *L) {
   int rc;
   if (!lua_isnoneornil(L, 1)) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    check_keys(L, 1, known);
+    om__lua_check_fields(L, 1, known);
     opts.max_event_bytes = (size_t)om__lua_field_int(
         L, 1, "max_event_bytes", (lua_Integer)OM_SSE_DEFAULT_MAX_EVENT_BYTES, 1,
         OM_SSE_MAX_EVENT_BYTES_LIMIT > (size_t)LUA_MAXINTEGER
@@ -230,7 +211,7 @@ static int l_encode(lua_State *L) {
   char *out;
   int rc;
   luaL_checktype(L, 1, LUA_TTABLE);
-  check_keys(L, 1, known);
+  om__lua_check_fields(L, 1, known);
   ev.type = opt_string_field(L, 1, "type", &ev.type_len);
   ev.data = opt_string_field(L, 1, "data", &ev.data_len);
   ev.id = opt_string_field(L, 1, "id", &ev.id_len);

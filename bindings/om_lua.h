@@ -63,6 +63,20 @@ double om__lua_field_num(lua_State *L, int idx, const char *name, double def,
 uint64_t om__lua_field_ms(lua_State *L, int idx, const char *name,
                           uint64_t def_ns);
 
+/* Raise "bad argument #idx (field 'name': why)". */
+int om__lua_field_fail(lua_State *L, int idx, const char *name,
+                       const char *why);
+
+/*
+ * om__lua_check_fields: raise on any key of the options table at idx that is
+ * not in the NULL-terminated allowed list, so a typo never leaves a default
+ * silently in force.
+ */
+void om__lua_check_fields(lua_State *L, int idx, const char *const *allowed);
+
+/* 1 when the table at idx has a non-nil field name (no metamethods). */
+int om__lua_has_field(lua_State *L, int idx, const char *name);
+
 /*
  * om__lua_newclass: create (or fetch) the metatable `name` with `methods` in
  * its __index table and `metamethods` in the metatable itself; pops it.

@@ -4,6 +4,7 @@
 #include "om_lua.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "om_errno.h"
 
@@ -38,10 +39,38 @@ uint64_t om__lua_optms(lua_State *L, int idx, const char *what,
   return om__lua_checkms(L, idx, what);
 }
 
-static void field_error(lua_State *L, int idx, const char *name,
-                        const char *why) {
+int om__lua_field_fail(lua_State *L, int idx, const char *name,
+                       const char *why) {
   lua_pushfstring(L, "field '%s': %s", name, why);
-  luaL_argerror(L, idx, lua_tostring(L, -1));
+  return luaL_argerror(L, idx, lua_tostring(L, -1));
+}
+
+void om__lua_check_fields(lua_State *L, int idx, const char *const *allowed) {
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);                    /* [nil] */
+  while (lua_next(L, idx) != 0) {    /* [key, value] */
+    const char *key;
+    const char *const *f = allowed;
+    if (lua_type(L, -2) != LUA_TSTRING)
+      luaL_argerror(L, idx, "option keys must be strings");
+    key = lua_tostring(L, -2);
+    while (*f != NULL && strcmp(*f, key) != 0)
+      f++;
+    if (*f == NULL) {
+      lua_pushfstring(L, "unknown field '%s'", key);
+      luaL_argerror(L, idx, lua_tostring(L, -1));
+    }
+    lua_pop(L, 1); /* [key] */
+  }
+}
+
+int om__lua_has_field(lua_State *L, int idx, const char *name) {
+  int present;
+  idx = lua_absindex(L, idx);
+  lua_pushstring(L, name);
+  present = lua_rawget(L, idx) != LUA_TNIL;
+  lua_pop(L, 1);
+  return present;
 }
 
 lua_Integer om__lua_field_int(lua_State *L, int idx, const char *name,
@@ -54,10 +83,10 @@ lua_Integer om__lua_field_int(lua_State *L, int idx, const char *name,
     if (lua_type(L, -1) == LUA_TNUMBER) /* no numeric strings */
       v = lua_tointegerx(L, -1, &isnum);
     if (!isnum)
-      field_error(L, idx, name, "integer expected");
+      om__lua_field_fail(L, idx, name, "integer expected");
     if (v < min || v > max) {
       lua_pushfstring(L, "must be in [%I, %I], got %I", min, max, v);
-      field_error(L, idx, name, lua_tostring(L, -1));
+      om__lua_field_fail(L, idx, name, lua_tostring(L, -1));
     }
   }
   lua_pop(L, 1);
@@ -70,11 +99,11 @@ double om__lua_field_num(lua_State *L, int idx, const char *name, double def,
   idx = lua_absindex(L, idx);
   if (lua_getfield(L, idx, name) != LUA_TNIL) {
     if (lua_type(L, -1) != LUA_TNUMBER)
-      field_error(L, idx, name, "number expected");
+      om__lua_field_fail(L, idx, name, "number expected");
     v = lua_tonumber(L, -1);
     if (!(v >= min && v <= max)) { /* also rejects NaN */
       lua_pushfstring(L, "must be in [%f, %f], got %f", min, max, v);
-      field_error(L, idx, name, lua_tostring(L, -1));
+      om__lua_field_fail(L, idx, name, lua_tostring(L, -1));
     }
   }
   lua_pop(L, 1);
@@ -88,10 +117,10 @@ uint64_t om__lua_field_ms(lua_State *L, int idx, const char *name,
   if (lua_getfield(L, idx, name) != LUA_TNIL) {
     lua_Number ms;
     if (lua_type(L, -1) != LUA_TNUMBER)
-      field_error(L, idx, name, "number of milliseconds expected");
+      om__lua_field_fail(L, idx, name, "number of milliseconds expected");
     ms = lua_tonumber(L, -1);
     if (!isfinite(ms) || ms < 0)
-      field_error(L, idx, name, "must be a finite number >= 0");
+      om__lua_field_fail(L, idx, name, "must be a finite number >= 0");
     v = ms_to_ns(ms);
   }
   lua_pop(L, 1);
