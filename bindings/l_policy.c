@@ -68,9 +68,9 @@ static void xcopy(lua_State *from, int idx, lua_State *to, int depth) {
       lua_pushnil(from);
       while (lua_next(from, idx) != 0) { /* from: [k, v] */
         int kt = lua_type(from, -2), vt = lua_type(from, -1);
-        if ((kt == LUA_TSTRING || kt == LUA_TNUMBER) &&
-            vt != LUA_TFUNCTION && vt != LUA_TUSERDATA &&
-            vt != LUA_TTHREAD && vt != LUA_TLIGHTUSERDATA) {
+        if ((kt == LUA_TSTRING || kt == LUA_TNUMBER) && vt != LUA_TFUNCTION &&
+            vt != LUA_TUSERDATA && vt != LUA_TTHREAD &&
+            vt != LUA_TLIGHTUSERDATA) {
           xcopy(from, -2, to, depth + 1);
           xcopy(from, -1, to, depth + 1);
           lua_rawset(to, -3);
@@ -191,12 +191,13 @@ static int l_load(lua_State *L) {
   else
     opts.lib_dir = find_lib_dir(L);
   if (opts.lib_dir == NULL)
-    return luaL_argerror(L, 1, "no 'lib_dir' given and openmesh/contract.lua "
-                               "is not on package.path");
-  opts.mem_limit = (size_t)om__lua_field_int(L, 1, "mem_limit", 0, 0,
-                                             LUA_MAXINTEGER);
-  opts.instr_limit = (uint64_t)om__lua_field_int(L, 1, "instr_limit", 0, 0,
-                                                 LUA_MAXINTEGER);
+    return luaL_argerror(L, 1,
+                         "no 'lib_dir' given and openmesh/contract.lua "
+                         "is not on package.path");
+  opts.mem_limit =
+      (size_t)om__lua_field_int(L, 1, "mem_limit", 0, 0, LUA_MAXINTEGER);
+  opts.instr_limit =
+      (uint64_t)om__lua_field_int(L, 1, "instr_limit", 0, 0, LUA_MAXINTEGER);
   opts.wall_limit_ns = om__lua_field_ms(L, 1, "wall_limit_ms", 0);
   u = lua_newuserdatauv(L, sizeof *u, 0);
   u->p = NULL;
@@ -204,8 +205,8 @@ static int l_load(lua_State *L) {
   if (path != NULL)
     rc = om_policy_load_file(&opts, path, &u->p, err, sizeof err);
   else
-    rc = om_policy_load(&opts, name ? name : "inline.lua", src, len, &u->p,
-                        err, sizeof err);
+    rc = om_policy_load(&opts, name ? name : "inline.lua", src, len, &u->p, err,
+                        sizeof err);
   if (rc != 0)
     return om__lua_fail(L, rc, err);
   return 1;
@@ -294,8 +295,7 @@ static const char *opt_string_field(lua_State *L, int idx, const char *f,
   return s;
 }
 
-static void read_req(lua_State *L, int idx, om_policy_req_t *req,
-                     int anchors) {
+static void read_req(lua_State *L, int idx, om_policy_req_t *req, int anchors) {
   om_policy_kv_t *h, *m;
   luaL_checktype(L, idx, LUA_TTABLE);
   req->service = opt_string_field(L, idx, "service", "example");
@@ -410,10 +410,11 @@ static int l_tostring(lua_State *L) {
 
 void om__lua_open_policy(lua_State *L) {
   static const luaL_Reg methods[] = {
-      {"kind", l_kind},         {"name", l_name},   {"version", l_version},
-      {"settings", l_settings}, {"subset", l_subset}, {"key", l_key},
-      {"order", l_order},       {"evaluate", l_evaluate}, {"close", l_close},
-      {NULL, NULL}};
+      {"kind", l_kind},       {"name", l_name},
+      {"version", l_version}, {"settings", l_settings},
+      {"subset", l_subset},   {"key", l_key},
+      {"order", l_order},     {"evaluate", l_evaluate},
+      {"close", l_close},     {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", l_close},
                                   {"__close", l_close},
                                   {"__tostring", l_tostring},

@@ -100,7 +100,8 @@ static int l_circuit_new(lua_State *L) {
   om_circuit_opts_default(&o);
   if (opt_table(L, 1)) {
     om__lua_check_fields(L, 1, fields);
-    o.failures = (uint32_t)om__lua_field_int(L, 1, "failures", 5, 0, UINT32_MAX);
+    o.failures =
+        (uint32_t)om__lua_field_int(L, 1, "failures", 5, 0, UINT32_MAX);
     o.cooldown_ns = om__lua_field_ms(L, 1, "cooldown_ms", o.cooldown_ns);
     if (o.cooldown_ns == 0)
       om__lua_field_fail(L, 1, "cooldown_ms", "must be > 0");
@@ -123,7 +124,7 @@ static int l_circuit_new(lua_State *L) {
         om__lua_field_ms(L, 1, "probe_timeout_ms", o.probe_timeout_ns);
     if (o.failures == 0 && o.window_ns == 0)
       om__lua_field_fail(L, 1, "failures",
-                 "0 (off) needs the ratio rule (window_ms > 0)");
+                         "0 (off) needs the ratio rule (window_ms > 0)");
   }
   u = lua_newuserdatauv(L, sizeof *u, 0); /* [circuit] closed */
   u->c = NULL;
@@ -253,13 +254,15 @@ static om_retry_error_t error_class(lua_State *L, int idx, const char *field,
                                     int vidx) {
   const char *s;
   if (lua_type(L, vidx) != LUA_TSTRING)
-    om__lua_field_fail(L, idx, field, "\"connect\", \"timeout\" or \"reset\" expected");
+    om__lua_field_fail(L, idx, field,
+                       "\"connect\", \"timeout\" or \"reset\" expected");
   s = lua_tostring(L, vidx);
   for (int i = 1; error_names[i] != NULL; i++)
     if (strcmp(s, error_names[i]) == 0)
       return (om_retry_error_t)i;
   lua_pushfstring(L, "unknown error class '%s' (connect, timeout, reset)", s);
-  return (om_retry_error_t)om__lua_field_fail(L, idx, field, lua_tostring(L, -1));
+  return (om_retry_error_t)om__lua_field_fail(L, idx, field,
+                                              lua_tostring(L, -1));
 }
 
 /* headers["idempotency-key"], falling back to a case-insensitive match
@@ -318,7 +321,8 @@ static void statuses_field(lua_State *L, int idx, om_retry_policy_t *p) {
     lua_rawgeti(L, -1, i); /* [list, v] */
     st = lua_tointegerx(L, -1, &isint);
     if (!isint || st < 100 || st > 599)
-      om__lua_field_fail(L, idx, "statuses", "entries must be integers in [100, 599]");
+      om__lua_field_fail(L, idx, "statuses",
+                         "entries must be integers in [100, 599]");
     om_retry_policy_set_status(p, (int)st, true);
     lua_pop(L, 1); /* [list] */
   }
@@ -365,7 +369,8 @@ static int l_retryable(lua_State *L) {
     req.idempotency_key = lua_tolstring(L, -1, &req.idempotency_key_len);
 
   if (om__lua_has_field(L, 1, "status") && om__lua_has_field(L, 1, "error"))
-    om__lua_field_fail(L, 1, "status", "give either 'status' or 'error', not both");
+    om__lua_field_fail(L, 1, "status",
+                       "give either 'status' or 'error', not both");
   if (om__lua_has_field(L, 1, "status"))
     req.status = (int)om__lua_field_int(L, 1, "status", 0, 100, 599);
   else if (lua_getfield(L, 1, "error") != LUA_TNIL) { /* [..., error] */

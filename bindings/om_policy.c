@@ -297,8 +297,8 @@ typedef struct {
 /* Build {peer, ...} and {[peer] = index} and store both. Runs protected. */
 static int build_peers(lua_State *L) {
   const peers_arg_t *a = lua_touserdata(L, 1);
-  lua_createtable(L, (int)a->n, 0);  /* [a, peers] */
-  lua_createtable(L, 0, (int)a->n);  /* [a, peers, index] */
+  lua_createtable(L, (int)a->n, 0); /* [a, peers] */
+  lua_createtable(L, 0, (int)a->n); /* [a, peers, index] */
   for (size_t i = 0; i < a->n; i++) {
     const om_policy_peer_t *pe = &a->peers[i];
     lua_createtable(L, 0, 5); /* [a, peers, index, peer] */
@@ -387,8 +387,8 @@ static int call_route(lua_State *L) {
 }
 
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
-                    size_t *n_out, const char **key, size_t *key_len,
-                    char *err, size_t errlen) {
+                    size_t *n_out, const char **key, size_t *key_len, char *err,
+                    size_t errlen) {
   lua_State *L = om_sandbox_state(p->sb);
   lua_Unsigned len;
   int res;
@@ -422,7 +422,7 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
     return OM_EPOLICY;
   }
   lua_rawgetp(L, LUA_REGISTRYINDEX, &K_INDEX); /* [key, result, index] */
-  if (++p->stamp == 0) {                        /* wrapped: start over */
+  if (++p->stamp == 0) {                       /* wrapped: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
     p->stamp = 1;
   }

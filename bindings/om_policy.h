@@ -28,8 +28,8 @@ typedef enum {
 typedef struct om_policy_s om_policy_t;
 
 typedef struct om_policy_opts_s {
-  const char *lib_dir;    /* holds openmesh/contract.lua: required */
-  size_t mem_limit;       /* sandbox budgets; 0: the sandbox defaults */
+  const char *lib_dir; /* holds openmesh/contract.lua: required */
+  size_t mem_limit;    /* sandbox budgets; 0: the sandbox defaults */
   uint64_t instr_limit;
   uint64_t wall_limit_ns;
 } om_policy_opts_t;
@@ -110,7 +110,7 @@ size_t om_policy_peer_count(const om_policy_t *p);
  * reason in err: the caller fails the request, never widens it.
  */
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
-                    size_t *n_out, const char **key, size_t *key_len,
-                    char *err, size_t errlen);
+                    size_t *n_out, const char **key, size_t *key_len, char *err,
+                    size_t errlen);
 
 #endif /* OM_POLICY_H */

@@ -47,8 +47,8 @@ int om__lua_field_fail(lua_State *L, int idx, const char *name,
 
 void om__lua_check_fields(lua_State *L, int idx, const char *const *allowed) {
   idx = lua_absindex(L, idx);
-  lua_pushnil(L);                    /* [nil] */
-  while (lua_next(L, idx) != 0) {    /* [key, value] */
+  lua_pushnil(L);                 /* [nil] */
+  while (lua_next(L, idx) != 0) { /* [key, value] */
     const char *key;
     const char *const *f = allowed;
     if (lua_type(L, -2) != LUA_TSTRING)
@@ -146,10 +146,10 @@ void om__lua_newclass(lua_State *L, const char *name, const luaL_Reg *methods,
 void om__lua_open_errors(lua_State *L) {
   /* [om] */
   lua_newtable(L); /* [om, errors] */
-#define OM__ERRNO_LUA(name, value, msg)                                    \
-  lua_pushinteger(L, value);                                               \
-  lua_setfield(L, -2, #name);                                              \
-  lua_pushliteral(L, #name);                                               \
+#define OM__ERRNO_LUA(name, value, msg)                                        \
+  lua_pushinteger(L, value);                                                   \
+  lua_setfield(L, -2, #name);                                                  \
+  lua_pushliteral(L, #name);                                                   \
   lua_rawseti(L, -2, value);
   OM_ERRNO_MAP(OM__ERRNO_LUA)
 #undef OM__ERRNO_LUA
@@ -165,7 +165,7 @@ static int l_strerror(lua_State *L) {
 /* Replace the module on top with a copy holding only the sandbox-safe part. */
 static void restrict_for_sandbox(lua_State *L) {
   static const char *const safe[] = {
-      "version", "errors",      "strerror", "hash",      "retry_after",
+      "version",        "errors",  "strerror",  "hash",     "retry_after",
       "retry_after_ms", "backoff", "retryable", "deadline", NULL};
   lua_newtable(L); /* [om, safe] */
   for (const char *const *f = safe; *f != NULL; f++) {

@@ -5,8 +5,8 @@ const char *om_err_name(int err) {
   switch (err) {
   case OM_OK:
     return "OK";
-#define OM__ERRNO_NAME(name, value, msg)                                   \
-  case OM_##name:                                                          \
+#define OM__ERRNO_NAME(name, value, msg)                                       \
+  case OM_##name:                                                              \
     return #name;
     OM_ERRNO_MAP(OM__ERRNO_NAME)
 #undef OM__ERRNO_NAME
@@ -19,8 +19,8 @@ const char *om_strerror(int err) {
   switch (err) {
   case OM_OK:
     return "success";
-#define OM__ERRNO_MSG(name, value, msg)                                    \
-  case OM_##name:                                                          \
+#define OM__ERRNO_MSG(name, value, msg)                                        \
+  case OM_##name:                                                              \
     return msg;
     OM_ERRNO_MAP(OM__ERRNO_MSG)
 #undef OM__ERRNO_MSG

@@ -10,20 +10,20 @@
 #define OM_ERRNO_H
 
 /* XX(name, value, message) */
-#define OM_ERRNO_MAP(XX)                                                   \
-  XX(EINVAL, -1, "invalid argument")                                       \
-  XX(ENOMEM, -2, "out of memory")                                          \
-  XX(ENOPEERS, -3, "no eligible peers")                                    \
-  XX(EOVERLOAD, -4, "overloaded: in-flight limit and queue are full")      \
-  XX(EDEADLINE, -5, "deadline exceeded")                                   \
-  XX(EDUPLICATE, -6, "duplicate id")                                       \
-  XX(ETOOBIG, -7, "input exceeds its size limit")                          \
-  XX(EPARSE, -8, "malformed input")                                        \
-  XX(ENOTFOUND, -9, "not found")                                           \
-  XX(ECIRCUIT, -10, "circuit open")                                        \
-  XX(EBUDGET, -11, "retry budget exhausted")                               \
-  XX(ESTATE, -12, "operation not valid in the current state")              \
-  XX(ERANGE, -13, "value out of range")                                    \
+#define OM_ERRNO_MAP(XX)                                                       \
+  XX(EINVAL, -1, "invalid argument")                                           \
+  XX(ENOMEM, -2, "out of memory")                                              \
+  XX(ENOPEERS, -3, "no eligible peers")                                        \
+  XX(EOVERLOAD, -4, "overloaded: in-flight limit and queue are full")          \
+  XX(EDEADLINE, -5, "deadline exceeded")                                       \
+  XX(EDUPLICATE, -6, "duplicate id")                                           \
+  XX(ETOOBIG, -7, "input exceeds its size limit")                              \
+  XX(EPARSE, -8, "malformed input")                                            \
+  XX(ENOTFOUND, -9, "not found")                                               \
+  XX(ECIRCUIT, -10, "circuit open")                                            \
+  XX(EBUDGET, -11, "retry budget exhausted")                                   \
+  XX(ESTATE, -12, "operation not valid in the current state")                  \
+  XX(ERANGE, -13, "value out of range")                                        \
   XX(EPOLICY, -14, "policy rejected or failed")
 
 typedef enum {

@@ -14,15 +14,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OM_NAME_MAX 128             /* service and instance ids */
+#define OM_NAME_MAX 128 /* service and instance ids */
 #define OM_URL_MAX 2048
 #define OM_ZONE_MAX 128
 #define OM_META_MAX_ENTRIES 64
 #define OM_META_KEY_MAX 128
 #define OM_META_VALUE_MAX 1024
-#define OM_TTL_MIN_MS 1000u         /* [1 s, 1 h] */
+#define OM_TTL_MIN_MS 1000u /* [1 s, 1 h] */
 #define OM_TTL_MAX_MS 3600000u
-#define OM_WEIGHT_MAX 10000.0       /* (0, 10000] */
+#define OM_WEIGHT_MAX 10000.0 /* (0, 10000] */
 
 typedef struct om_kv_s {
   char *key;
@@ -33,7 +33,7 @@ typedef struct om_kv_s {
 typedef struct om_instance_s {
   char *id;
   char *url;
-  char *zone;     /* NULL when none */
+  char *zone; /* NULL when none */
   double weight;
   uint64_t ttl_ms;
   om_kv_t *metadata;

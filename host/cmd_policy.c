@@ -108,10 +108,10 @@ static int check_dir(const om_policy_opts_t *opts, const char *dir) {
 }
 
 int om_cmd_check(int argc, char **argv) {
-  static const struct option longopts[] = {{"lib-dir", required_argument,
-                                            NULL, 'L'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {
+      {"lib-dir", required_argument, NULL, 'L'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
   om_policy_opts_t opts = {.lib_dir = om_lib_dir()};
   int c, ok = 1;
   optind = 1;

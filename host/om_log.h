@@ -5,7 +5,12 @@
 #ifndef OM_LOG_H
 #define OM_LOG_H
 
-typedef enum { OM_LOG_DEBUG, OM_LOG_INFO, OM_LOG_WARN, OM_LOG_ERROR } om_log_level_t;
+typedef enum {
+  OM_LOG_DEBUG,
+  OM_LOG_INFO,
+  OM_LOG_WARN,
+  OM_LOG_ERROR
+} om_log_level_t;
 
 /* Lines below this level are dropped (default OM_LOG_INFO). */
 void om_log_set_level(om_log_level_t level);

@@ -51,8 +51,8 @@ static int load(om_policy_watch_t *w, om_policy_t **out, char *err,
                 size_t errlen) {
   int rc = om_policy_load_file(&w->opts.policy, w->path, out, err, errlen);
   if (rc == 0 && w->opts.kind != 0 && om_policy_kind(*out) != w->opts.kind) {
-    snprintf(err, errlen, "%s: field 'kind': expected '%s', got '%s'",
-             w->path, om_policy_kind_name(w->opts.kind),
+    snprintf(err, errlen, "%s: field 'kind': expected '%s', got '%s'", w->path,
+             om_policy_kind_name(w->opts.kind),
              om_policy_kind_name(om_policy_kind(*out)));
     om_policy_free(*out);
     *out = NULL;
@@ -79,8 +79,8 @@ int om_policy_watch_reload(om_policy_watch_t *w) {
   if (rc != 0) {
     w->failures++;
     snprintf(w->last_error, sizeof w->last_error, "%s", err);
-    om_log(OM_LOG_ERROR, "policy_reload_failed", "path", w->path, "error",
-           err, "kept_version",
+    om_log(OM_LOG_ERROR, "policy_reload_failed", "path", w->path, "error", err,
+           "kept_version",
            (snprintf(version, sizeof version, "%llu",
                      (unsigned long long)w->version),
             version),

@@ -30,10 +30,10 @@ typedef int (*om_policy_swap_cb)(void *ud, om_policy_t *next,
                                  om_policy_t *prev);
 
 typedef struct om_policy_watch_opts_s {
-  const char *path;        /* the policy file: required */
-  om_policy_opts_t policy; /* lib_dir and budgets */
-  uint64_t debounce_ms;    /* quiet time before a reload; 0: 100 ms */
-  om_policy_kind_t kind;   /* 0: any; else a file of another kind fails */
+  const char *path;          /* the policy file: required */
+  om_policy_opts_t policy;   /* lib_dir and budgets */
+  uint64_t debounce_ms;      /* quiet time before a reload; 0: 100 ms */
+  om_policy_kind_t kind;     /* 0: any; else a file of another kind fails */
   om_policy_swap_cb on_swap; /* optional */
   void *ud;
 } om_policy_watch_opts_t;

@@ -7,10 +7,10 @@
 
 static void names_and_messages(void **state) {
   (void)state;
-#define CHECK_ONE(name, value, msg)                                        \
-  assert_int_equal(OM_##name, value);                                      \
-  assert_true(value < 0);                                                  \
-  assert_string_equal(om_err_name(value), #name);                          \
+#define CHECK_ONE(name, value, msg)                                            \
+  assert_int_equal(OM_##name, value);                                          \
+  assert_true(value < 0);                                                      \
+  assert_string_equal(om_err_name(value), #name);                              \
   assert_string_equal(om_strerror(value), msg);
   OM_ERRNO_MAP(CHECK_ONE)
 #undef CHECK_ONE

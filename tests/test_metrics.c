@@ -16,9 +16,8 @@ static void renders_families(void **state) {
                                       "Rejected requests.", "reason=\"b\"");
   assert_non_null(a);
   assert_non_null(b);
-  assert_ptr_equal(om_metrics_counter(m, "om_rejections_total", "x",
-                                      "reason=\"a\""),
-                   a);
+  assert_ptr_equal(
+      om_metrics_counter(m, "om_rejections_total", "x", "reason=\"a\""), a);
   om_metric_inc(a);
   om_metric_add(b, 41);
   om_metric_inc(b);
@@ -27,14 +26,13 @@ static void renders_families(void **state) {
   char *text = om_metrics_render(m, &len);
   assert_non_null(text);
   assert_int_equal(strlen(text), len);
-  assert_string_equal(text,
-                      "# HELP om_rejections_total Rejected requests.\n"
-                      "# TYPE om_rejections_total counter\n"
-                      "om_rejections_total{reason=\"a\"} 1\n"
-                      "om_rejections_total{reason=\"b\"} 42\n"
-                      "# HELP om_watchers Open watches.\n"
-                      "# TYPE om_watchers gauge\n"
-                      "om_watchers 2.5\n");
+  assert_string_equal(text, "# HELP om_rejections_total Rejected requests.\n"
+                            "# TYPE om_rejections_total counter\n"
+                            "om_rejections_total{reason=\"a\"} 1\n"
+                            "om_rejections_total{reason=\"b\"} 42\n"
+                            "# HELP om_watchers Open watches.\n"
+                            "# TYPE om_watchers gauge\n"
+                            "om_watchers 2.5\n");
   free(text);
   om_metrics_free(m);
 }

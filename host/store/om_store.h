@@ -32,7 +32,7 @@ typedef struct om_store_sub_s om_store_sub_t;
 typedef enum {
   OM_STORE_NOCHANGE = 0, /* a renewal with identical fields */
   OM_STORE_CREATED,
-  OM_STORE_UPDATED,      /* url, weight, zone, metadata or ttl changed */
+  OM_STORE_UPDATED, /* url, weight, zone, metadata or ttl changed */
   OM_STORE_DELETED,
   OM_STORE_EXPIRED
 } om_store_change_t;
@@ -72,7 +72,7 @@ typedef void (*om_store_watch_cb)(void *ud, om_snapshot_t *snap);
 typedef void (*om_store_config_watch_cb)(void *ud, om_config_doc_t *doc);
 
 typedef struct om_store_status_s {
-  int stale;            /* serving last known state: backend unreachable */
+  int stale; /* serving last known state: backend unreachable */
   uint64_t registrations, renewals, deletions, expiries;
   size_t services, instances;
 } om_store_status_t;
@@ -80,8 +80,7 @@ typedef struct om_store_status_s {
 typedef struct om_store_ops_s {
   const char *name; /* "memory", "redis" */
   int (*put_instance)(om_store_t *s, const char *service,
-                      const om_instance_t *in, om_store_write_cb cb,
-                      void *ud);
+                      const om_instance_t *in, om_store_write_cb cb, void *ud);
   /* Renew an existing lease only (POST .../heartbeat). */
   int (*renew)(om_store_t *s, const char *service, const char *id,
                om_store_write_cb cb, void *ud);

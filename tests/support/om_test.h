@@ -34,20 +34,20 @@ void om_test_alloc_reset(void);
 long om_test_alloc_failures(void);
 
 /* Print a recorded figure in test output ("# name: value"). */
-#define OM_TEST_NOTE(...)                                                  \
-  do {                                                                     \
-    printf("# ");                                                          \
-    printf(__VA_ARGS__);                                                   \
-    printf("\n");                                                          \
-    fflush(stdout);                                                        \
+#define OM_TEST_NOTE(...)                                                      \
+  do {                                                                         \
+    printf("# ");                                                              \
+    printf(__VA_ARGS__);                                                       \
+    printf("\n");                                                              \
+    fflush(stdout);                                                            \
   } while (0)
 
 /* Assert a double is within tol of want, printing both on failure. */
-#define OM_ASSERT_NEAR(got, want, tol)                                     \
-  do {                                                                     \
-    double om__g = (got), om__w = (want), om__t = (tol);                   \
-    if (!(om__g >= om__w - om__t && om__g <= om__w + om__t))               \
-      fail_msg("%s = %g, want %g +- %g", #got, om__g, om__w, om__t);       \
+#define OM_ASSERT_NEAR(got, want, tol)                                         \
+  do {                                                                         \
+    double om__g = (got), om__w = (want), om__t = (tol);                       \
+    if (!(om__g >= om__w - om__t && om__g <= om__w + om__t))                   \
+      fail_msg("%s = %g, want %g +- %g", #got, om__g, om__w, om__t);           \
   } while (0)
 
 #endif /* OM_TEST_H */
