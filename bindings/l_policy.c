@@ -88,6 +88,7 @@ static void xcopy(lua_State *from, int idx, lua_State *to, int depth) {
 /* Protected in the policy's state: copy n caller values, call contract.f. */
 typedef struct {
   lua_State *from;
+  om_policy_t *p;
   int first, n;
   const char *fn;
 } contract_call_t;
@@ -95,12 +96,9 @@ typedef struct {
 static int run_contract(lua_State *L) {
   contract_call_t *c = lua_touserdata(L, 1);
   lua_settop(L, 0);
-  lua_getfield(L, LUA_REGISTRYINDEX, "openmesh.sandbox.loaded");
-  lua_getfield(L, -1, "openmesh.contract");
-  lua_getfield(L, -1, c->fn); /* [loaded, contract, fn] */
-  lua_replace(L, 1);
-  lua_settop(L, 1);
-  lua_pushvalue(L, lua_upvalueindex(1)); /* the policy table */
+  om_policy_push_contract(c->p);
+  lua_getfield(L, 1, c->fn); /* [contract, fn] */
+  om_policy_push(c->p);      /* [contract, fn, policy] */
   for (int i = 0; i < c->n; i++)
     xcopy(c->from, c->first + i, L, 0);
   lua_call(L, 1 + c->n, 2);
@@ -112,10 +110,9 @@ static int contract_call(lua_State *L, om_policy_t *p, const char *fn,
                          int first, int n) {
   om_sandbox_t *sb = om_policy_sandbox(p);
   lua_State *PL = om_sandbox_state(sb);
-  contract_call_t c = {L, first, n, fn};
+  contract_call_t c = {L, p, first, n, fn};
   lua_settop(PL, 0);
-  om_policy_push(p);
-  lua_pushcclosure(PL, run_contract, 1);
+  lua_pushcfunction(PL, run_contract); /* light: never allocates */
   lua_pushlightuserdata(PL, &c);
   if (om_sandbox_call(sb, 1, 2) != LUA_OK) {
     const char *msg = lua_tostring(PL, -1);

@@ -125,13 +125,58 @@ static int capture(lua_State *L) {
   return 0;
 }
 
+typedef struct {
+  om_policy_t *p;
+  const char *name, *src;
+  size_t len;
+} load_arg_t;
+
+/*
+ * Everything that touches the new state runs here, protected and under
+ * the budgets, so an allocation failure or a hostile policy can only end in
+ * an error message, never in a panic.
+ */
+static int load_and_validate(lua_State *L) {
+  const load_arg_t *a = lua_touserdata(L, 1);
+  om_sandbox_t *sb = a->p->sb;
+  lua_settop(L, 0);
+  /* The validator first, before any policy code can run. */
+  if (om_sandbox_require(sb, "openmesh.contract") != LUA_OK)
+    return luaL_error(L, "cannot load openmesh.contract: %s",
+                      lua_tostring(L, -1));
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
+  lua_pushfstring(L, "@%s", a->name);
+  if (om_sandbox_load(sb, lua_tostring(L, -1), a->src, a->len) != LUA_OK)
+    return lua_error(L); /* "name:line: message" */
+  if (lua_type(L, -1) != LUA_TTABLE)
+    return luaL_error(L, "%s: a policy must return a table, got %s", a->name,
+                      luaL_typename(L, -1));
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_POLICY);
+  lua_settop(L, 0);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
+  rawfield(L, 1, "validate"); /* [contract, validate] */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_POLICY);
+  lua_pushstring(L, a->name);
+  lua_call(L, 2, 2); /* [contract, ok, msg] */
+  if (!lua_toboolean(L, 2))
+    return luaL_error(L, "%s: %s", a->name,
+                      lua_isstring(L, 3) ? lua_tostring(L, 3)
+                                         : "rejected by the validator");
+  lua_settop(L, 0);
+  lua_pushlightuserdata(L, a->p);
+  capture(L);
+  if (a->p->kind == 0)
+    return luaL_error(L, "%s: field 'kind': unknown policy kind", a->name);
+  return 0;
+}
+
 int om_policy_load(const om_policy_opts_t *opts, const char *name,
                    const char *src, size_t len, om_policy_t **out, char *err,
                    size_t errlen) {
   om_sandbox_opts_t so;
   om_policy_t *p;
   lua_State *L;
-  char chunkname[512];
+  load_arg_t a;
   int rc;
   set_err(err, errlen, "%s", "");
   if (opts == NULL || opts->lib_dir == NULL || name == NULL || src == NULL ||
@@ -151,61 +196,21 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
     return OM_ENOMEM;
   }
   L = om_sandbox_state(p->sb);
-  rc = OM_EPOLICY;
-  /* The validator first, before any policy code can run. */
-  if (om_sandbox_require(p->sb, "openmesh.contract") != LUA_OK) {
-    lua_err(L, err, errlen, "cannot load openmesh.contract: ");
-    goto fail;
-  }
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
-  snprintf(chunkname, sizeof chunkname, "@%s", name);
-  if (om_sandbox_load(p->sb, chunkname, src, len) != LUA_OK) {
-    lua_err(L, err, errlen, "");
-    goto fail;
-  }
-  if (lua_type(L, -1) != LUA_TTABLE) {
-    set_err(err, errlen, "%s: a policy must return a table, got %s", name,
-            luaL_typename(L, -1));
-    goto fail;
-  }
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_POLICY);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
-  lua_getfield(L, -1, "validate"); /* [contract, validate] */
-  lua_remove(L, -2);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_POLICY);
-  lua_pushstring(L, name); /* [validate, policy, name] */
-  if (om_sandbox_call(p->sb, 2, 2) != LUA_OK) {
-    lua_err(L, err, errlen, "");
-    goto fail;
-  }
-  if (!lua_toboolean(L, -2)) {
-    char prefix[300];
-    snprintf(prefix, sizeof prefix, "%s: ", name);
-    lua_err(L, err, errlen, prefix);
-    goto fail;
-  }
-  lua_settop(L, 0);
-  lua_pushcfunction(L, capture);
-  lua_pushlightuserdata(L, p);
+  a = (load_arg_t){p, name, src, len};
+  lua_pushcfunction(L, load_and_validate);
+  lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
     lua_err(L, err, errlen, "");
-    rc = OM_ENOMEM;
-    goto fail;
+    om_policy_free(p);
+    return OM_EPOLICY;
   }
-  if (p->kind == 0) {
-    set_err(err, errlen, "%s: field 'kind': unknown policy kind", name);
-    goto fail;
-  }
-  lua_settop(L, 0);
   if (p->kind == OM_POLICY_TRAFFIC && (rc = om_policy_set_peers(p, NULL, 0))) {
     set_err(err, errlen, "%s: out of memory", name);
-    goto fail;
+    om_policy_free(p);
+    return rc;
   }
   *out = p;
   return 0;
-fail:
-  om_policy_free(p);
-  return rc;
 }
 
 int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
@@ -274,6 +279,10 @@ om_sandbox_t *om_policy_sandbox(om_policy_t *p) {
 
 void om_policy_push(om_policy_t *p) {
   lua_rawgetp(om_sandbox_state(p->sb), LUA_REGISTRYINDEX, &K_POLICY);
+}
+
+void om_policy_push_contract(om_policy_t *p) {
+  lua_rawgetp(om_sandbox_state(p->sb), LUA_REGISTRYINDEX, &K_CONTRACT);
 }
 
 size_t om_policy_peer_count(const om_policy_t *p) {

@@ -90,6 +90,9 @@ om_sandbox_t *om_policy_sandbox(om_policy_t *p);
 /* Push the policy table onto its own state (om_sandbox_state). */
 void om_policy_push(om_policy_t *p);
 
+/* Push the openmesh.contract module the policy was validated with. */
+void om_policy_push_contract(om_policy_t *p);
+
 /*
  * om_policy_set_peers: build the Lua view of a peer set (traffic policies),
  * replacing the previous one. Call once per snapshot revision. On error the

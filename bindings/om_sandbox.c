@@ -19,6 +19,7 @@
 #include <lualib.h>
 
 #include "om_errno.h"
+#include "om_lpattern.h"
 #include "om_lua.h"
 
 #define HOOK_EVERY 1000 /* instructions between two budget checks */
@@ -350,6 +351,16 @@ static int build_env(lua_State *L) {
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
   wrap_field(L, "rep", sandbox_rep);
+  /* The stock find/match/gmatch/gsub backtrack in C where the count hook
+   * never fires. These count their steps as instructions, and a single call
+   * may take half the instruction budget, so a blow-up is reported as
+   * "pattern too complex" before the whole call's budget trips. */
+  uint64_t steps = sandbox_of(L)->instr_limit / 2;
+  om_lpattern_install(L, -1,
+                      steps == 0 ? 1
+                      : steps < OM_LPATTERN_DEFAULT_STEPS
+                          ? steps
+                          : OM_LPATTERN_DEFAULT_STEPS);
   lua_pop(L, 1);
   lua_getfield(L, G, "table");
   wrap_field(L, "move", sandbox_move);
@@ -427,6 +438,16 @@ void om_sandbox_push_env(om_sandbox_t *sb) {
   lua_getfield(sb->L, LUA_REGISTRYINDEX, REG_ENV);
 }
 
+static int push_budget_message(lua_State *L) {
+  const om_sandbox_t *sb = lua_touserdata(L, 1);
+  if (sb->tripped)
+    lua_pushstring(L, trip_message(sb->tripped));
+  else
+    lua_pushfstring(L, "budget: memory limit of %I bytes exceeded",
+                    (lua_Integer)sb->limit);
+  return 1;
+}
+
 int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults) {
   lua_State *L = sb->L;
   int status, outer = !sb->armed;
@@ -441,33 +462,54 @@ int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults) {
   status = om_lua_pcall(L, nargs, nresults);
   if (outer) {
     sb->armed = 0;
-    if (status != LUA_OK && sb->tripped) {
+    if (status != LUA_OK && (sb->tripped || status == LUA_ERRMEM)) {
+      /* Replace the message with the budget's. Building it may allocate,
+       * so it happens protected: were that to fail too, Lua's own
+       * preallocated "not enough memory" stays. */
       lua_pop(L, 1);
-      lua_pushstring(L, trip_message(sb->tripped));
-      status = LUA_ERRRUN;
-    } else if (status == LUA_ERRMEM) {
-      lua_pop(L, 1);
-      lua_pushfstring(L, "budget: memory limit of %I bytes exceeded",
-                      (lua_Integer)sb->limit);
-      status = LUA_ERRRUN;
+      lua_pushcfunction(L, push_budget_message);
+      lua_pushlightuserdata(L, sb);
+      if (lua_pcall(L, 1, 1, 0) == LUA_OK)
+        status = LUA_ERRRUN;
     }
   }
   return status;
 }
 
+typedef struct {
+  om_sandbox_t *sb;
+  const char *name, *src;
+  size_t len;
+} chunk_arg_t;
+
+/* Compile, give the chunk the policy _ENV, run it. Runs protected. */
+static int load_chunk(lua_State *L) {
+  const chunk_arg_t *a = lua_touserdata(L, 1);
+  if (luaL_loadbufferx(L, a->src, a->len, a->name, "t") != LUA_OK)
+    return lua_error(L);
+  om_sandbox_push_env(a->sb);
+  lua_setupvalue(L, -2, 1); /* the chunk's _ENV */
+  lua_call(L, 0, 1);
+  return 1;
+}
+
 int om_sandbox_load(om_sandbox_t *sb, const char *name, const char *src,
                     size_t len) {
-  lua_State *L = sb->L;
-  int status = luaL_loadbufferx(L, src, len, name, "t");
-  if (status != LUA_OK)
-    return status;
-  om_sandbox_push_env(sb);
-  lua_setupvalue(L, -2, 1); /* the chunk's _ENV */
-  return om_sandbox_call(sb, 0, 1);
+  chunk_arg_t a = {sb, name, src, len};
+  lua_pushcfunction(sb->L, load_chunk); /* light functions never allocate */
+  lua_pushlightuserdata(sb->L, &a);
+  return om_sandbox_call(sb, 1, 1);
+}
+
+static int require_c(lua_State *L) {
+  const char *name = lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  lua_pushstring(L, name);
+  return sandbox_require(L);
 }
 
 int om_sandbox_require(om_sandbox_t *sb, const char *name) {
-  lua_pushcfunction(sb->L, sandbox_require);
-  lua_pushstring(sb->L, name);
+  lua_pushcfunction(sb->L, require_c);
+  lua_pushlightuserdata(sb->L, (void *)name);
   return om_sandbox_call(sb, 1, 1);
 }
