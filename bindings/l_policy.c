@@ -305,12 +305,11 @@ static void read_req(lua_State *L, int idx, om_policy_req_t *req, int anchors) {
 }
 
 /* The peers and key of one route call; arrays live in Lua userdata. */
-static int route(lua_State *L, om_policy_t *p, int want_key) {
+static int route(lua_State *L, om_policy_t *p) {
   om_policy_req_t req = {0};
   om_policy_peer_t *peers = NULL;
   uint32_t *out;
-  size_t n = 0, n_out = 0, key_len = 0;
-  const char *key = NULL;
+  size_t n = 0, n_out = 0;
   char err[ERRLEN];
   int rc, anchors;
   if (om_policy_kind(p) != OM_POLICY_TRAFFIC)
@@ -319,45 +318,34 @@ static int route(lua_State *L, om_policy_t *p, int want_key) {
   lua_newtable(L); /* [p, req, peers, anchors]: keeps scratch arrays alive */
   anchors = lua_gettop(L);
   read_req(L, 2, &req, anchors);
-  if (!want_key) {
-    luaL_checktype(L, 3, LUA_TTABLE);
-    n = lua_rawlen(L, 3);
-    peers = lua_newuserdatauv(L, (n ? n : 1) * sizeof *peers, 0);
-    lua_rawseti(L, anchors, (lua_Integer)lua_rawlen(L, anchors) + 1);
-    for (size_t i = 0; i < n; i++) {
-      om_policy_kv_t *md;
-      lua_rawgeti(L, 3, (lua_Integer)i + 1);
-      if (!lua_istable(L, -1))
-        return luaL_error(L, "peers[%d]: table expected", (int)i + 1);
-      peers[i].id = opt_string_field(L, -1, "id", NULL);
-      if (peers[i].id == NULL)
-        return luaL_error(L, "peers[%d]: field 'id' required", (int)i + 1);
-      peers[i].url = opt_string_field(L, -1, "url", "http://127.0.0.1:1/");
-      peers[i].zone = opt_string_field(L, -1, "zone", NULL);
-      lua_getfield(L, -1, "weight");
-      peers[i].weight = luaL_optnumber(L, -1, 1);
-      lua_pop(L, 1);
-      peers[i].n_metadata = read_kv(L, -1, "metadata", &md, anchors);
-      peers[i].metadata = md;
-      lua_pop(L, 1);
-    }
-    rc = om_policy_set_peers(p, peers, n);
-    if (rc != 0)
-      return om__lua_fail(L, rc, NULL);
-  } else {
-    om_policy_set_peers(p, NULL, 0);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  n = lua_rawlen(L, 3);
+  peers = lua_newuserdatauv(L, (n ? n : 1) * sizeof *peers, 0);
+  lua_rawseti(L, anchors, (lua_Integer)lua_rawlen(L, anchors) + 1);
+  for (size_t i = 0; i < n; i++) {
+    om_policy_kv_t *md;
+    lua_rawgeti(L, 3, (lua_Integer)i + 1);
+    if (!lua_istable(L, -1))
+      return luaL_error(L, "peers[%d]: table expected", (int)i + 1);
+    peers[i].id = opt_string_field(L, -1, "id", NULL);
+    if (peers[i].id == NULL)
+      return luaL_error(L, "peers[%d]: field 'id' required", (int)i + 1);
+    peers[i].url = opt_string_field(L, -1, "url", "http://127.0.0.1:1/");
+    peers[i].zone = opt_string_field(L, -1, "zone", NULL);
+    lua_getfield(L, -1, "weight");
+    peers[i].weight = luaL_optnumber(L, -1, 1);
+    lua_pop(L, 1);
+    peers[i].n_metadata = read_kv(L, -1, "metadata", &md, anchors);
+    peers[i].metadata = md;
+    lua_pop(L, 1);
   }
+  rc = om_policy_set_peers(p, peers, n);
+  if (rc != 0)
+    return om__lua_fail(L, rc, NULL);
   out = lua_newuserdatauv(L, (n ? n : 1) * sizeof *out, 0);
-  rc = om_policy_route(p, &req, out, &n_out, &key, &key_len, err, sizeof err);
+  rc = om_policy_route(p, &req, out, &n_out, NULL, NULL, err, sizeof err);
   if (rc != 0)
     return om__lua_fail(L, rc, err);
-  if (want_key) {
-    if (key == NULL)
-      lua_pushnil(L);
-    else
-      lua_pushlstring(L, key, key_len);
-    return 1;
-  }
   lua_createtable(L, (int)n_out, 0);
   for (size_t i = 0; i < n_out; i++) {
     lua_pushstring(L, peers[out[i]].id);
@@ -367,11 +355,15 @@ static int route(lua_State *L, om_policy_t *p, int want_key) {
 }
 
 static int l_subset(lua_State *L) {
-  return route(L, check_policy(L, 1), 0);
+  return route(L, check_policy(L, 1));
 }
 
 static int l_key(lua_State *L) {
-  return route(L, check_policy(L, 1), 1);
+  om_policy_t *p = check_policy(L, 1);
+  if (om_policy_kind(p) != OM_POLICY_TRAFFIC)
+    return luaL_error(L, "not a traffic policy");
+  luaL_checktype(L, 2, LUA_TTABLE);
+  return contract_call(L, p, "key", 2, 1);
 }
 
 static int l_order(lua_State *L) {
@@ -387,11 +379,7 @@ static int l_evaluate(lua_State *L) {
   if (om_policy_kind(p) != OM_POLICY_EGRESS_HEURISTICS)
     return luaL_error(L, "not an egress_heuristics policy");
   luaL_checkstring(L, 2);
-  if (lua_isnoneornil(L, 3)) {
-    lua_settop(L, 2);
-    lua_newtable(L);
-  }
-  return contract_call(L, p, "evaluate", 2, 2);
+  return contract_call(L, p, "evaluate", 2, lua_isnoneornil(L, 3) ? 1 : 2);
 }
 
 static int l_tostring(lua_State *L) {

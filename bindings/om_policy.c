@@ -200,7 +200,12 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
   lua_pushcfunction(L, load_and_validate);
   lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
-    lua_err(L, err, errlen, "");
+    /* A tripped budget cannot say where it was: name the file. */
+    const char *msg = lua_tostring(L, -1);
+    char prefix[300] = "";
+    if (msg != NULL && strncmp(msg, "budget:", 7) == 0)
+      snprintf(prefix, sizeof prefix, "%s: ", name);
+    lua_err(L, err, errlen, prefix);
     om_policy_free(p);
     return OM_EPOLICY;
   }

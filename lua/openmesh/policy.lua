@@ -1,0 +1,260 @@
+-- openmesh.policy: small helpers a traffic policy composes, so a typical
+-- subset() is a few lines.
+--
+-- Every helper that takes peers returns a NEW array holding some of those
+-- same peer tables, in their original order: never a copy of a peer, never
+-- a peer that was not given. So whatever a policy builds from them passes
+-- the contract's identity check (openmesh.contract.subset). None of them
+-- widens: when the peers a helper looks for are absent, the answer is the
+-- empty array (the request then fails with `no_peers`), except where a
+-- helper's documentation says it spills over.
+--
+-- Runs inside the policy sandbox: only base functions, string, table, math
+-- and the `openmesh` C module.
+local om = require "openmesh"
+
+local policy = {}
+
+-- Raise at the policy's call site, not here.
+local function misuse(fmt, ...)
+  error(fmt:format(...), 3)
+end
+
+-- A predicate from a function, or from a table of metadata that must all
+-- match ({version = "v2"} means peer.metadata.version == "v2").
+local function predicate(p)
+  if type(p) == "function" then
+    return p
+  elseif type(p) == "table" then
+    return function(peer)
+      local md = peer.metadata or {}
+      for k, v in pairs(p) do
+        if md[k] ~= v then
+          return false
+        end
+      end
+      return true
+    end
+  end
+  misuse("predicate expected (a function or a metadata table), got %s", type(p))
+end
+
+-- policy.filter(peers, pred) -> the peers for which pred(peer) is truthy.
+-- pred may also be a metadata table (see match_metadata).
+function policy.filter(peers, pred)
+  pred = predicate(pred)
+  local out = {}
+  for i = 1, #peers do
+    if pred(peers[i]) then
+      out[#out + 1] = peers[i]
+    end
+  end
+  return out
+end
+
+-- The peers that match and the peers that do not, both in original order.
+local function partition(peers, pred)
+  local yes, no = {}, {}
+  for i = 1, #peers do
+    local list = pred(peers[i]) and yes or no
+    list[#list + 1] = peers[i]
+  end
+  return yes, no
+end
+
+-- policy.match_metadata(peers, key, value) -> peers whose metadata[key]
+-- equals value.
+function policy.match_metadata(peers, key, value)
+  return policy.filter(peers, function(peer)
+    return peer.metadata ~= nil and peer.metadata[key] == value
+  end)
+end
+
+-- policy.exclude_metadata(peers, key, value) -> peers whose metadata[key]
+-- is anything but value (absent included): "everything except v2".
+function policy.exclude_metadata(peers, key, value)
+  return policy.filter(peers, function(peer)
+    return peer.metadata == nil or peer.metadata[key] ~= value
+  end)
+end
+
+-- policy.by_zone(peers, zone) -> peers in that zone (none when zone is nil:
+-- a peer without a zone is in no zone).
+function policy.by_zone(peers, zone)
+  return policy.filter(peers, function(peer)
+    return zone ~= nil and peer.zone == zone
+  end)
+end
+
+-- policy.zone_local(peers, zone [, min_peers]) -> the peers of `zone` when
+-- there are at least min_peers (default 1) of them, else all peers: keep
+-- traffic in the caller's zone while the zone can carry it, spill over to
+-- every zone when it cannot (or when the caller's zone is unknown).
+function policy.zone_local(peers, zone, min_peers)
+  min_peers = min_peers or 1
+  if math.type(min_peers) ~= "integer" or min_peers < 1 then
+    misuse("zone_local: min_peers must be an integer >= 1, got %s", tostring(min_peers))
+  end
+  local here = policy.by_zone(peers, zone)
+  if #here >= min_peers then
+    return here
+  end
+  return policy.filter(peers, function()
+    return true
+  end)
+end
+
+-- Stable per-key randomness ---------------------------------------------
+
+-- openmesh.hash is XXH3-64 of the key as a Lua integer, the same in C and
+-- Lua, so every proxy of the mesh puts a key in the same bucket.
+local hash = om.hash
+
+-- policy.unit(key) -> a number in [0, 1), uniform over keys and the same
+-- for the same key on every process: the top 53 bits of the key's hash.
+function policy.unit(key)
+  if type(key) ~= "string" then
+    misuse("unit: key must be a string, got %s", type(key))
+  end
+  return (hash(key) >> 11) * 0x1p-53 -- >> is logical: 0 <= h >> 11 < 2^53
+end
+
+-- policy.split(peers, key, weights [, label_of]) -> the peers of one label,
+-- chosen per key in proportion to `weights` (label -> weight >= 0, e.g.
+-- {v1 = 90, v2 = 10}) and stable per key. label_of(peer) gives a peer's
+-- label; a string names a metadata field; default "version". Labels are
+-- laid out on [0, 1) in sorted order, so the same weights always give the
+-- same assignment. A nil key goes to the heaviest label (ties: the first in
+-- sorted order). Peers whose label has no weight are never chosen, and a
+-- chosen label without peers gives the empty array (no spill-over).
+function policy.split(peers, key, weights, label_of)
+  if type(weights) ~= "table" then
+    misuse("split: weights must be a table of label -> weight, got %s", type(weights))
+  end
+  label_of = label_of or "version"
+  if type(label_of) == "string" then
+    local field = label_of
+    label_of = function(peer)
+      return peer.metadata and peer.metadata[field]
+    end
+  end
+  local labels, total = {}, 0
+  for label, w in pairs(weights) do
+    if type(w) ~= "number" or not (w >= 0 and w < math.huge) then
+      misuse("split: weight of %s must be a finite number >= 0, got %s", tostring(label), tostring(w))
+    end
+    labels[#labels + 1] = label
+    total = total + w
+  end
+  if total <= 0 then
+    misuse("split: weights must add up to more than 0")
+  end
+  table.sort(labels, function(a, b)
+    return tostring(a) < tostring(b)
+  end)
+  local chosen
+  if key == nil then
+    for _, label in ipairs(labels) do
+      if chosen == nil or weights[label] > weights[chosen] then
+        chosen = label
+      end
+    end
+  else
+    local point, acc = policy.unit(key) * total, 0
+    for _, label in ipairs(labels) do
+      acc = acc + weights[label]
+      if point < acc and weights[label] > 0 then
+        chosen = label
+        break
+      end
+    end
+    chosen = chosen or labels[#labels] -- rounding at the very top
+  end
+  return policy.filter(peers, function(peer)
+    return label_of(peer) == chosen
+  end)
+end
+
+-- policy.canary(peers, key, percent, is_canary) -> for `percent` of keys
+-- (0..100, stable per key: unit(key) * 100 < percent), the canary peers;
+-- for every other key, and for requests without a key, only the other
+-- peers. is_canary: a predicate or a metadata table ({version = "v2"}).
+-- Raising percent keeps every key that was already in the canary. A canary
+-- key while no canary peer exists goes to the stable peers (the canary is
+-- simply not deployed); a stable key never reaches a canary peer, even when
+-- no stable peer is left (then the answer is empty).
+function policy.canary(peers, key, percent, is_canary)
+  if type(percent) ~= "number" or not (percent >= 0 and percent <= 100) then
+    misuse("canary: percent must be a number in [0, 100], got %s", tostring(percent))
+  end
+  local canary, stable = partition(peers, predicate(is_canary))
+  if key ~= nil and #canary > 0 and policy.unit(key) * 100 < percent then
+    return canary
+  end
+  return stable
+end
+
+-- Request helpers --------------------------------------------------------
+
+-- policy.header(req, name) -> the value of header `name` (any case; the
+-- proxy gives lower-case names), or nil when absent or empty.
+function policy.header(req, name)
+  local headers = type(req) == "table" and req.headers
+  if type(headers) ~= "table" then
+    return nil
+  end
+  local v = headers[name:lower()]
+  if type(v) ~= "string" or v == "" then
+    return nil
+  end
+  return v
+end
+
+local function is_ows(b)
+  return b == 32 or b == 9 -- SP / HTAB
+end
+
+-- s without leading and trailing spaces and tabs. A byte loop, not
+-- s:match("^%s*(.-)%s*$"), which backtracks quadratically on long runs of
+-- spaces inside C code that no instruction budget can interrupt.
+local function trim(s)
+  local i, j = 1, #s
+  while i <= j and is_ows(s:byte(i)) do
+    i = i + 1
+  end
+  while j >= i and is_ows(s:byte(j)) do
+    j = j - 1
+  end
+  return s:sub(i, j)
+end
+
+-- policy.cookie(req, name) -> the value of cookie `name` from the Cookie
+-- header, or nil when there is no such cookie or its value is empty.
+-- Parses "a=1; b=2" (RFC 6265 section 4.2.1, leniently as in section
+-- 5.2: whitespace around names and values ignored, pairs without '='
+-- skipped), names compared exactly, the first occurrence wins, and one
+-- pair of surrounding double quotes is removed (cookie-value, section
+-- 4.1.1). Linear in the header's length whatever it holds.
+function policy.cookie(req, name)
+  local header = policy.header(req, "cookie")
+  if header == nil then
+    return nil
+  end
+  local pos, len = 1, #header
+  while pos <= len do
+    local semi = header:find(";", pos, true) or len + 1
+    local pair = header:sub(pos, semi - 1)
+    local eq = pair:find("=", 1, true)
+    if eq and trim(pair:sub(1, eq - 1)) == name then
+      local v = trim(pair:sub(eq + 1))
+      if #v >= 2 and v:byte(1) == 34 and v:byte(-1) == 34 then
+        v = v:sub(2, -2)
+      end
+      return v ~= "" and v or nil
+    end
+    pos = semi + 1
+  end
+  return nil
+end
+
+return policy

@@ -1,0 +1,249 @@
+/*
+ * test_policy.c: load -> validate -> swap and the traffic call path, with
+ * the real openmesh.contract and the shipped policies.
+ */
+#include "om_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "om_errno.h"
+#include "om_policy.h"
+
+#define LIB_DIR OM_SOURCE_DIR "/lua"
+
+static const om_policy_opts_t opts = {.lib_dir = LIB_DIR,
+                                      .instr_limit = 1000000};
+
+static om_policy_t *load_ok(const char *name, const char *src) {
+  char err[1024];
+  om_policy_t *p = NULL;
+  int rc = om_policy_load(&opts, name, src, strlen(src), &p, err, sizeof err);
+  if (rc != 0)
+    fail_msg("%s: rc %d: %s", name, rc, err);
+  return p;
+}
+
+static void expect_rejected(const char *name, const char *src,
+                            const char *want) {
+  char err[1024];
+  om_policy_t *p = NULL;
+  int rc = om_policy_load(&opts, name, src, strlen(src), &p, err, sizeof err);
+  if (rc != OM_EPOLICY || p != NULL || strstr(err, want) == NULL)
+    fail_msg("%s: rc %d, err '%s', want OM_EPOLICY and '%s'", name, rc, err,
+             want);
+}
+
+static void shipped_policies_load(void **state) {
+  (void)state;
+  static const struct {
+    const char *path;
+    om_policy_kind_t kind;
+  } files[] = {
+      {OM_SOURCE_DIR "/policies/traffic.lua", OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/policies/fallback.lua", OM_POLICY_FALLBACK},
+      {OM_SOURCE_DIR "/policies/egress_heuristics.lua",
+       OM_POLICY_EGRESS_HEURISTICS},
+      {OM_SOURCE_DIR "/examples/policies/canary.lua", OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/examples/policies/metadata_match.lua",
+       OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/examples/policies/zone_local.lua", OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/examples/policies/keyed_affinity.lua",
+       OM_POLICY_TRAFFIC},
+  };
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char err[1024];
+    om_policy_t *p = NULL;
+    int rc = om_policy_load_file(&opts, files[i].path, &p, err, sizeof err);
+    if (rc != 0)
+      fail_msg("%s: %s", files[i].path, err);
+    assert_int_equal(om_policy_kind(p), files[i].kind);
+    om_policy_free(p);
+  }
+}
+
+static void rejections_name_the_place(void **state) {
+  (void)state;
+  expect_rejected("syntax.lua", "return {kind = 'traffic',\n subset = }",
+                  "syntax.lua:2:");
+  expect_rejected("top.lua", "local x = nil\nreturn x.y", "top.lua:2:");
+  expect_rejected("notable.lua", "return 42", "must return a table");
+  expect_rejected("nosubset.lua", "return {kind = 'traffic'}", "subset");
+  expect_rejected("kind.lua", "return {kind = 'trafic'}", "kind");
+  expect_rejected("field.lua",
+                  "return {kind = 'traffic', subset = function(r, p) "
+                  "return p end, max_inflight = -3}",
+                  "max_inflight");
+  expect_rejected("typo.lua",
+                  "return {kind = 'traffic', subset = function(r, p) "
+                  "return p end, max_inflght = 3}",
+                  "max_inflght");
+  expect_rejected("example.lua",
+                  "return {kind = 'traffic', subset = function(r, p) "
+                  "return p end, examples = {{peers = {{id = 'a'}, "
+                  "{id = 'b'}}, expect = {'a'}}}}",
+                  "example 1");
+  expect_rejected("budget.lua", "while true do end", "budget");
+  expect_rejected("memory.lua", "local t = {} for i = 1, 1e9 do "
+                  "t[i] = ('x'):rep(64) .. i end",
+                  "budget");
+}
+
+/* A policy cannot subvert the validator by poisoning its own _ENV. */
+static void validator_is_out_of_reach(void **state) {
+  (void)state;
+  expect_rejected("poison.lua",
+                  "require = function() return {validate = function() "
+                  "return true end} end\n"
+                  "pairs = function() error('poisoned') end\n"
+                  "next = nil type = function() return 'function' end\n"
+                  "return {kind = 'traffic'}",
+                  "subset");
+  expect_rejected("meta.lua",
+                  "return setmetatable({kind = 'traffic'}, {__index = "
+                  "function(t, k) return function(r, p) return p end end})",
+                  "subset");
+}
+
+static const char *canary_src =
+    "local om = require 'openmesh'\n"
+    "return {kind = 'traffic',\n"
+    "  key = function(req) return req.headers['x-user'] end,\n"
+    "  subset = function(req, peers)\n"
+    "    if req.path == '/foreign' then return {{id = 'a'}} end\n"
+    "    if req.path == '/dup' then return {peers[1], peers[1]} end\n"
+    "    if req.path == '/hole' then return {peers[1], nil, peers[3]} end\n"
+    "    if req.path == '/string' then return 'a' end\n"
+    "    if req.path == '/raise' then error('no luck') end\n"
+    "    if req.path == '/loop' then while true do end end\n"
+    "    local out = {}\n"
+    "    for _, p in ipairs(peers) do\n"
+    "      if (p.metadata.version == 'v2') == (req.headers['x-canary'] == "
+    "'1') then out[#out + 1] = p end\n"
+    "    end\n"
+    "    return out\n"
+    "  end}\n";
+
+static void route_returns_subset_indices(void **state) {
+  (void)state;
+  om_policy_t *p = load_ok("canary.lua", canary_src);
+  const om_policy_kv_t v2[] = {{"version", 7, "v2", 2}};
+  const om_policy_peer_t peers[] = {
+      {"a", "http://127.0.0.1:1/", "z1", 1, NULL, 0},
+      {"b", "http://127.0.0.1:2/", NULL, 2, v2, 1},
+      {"c", "http://127.0.0.1:3/", "z2", 1, NULL, 0},
+  };
+  const om_policy_kv_t hdr[] = {{"x-canary", 8, "1", 1},
+                                {"x-user", 6, "u-42", 4}};
+  om_policy_req_t req = {"svc", "GET", "/", hdr, 2, NULL, 0};
+  uint32_t out[3];
+  size_t n = 99, klen = 0;
+  const char *key = NULL;
+  char err[512];
+  assert_int_equal(om_policy_set_peers(p, peers, 3), 0);
+  assert_int_equal(om_policy_peer_count(p), 3);
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(out[0], 1); /* only the v2 peer */
+  assert_non_null(key);
+  assert_int_equal(klen, 4);
+  assert_memory_equal(key, "u-42", 4);
+  req.n_headers = 0; /* no canary header, no key */
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(out[0], 0);
+  assert_int_equal(out[1], 2);
+  assert_null(key);
+  om_policy_free(p);
+}
+
+static void route_never_widens(void **state) {
+  (void)state;
+  static const struct {
+    const char *path, *want;
+  } cases[] = {
+      {"/foreign", "not one of the offered peers"},
+      {"/dup", "repeats a peer"},
+      {"/hole", "is a nil"},
+      {"/string", "subset returned a string"},
+      {"/raise", "canary.lua:9: no luck"},
+      {"/loop", "budget: instruction limit exceeded"},
+  };
+  om_policy_t *p = load_ok("canary.lua", canary_src);
+  const om_policy_peer_t peers[] = {{"a", NULL, NULL, 1, NULL, 0},
+                                    {"b", NULL, NULL, 1, NULL, 0},
+                                    {"c", NULL, NULL, 1, NULL, 0}};
+  uint32_t out[3];
+  char err[512];
+  assert_int_equal(om_policy_set_peers(p, peers, 3), 0);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    om_policy_req_t req = {"svc", "GET", cases[i].path, NULL, 0, NULL, 0};
+    size_t n = 77;
+    int rc = om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err);
+    if (rc != OM_EPOLICY || n != 77 || strstr(err, cases[i].want) == NULL)
+      fail_msg("%s: rc %d n %zu err '%s', want '%s'", cases[i].path, rc, n,
+               err, cases[i].want);
+  }
+  /* ... and the same state still routes afterwards */
+  om_policy_req_t ok = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  size_t n = 0;
+  assert_int_equal(om_policy_route(p, &ok, out, &n, NULL, NULL, err,
+                                   sizeof err),
+                   0);
+  assert_int_equal(n, 3);
+  om_policy_free(p);
+}
+
+static void key_must_be_a_string(void **state) {
+  (void)state;
+  om_policy_t *p = load_ok("key.lua", "return {kind = 'traffic', "
+                                      "key = function() return 42 end, "
+                                      "subset = function(r, p) return p end}");
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  char err[512];
+  size_t n;
+  assert_int_equal(om_policy_route(p, &req, NULL, &n, NULL, NULL, err,
+                                   sizeof err),
+                   OM_EPOLICY);
+  assert_non_null(strstr(err, "key returned a number"));
+  om_policy_free(p);
+}
+
+static void load_survives_allocation_failures(void **state) {
+  (void)state;
+  const char *src = "return {kind = 'traffic', subset = function(r, p) "
+                    "return p end}";
+  int succeeded = 0;
+  /* Dense at first, then sparser: a load makes thousands of allocations. */
+  for (long n = 0; n < 200000 && !succeeded; n += n < 300 ? 1 : n / 8) {
+    char err[512];
+    om_policy_t *p = NULL;
+    om_test_fail_alloc_after(n);
+    int rc = om_policy_load(&opts, "alloc.lua", src, strlen(src), &p, err,
+                            sizeof err);
+    om_test_alloc_reset();
+    if (rc == 0) {
+      succeeded = 1;
+      om_policy_free(p);
+    } else {
+      assert_true(rc == OM_ENOMEM || rc == OM_EPOLICY);
+      assert_null(p);
+    }
+  }
+  assert_true(succeeded);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(shipped_policies_load),
+      cmocka_unit_test(rejections_name_the_place),
+      cmocka_unit_test(validator_is_out_of_reach),
+      cmocka_unit_test(route_returns_subset_indices),
+      cmocka_unit_test(route_never_widens),
+      cmocka_unit_test(key_must_be_a_string),
+      cmocka_unit_test(load_survives_allocation_failures),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
