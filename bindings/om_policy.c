@@ -17,7 +17,20 @@
 #include "om_errno.h"
 
 /* Registry keys (their addresses) in the policy's state. */
-static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_INDEX;
+static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS;
+
+/*
+ * Which peer a table returned by subset() is: an open-addressing map from
+ * the peer table's address (Lua's collector never moves objects, and the
+ * view keeps every peer alive) to its index. Cheaper per element than a
+ * Lua table lookup, and it cannot allocate, so checking a result never
+ * needs protection.
+ */
+typedef struct {
+  const void **keys; /* NULL: empty slot */
+  uint32_t *index;
+  size_t mask;
+} peer_map_t;
 
 struct om_policy_s {
   om_sandbox_t *sb;
@@ -26,6 +39,7 @@ struct om_policy_s {
   size_t n_peers;
   uint32_t *seen; /* per-peer stamp of the call that returned it */
   uint32_t stamp;
+  peer_map_t map;
   int has_key;
 };
 
@@ -266,6 +280,8 @@ void om_policy_free(om_policy_t *p) {
     return;
   om_sandbox_free(p->sb);
   free(p->seen);
+  free(p->map.keys);
+  free(p->map.index);
   free(p->name);
   free(p);
 }
@@ -308,14 +324,13 @@ typedef struct {
   size_t n;
 } peers_arg_t;
 
-/* Build {peer, ...} and {[peer] = index} and store both. Runs protected. */
+/* Build {peer, ...} and store it as the view. Runs protected. */
 static int build_peers(lua_State *L) {
   const peers_arg_t *a = lua_touserdata(L, 1);
   lua_createtable(L, (int)a->n, 0); /* [a, peers] */
-  lua_createtable(L, 0, (int)a->n); /* [a, peers, index] */
   for (size_t i = 0; i < a->n; i++) {
     const om_policy_peer_t *pe = &a->peers[i];
-    lua_createtable(L, 0, 5); /* [a, peers, index, peer] */
+    lua_createtable(L, 0, 5); /* [a, peers, peer] */
     lua_pushstring(L, pe->id);
     lua_setfield(L, -2, "id");
     lua_pushstring(L, pe->url != NULL ? pe->url : "");
@@ -328,43 +343,87 @@ static int build_peers(lua_State *L) {
     }
     push_kv_table(L, pe->metadata, pe->n_metadata);
     lua_setfield(L, -2, "metadata");
-    lua_pushvalue(L, -1);
-    lua_rawseti(L, -4, (lua_Integer)i + 1); /* peers[i+1] = peer */
-    lua_pushinteger(L, (lua_Integer)i);
-    lua_rawset(L, -3); /* index[peer] = i */
+    lua_rawseti(L, -2, (lua_Integer)i + 1); /* peers[i+1] = peer */
   }
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_INDEX);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   return 0;
+}
+
+static size_t map_slot(const peer_map_t *m, const void *key) {
+  uint64_t h = ((uint64_t)(uintptr_t)key >> 4) * 0x9e3779b97f4a7c15u;
+  return (size_t)(h >> 32) & m->mask;
+}
+
+/* The index of the peer table at key, or -1. */
+static int64_t map_find(const peer_map_t *m, const void *key) {
+  for (size_t i = map_slot(m, key);; i = (i + 1) & m->mask) {
+    if (m->keys[i] == key)
+      return m->index[i];
+    if (m->keys[i] == NULL)
+      return -1;
+  }
+}
+
+/* Fill the map from the view just built (raw reads: no allocation). */
+static void map_fill(peer_map_t *m, lua_State *L, size_t n) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS);
+  for (size_t i = 0; i < n; i++) {
+    const void *key;
+    size_t slot;
+    lua_rawgeti(L, -1, (lua_Integer)i + 1);
+    key = lua_topointer(L, -1);
+    lua_pop(L, 1);
+    for (slot = map_slot(m, key); m->keys[slot] != NULL;
+         slot = (slot + 1) & m->mask)
+      ;
+    m->keys[slot] = key;
+    m->index[slot] = (uint32_t)i;
+  }
+  lua_pop(L, 1);
 }
 
 int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
                         size_t n) {
   lua_State *L = om_sandbox_state(p->sb);
   peers_arg_t a = {peers, n};
+  peer_map_t map = {0};
   uint32_t *seen;
+  size_t slots = 16;
   if (p->kind != OM_POLICY_TRAFFIC || (peers == NULL && n > 0) ||
-      n > UINT32_MAX)
+      n > UINT32_MAX / 4)
     return OM_EINVAL;
   for (size_t i = 0; i < n; i++)
     if (peers[i].id == NULL)
       return OM_EINVAL;
+  while (slots < 2 * n) /* at most half full */
+    slots *= 2;
   seen = calloc(n ? n : 1, sizeof *seen);
-  if (seen == NULL)
-    return OM_ENOMEM;
+  map.keys = calloc(slots, sizeof *map.keys);
+  map.index = calloc(slots, sizeof *map.index);
+  map.mask = slots - 1;
+  if (seen == NULL || map.keys == NULL || map.index == NULL)
+    goto nomem;
   lua_settop(L, 0);
   lua_pushcfunction(L, build_peers);
   lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
     lua_settop(L, 0);
-    free(seen);
-    return OM_ENOMEM; /* only allocation can fail in build_peers */
+    goto nomem; /* only allocation can fail in build_peers */
   }
+  map_fill(&map, L, n);
   free(p->seen);
+  free(p->map.keys);
+  free(p->map.index);
   p->seen = seen;
+  p->map = map;
   p->stamp = 0;
   p->n_peers = n;
   return 0;
+nomem:
+  free(seen);
+  free(map.keys);
+  free(map.index);
+  return OM_ENOMEM;
 }
 
 /* key(req) then subset(req, peers): returns key, result. Runs protected. */
@@ -435,24 +494,21 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
             (unsigned long long)len, p->n_peers);
     return OM_EPOLICY;
   }
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_INDEX); /* [key, result, index] */
-  if (++p->stamp == 0) {                       /* wrapped: start over */
+  if (++p->stamp == 0) { /* wrapped: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
     p->stamp = 1;
   }
   for (lua_Unsigned i = 1; i <= len; i++) {
-    lua_Integer idx;
-    int isnum;
+    int64_t idx;
     if (lua_rawgeti(L, res, (lua_Integer)i) != LUA_TTABLE) {
       set_err(err, errlen, "subset result [%llu] is a %s, not an offered peer",
               (unsigned long long)i, luaL_typename(L, -1));
       lua_settop(L, 2);
       return OM_EPOLICY;
     }
-    lua_rawget(L, 3); /* index[element] */
-    idx = lua_tointegerx(L, -1, &isnum);
+    idx = map_find(&p->map, lua_topointer(L, -1));
     lua_pop(L, 1);
-    if (!isnum) {
+    if (idx < 0) {
       set_err(err, errlen,
               "subset result [%llu] is not one of the offered peers",
               (unsigned long long)i);

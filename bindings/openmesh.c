@@ -156,6 +156,75 @@ void om__lua_open_errors(lua_State *L) {
   lua_setfield(L, -2, "errors"); /* [om] */
 }
 
+/*
+ * om.new_array(n): an empty table with room for n array items, so a hot
+ * loop that fills it (a policy's subset) never pays for rehashing as it
+ * grows (LuaJIT's table.new, for 5.4). The memory is the caller state's.
+ */
+static int l_new_array(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n >= 0 && n <= 1000000, 1, "must be in [0, 1000000]");
+  lua_createtable(L, (int)n, 0);
+  return 1;
+}
+
+/*
+ * om.select_metadata(peers, match, keep): the peers (same tables, in order)
+ * whose metadata has every key = value of `match` (keep = true), or not
+ * (keep = false). The per-request filter of most traffic policies, in C:
+ * in a budgeted state every Lua instruction passes the count hook's trap,
+ * so a loop over peers is far cheaper here. Metadata values are strings;
+ * a peer without metadata matches only an empty `match`.
+ */
+static int l_select_metadata(lua_State *L) {
+  enum { MAX_MATCH = 16 };
+  const char *keys[MAX_MATCH];
+  const char *values[MAX_MATCH];
+  size_t value_lens[MAX_MATCH];
+  lua_Integer n, out = 0;
+  int keep, nmatch = 0, top;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  keep = lua_toboolean(L, 3);
+  lua_settop(L, 3);
+  lua_pushnil(L); /* the match pairs, read once (the strings stay alive in
+                     the match table, argument 2) */
+  while (lua_next(L, 2) != 0) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+      luaL_argerror(L, 2, "a map of metadata strings expected");
+    if (nmatch == MAX_MATCH)
+      luaL_argerror(L, 2, "at most 16 metadata keys");
+    keys[nmatch] = lua_tostring(L, -2);
+    values[nmatch] = lua_tolstring(L, -1, &value_lens[nmatch]);
+    nmatch++;
+    lua_pop(L, 1);
+  }
+  n = (lua_Integer)lua_rawlen(L, 1);
+  lua_createtable(L, (int)(n < 1000000 ? n : 1000000), 0); /* [.., out] */
+  top = lua_gettop(L);
+  for (lua_Integer i = 1; i <= n; i++) {
+    int match;
+    if (lua_rawgeti(L, 1, i) != LUA_TTABLE) /* [.., out, peer] */
+      return luaL_error(L, "peers[%I]: table expected", i);
+    match = lua_getfield(L, top + 1, "metadata") == LUA_TTABLE || nmatch == 0;
+    for (int m = 0; match && m < nmatch; m++) {
+      size_t len;
+      const char *v;
+      lua_getfield(L, top + 2, keys[m]); /* [.., out, peer, md, md[k]] */
+      v = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+      match =
+          v != NULL && len == value_lens[m] && memcmp(v, values[m], len) == 0;
+      lua_settop(L, top + 2);
+    }
+    lua_settop(L, top + 1); /* [.., out, peer] */
+    if (match == keep)
+      lua_rawseti(L, top, ++out);
+    else
+      lua_settop(L, top);
+  }
+  return 1;
+}
+
 static int l_strerror(lua_State *L) {
   int code = (int)luaL_checkinteger(L, 1);
   lua_pushstring(L, om_strerror(code));
@@ -165,8 +234,9 @@ static int l_strerror(lua_State *L) {
 /* Replace the module on top with a copy holding only the sandbox-safe part. */
 static void restrict_for_sandbox(lua_State *L) {
   static const char *const safe[] = {
-      "version",        "errors",  "strerror",  "hash",     "retry_after",
-      "retry_after_ms", "backoff", "retryable", "deadline", NULL};
+      "version",     "errors",         "strerror",        "hash",
+      "retry_after", "retry_after_ms", "backoff",         "retryable",
+      "deadline",    "new_array",      "select_metadata", NULL};
   lua_newtable(L); /* [om, safe] */
   for (const char *const *f = safe; *f != NULL; f++) {
     lua_getfield(L, -2, *f);
@@ -176,7 +246,10 @@ static void restrict_for_sandbox(lua_State *L) {
 }
 
 int luaopen_openmesh(lua_State *L) {
-  static const luaL_Reg funcs[] = {{"strerror", l_strerror}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"strerror", l_strerror},
+                                   {"new_array", l_new_array},
+                                   {"select_metadata", l_select_metadata},
+                                   {NULL, NULL}};
   int sandboxed;
   luaL_checkversion(L);
   luaL_newlib(L, funcs); /* [om] */

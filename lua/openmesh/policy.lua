@@ -12,6 +12,7 @@
 -- Runs inside the policy sandbox: only base functions, string, table, math
 -- and the `openmesh` C module.
 local om = require "openmesh"
+local select_metadata = om.select_metadata
 
 local policy = {}
 
@@ -21,15 +22,32 @@ local function misuse(fmt, ...)
 end
 
 -- A predicate from a function, or from a table of metadata that must all
--- match ({version = "v2"} means peer.metadata.version == "v2").
+-- match ({version = "v2"} means peer.metadata.version == "v2"). The table
+-- is read once per call, into arrays: this runs on every request, and a
+-- pairs() per peer would dominate the cost of a typical policy.
 local function predicate(p)
   if type(p) == "function" then
     return p
   elseif type(p) == "table" then
+    local keys, values, n = {}, {}, 0
+    for k, v in pairs(p) do
+      n = n + 1
+      keys[n], values[n] = k, v
+    end
+    if n == 1 then
+      local k1, v1 = keys[1], values[1]
+      return function(peer)
+        local md = peer.metadata
+        return md ~= nil and md[k1] == v1
+      end
+    end
     return function(peer)
-      local md = peer.metadata or {}
-      for k, v in pairs(p) do
-        if md[k] ~= v then
+      local md = peer.metadata
+      if md == nil then
+        return n == 0
+      end
+      for i = 1, n do
+        if md[keys[i]] ~= values[i] then
           return false
         end
       end
@@ -39,27 +57,29 @@ local function predicate(p)
   misuse("predicate expected (a function or a metadata table), got %s", type(p))
 end
 
--- policy.filter(peers, pred) -> the peers for which pred(peer) is truthy.
--- pred may also be a metadata table (see match_metadata).
-function policy.filter(peers, pred)
-  pred = predicate(pred)
-  local out = {}
+-- The peers for which pred(peer) is truthy (want = true) or falsy (false),
+-- in order. A counter, not #out, per append: this is the hot loop.
+local function select_peers(peers, pred, want)
+  local out, n = {}, 0
   for i = 1, #peers do
-    if pred(peers[i]) then
-      out[#out + 1] = peers[i]
+    local peer = peers[i]
+    if not pred(peer) ~= want then
+      n = n + 1
+      out[n] = peer
     end
   end
   return out
 end
 
+-- policy.filter(peers, pred) -> the peers for which pred(peer) is truthy.
+-- pred may also be a metadata table (see match_metadata).
+function policy.filter(peers, pred)
+  return select_peers(peers, predicate(pred), true)
+end
+
 -- The peers that match and the peers that do not, both in original order.
 local function partition(peers, pred)
-  local yes, no = {}, {}
-  for i = 1, #peers do
-    local list = pred(peers[i]) and yes or no
-    list[#list + 1] = peers[i]
-  end
-  return yes, no
+  return select_peers(peers, pred, true), select_peers(peers, pred, false)
 end
 
 -- policy.match_metadata(peers, key, value) -> peers whose metadata[key]
@@ -187,11 +207,15 @@ function policy.canary(peers, key, percent, is_canary)
   if type(percent) ~= "number" or not (percent >= 0 and percent <= 100) then
     misuse("canary: percent must be a number in [0, 100], got %s", tostring(percent))
   end
-  local canary, stable = partition(peers, predicate(is_canary))
-  if key ~= nil and #canary > 0 and policy.unit(key) * 100 < percent then
-    return canary
+  local select = type(is_canary) == "table" and select_metadata or select_peers
+  local pred = select == select_peers and predicate(is_canary) or is_canary
+  if key ~= nil and policy.unit(key) * 100 < percent then
+    local canary = select(peers, pred, true)
+    if #canary > 0 then
+      return canary
+    end
   end
-  return stable
+  return select(peers, pred, false) -- only the side it returns is built
 end
 
 -- Request helpers --------------------------------------------------------
@@ -203,7 +227,10 @@ function policy.header(req, name)
   if type(headers) ~= "table" then
     return nil
   end
-  local v = headers[name:lower()]
+  local v = headers[name] -- the proxy's names are already lower-case
+  if v == nil then
+    v = headers[name:lower()]
+  end
   if type(v) ~= "string" or v == "" then
     return nil
   end
