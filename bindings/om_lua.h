@@ -29,6 +29,26 @@
  */
 #define OM_LUA_SANDBOXED "openmesh.sandboxed"
 
+/*
+ * The current peer view of a policy state, and a C copy of its peers'
+ * metadata, kept in the registry under these fields by om_policy (light
+ * userdata for the copy). om.select_metadata answers from the copy when it
+ * is given the view itself: that is the hot path of most traffic policies.
+ */
+#define OM_LUA_VIEW "openmesh.view"
+#define OM_LUA_VIEW_MD "openmesh.view_metadata"
+
+typedef struct om_lua_md_s {
+  const char *key, *value;
+  size_t key_len, value_len;
+} om_lua_md_t;
+
+typedef struct om_lua_view_md_s {
+  size_t n;            /* peers in the view */
+  const size_t *first; /* peer i's metadata: md[first[i] .. first[i+1]) */
+  const om_lua_md_t *md;
+} om_lua_view_md_t;
+
 /* The module entry point: require "openmesh". */
 int luaopen_openmesh(lua_State *L);
 

@@ -15,6 +15,7 @@
 #include <lauxlib.h>
 
 #include "om_errno.h"
+#include "om_lua.h"
 
 /* Registry keys (their addresses) in the policy's state. */
 static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS;
@@ -40,6 +41,7 @@ struct om_policy_s {
   uint32_t *seen; /* per-peer stamp of the call that returned it */
   uint32_t stamp;
   peer_map_t map;
+  om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
   int has_key;
 };
 
@@ -136,6 +138,14 @@ static int capture(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
   p->has_key = rawfield(L, 2, "key") == LUA_TFUNCTION;
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
+  /* Create the view's registry fields now, so that replacing them per
+   * revision (build_peers) never allocates and cannot fail half-way. */
+  lua_pushboolean(L, 0);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW);
+  lua_pushboolean(L, 0);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
+  lua_pushboolean(L, 0);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   return 0;
 }
 
@@ -282,6 +292,7 @@ void om_policy_free(om_policy_t *p) {
   free(p->seen);
   free(p->map.keys);
   free(p->map.index);
+  free(p->view_md);
   free(p->name);
   free(p);
 }
@@ -322,7 +333,49 @@ static void push_kv_table(lua_State *L, const om_policy_kv_t *kv, size_t n) {
 typedef struct {
   const om_policy_peer_t *peers;
   size_t n;
+  om_lua_view_md_t *md;
 } peers_arg_t;
+
+/* A C copy of the peers' metadata, in one allocation (see om_lua.h). */
+static om_lua_view_md_t *copy_metadata(const om_policy_peer_t *peers,
+                                       size_t n) {
+  size_t entries = 0, bytes = 0, off;
+  om_lua_view_md_t *v;
+  size_t *first;
+  om_lua_md_t *md;
+  char *text;
+  for (size_t i = 0; i < n; i++) {
+    entries += peers[i].n_metadata;
+    for (size_t j = 0; j < peers[i].n_metadata; j++)
+      bytes += peers[i].metadata[j].name_len + peers[i].metadata[j].value_len;
+  }
+  off = sizeof *v + (n + 1) * sizeof *first;
+  off = (off + 15) & ~(size_t)15;
+  v = malloc(off + entries * sizeof *md + bytes + 1);
+  if (v == NULL)
+    return NULL;
+  first = (size_t *)(v + 1);
+  md = (om_lua_md_t *)((char *)v + off);
+  text = (char *)(md + entries);
+  entries = 0;
+  for (size_t i = 0; i < n; i++) {
+    first[i] = entries;
+    for (size_t j = 0; j < peers[i].n_metadata; j++) {
+      const om_policy_kv_t *kv = &peers[i].metadata[j];
+      md[entries] =
+          (om_lua_md_t){text, text + kv->name_len, kv->name_len, kv->value_len};
+      memcpy(text, kv->name, kv->name_len);
+      memcpy(text + kv->name_len, kv->value, kv->value_len);
+      text += kv->name_len + kv->value_len;
+      entries++;
+    }
+  }
+  first[n] = entries;
+  v->n = n;
+  v->first = first;
+  v->md = md;
+  return v;
+}
 
 /* Build {peer, ...} and store it as the view. Runs protected. */
 static int build_peers(lua_State *L) {
@@ -345,6 +398,11 @@ static int build_peers(lua_State *L) {
     lua_setfield(L, -2, "metadata");
     lua_rawseti(L, -2, (lua_Integer)i + 1); /* peers[i+1] = peer */
   }
+  /* The fields exist (capture), so none of these sets allocates. */
+  lua_pushlightuserdata(L, a->md);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   return 0;
 }
@@ -385,7 +443,7 @@ static void map_fill(peer_map_t *m, lua_State *L, size_t n) {
 int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
                         size_t n) {
   lua_State *L = om_sandbox_state(p->sb);
-  peers_arg_t a = {peers, n};
+  peers_arg_t a = {peers, n, NULL};
   peer_map_t map = {0};
   uint32_t *seen;
   size_t slots = 16;
@@ -401,7 +459,8 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
   map.keys = calloc(slots, sizeof *map.keys);
   map.index = calloc(slots, sizeof *map.index);
   map.mask = slots - 1;
-  if (seen == NULL || map.keys == NULL || map.index == NULL)
+  a.md = copy_metadata(peers, n);
+  if (seen == NULL || map.keys == NULL || map.index == NULL || a.md == NULL)
     goto nomem;
   lua_settop(L, 0);
   lua_pushcfunction(L, build_peers);
@@ -414,6 +473,8 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
   free(p->seen);
   free(p->map.keys);
   free(p->map.index);
+  free(p->view_md);
+  p->view_md = a.md;
   p->seen = seen;
   p->map = map;
   p->stamp = 0;
@@ -423,6 +484,7 @@ nomem:
   free(seen);
   free(map.keys);
   free(map.index);
+  free(a.md);
   return OM_ENOMEM;
 }
 

@@ -176,6 +176,55 @@ static int l_new_array(lua_State *L) {
  * so a loop over peers is far cheaper here. Metadata values are strings;
  * a peer without metadata matches only an empty `match`.
  */
+/* Does peer i of the view carry every key = value? */
+static int view_match(const om_lua_view_md_t *v, size_t i,
+                      const char *const *keys, const char *const *values,
+                      const size_t *value_lens, int nmatch) {
+  for (int m = 0; m < nmatch; m++) {
+    size_t klen = strlen(keys[m]);
+    int found = 0;
+    for (size_t j = v->first[i]; j < v->first[i + 1] && !found; j++) {
+      const om_lua_md_t *md = &v->md[j];
+      found = md->key_len == klen && memcmp(md->key, keys[m], klen) == 0 &&
+              md->value_len == value_lens[m] &&
+              memcmp(md->value, values[m], value_lens[m]) == 0;
+    }
+    if (!found)
+      return 0;
+  }
+  return 1;
+}
+
+/*
+ * The fast path: peers (argument 1) is the policy's current view, whose
+ * metadata om_policy copied to C: match there, touch only the chosen peers.
+ * Returns 0 (nothing pushed beyond the stack at entry) when it is not.
+ */
+static int select_from_view(lua_State *L, const char *const *keys,
+                            const char *const *values, const size_t *value_lens,
+                            int nmatch, int keep, lua_Integer n, int out) {
+  const om_lua_view_md_t *v;
+  lua_Integer count = 0;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW) != LUA_TTABLE ||
+      !lua_rawequal(L, -1, 1) ||
+      lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD) !=
+          LUA_TLIGHTUSERDATA) {
+    lua_settop(L, out);
+    return 0;
+  }
+  v = lua_touserdata(L, -1);
+  lua_settop(L, out);
+  if (v == NULL || (lua_Integer)v->n != n)
+    return 0;
+  for (size_t i = 0; i < v->n; i++) {
+    if (view_match(v, i, keys, values, value_lens, nmatch) != keep)
+      continue;
+    lua_rawgeti(L, 1, (lua_Integer)i + 1);
+    lua_rawseti(L, out, ++count);
+  }
+  return 1;
+}
+
 static int l_select_metadata(lua_State *L) {
   enum { MAX_MATCH = 16 };
   const char *keys[MAX_MATCH];
@@ -202,6 +251,8 @@ static int l_select_metadata(lua_State *L) {
   n = (lua_Integer)lua_rawlen(L, 1);
   lua_createtable(L, (int)(n < 1000000 ? n : 1000000), 0); /* [.., out] */
   top = lua_gettop(L);
+  if (select_from_view(L, keys, values, value_lens, nmatch, keep, n, top))
+    return 1;
   for (lua_Integer i = 1; i <= n; i++) {
     int match;
     if (lua_rawgeti(L, 1, i) != LUA_TTABLE) /* [.., out, peer] */

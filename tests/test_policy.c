@@ -196,6 +196,53 @@ static void route_never_widens(void **state) {
   om_policy_free(p);
 }
 
+/* om.select_metadata answers from the C copy of the view's metadata: it
+ * must agree with a plain Lua filter over the same peers. */
+static void select_metadata_fast_path_agrees(void **state) {
+  (void)state;
+  om_policy_t *p = load_ok(
+      "select.lua",
+      "local om = require 'openmesh'\n"
+      "local function slow(peers, match, keep)\n"
+      "  local out = {}\n"
+      "  for _, peer in ipairs(peers) do\n"
+      "    local ok = true\n"
+      "    for k, v in pairs(match) do\n"
+      "      if peer.metadata[k] ~= v then ok = false end end\n"
+      "    if ok == keep then out[#out + 1] = peer end end\n"
+      "  return out end\n"
+      "local matches = {{version = 'v2'}, {version = 'v1', tier = 'gold'},\n"
+      "  {}, {zone = 'none'}, {tier = 'gold'}}\n"
+      "return {kind = 'traffic', subset = function(req, peers)\n"
+      "  for _, m in ipairs(matches) do for _, keep in ipairs{true, false} do\n"
+      "    local a, b = om.select_metadata(peers, m, keep), slow(peers, m, "
+      "keep)\n"
+      "    assert(#a == #b, 'count differs')\n"
+      "    for i = 1, #a do assert(a[i] == b[i], 'peer differs') end\n"
+      "  end end\n"
+      "  return om.select_metadata(peers, matches[1], true) end}\n");
+  const om_policy_kv_t v2[] = {{"version", 7, "v2", 2}};
+  const om_policy_kv_t gold[] = {{"tier", 4, "gold", 4},
+                                 {"version", 7, "v1", 2}};
+  const om_policy_kv_t v2x[] = {{"version", 7, "v2x", 3}};
+  const om_policy_peer_t peers[] = {
+      {"a", NULL, NULL, 1, v2, 1},   {"b", NULL, NULL, 1, gold, 2},
+      {"c", NULL, NULL, 1, NULL, 0}, {"d", NULL, NULL, 1, v2x, 1},
+      {"e", NULL, NULL, 1, v2, 1},
+  };
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  uint32_t out[5];
+  size_t n = 0;
+  char err[512];
+  for (size_t count = 0; count <= 5; count++) { /* views of every size */
+    assert_int_equal(om_policy_set_peers(p, peers, count), 0);
+    if (om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err) != 0)
+      fail_msg("%zu peers: %s", count, err);
+    assert_int_equal(n, count >= 5 ? 2 : count >= 1 ? 1 : 0);
+  }
+  om_policy_free(p);
+}
+
 static void key_must_be_a_string(void **state) {
   (void)state;
   om_policy_t *p = load_ok("key.lua", "return {kind = 'traffic', "
@@ -242,6 +289,7 @@ int main(void) {
       cmocka_unit_test(validator_is_out_of_reach),
       cmocka_unit_test(route_returns_subset_indices),
       cmocka_unit_test(route_never_widens),
+      cmocka_unit_test(select_metadata_fast_path_agrees),
       cmocka_unit_test(key_must_be_a_string),
       cmocka_unit_test(load_survives_allocation_failures),
   };
