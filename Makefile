@@ -47,9 +47,12 @@ check: deps
 test-c:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The specs run twice: with stock lua5.4 loading the module, and inside the
+# openmesh binary's embedded runtime (`openmesh test`), as policy authors may.
 test-lua:
 	$(LUA_ENV) busted --lua=lua5.4 --lpath="$(CURDIR)/lua/?.lua" \
 	  --cpath="$(CURDIR)/$(BUILD)/lib/?.so" spec
+	$(BUILD)/bin/openmesh test spec
 
 bench: deps
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release
