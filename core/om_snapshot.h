@@ -7,6 +7,17 @@
  * while a newer one is validated. Validation here is the one definition of
  * a well-formed instance and snapshot, used by the registry on writes and
  * by watch clients on what they receive.
+ *
+ * Instances inside snapshots are shared: om_snapshot_edit builds the next
+ * revision from the previous one by reference, so a change to one instance
+ * of a 10,000-instance service copies one instance and 10,000 pointers, not
+ * 10,000 instances. The pointer om_snapshot_instance/om_snapshot_find return
+ * for an instance is therefore the same in every snapshot that shares it,
+ * and stays valid while any of them is alive.
+ *
+ * Threads: reference counts are plain integers. A snapshot, every snapshot
+ * edited from it, and their cache slots belong to one thread (the loop that
+ * built them); hand another thread a deep copy, not a reference.
  */
 #ifndef OM_SNAPSHOT_H
 #define OM_SNAPSHOT_H
@@ -43,8 +54,11 @@ typedef struct om_instance_s {
 typedef struct om_snapshot_s om_snapshot_t;
 
 /*
- * om_valid_name: service and instance ids are [A-Za-z0-9._-]{1,128}.
- * Returns 1 or 0.
+ * om_valid_name: service and instance ids are [A-Za-z0-9._-]{1,128}, except
+ * "." and "..": those are dot-segments that URL normalization (RFC 3986
+ * section 5.2.4) removes from a path, so such a name could never be
+ * addressed as /v1/services/{s}. len is the length of s (s need not be
+ * NUL-terminated). Returns 1 or 0; NULL is 0.
  */
 int om_valid_name(const char *s, size_t len);
 
@@ -52,41 +66,112 @@ int om_valid_name(const char *s, size_t len);
  * om_instance_validate: check one instance as the registry accepts it.
  * Returns 0, or OM_EINVAL with *field set to the offending field's name
  * ("id", "url", "ttl_ms", "weight", "zone", "metadata") and *why to a static
- * reason. url: absolute http or https with a non-empty host, optional port
- * 1..65535, no whitespace or control characters.
+ * reason (field and why may be NULL when not wanted).
+ * - id: om_valid_name.
+ * - url: at most OM_URL_MAX bytes of visible ASCII (no whitespace, control
+ *   or non-ASCII bytes: RFC 3986 section 2 percent-encodes those), absolute
+ *   http or https (scheme case-insensitive, RFC 3986 section 3.1) with a
+ *   non-empty host (a reg-name of unreserved characters and %XX escapes, or
+ *   a bracketed IPv6 literal), optional port 1..65535, no userinfo (RFC
+ *   9110 section 4.2.4 forbids it in http(s) URIs), then nothing or a path,
+ *   query or fragment.
+ * - weight: finite, in (0, OM_WEIGHT_MAX]. ttl_ms: [OM_TTL_MIN_MS,
+ *   OM_TTL_MAX_MS].
+ * - zone: NULL, or 1..OM_ZONE_MAX bytes of printable ASCII (0x20-0x7e).
+ * - metadata: at most OM_META_MAX_ENTRIES entries (metadata may be NULL
+ *   only when n_metadata is 0); keys 1..OM_META_KEY_MAX bytes, values
+ *   0..OM_META_VALUE_MAX bytes, both valid UTF-8 (RFC 3629 section 4:
+ *   no overlong forms, surrogates or code points above U+10FFFF); keys
+ *   unique. Entries may come in any order.
  */
 int om_instance_validate(const om_instance_t *in, const char **field,
                          const char **why);
 
-/* Deep copy (out is overwritten) and release of an instance's fields. */
+/*
+ * om_instance_copy: deep copy of in into *out, every string in its own
+ * allocation (what om_instance_clear frees), metadata sorted by key. No
+ * validation: NULL strings are copied as NULL. Returns 0, OM_EINVAL (a NULL
+ * argument, or metadata NULL with n_metadata > 0) or OM_ENOMEM; on error
+ * *out is untouched and nothing leaks.
+ */
 int om_instance_copy(om_instance_t *out, const om_instance_t *in);
+
+/*
+ * om_instance_clear: free the fields of an instance built by
+ * om_instance_copy (or field by field with malloc) and zero it. NULL is
+ * fine. Never call it on an instance borrowed from a snapshot.
+ */
 void om_instance_clear(om_instance_t *in);
 
 /*
+ * om_instance_equal: 1 when a and b carry the same id, url, zone, weight
+ * (compared exactly), ttl_ms and metadata (as sets: order does not matter),
+ * else 0. Both must have unique metadata keys (valid instances do). This is
+ * how the registry tells a renewal from an update; it is fastest when both
+ * are sorted (instances from snapshots and from the JSON decoder are).
+ */
+int om_instance_equal(const om_instance_t *a, const om_instance_t *b);
+
+/*
  * om_snapshot_new: a snapshot of `service` at `revision` holding deep copies
- * of the n instances, sorted by id. Fails with OM_EDUPLICATE (two instances
- * with one id), OM_EINVAL (an invalid service name or instance: field and
- * why as above, naming the index in *index) or OM_ENOMEM; nothing is
- * allocated on failure. The new snapshot has one reference.
+ * of the n instances (instances may be NULL when n is 0), sorted by id.
+ * Fails with OM_EDUPLICATE (two instances with one id: *index is the later
+ * one's position in the input, *field "id"), OM_EINVAL (an invalid service
+ * name: *field "service" and *index SIZE_MAX; or an invalid instance: field
+ * and why as om_instance_validate, its position in *index; or out NULL) or
+ * OM_ENOMEM; nothing is allocated on failure and *out is untouched. index,
+ * field and why may be NULL. The new snapshot has one reference, owned by
+ * the caller. Any revision is accepted (the store decides the scheme).
  */
 int om_snapshot_new(const char *service, uint64_t revision,
                     const om_instance_t *instances, size_t n,
                     om_snapshot_t **out, size_t *index, const char **field,
                     const char **why);
 
+/*
+ * om_snapshot_edit: the next snapshot of base's service, at `revision`:
+ * base's instances, minus those whose id is in remove[] (ids not present
+ * are ignored), with put[] inserted or replacing the instance of the same
+ * id (an id both removed and put ends up put). Unchanged instances are
+ * shared with base, not copied (see the top of this file); put[] is
+ * validated and deep-copied as in om_snapshot_new. base is not changed and
+ * keeps its reference. Errors as om_snapshot_new (*index indexes put[]);
+ * OM_EINVAL also for a NULL base or out, or a NULL remove entry. Nothing
+ * is allocated on failure. O(n + k log k) for n instances in base and k
+ * edits.
+ */
+int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
+                     const om_instance_t *put, size_t n_put,
+                     const char *const *remove, size_t n_remove,
+                     om_snapshot_t **out, size_t *index, const char **field,
+                     const char **why);
+
+/* Take another reference; returns s (NULL stays NULL). */
 om_snapshot_t *om_snapshot_ref(om_snapshot_t *s);
-void om_snapshot_unref(om_snapshot_t *s); /* NULL is fine */
+/*
+ * Drop a reference; the last one frees the snapshot, its cache slots (by
+ * their free functions) and the instances no other snapshot shares.
+ * NULL is fine.
+ */
+void om_snapshot_unref(om_snapshot_t *s);
 
 const char *om_snapshot_service(const om_snapshot_t *s);
 uint64_t om_snapshot_revision(const om_snapshot_t *s);
 size_t om_snapshot_count(const om_snapshot_t *s);
+/* The i-th instance in id order (NULL when i >= count); borrowed. */
 const om_instance_t *om_snapshot_instance(const om_snapshot_t *s, size_t i);
-/* Binary search by id; NULL when absent. */
+/* Binary search by id; NULL when absent. Borrowed. */
 const om_instance_t *om_snapshot_find(const om_snapshot_t *s, const char *id);
 
 /*
  * A slot for encodings the host caches on the snapshot (JSON, SSE event):
- * set once, freed with the snapshot by the given function.
+ * set once, freed with the snapshot by the given function (free_fn may be
+ * NULL: data is then not freed). om_snapshot_cache returns the slot's data
+ * or NULL (also for a slot out of range). om_snapshot_set_cache returns 0
+ * (the snapshot now owns data), OM_EINVAL (s or data NULL, slot out of
+ * [0, OM_SNAPSHOT_CACHE_SLOTS)) or OM_ESTATE (the slot is already set); on
+ * error the caller still owns data. Setting a slot does not change what the
+ * snapshot describes, hence the const-free pointer on an immutable object.
  */
 void *om_snapshot_cache(const om_snapshot_t *s, int slot);
 int om_snapshot_set_cache(om_snapshot_t *s, int slot, void *data,

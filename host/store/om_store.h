@@ -7,6 +7,11 @@
  * when the operation was started (the callback will run exactly once, maybe
  * before the call returns) or a negative code when it was not (no callback).
  *
+ * Argument errors (an invalid name or instance, NULL where a value is
+ * required, a closed store) and OM_ENOMEM are returned and nothing
+ * changes; outcomes (OM_ENOTFOUND, a backend failure) go to the callback.
+ * A write callback may be NULL (nothing to report back).
+ *
  * Semantics every store must keep:
  * - put_instance registers or renews; a renewal that changes nothing does
  *   not bump the revision. A lease not renewed within ttl_ms is removed
@@ -37,7 +42,14 @@ typedef enum {
   OM_STORE_EXPIRED
 } om_store_change_t;
 
-/* A configuration document (JSON or policy source), immutable, refcounted. */
+/* "nochange", "created", "updated", "deleted", "expired" ("?" else). */
+const char *om_store_change_name(om_store_change_t change);
+
+/*
+ * A configuration document (JSON or policy source), immutable, refcounted.
+ * Strings live in the document's single allocation: never free or write
+ * them; body is NUL-terminated after len bytes (it may contain NULs).
+ */
 typedef struct om_config_doc_s {
   char *name;
   char *content_type;
@@ -47,11 +59,17 @@ typedef struct om_config_doc_s {
   int refs;
 } om_config_doc_t;
 
+/*
+ * om_config_doc_new: a document with one reference holding copies of
+ * name, content_type and the len bytes of body (NULL allowed when len is
+ * 0). NULL when an argument is NULL or memory runs out.
+ */
 om_config_doc_t *om_config_doc_new(const char *name, const char *content_type,
                                    const char *body, size_t len,
                                    uint64_t revision);
+/* Another reference (NULL stays NULL); the last unref frees. */
 om_config_doc_t *om_config_doc_ref(om_config_doc_t *d);
-void om_config_doc_unref(om_config_doc_t *d);
+void om_config_doc_unref(om_config_doc_t *d); /* NULL is fine */
 
 typedef struct om_service_rev_s {
   const char *service;
@@ -79,6 +97,10 @@ typedef struct om_store_status_s {
 
 typedef struct om_store_ops_s {
   const char *name; /* "memory", "redis" */
+  /*
+   * Register, renew (identical fields: OM_STORE_NOCHANGE, the lease is
+   * extended by in->ttl_ms) or update. The store copies what it keeps.
+   */
   int (*put_instance)(om_store_t *s, const char *service,
                       const om_instance_t *in, om_store_write_cb cb, void *ud);
   /* Renew an existing lease only (POST .../heartbeat). */
@@ -97,12 +119,18 @@ typedef struct om_store_ops_s {
                     void *ud);
   int (*config_get)(om_store_t *s, const char *name, om_store_config_cb cb,
                     void *ud);
+  /* name NULL: every document. The first callback is NOT immediate. */
   int (*subscribe_config)(om_store_t *s, const char *name,
                           om_store_config_watch_cb cb, void *ud,
                           om_store_sub_t **out);
+  /* Safe inside any callback, also for the subscription being called. */
   void (*unsubscribe)(om_store_t *s, om_store_sub_t *sub);
   void (*status)(om_store_t *s, om_store_status_t *out);
-  /* Stop timers and connections; free once closed, then call done. */
+  /*
+   * Stop timers and connections; free once closed, then call done (from
+   * the loop, never before close returns; done may be NULL). After close
+   * no other callback runs and every subscription is gone.
+   */
   void (*close)(om_store_t *s, void (*done)(void *ud), void *ud);
 } om_store_ops_t;
 

@@ -1,0 +1,1101 @@
+/*
+ * om_store_memory.c: the in-memory store (om_store_memory.h).
+ *
+ * Layout: services and configuration documents in arrays sorted by name
+ * (binary search; there are few of them and they are rarely created).
+ * A service holds its current snapshot and its leases sorted by instance
+ * id, so a renewal is a binary search, a comparison and a heap move: no
+ * allocation, no snapshot.
+ *
+ * Every write reserves everything it may need (array room, the lease, the
+ * delivery event, the next snapshot) before it changes anything, so a
+ * failure at any allocation leaves the store exactly as it was.
+ *
+ * A service or document entry without a snapshot/document is a placeholder
+ * that only carries subscriptions made before its first write; it is
+ * invisible to reads and goes away with its last subscription.
+ */
+#include "om_store_memory.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "om_errno.h"
+
+#define RETRY_MS 100
+#define DEFAULT_MAX_CONFIG ((size_t)1 << 20)
+#define CONTENT_TYPE_MAX 255
+#define NOT_IN_HEAP SIZE_MAX
+
+/* The common head of services and documents, listed sorted by name. */
+typedef struct entry_s {
+  char *name;
+} entry_t;
+
+typedef struct service_s service_t;
+typedef struct cfg_s cfg_t;
+typedef struct sub_s sub_t;
+
+typedef struct lease_s {
+  size_t heap_idx;
+  uint64_t expires_at;
+  uint64_t seq; /* heap tie-break: armed earlier, expires first */
+  service_t *svc;
+  const om_instance_t *inst; /* in the current snapshot (stable address) */
+  struct lease_s *next_expired;
+} lease_t;
+
+typedef struct sub_list_s {
+  sub_t *head, *tail;
+} sub_list_t;
+
+enum { SUB_SERVICE, SUB_CONFIG };
+
+struct sub_s {
+  sub_t *prev, *next;
+  sub_list_t *list;
+  int kind;
+  void *owner; /* service_t, cfg_t, or NULL for "every" */
+  om_store_watch_cb cb;
+  om_store_config_watch_cb ccb;
+  void *ud;
+  uint64_t since; /* sees events with a larger sequence number only */
+  int dead;       /* unsubscribed during a delivery; freed after it */
+  sub_t *next_dead;
+};
+
+struct service_s {
+  entry_t e;
+  uint64_t revision;
+  om_snapshot_t *snap; /* NULL: placeholder */
+  lease_t **leases;    /* sorted by instance id */
+  size_t n, cap;
+  sub_list_t subs;
+  lease_t *expired; /* collected by a sweep */
+  size_t n_expired;
+  service_t *next_dirty;
+};
+
+struct cfg_s {
+  entry_t e;
+  om_config_doc_t *doc; /* NULL: placeholder */
+  sub_list_t subs;
+};
+
+typedef struct event_s {
+  struct event_s *next;
+  uint64_t seq;
+  service_t *svc;
+  om_snapshot_t *snap;
+  cfg_t *cfg;
+  om_config_doc_t *doc;
+} event_t;
+
+typedef struct mstore_s {
+  om_store_t base;
+  uv_loop_t *loop;
+  uv_timer_t timer;
+  om_store_memory_opts_t opts;
+  entry_t **svcs; /* service_t */
+  size_t n_svcs, cap_svcs;
+  entry_t **cfgs; /* cfg_t */
+  size_t n_cfgs, cap_cfgs;
+  lease_t **heap;
+  size_t heap_n, heap_cap;
+  uint64_t last_rev, lease_seq, event_seq;
+  sub_list_t all_svc_subs, all_cfg_subs;
+  event_t *q_head, *q_tail;
+  int draining;
+  sub_t *dead;
+  int closing;
+  int armed;
+  uint64_t armed_at;
+  om_store_status_t st;
+  void (*done)(void *);
+  void *done_ud;
+} mstore_t;
+
+static const om_store_ops_t memory_ops;
+
+/* ---- clocks and revisions ---- */
+
+static uint64_t now_ms(mstore_t *m) {
+  if (m->opts.now_ms != NULL)
+    return m->opts.now_ms(m->opts.clock_ud);
+  return uv_now(m->loop);
+}
+
+static uint64_t realtime_us(mstore_t *m) {
+  struct timespec ts;
+  if (m->opts.realtime_us != NULL)
+    return m->opts.realtime_us(m->opts.clock_ud);
+  if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || ts.tv_sec < 0)
+    return 0; /* the counter alone still never goes backwards */
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The revision the next change gets; the caller commits it to last_rev. */
+static uint64_t next_rev(mstore_t *m) {
+  uint64_t r = m->last_rev + 1, wall = realtime_us(m);
+  return wall > r ? wall : r;
+}
+
+static uint64_t deadline(uint64_t now, uint64_t ttl) {
+  return now > UINT64_MAX - ttl ? UINT64_MAX : now + ttl;
+}
+
+/* ---- growable arrays: reserve before any change ---- */
+
+/*
+ * arr with room for need elements: arr itself when it has it, else a
+ * larger copy (*cap updated), or NULL with arr and *cap untouched.
+ */
+static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
+  size_t c;
+  void *p;
+  if (need <= *cap)
+    return arr;
+  c = *cap != 0 ? *cap : 8;
+  while (c < need) {
+    if (c > SIZE_MAX / 2 / elem)
+      return NULL;
+    c *= 2;
+  }
+  p = realloc(arr, c * elem);
+  if (p != NULL)
+    *cap = c;
+  return p;
+}
+
+static int grow_svcs(mstore_t *m) {
+  entry_t **p = grow(m->svcs, &m->cap_svcs, m->n_svcs + 1, sizeof *p);
+  if (p == NULL)
+    return OM_ENOMEM;
+  m->svcs = p;
+  return 0;
+}
+
+static int grow_cfgs(mstore_t *m) {
+  entry_t **p = grow(m->cfgs, &m->cap_cfgs, m->n_cfgs + 1, sizeof *p);
+  if (p == NULL)
+    return OM_ENOMEM;
+  m->cfgs = p;
+  return 0;
+}
+
+/* ---- the lease heap: binary min-heap on (expires_at, seq) ---- */
+
+static int lease_before(const lease_t *a, const lease_t *b) {
+  if (a->expires_at != b->expires_at)
+    return a->expires_at < b->expires_at;
+  return a->seq < b->seq;
+}
+
+static void heap_set(mstore_t *m, size_t i, lease_t *l) {
+  m->heap[i] = l;
+  l->heap_idx = i;
+}
+
+static void sift_up(mstore_t *m, size_t i) {
+  lease_t *l = m->heap[i];
+  while (i > 0) {
+    size_t parent = (i - 1) / 2;
+    if (!lease_before(l, m->heap[parent]))
+      break;
+    heap_set(m, i, m->heap[parent]);
+    i = parent;
+  }
+  heap_set(m, i, l);
+}
+
+static void sift_down(mstore_t *m, size_t i) {
+  lease_t *l = m->heap[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= m->heap_n)
+      break;
+    if (c + 1 < m->heap_n && lease_before(m->heap[c + 1], m->heap[c]))
+      c++;
+    if (!lease_before(m->heap[c], l))
+      break;
+    heap_set(m, i, m->heap[c]);
+    i = c;
+  }
+  heap_set(m, i, l);
+}
+
+/* Room was reserved by the caller. */
+static void heap_push(mstore_t *m, lease_t *l) {
+  heap_set(m, m->heap_n++, l);
+  sift_up(m, l->heap_idx);
+}
+
+static void heap_remove(mstore_t *m, lease_t *l) {
+  size_t i = l->heap_idx;
+  lease_t *last = m->heap[--m->heap_n];
+  l->heap_idx = NOT_IN_HEAP;
+  if (last == l)
+    return;
+  heap_set(m, i, last);
+  sift_up(m, i);
+  sift_down(m, last->heap_idx);
+}
+
+static void on_timer(uv_timer_t *t);
+
+/*
+ * Arm the timer at the earliest deadline (not before floor). A timer that
+ * already fires no later is left alone: renewals usually push the earliest
+ * deadline back, and one early wake-up that finds nothing and re-arms is
+ * cheaper than restarting the timer on every heartbeat.
+ */
+static void arm(mstore_t *m, uint64_t floor) {
+  uint64_t due, now;
+  if (m->closing)
+    return;
+  if (m->heap_n == 0) {
+    uv_timer_stop(&m->timer);
+    m->armed = 0;
+    return;
+  }
+  due = m->heap[0]->expires_at;
+  if (due < floor)
+    due = floor;
+  if (m->armed && m->armed_at <= due)
+    return;
+  now = now_ms(m);
+  uv_timer_start(&m->timer, on_timer, due > now ? due - now : 0, 0);
+  m->armed = 1;
+  m->armed_at = due;
+}
+
+static void lease_extend(mstore_t *m, lease_t *l, uint64_t expires_at) {
+  l->expires_at = expires_at;
+  l->seq = ++m->lease_seq;
+  sift_up(m, l->heap_idx);
+  sift_down(m, l->heap_idx);
+  arm(m, 0);
+}
+
+/* ---- services, documents, leases by name ---- */
+
+/* Position of name in a sorted entry array; *found: whether it is there. */
+static size_t name_pos(entry_t *const *arr, size_t n, const char *name,
+                       int *found) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(arr[mid]->name, name);
+    if (c == 0) {
+      *found = 1;
+      return mid;
+    }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *found = 0;
+  return lo;
+}
+
+static service_t *svc_find(mstore_t *m, const char *name) {
+  int found;
+  size_t i = name_pos(m->svcs, m->n_svcs, name, &found);
+  return found ? (service_t *)m->svcs[i] : NULL;
+}
+
+static cfg_t *cfg_find(mstore_t *m, const char *name) {
+  int found;
+  size_t i = name_pos(m->cfgs, m->n_cfgs, name, &found);
+  return found ? (cfg_t *)m->cfgs[i] : NULL;
+}
+
+/* Room was reserved by the caller. */
+static void arr_insert(entry_t **arr, size_t *n, entry_t *item) {
+  int found;
+  size_t i = name_pos(arr, *n, item->name, &found);
+  memmove(arr + i + 1, arr + i, (*n - i) * sizeof *arr);
+  arr[i] = item;
+  (*n)++;
+}
+
+static void arr_remove(entry_t **arr, size_t *n, const char *name) {
+  int found;
+  size_t i = name_pos(arr, *n, name, &found);
+  if (!found)
+    return;
+  memmove(arr + i, arr + i + 1, (*n - i - 1) * sizeof *arr);
+  (*n)--;
+}
+
+static char *dup_str(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  return d != NULL ? memcpy(d, s, n) : NULL;
+}
+
+/* A new service or document (size bytes, entry_t first), not yet listed. */
+static entry_t *entry_new(size_t size, const char *name) {
+  entry_t *e = calloc(1, size);
+  if (e == NULL)
+    return NULL;
+  e->name = dup_str(name);
+  if (e->name == NULL) {
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+static lease_t *lease_find(const service_t *svc, const char *id, size_t *pos) {
+  size_t lo = 0, hi = svc->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(svc->leases[mid]->inst->id, id);
+    if (c == 0) {
+      *pos = mid;
+      return svc->leases[mid];
+    }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *pos = lo;
+  return NULL;
+}
+
+static int valid_name(const char *s) {
+  return s != NULL && om_valid_name(s, strnlen(s, OM_NAME_MAX + 1));
+}
+
+static int valid_content_type(const char *s) {
+  size_t n;
+  if (s == NULL)
+    return 0;
+  n = strnlen(s, CONTENT_TYPE_MAX + 1);
+  if (n == 0 || n > CONTENT_TYPE_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+      return 0;
+  return 1;
+}
+
+/* ---- subscriptions and delivery ---- */
+
+static void list_append(sub_list_t *l, sub_t *s) {
+  s->list = l;
+  s->next = NULL;
+  s->prev = l->tail;
+  if (l->tail != NULL)
+    l->tail->next = s;
+  else
+    l->head = s;
+  l->tail = s;
+}
+
+static void list_unlink(sub_t *s) {
+  sub_list_t *l = s->list;
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    l->head = s->next;
+  if (s->next != NULL)
+    s->next->prev = s->prev;
+  else
+    l->tail = s->prev;
+}
+
+static void service_free(service_t *svc) {
+  for (size_t i = 0; i < svc->n; i++)
+    free(svc->leases[i]);
+  free(svc->leases);
+  om_snapshot_unref(svc->snap);
+  free(svc->e.name);
+  free(svc);
+}
+
+static void cfg_free(cfg_t *c) {
+  om_config_doc_unref(c->doc);
+  free(c->e.name);
+  free(c);
+}
+
+/* Unlink and free a subscription; drop a placeholder it leaves empty. */
+static void sub_destroy(mstore_t *m, sub_t *s) {
+  list_unlink(s);
+  if (s->kind == SUB_SERVICE && s->owner != NULL) {
+    service_t *svc = s->owner;
+    if (svc->snap == NULL && svc->subs.head == NULL) {
+      arr_remove(m->svcs, &m->n_svcs, svc->e.name);
+      service_free(svc);
+    }
+  } else if (s->kind == SUB_CONFIG && s->owner != NULL) {
+    cfg_t *c = s->owner;
+    if (c->doc == NULL && c->subs.head == NULL) {
+      arr_remove(m->cfgs, &m->n_cfgs, c->e.name);
+      cfg_free(c);
+    }
+  }
+  free(s);
+}
+
+static void event_free(event_t *ev) {
+  om_snapshot_unref(ev->snap);
+  om_config_doc_unref(ev->doc);
+  free(ev);
+}
+
+static void enqueue(mstore_t *m, event_t *ev) {
+  ev->seq = ++m->event_seq;
+  ev->next = NULL;
+  if (m->q_tail != NULL)
+    m->q_tail->next = ev;
+  else
+    m->q_head = ev;
+  m->q_tail = ev;
+}
+
+static void deliver_list(mstore_t *m, sub_list_t *l, const event_t *ev) {
+  /* Subscriptions are only marked dead while we walk, never unlinked, and
+   * new ones are appended with since >= ev->seq: the walk stays valid. */
+  for (sub_t *s = l->head; s != NULL && !m->closing; s = s->next) {
+    if (s->dead || s->since >= ev->seq)
+      continue;
+    if (s->kind == SUB_SERVICE)
+      s->cb(s->ud, ev->snap);
+    else
+      s->ccb(s->ud, ev->doc);
+  }
+}
+
+/*
+ * Deliver queued events in order, unless a delivery is already running
+ * further up the stack: that one will reach what we queued once the
+ * current event has been seen by everyone.
+ */
+static void drain(mstore_t *m) {
+  if (m->draining)
+    return;
+  m->draining = 1;
+  while (m->q_head != NULL && !m->closing) {
+    event_t *ev = m->q_head;
+    m->q_head = ev->next;
+    if (m->q_head == NULL)
+      m->q_tail = NULL;
+    if (ev->svc != NULL) {
+      deliver_list(m, &ev->svc->subs, ev);
+      deliver_list(m, &m->all_svc_subs, ev);
+    } else {
+      deliver_list(m, &ev->cfg->subs, ev);
+      deliver_list(m, &m->all_cfg_subs, ev);
+    }
+    event_free(ev);
+  }
+  m->draining = 0;
+  if (m->closing)
+    return; /* the close callback frees everything */
+  while (m->dead != NULL) {
+    sub_t *s = m->dead;
+    m->dead = s->next_dead;
+    sub_destroy(m, s);
+  }
+}
+
+/* Make snap the service's current state at rev and queue its delivery. */
+static void commit(mstore_t *m, service_t *svc, om_snapshot_t *snap,
+                   uint64_t rev, event_t *ev) {
+  if (svc->snap == NULL)
+    m->st.services++;
+  om_snapshot_unref(svc->snap);
+  svc->snap = snap;
+  svc->revision = rev;
+  m->last_rev = rev;
+  ev->svc = svc;
+  ev->snap = om_snapshot_ref(snap);
+  enqueue(m, ev);
+}
+
+/* ---- instance operations ---- */
+
+static int put_update(mstore_t *m, service_t *svc, lease_t *l,
+                      const om_instance_t *in, uint64_t now,
+                      om_store_write_cb cb, void *ud) {
+  om_snapshot_t *snap;
+  uint64_t rev = next_rev(m);
+  event_t *ev = calloc(1, sizeof *ev);
+  int rc;
+  if (ev == NULL)
+    return OM_ENOMEM;
+  rc =
+      om_snapshot_edit(svc->snap, rev, in, 1, NULL, 0, &snap, NULL, NULL, NULL);
+  if (rc != 0) {
+    free(ev);
+    return rc;
+  }
+  l->inst = om_snapshot_find(snap, in->id);
+  lease_extend(m, l, deadline(now, in->ttl_ms));
+  m->st.registrations++;
+  commit(m, svc, snap, rev, ev);
+  drain(m);
+  if (cb != NULL)
+    cb(ud, 0, OM_STORE_UPDATED, rev);
+  return 0;
+}
+
+static int put_create(mstore_t *m, const char *service, service_t *svc,
+                      size_t pos, const om_instance_t *in, uint64_t now,
+                      om_store_write_cb cb, void *ud) {
+  service_t *fresh = NULL;
+  lease_t *l = NULL;
+  event_t *ev = NULL;
+  om_snapshot_t *snap = NULL;
+  uint64_t rev;
+  int rc = OM_ENOMEM;
+  lease_t **leases, **heap;
+  if (svc == NULL) {
+    if (grow_svcs(m) != 0 ||
+        (fresh = (service_t *)entry_new(sizeof *fresh, service)) == NULL)
+      return OM_ENOMEM;
+    svc = fresh;
+    pos = 0;
+  }
+  leases = grow(svc->leases, &svc->cap, svc->n + 1, sizeof *leases);
+  if (leases == NULL)
+    goto fail;
+  svc->leases = leases;
+  heap = grow(m->heap, &m->heap_cap, m->heap_n + 1, sizeof *heap);
+  if (heap == NULL)
+    goto fail;
+  m->heap = heap;
+  if ((l = calloc(1, sizeof *l)) == NULL ||
+      (ev = calloc(1, sizeof *ev)) == NULL)
+    goto fail;
+  rev = next_rev(m);
+  if (svc->snap != NULL)
+    rc = om_snapshot_edit(svc->snap, rev, in, 1, NULL, 0, &snap, NULL, NULL,
+                          NULL);
+  else
+    rc = om_snapshot_new(service, rev, in, 1, &snap, NULL, NULL, NULL);
+  if (rc != 0)
+    goto fail;
+  /* Everything is in hand: from here on nothing can fail. */
+  if (fresh != NULL)
+    arr_insert(m->svcs, &m->n_svcs, &fresh->e);
+  l->svc = svc;
+  l->inst = om_snapshot_find(snap, in->id);
+  l->expires_at = deadline(now, in->ttl_ms);
+  l->seq = ++m->lease_seq;
+  memmove(svc->leases + pos + 1, svc->leases + pos,
+          (svc->n - pos) * sizeof *svc->leases);
+  svc->leases[pos] = l;
+  svc->n++;
+  heap_push(m, l);
+  arm(m, 0);
+  m->st.registrations++;
+  m->st.instances++;
+  commit(m, svc, snap, rev, ev);
+  drain(m);
+  if (cb != NULL)
+    cb(ud, 0, OM_STORE_CREATED, rev);
+  return 0;
+fail:
+  free(ev);
+  free(l);
+  if (fresh != NULL)
+    service_free(fresh);
+  return rc;
+}
+
+static int m_put_instance(om_store_t *s, const char *service,
+                          const om_instance_t *in, om_store_write_cb cb,
+                          void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  service_t *svc;
+  lease_t *l = NULL;
+  size_t pos = 0;
+  uint64_t now;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(service) || in == NULL ||
+      om_instance_validate(in, NULL, NULL) != 0)
+    return OM_EINVAL;
+  now = now_ms(m);
+  svc = svc_find(m, service);
+  if (svc != NULL)
+    l = lease_find(svc, in->id, &pos);
+  if (l == NULL)
+    return put_create(m, service, svc, pos, in, now, cb, ud);
+  if (!om_instance_equal(in, l->inst))
+    return put_update(m, svc, l, in, now, cb, ud);
+  lease_extend(m, l, deadline(now, in->ttl_ms));
+  m->st.renewals++;
+  if (cb != NULL)
+    cb(ud, 0, OM_STORE_NOCHANGE, svc->revision);
+  return 0;
+}
+
+static int m_renew(om_store_t *s, const char *service, const char *id,
+                   om_store_write_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  service_t *svc;
+  lease_t *l = NULL;
+  size_t pos;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(service) || !valid_name(id))
+    return OM_EINVAL;
+  svc = svc_find(m, service);
+  if (svc != NULL)
+    l = lease_find(svc, id, &pos);
+  if (l == NULL) {
+    if (cb != NULL)
+      cb(ud, OM_ENOTFOUND, OM_STORE_NOCHANGE, svc != NULL ? svc->revision : 0);
+    return 0;
+  }
+  lease_extend(m, l, deadline(now_ms(m), l->inst->ttl_ms));
+  m->st.renewals++;
+  if (cb != NULL)
+    cb(ud, 0, OM_STORE_NOCHANGE, svc->revision);
+  return 0;
+}
+
+static int m_delete_instance(om_store_t *s, const char *service, const char *id,
+                             om_store_write_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  service_t *svc;
+  lease_t *l = NULL;
+  size_t pos = 0;
+  event_t *ev;
+  om_snapshot_t *snap;
+  uint64_t rev;
+  int rc;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(service) || !valid_name(id))
+    return OM_EINVAL;
+  svc = svc_find(m, service);
+  if (svc != NULL)
+    l = lease_find(svc, id, &pos);
+  if (l == NULL) {
+    if (cb != NULL)
+      cb(ud, OM_ENOTFOUND, OM_STORE_NOCHANGE, svc != NULL ? svc->revision : 0);
+    return 0;
+  }
+  ev = calloc(1, sizeof *ev);
+  if (ev == NULL)
+    return OM_ENOMEM;
+  rev = next_rev(m);
+  rc = om_snapshot_edit(svc->snap, rev, NULL, 0, &id, 1, &snap, NULL, NULL,
+                        NULL);
+  if (rc != 0) {
+    free(ev);
+    return rc;
+  }
+  heap_remove(m, l);
+  memmove(svc->leases + pos, svc->leases + pos + 1,
+          (svc->n - pos - 1) * sizeof *svc->leases);
+  svc->n--;
+  free(l);
+  arm(m, 0);
+  m->st.deletions++;
+  m->st.instances--;
+  commit(m, svc, snap, rev, ev);
+  drain(m);
+  if (cb != NULL)
+    cb(ud, 0, OM_STORE_DELETED, rev);
+  return 0;
+}
+
+/* ---- expiry ---- */
+
+/* Remove a service's collected leases in one new revision. */
+static int expire_service(mstore_t *m, service_t *svc) {
+  const char **ids = malloc(svc->n_expired * sizeof *ids);
+  event_t *ev = calloc(1, sizeof *ev);
+  om_snapshot_t *snap = NULL;
+  lease_t *l, *next;
+  uint64_t rev;
+  size_t k = 0, j = 0;
+  int rc = OM_ENOMEM;
+  if (ids != NULL && ev != NULL) {
+    for (l = svc->expired; l != NULL; l = l->next_expired)
+      ids[k++] = l->inst->id;
+    rev = next_rev(m);
+    rc = om_snapshot_edit(svc->snap, rev, NULL, 0, ids, k, &snap, NULL, NULL,
+                          NULL);
+  }
+  free(ids);
+  if (rc != 0) {
+    free(ev);
+    return rc;
+  }
+  for (l = svc->expired; l != NULL; l = l->next_expired)
+    l->inst = NULL; /* mark for the compaction below */
+  for (size_t i = 0; i < svc->n; i++)
+    if (svc->leases[i]->inst != NULL)
+      svc->leases[j++] = svc->leases[i];
+  svc->n = j;
+  for (l = svc->expired; l != NULL; l = next) {
+    next = l->next_expired;
+    free(l);
+  }
+  m->st.expiries += k;
+  m->st.instances -= k;
+  commit(m, svc, snap, rev, ev);
+  return 0;
+}
+
+size_t om_store_memory_expire(om_store_t *s) {
+  mstore_t *m = (mstore_t *)s;
+  service_t *dirty = NULL, *svc, *next, *rev_list = NULL;
+  size_t removed = 0;
+  uint64_t now;
+  int retry = 0;
+  if (s == NULL || s->ops != &memory_ops || m->closing)
+    return 0;
+  now = now_ms(m);
+  while (m->heap_n != 0 && m->heap[0]->expires_at <= now) {
+    lease_t *l = m->heap[0];
+    heap_remove(m, l);
+    svc = l->svc;
+    if (svc->n_expired == 0) {
+      svc->next_dirty = dirty;
+      dirty = svc;
+    }
+    l->next_expired = svc->expired;
+    svc->expired = l;
+    svc->n_expired++;
+  }
+  for (svc = dirty; svc != NULL; svc = next) { /* first to expire first */
+    next = svc->next_dirty;
+    svc->next_dirty = rev_list;
+    rev_list = svc;
+  }
+  for (svc = rev_list; svc != NULL; svc = next) {
+    next = svc->next_dirty;
+    if (expire_service(m, svc) == 0)
+      removed += svc->n_expired;
+    else {
+      /* Put them back (the heap has room: they just left it), try later. */
+      for (lease_t *l = svc->expired; l != NULL; l = l->next_expired)
+        heap_push(m, l);
+      retry = 1;
+    }
+    svc->expired = NULL;
+    svc->n_expired = 0;
+    svc->next_dirty = NULL;
+  }
+  if (retry)
+    m->armed = 0;
+  arm(m, retry ? deadline(now, RETRY_MS) : 0);
+  drain(m);
+  return removed;
+}
+
+static void on_timer(uv_timer_t *t) {
+  mstore_t *m = t->data;
+  m->armed = 0;
+  om_store_memory_expire(&m->base);
+}
+
+/* ---- reads ---- */
+
+static int m_snapshot(om_store_t *s, const char *service,
+                      om_store_snapshot_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  service_t *svc;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(service) || cb == NULL)
+    return OM_EINVAL;
+  svc = svc_find(m, service);
+  if (svc == NULL || svc->snap == NULL)
+    cb(ud, OM_ENOTFOUND, NULL);
+  else
+    cb(ud, 0, svc->snap);
+  return 0;
+}
+
+static int m_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  om_service_rev_t *list;
+  size_t n = 0;
+  if (m->closing)
+    return OM_ESTATE;
+  if (cb == NULL)
+    return OM_EINVAL;
+  list = malloc((m->n_svcs != 0 ? m->n_svcs : 1) * sizeof *list);
+  if (list == NULL)
+    return OM_ENOMEM;
+  for (size_t i = 0; i < m->n_svcs; i++) {
+    service_t *svc = (service_t *)m->svcs[i];
+    if (svc->snap == NULL)
+      continue;
+    list[n].service = svc->e.name;
+    list[n].revision = svc->revision;
+    list[n].instances = svc->n;
+    n++;
+  }
+  cb(ud, 0, list, n);
+  free(list);
+  return 0;
+}
+
+/* ---- subscriptions ---- */
+
+static int subscribe_common(mstore_t *m, int kind, const char *name,
+                            om_store_watch_cb cb, om_store_config_watch_cb ccb,
+                            void *ud, om_store_sub_t **out) {
+  sub_t *sub;
+  void *owner = NULL;
+  sub_list_t *list;
+  if (m->closing)
+    return OM_ESTATE;
+  if (out == NULL || (cb == NULL && ccb == NULL) ||
+      (name != NULL && !valid_name(name)))
+    return OM_EINVAL;
+  sub = calloc(1, sizeof *sub);
+  if (sub == NULL)
+    return OM_ENOMEM;
+  if (name == NULL) {
+    list = kind == SUB_SERVICE ? &m->all_svc_subs : &m->all_cfg_subs;
+  } else if (kind == SUB_SERVICE) {
+    service_t *svc = svc_find(m, name);
+    if (svc == NULL) {
+      if (grow_svcs(m) != 0 ||
+          (svc = (service_t *)entry_new(sizeof *svc, name)) == NULL) {
+        free(sub);
+        return OM_ENOMEM;
+      }
+      arr_insert(m->svcs, &m->n_svcs, &svc->e);
+    }
+    owner = svc;
+    list = &svc->subs;
+  } else {
+    cfg_t *c = cfg_find(m, name);
+    if (c == NULL) {
+      if (grow_cfgs(m) != 0 ||
+          (c = (cfg_t *)entry_new(sizeof *c, name)) == NULL) {
+        free(sub);
+        return OM_ENOMEM;
+      }
+      arr_insert(m->cfgs, &m->n_cfgs, &c->e);
+    }
+    owner = c;
+    list = &c->subs;
+  }
+  sub->kind = kind;
+  sub->owner = owner;
+  sub->cb = cb;
+  sub->ccb = ccb;
+  sub->ud = ud;
+  sub->since = m->event_seq;
+  list_append(list, sub);
+  *out = (om_store_sub_t *)sub;
+  return 0;
+}
+
+static int m_subscribe(om_store_t *s, const char *service, om_store_watch_cb cb,
+                       void *ud, om_store_sub_t **out) {
+  if (cb == NULL)
+    return OM_EINVAL;
+  return subscribe_common((mstore_t *)s, SUB_SERVICE, service, cb, NULL, ud,
+                          out);
+}
+
+static int m_subscribe_config(om_store_t *s, const char *name,
+                              om_store_config_watch_cb cb, void *ud,
+                              om_store_sub_t **out) {
+  if (cb == NULL)
+    return OM_EINVAL;
+  return subscribe_common((mstore_t *)s, SUB_CONFIG, name, NULL, cb, ud, out);
+}
+
+static void m_unsubscribe(om_store_t *s, om_store_sub_t *handle) {
+  mstore_t *m = (mstore_t *)s;
+  sub_t *sub = (sub_t *)handle;
+  if (sub == NULL || m->closing || sub->dead)
+    return;
+  if (m->draining) {
+    sub->dead = 1;
+    sub->next_dead = m->dead;
+    m->dead = sub;
+    return;
+  }
+  sub_destroy(m, sub);
+}
+
+/* ---- configuration documents ---- */
+
+static int m_config_put(om_store_t *s, const char *name,
+                        const char *content_type, const char *body, size_t len,
+                        om_store_write_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  cfg_t *c, *fresh = NULL;
+  om_config_doc_t *doc;
+  event_t *ev;
+  uint64_t rev;
+  int created;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(name) || !valid_content_type(content_type) ||
+      (body == NULL && len != 0))
+    return OM_EINVAL;
+  if (len > m->opts.max_config_bytes)
+    return OM_ETOOBIG;
+  c = cfg_find(m, name);
+  if (c != NULL && c->doc != NULL && c->doc->len == len &&
+      strcmp(c->doc->content_type, content_type) == 0 &&
+      (len == 0 || memcmp(c->doc->body, body, len) == 0)) {
+    if (cb != NULL)
+      cb(ud, 0, OM_STORE_NOCHANGE, c->doc->revision);
+    return 0;
+  }
+  if (c == NULL && (grow_cfgs(m) != 0 ||
+                    (c = fresh = (cfg_t *)entry_new(sizeof *c, name)) == NULL))
+    return OM_ENOMEM;
+  rev = next_rev(m);
+  ev = calloc(1, sizeof *ev);
+  doc =
+      ev != NULL ? om_config_doc_new(name, content_type, body, len, rev) : NULL;
+  if (doc == NULL) {
+    free(ev);
+    if (fresh != NULL)
+      cfg_free(fresh);
+    return OM_ENOMEM;
+  }
+  if (fresh != NULL)
+    arr_insert(m->cfgs, &m->n_cfgs, &fresh->e);
+  created = c->doc == NULL;
+  om_config_doc_unref(c->doc);
+  c->doc = doc;
+  m->last_rev = rev;
+  ev->cfg = c;
+  ev->doc = om_config_doc_ref(doc);
+  enqueue(m, ev);
+  drain(m);
+  if (cb != NULL)
+    cb(ud, 0, created ? OM_STORE_CREATED : OM_STORE_UPDATED, rev);
+  return 0;
+}
+
+static int m_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
+                        void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  cfg_t *c;
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(name) || cb == NULL)
+    return OM_EINVAL;
+  c = cfg_find(m, name);
+  if (c == NULL || c->doc == NULL)
+    cb(ud, OM_ENOTFOUND, NULL);
+  else
+    cb(ud, 0, c->doc);
+  return 0;
+}
+
+/* ---- status and lifetime ---- */
+
+static void m_status(om_store_t *s, om_store_status_t *out) {
+  mstore_t *m = (mstore_t *)s;
+  if (out != NULL)
+    *out = m->st;
+}
+
+static void free_list(sub_list_t *l) {
+  sub_t *s = l->head, *next;
+  for (; s != NULL; s = next) {
+    next = s->next;
+    free(s);
+  }
+  l->head = l->tail = NULL;
+}
+
+static void free_all(mstore_t *m) {
+  while (m->q_head != NULL) {
+    event_t *ev = m->q_head;
+    m->q_head = ev->next;
+    event_free(ev);
+  }
+  for (size_t i = 0; i < m->n_svcs; i++) {
+    service_t *svc = (service_t *)m->svcs[i];
+    free_list(&svc->subs);
+    service_free(svc);
+  }
+  for (size_t i = 0; i < m->n_cfgs; i++) {
+    cfg_t *c = (cfg_t *)m->cfgs[i];
+    free_list(&c->subs);
+    cfg_free(c);
+  }
+  free_list(&m->all_svc_subs);
+  free_list(&m->all_cfg_subs);
+  free(m->svcs);
+  free(m->cfgs);
+  free(m->heap);
+  free(m);
+}
+
+static void on_closed(uv_handle_t *h) {
+  mstore_t *m = h->data;
+  void (*done)(void *) = m->done;
+  void *ud = m->done_ud;
+  free_all(m);
+  if (done != NULL)
+    done(ud);
+}
+
+static void m_close(om_store_t *s, void (*done)(void *ud), void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  if (m->closing)
+    return;
+  m->closing = 1;
+  m->done = done;
+  m->done_ud = ud;
+  uv_timer_stop(&m->timer);
+  uv_close((uv_handle_t *)&m->timer, on_closed);
+}
+
+static const om_store_ops_t memory_ops = {
+    .name = "memory",
+    .put_instance = m_put_instance,
+    .renew = m_renew,
+    .delete_instance = m_delete_instance,
+    .snapshot = m_snapshot,
+    .list_services = m_list_services,
+    .subscribe = m_subscribe,
+    .config_put = m_config_put,
+    .config_get = m_config_get,
+    .subscribe_config = m_subscribe_config,
+    .unsubscribe = m_unsubscribe,
+    .status = m_status,
+    .close = m_close,
+};
+
+int om_store_memory_new(uv_loop_t *loop, const om_store_memory_opts_t *opts,
+                        om_store_t **out) {
+  mstore_t *m;
+  if (loop == NULL || out == NULL)
+    return OM_EINVAL;
+  m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return OM_ENOMEM;
+  if (opts != NULL)
+    m->opts = *opts;
+  if (m->opts.max_config_bytes == 0)
+    m->opts.max_config_bytes = DEFAULT_MAX_CONFIG;
+  m->last_rev = m->opts.min_revision;
+  m->loop = loop;
+  m->base.ops = &memory_ops;
+  if (uv_timer_init(loop, &m->timer) != 0) {
+    free(m);
+    return OM_ENOMEM;
+  }
+  m->timer.data = m;
+  *out = &m->base;
+  return 0;
+}
