@@ -1,0 +1,108 @@
+/* test_auth.c: token files, roles and checks. */
+#include "om_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "om_auth.h"
+#include "om_errno.h"
+
+static char path[64];
+
+static void write_tokens(const char *text) {
+  FILE *f;
+  snprintf(path, sizeof path, "/tmp/om-tokens-%d", (int)getpid());
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static om_auth_result_t check(om_auth_t *a, const char *header, int role) {
+  return om_auth_check(a, header, header ? strlen(header) : 0, role);
+}
+
+static void roles_are_enforced(void **state) {
+  (void)state;
+  char err[256];
+  om_auth_t *a = NULL;
+  write_tokens("# comment\n\nreader read\nagent register\n"
+               "root admin\nboth read,register\n");
+  assert_int_equal(om_auth_load(path, &a, err, sizeof err), 0);
+  assert_int_equal(om_auth_count(a), 4);
+  assert_int_equal(check(a, NULL, OM_ROLE_READ), OM_AUTH_MISSING);
+  assert_int_equal(check(a, "Bearer reader", OM_ROLE_READ), OM_AUTH_OK);
+  assert_int_equal(check(a, "bearer  reader ", OM_ROLE_READ), OM_AUTH_OK);
+  assert_int_equal(check(a, "Bearer reader", OM_ROLE_REGISTER),
+                   OM_AUTH_FORBIDDEN);
+  assert_int_equal(check(a, "Bearer agent", OM_ROLE_REGISTER), OM_AUTH_OK);
+  assert_int_equal(check(a, "Bearer agent", OM_ROLE_ADMIN),
+                   OM_AUTH_FORBIDDEN);
+  assert_int_equal(check(a, "Bearer root", OM_ROLE_ADMIN), OM_AUTH_OK);
+  assert_int_equal(check(a, "Bearer root", OM_ROLE_READ), OM_AUTH_OK);
+  assert_int_equal(check(a, "Bearer both", OM_ROLE_REGISTER), OM_AUTH_OK);
+  assert_int_equal(check(a, "Bearer readerx", OM_ROLE_READ),
+                   OM_AUTH_INVALID);
+  assert_int_equal(check(a, "Bearer reade", OM_ROLE_READ), OM_AUTH_INVALID);
+  assert_int_equal(check(a, "Basic cmVhZGVy", OM_ROLE_READ),
+                   OM_AUTH_INVALID);
+  assert_int_equal(check(a, "Bearer ", OM_ROLE_READ), OM_AUTH_INVALID);
+  assert_int_equal(check(a, "", OM_ROLE_READ), OM_AUTH_INVALID);
+  om_auth_free(a);
+  unlink(path);
+}
+
+static void bad_files_name_the_line(void **state) {
+  (void)state;
+  static const struct {
+    const char *text, *want;
+  } bad[] = {
+      {"tok\n", ":1: expected"},
+      {"ok read\ntok superuser\n", ":2: expected"},
+      {"tok read extra\n", ":1: expected"},
+      {"# nothing\n", "no tokens"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char err[256];
+    om_auth_t *a = NULL;
+    write_tokens(bad[i].text);
+    assert_int_equal(om_auth_load(path, &a, err, sizeof err), OM_EPARSE);
+    assert_null(a);
+    if (strstr(err, bad[i].want) == NULL)
+      fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].want);
+  }
+  unlink(path);
+  char err[256];
+  om_auth_t *a = NULL;
+  assert_int_equal(om_auth_load("/nonexistent/tokens", &a, err, sizeof err),
+                   OM_ENOTFOUND);
+}
+
+static void load_survives_allocation_failures(void **state) {
+  (void)state;
+  write_tokens("a read\nb register\nc admin\n");
+  for (long n = 0;; n++) {
+    char err[256];
+    om_auth_t *a = NULL;
+    om_test_fail_alloc_after(n);
+    int rc = om_auth_load(path, &a, err, sizeof err);
+    om_test_alloc_reset();
+    if (rc == 0) {
+      assert_int_equal(om_auth_count(a), 3);
+      om_auth_free(a);
+      break;
+    }
+    assert_null(a);
+  }
+  unlink(path);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(roles_are_enforced),
+      cmocka_unit_test(bad_files_name_the_line),
+      cmocka_unit_test(load_survives_allocation_failures),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
