@@ -24,7 +24,8 @@
   XX(EBUDGET, -11, "retry budget exhausted")                                   \
   XX(ESTATE, -12, "operation not valid in the current state")                  \
   XX(ERANGE, -13, "value out of range")                                        \
-  XX(EPOLICY, -14, "policy rejected or failed")
+  XX(EPOLICY, -14, "policy rejected or failed")                                \
+  XX(EIO, -15, "input/output error")
 
 typedef enum {
   OM_OK = 0,

@@ -3,6 +3,7 @@
  * argc/argv after the subcommand name; exit codes are 0 ok, 1 runtime
  * failure, 2 usage or invalid input.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,9 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+  /* A peer that resets a connection must not kill the process: libuv writes
+   * with writev, which raises SIGPIPE; the write's error is enough. */
+  signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
     usage(stderr);
     return OM_EXIT_USAGE;

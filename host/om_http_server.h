@@ -1,0 +1,375 @@
+/*
+ * om_http_server.h: the HTTP/1.1 server under every OpenMesh process
+ * (control plane, proxy, egress gateway), on one libuv loop.
+ *
+ * Message framing follows RFC 9112 strictly, because the server sits in
+ * front of a proxy: a request whose framing two implementations could read
+ * differently is a request-smuggling vector, so it is refused, never
+ * "repaired". Every refusal is answered with a small JSON body
+ * {"error":"<reason>"} and `Connection: close`; the connection is then
+ * half-closed and no further byte on it is interpreted (RFC 9112 9.6:
+ * lingering close, so the client reads the answer instead of a reset).
+ *
+ * Two parsers read every request: a strict scanner of our own over the raw
+ * bytes (request line, field lines, chunked framing) decides, and
+ * http-parser (2.9.x, which Debian builds with HTTP_PARSER_STRICT=0 and is
+ * lenient about bare LF, obs-fold, whitespace before the colon, chunk-data
+ * CRLF, ...) must agree with it on method, target, every field, version
+ * and body framing; any disagreement is a 400.
+ *
+ * Threading: everything runs on the loop thread; no function here may be
+ * called from another thread. The process must ignore SIGPIPE (libuv
+ * writes with writev; a peer reset would otherwise kill the process).
+ */
+#ifndef OM_HTTP_SERVER_H
+#define OM_HTTP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <sys/socket.h>
+#include <uv.h>
+
+typedef struct om_http_server_s om_http_server_t;
+
+/*
+ * Why the server refused a request: XX(name, status, reason string). The
+ * reason string is the "error" member of the JSON body and the label in
+ * metrics; names and statuses are stable.
+ *
+ * - BAD_REQUEST_LINE: method not a token, not exactly one SP between the
+ *   parts, version not `HTTP/DIGIT.DIGIT`, bare CR or LF in the request line
+ *   (RFC 9112 3, 2.3, 2.2).
+ * - BAD_TARGET: request-target not origin-form (or absolute-form http/https,
+ *   or `*` with OPTIONS), a byte outside RFC 3986, a bad %-escape, a
+ *   fragment, userinfo (RFC 9112 3.2, RFC 9110 4.2.4).
+ * - TARGET_TOO_LONG: the limit max_header_bytes was reached inside the
+ *   request-target (RFC 9112 3: 414).
+ * - VERSION_NOT_SUPPORTED: a well-formed version other than HTTP/1.0 and
+ *   HTTP/1.1 (RFC 9110 15.6.6: 505).
+ * - BAD_HEADER: a field name that is not a token, whitespace between the
+ *   name and the colon (RFC 9112 5.1), a CTL, NUL, DEL or bare CR/LF in a
+ *   value (RFC 9110 5.5, RFC 9112 2.2), whitespace before the first field
+ *   line (RFC 9112 2.2), a framing field in the trailer section.
+ * - OBS_FOLD: a field line continued on the next line (RFC 9112 5.2).
+ * - BAD_HOST: HTTP/1.1 without Host, more than one Host, or a Host value
+ *   that is not uri-host [":" port] (RFC 9112 3.2, RFC 9110 7.2).
+ * - BAD_CONTENT_LENGTH: Content-Length not 1*DIGIT after trimming OWS, or
+ *   given more than once, even with equal values ("1, 1" included; RFC 9110
+ *   8.6 and RFC 9112 6.3 allow accepting identical values: we do not).
+ * - CONTENT_LENGTH_AND_TRANSFER_ENCODING: both present (RFC 9112 6.1,
+ *   6.3 item 3).
+ * - BAD_TRANSFER_ENCODING: chunked not the final coding (RFC 9112 6.3 item
+ *   4), chunked applied twice or with parameters (RFC 9112 7), a list
+ *   element that is not a transfer-coding or is empty, or any
+ *   Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1).
+ * - UNSUPPORTED_TRANSFER_CODING: a coding other than chunked before the
+ *   final chunked (RFC 9112 6.1: 501).
+ * - BAD_CHUNK: chunk-size not 1*HEXDIG or over 64 bits, malformed
+ *   chunk-ext, a chunk line over 4 KiB, more framing bytes (chunk lines,
+ *   trailers) than max(64 KiB, max_body_bytes), no CRLF after chunk-data,
+ *   no CRLF ending the message (RFC 9112 7.1).
+ * - METHOD_NOT_IMPLEMENTED: CONNECT, or a method token that http-parser
+ *   does not know (RFC 9110 9.1: 501).
+ * - EXPECTATION_FAILED: an Expect member other than 100-continue in an
+ *   HTTP/1.1 request (RFC 9110 10.1.1: 417).
+ * - HEADERS_TOO_LARGE: the header section (request line included, leading
+ *   empty lines included) or the trailer section exceeds max_header_bytes,
+ *   or has more than max_headers fields (RFC 6585 5: 431).
+ * - BODY_TOO_LARGE: Content-Length or the sum of chunk sizes exceeds
+ *   max_body_bytes (RFC 9110 15.5.14: 413), answered before the body is
+ *   read.
+ * - REQUEST_TIMEOUT: the header section did not complete within
+ *   header_timeout_ms of its first byte, or the body stalled for
+ *   idle_timeout_ms (RFC 9110 15.5.9: 408).
+ * - BAD_REQUEST: http-parser and our scanner disagree about the message.
+ *   Where http-parser refuses what the scanner accepted, the reason names
+ *   the part it refused instead: it refuses HTAB after a Content-Length or
+ *   Transfer-Encoding value and HTAB before a chunk-ext (valid BWS/OWS), so
+ *   those are answered 400 bad_content_length / bad_transfer_encoding /
+ *   bad_chunk; it does not know every method token (501).
+ */
+#define OM_HTTP_REJECT_MAP(XX)                                                 \
+  XX(BAD_REQUEST_LINE, 400, "bad_request_line")                                \
+  XX(BAD_TARGET, 400, "bad_target")                                            \
+  XX(TARGET_TOO_LONG, 414, "target_too_long")                                  \
+  XX(VERSION_NOT_SUPPORTED, 505, "version_not_supported")                      \
+  XX(BAD_HEADER, 400, "bad_header")                                            \
+  XX(OBS_FOLD, 400, "obs_fold")                                                \
+  XX(BAD_HOST, 400, "bad_host")                                                \
+  XX(BAD_CONTENT_LENGTH, 400, "bad_content_length")                            \
+  XX(CONTENT_LENGTH_AND_TRANSFER_ENCODING, 400,                                \
+     "content_length_and_transfer_encoding")                                   \
+  XX(BAD_TRANSFER_ENCODING, 400, "bad_transfer_encoding")                      \
+  XX(UNSUPPORTED_TRANSFER_CODING, 501, "unsupported_transfer_coding")          \
+  XX(BAD_CHUNK, 400, "bad_chunk")                                              \
+  XX(METHOD_NOT_IMPLEMENTED, 501, "method_not_implemented")                    \
+  XX(EXPECTATION_FAILED, 417, "expectation_failed")                            \
+  XX(HEADERS_TOO_LARGE, 431, "headers_too_large")                              \
+  XX(BODY_TOO_LARGE, 413, "body_too_large")                                    \
+  XX(REQUEST_TIMEOUT, 408, "request_timeout")                                  \
+  XX(BAD_REQUEST, 400, "bad_request")
+
+typedef enum {
+#define OM__HTTP_REJECT_ENUM(name, status, reason) OM_HTTP_REJECT_##name,
+  OM_HTTP_REJECT_MAP(OM__HTTP_REJECT_ENUM)
+#undef OM__HTTP_REJECT_ENUM
+      OM_HTTP_REJECT__COUNT
+} om_http_reject_t;
+
+/* The reason string of a rejection ("bad_chunk"); "unknown" when out of
+ * range. Never NULL; static. */
+const char *om_http_reject_name(om_http_reject_t reason);
+
+/* The status code the server answers a rejection with; 0 when out of
+ * range. */
+int om_http_reject_status(om_http_reject_t reason);
+
+/*
+ * Counters, updated on the loop thread; read them from the loop thread
+ * (om_http_server_metrics) and copy what you export.
+ */
+typedef struct om_http_server_metrics_s {
+  uint64_t connections_accepted; /* accepted and served */
+  uint64_t connections_active;   /* open now (gauge), lingering included */
+  uint64_t connections_rejected; /* over max_connections: 503 and closed */
+  uint64_t requests;             /* dispatched to the handler */
+  uint64_t responses_aborted;    /* client gone or response aborted */
+  uint64_t rejected[OM_HTTP_REJECT__COUNT]; /* by om_http_reject_t */
+} om_http_server_metrics_t;
+
+/*
+ * Limits. Zero in any field means its default, so `{0}` and NULL are the
+ * defaults; there is no way to ask for "no limit".
+ */
+typedef struct om_http_server_opts_s {
+  /* Request line + field lines + the empty line, and separately the
+   * trailer section of a chunked body: beyond it 431 (414 inside the
+   * request-target). Default 16 KiB, at most 64 KiB (http-parser's own
+   * compiled-in limit is 80 KiB). */
+  size_t max_header_bytes;
+  /* Field lines in the header or in the trailer section: beyond it 431.
+   * Default 100. */
+  size_t max_headers;
+  /* Decoded body bytes: beyond it 413. Default 1 MiB. */
+  size_t max_body_bytes;
+  /* The whole header section must arrive within this many ms of its first
+   * byte (of the accept, for a connection's first request), however it is
+   * dribbled in: 408 and close (a silent close when not one byte of the
+   * request came). Default 10 s. */
+  uint64_t header_timeout_ms;
+  /* A keep-alive connection with nothing in flight is closed after this
+   * long; a body that stalls this long gets 408; a response that makes no
+   * write progress this long (the client stopped reading) is cut.
+   * Default 60 s. */
+  uint64_t idle_timeout_ms;
+  /* om_http_server_close waits this long for in-flight responses before it
+   * cuts them. Default 5 s. */
+  uint64_t drain_timeout_ms;
+  /* Open connections (lingering ones included); a connection beyond it is
+   * accepted, sent a 503 and closed at once, and counted. Default 10000. */
+  size_t max_connections;
+  /* Complete requests read ahead of the one being handled on a connection;
+   * at the limit the server stops reading that connection until responses
+   * drain. Default 16. */
+  size_t max_pipelined;
+} om_http_server_opts_t;
+
+/*
+ * A header field. In a request: name lower-cased, value with OWS trimmed,
+ * both NUL-terminated, lengths exact. In a response (passed by the
+ * caller): a zero length means "NUL-terminated, use strlen".
+ */
+typedef struct om_http_header_s {
+  const char *name;
+  const char *value;
+  size_t name_len;
+  size_t value_len;
+} om_http_header_t;
+
+/*
+ * One request, as the handler sees it. Every field is read-only except
+ * `user`; every string is NUL-terminated and owned by the server.
+ *
+ * Lifetime (exactly): the request is valid from the handler call until
+ *  (a) om_http_respond, om_http_response_end or om_http_response_abort
+ *      returns (whatever it returns), or
+ *  (b) the on_close callback returns, when the client went away (EOF,
+ *      reset, write error, write stall, server shutdown) before the
+ *      response ended.
+ * If the client goes away and no on_close is registered, the request stays
+ * valid ("orphaned": writes fail with OM_ESTATE) until the holder calls
+ * om_http_response_end/abort or om_http_respond, which release it. The
+ * server never frees a request behind the back of a holder that has not
+ * asked to be told.
+ */
+typedef struct om_http_request_s {
+  const char *method; /* as sent (methods are case-sensitive) */
+  size_t method_len;
+  const char *target; /* the raw request-target */
+  size_t target_len;
+  /* The path as sent, NOT percent-decoded (decode per segment after
+   * routing, so an encoded "/" stays data): the part of the target before
+   * '?'; for absolute-form the path of the URI ("/" when empty); "*" for
+   * OPTIONS *. */
+  const char *path;
+  size_t path_len;
+  const char *query; /* after '?', raw; NULL when the target has no '?' */
+  size_t query_len;
+  int version_major;               /* 1 */
+  int version_minor;               /* 0 or 1 */
+  const om_http_header_t *headers; /* in arrival order, duplicates kept */
+  size_t n_headers;
+  /* decoded (de-chunked), NUL-terminated; "" if none. Trailer fields are
+   * checked like header fields and dropped (RFC 9112 7.1.2 allows it). */
+  const char *body;
+  size_t body_len;
+  struct sockaddr_storage remote;
+  char remote_ip[46]; /* numeric, no brackets */
+  int remote_port;
+  void *user; /* the holder's slot; the server never touches it */
+} om_http_request_t;
+
+/*
+ * Called once per complete request (header section and the whole body).
+ * Requests on one connection are dispatched strictly one at a time, in
+ * order: the next is dispatched only after this one's response ended. The
+ * handler must eventually end the response (respond, start...end, or
+ * abort), synchronously or later from the loop.
+ */
+typedef void (*om_http_handler_fn)(om_http_request_t *req, void *ud);
+
+/* The client went away before the response ended; see om_http_request_t.
+ * Runs from the loop, never from inside an om_http_* call. */
+typedef void (*om_http_close_fn)(om_http_request_t *req);
+
+/* The server is closed; srv is readable (metrics) during the call and
+ * freed right after it returns. */
+typedef void (*om_http_closed_fn)(om_http_server_t *srv, void *ud);
+
+/*
+ * om_http_server_new: a server on loop that will call on_request(req, ud).
+ * opts may be NULL (defaults). Returns 0 and *out, OM_EINVAL for a NULL
+ * argument or a limit out of range (max_header_bytes above 64 KiB or below
+ * 64), OM_ENOMEM; on error nothing was allocated and nothing was added to
+ * the loop. The server is freed only by om_http_server_close (always, even
+ * if it never listened), because it owns libuv handles.
+ */
+int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
+                       om_http_handler_fn on_request, void *ud,
+                       om_http_server_t **out);
+
+/*
+ * om_http_server_listen: bind host:port and start accepting. host is an
+ * IPv4 or IPv6 literal ("127.0.0.1", "::1", "0.0.0.0", "::"); no name
+ * resolution. port 0 picks a free port (see om_http_server_port).
+ * Returns 0, OM_EINVAL for a bad host or port, OM_ESTATE when already
+ * listening or closing, OM_EIO when the socket cannot be bound or listened
+ * on (the libuv error is logged as event "http_listen_failed"; the server
+ * cannot listen again after that and should be closed).
+ */
+int om_http_server_listen(om_http_server_t *srv, const char *host, int port);
+
+/* The bound port, or OM_ESTATE when not listening. */
+int om_http_server_port(const om_http_server_t *srv);
+
+/*
+ * om_http_server_close: stop accepting and close every connection: idle
+ * ones at once; one with a response in flight once that response ends
+ * (pipelined requests behind it are dropped unanswered, and the response
+ * says `Connection: close` if it has not started), or after
+ * drain_timeout_ms, when it is cut (on_close runs). on_closed (may be
+ * NULL) then runs from the loop and srv is freed after it returns.
+ * Returns 0, OM_EINVAL for NULL, OM_ESTATE if already closing (nothing
+ * changed). Never calls on_closed synchronously.
+ */
+int om_http_server_close(om_http_server_t *srv, om_http_closed_fn on_closed);
+
+/* Live counters, valid until on_closed returns. */
+const om_http_server_metrics_t *
+om_http_server_metrics(const om_http_server_t *srv);
+
+/*
+ * om_http_request_header: the value of the first field named name
+ * (case-insensitive), NUL-terminated, and its length in *len if len is not
+ * NULL; NULL when absent. For repeated fields walk req->headers.
+ */
+const char *om_http_request_header(const om_http_request_t *req,
+                                   const char *name, size_t *len);
+
+/*
+ * om_http_respond: the whole response at once. The server adds
+ * Content-Length (none for 204 and 304), Date (unless given) and
+ * Connection (close when the request or the caller asked for it, the
+ * request is HTTP/1.0 without keep-alive, or the server is draining;
+ * keep-alive for an HTTP/1.0 keep-alive request). The body is copied if it
+ * cannot be written at once. HEAD gets Content-Length: len and no body.
+ * Headers must not include Content-Length or Transfer-Encoding; Connection
+ * only as "close" (the connection then closes after this response).
+ * Returns 0 and releases req; OM_ESTATE when the client is gone (req
+ * released all the same); OM_EINVAL (req NOT released, nothing sent) for
+ * a status outside 200..599, a body with 204/304, a header that is not a
+ * token / has CR, LF, NUL or another CTL in its value, or a forbidden
+ * header; OM_ESTATE (not released) if a response was already started.
+ * Inside on_close it returns OM_ESTATE and does nothing.
+ */
+int om_http_respond(om_http_request_t *req, int status,
+                    const om_http_header_t *headers, size_t n, const char *body,
+                    size_t len);
+
+/*
+ * om_http_response_start: send the status and headers of a streamed
+ * response. With a Content-Length header the body is exactly that long;
+ * otherwise HTTP/1.1 gets Transfer-Encoding: chunked and HTTP/1.0 a
+ * close-delimited body (Connection: close). HEAD, 204 and 304 carry no
+ * body (writes are accepted and dropped). Returns 0; OM_EINVAL as for
+ * om_http_respond (Content-Length allowed, not with 204); OM_ESTATE if
+ * already started, or if the client is gone (req is NOT released: end or
+ * abort it).
+ */
+int om_http_response_start(om_http_request_t *req, int status,
+                           const om_http_header_t *headers, size_t n);
+
+/*
+ * om_http_response_write: append len bytes to a started response (copied
+ * if they cannot be written at once; len 0 does nothing). Returns 0,
+ * OM_ESTATE when not started or the client is gone, OM_EINVAL when the
+ * bytes would exceed a given Content-Length (nothing written). Use
+ * om_http_response_pending to bound what a slow client makes you queue.
+ */
+int om_http_response_write(om_http_request_t *req, const char *data,
+                           size_t len);
+
+/*
+ * om_http_response_end: finish a started response (the zero chunk for
+ * chunked; the connection closes for a close-delimited body) and release
+ * req. Returns 0; OM_ESTATE (released all the same) when the client is
+ * gone or a Content-Length was not reached (the connection is then cut);
+ * OM_ESTATE (not released) if the response was never started. Inside
+ * on_close it returns OM_ESTATE and does nothing.
+ */
+int om_http_response_end(om_http_request_t *req);
+
+/*
+ * om_http_response_abort: give up on the response and release req. The
+ * connection is cut so that the client sees an incomplete message: after
+ * the queued bytes a FIN without the terminating zero chunk (chunked) or
+ * short of Content-Length, a reset for a close-delimited body, a plain
+ * close when nothing was sent. Pipelined requests behind it are dropped.
+ * A no-op inside on_close.
+ */
+void om_http_response_abort(om_http_request_t *req);
+
+/* Bytes of this connection's responses queued in memory, not yet taken by
+ * the kernel; 0 when the client is gone. */
+size_t om_http_response_pending(const om_http_request_t *req);
+
+/*
+ * om_http_request_on_close: have cb(req) run if the client goes away
+ * before the response ends (see om_http_request_t for the lifetime). A
+ * later call replaces cb; NULL unregisters. Returns 0, or OM_ESTATE when
+ * the client is already gone (cb not registered; req stays valid).
+ */
+int om_http_request_on_close(om_http_request_t *req, om_http_close_fn cb);
+
+#endif /* OM_HTTP_SERVER_H */
