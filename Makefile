@@ -15,7 +15,8 @@ BENCH_BUILD ?= build-bench
 # and busted re-executes under --lua, so each path is one entry, no ';'). A sanitized module needs
 # the sanitizer runtimes loaded first into the stock interpreter.
 LUA_ENV = LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;;" \
-          LUA_CPATH="$(CURDIR)/$(BUILD)/lib/?.so;;"
+          LUA_CPATH="$(CURDIR)/$(BUILD)/lib/?.so;;" \
+          OPENMESH_BIN="$(CURDIR)/$(BUILD)/bin/openmesh"
 ifeq ($(CI),true)
 LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so)" \
            ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -52,7 +53,7 @@ test-c:
 test-lua:
 	$(LUA_ENV) busted --lua=lua5.4 --lpath="$(CURDIR)/lua/?.lua" \
 	  --cpath="$(CURDIR)/$(BUILD)/lib/?.so" spec
-	$(BUILD)/bin/openmesh test spec
+	OPENMESH_BIN="$(CURDIR)/$(BUILD)/bin/openmesh" $(BUILD)/bin/openmesh test spec
 
 bench: deps
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release
