@@ -1,0 +1,120 @@
+/* om_cli_util.c: flag parsing for the subcommands (see om_cli_util.h). */
+#include "om_cli_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "om_errno.h"
+
+int om_parse_duration_ms(const char *s, uint64_t *out_ms) {
+  uint64_t v = 0, mul;
+  const char *p = s;
+  int over = 0;
+  if (s == NULL || out_ms == NULL)
+    return OM_EINVAL;
+  if (strcmp(s, "0") == 0) {
+    *out_ms = 0;
+    return 0;
+  }
+  if (*p < '0' || *p > '9')
+    return OM_EPARSE;
+  /* a malformed tail is a parse error even after too many digits */
+  for (; *p >= '0' && *p <= '9'; p++) {
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10)
+      over = 1;
+    else
+      v = v * 10 + d;
+  }
+  if (strcmp(p, "ms") == 0)
+    mul = 1;
+  else if (strcmp(p, "s") == 0)
+    mul = 1000;
+  else if (strcmp(p, "m") == 0)
+    mul = 60000;
+  else if (strcmp(p, "h") == 0)
+    mul = 3600000;
+  else
+    return OM_EPARSE;
+  if (over || v > UINT64_MAX / mul)
+    return OM_ERANGE;
+  *out_ms = v * mul;
+  return 0;
+}
+
+static int b64token_char(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+         (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' ||
+         c == '~' || c == '+' || c == '/';
+}
+
+/* RFC 6750 section 2.1: b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" /
+ * "~" / "+" / "/" ) *"=" */
+static int valid_b64token(const char *s, size_t n) {
+  size_t i = 0;
+  while (i < n && b64token_char((unsigned char)s[i]))
+    i++;
+  if (i == 0)
+    return 0;
+  while (i < n && s[i] == '=')
+    i++;
+  return i == n;
+}
+
+static int is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' ||
+         c == '\f';
+}
+
+int om_read_token_file(const char *path, char *out, size_t cap,
+                       const char **why) {
+  char line[8192];
+  const char *dummy;
+  size_t start = 0, end;
+  FILE *f;
+  if (why == NULL)
+    why = &dummy;
+  *why = "";
+  if (out == NULL || cap == 0 || path == NULL) {
+    *why = "invalid argument";
+    return OM_EINVAL;
+  }
+  out[0] = '\0';
+  f = fopen(path, "rb");
+  if (f == NULL) {
+    *why = "cannot be opened";
+    return OM_ENOTFOUND;
+  }
+  if (fgets(line, sizeof line, f) == NULL) {
+    int err = ferror(f);
+    fclose(f);
+    *why = err ? "cannot be read" : "is empty";
+    return err ? OM_ENOTFOUND : OM_EPARSE;
+  }
+  fclose(f);
+  end = strlen(line);
+  if (end == sizeof line - 1 && line[end - 1] != '\n') {
+    *why = "has a first line longer than 8 KiB";
+    return OM_ETOOBIG;
+  }
+  while (start < end && is_space(line[start]))
+    start++;
+  while (end > start && is_space(line[end - 1]))
+    end--;
+  if (end == start) {
+    *why = "has an empty first line";
+    return OM_EPARSE;
+  }
+  if (!valid_b64token(line + start, end - start)) {
+    *why = "does not hold a bearer token (RFC 6750 b64token: letters, "
+           "digits, -._~+/ then optional =)";
+    return OM_EPARSE;
+  }
+  if (end - start >= cap) {
+    *why = "holds a token that is too long";
+    return OM_ETOOBIG;
+  }
+  memcpy(out, line + start, end - start);
+  out[end - start] = '\0';
+  return 0;
+}

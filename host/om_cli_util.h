@@ -1,0 +1,39 @@
+/* om_cli_util.h: parsing shared by the `openmesh` subcommands' flags. */
+#ifndef OM_CLI_UTIL_H
+#define OM_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * om_parse_duration_ms: a duration flag ("500ms", "10s", "2m", "1h") to
+ * milliseconds.
+ *
+ * Grammar, strict: 1*DIGIT unit, unit one of "ms", "s", "m", "h"
+ * (lower-case), nothing before or after. The bare "0" is also accepted
+ * (zero is zero in every unit; `--drain 0`). Refused, so that a typo never
+ * becomes a surprising value: a number without a unit ("10": seconds or
+ * milliseconds?), signs, whitespace, fractions ("1.5s": write "1500ms"),
+ * compound forms ("1m30s": write "90s"), other units, and values whose
+ * milliseconds do not fit in 64 bits.
+ *
+ * Returns 0 and sets *out_ms; OM_EPARSE when malformed; OM_ERANGE on
+ * overflow; OM_EINVAL for a NULL argument. *out_ms is untouched on error.
+ */
+int om_parse_duration_ms(const char *s, uint64_t *out_ms);
+
+/*
+ * om_read_token_file: the bearer token in path: its first line with
+ * surrounding whitespace trimmed, which must be a b64token (RFC 6750
+ * section 2.1: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" )
+ * *"="), so it can be sent in an Authorization header as is. The token is
+ * copied NUL-terminated into out (cap bytes). Returns 0; OM_ENOTFOUND
+ * when the file cannot be opened or read; OM_EPARSE when the first line
+ * is empty or not a b64token; OM_ETOOBIG when the token does not fit;
+ * OM_EINVAL for NULL arguments. On error out holds "" (cap > 0) and why
+ * (may be NULL) points to a static reason.
+ */
+int om_read_token_file(const char *path, char *out, size_t cap,
+                       const char **why);
+
+#endif /* OM_CLI_UTIL_H */

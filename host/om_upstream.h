@@ -1,0 +1,442 @@
+/*
+ * om_upstream.h: the proxy's upstream HTTP/1.1 client, on one libuv loop.
+ *
+ * Why not libcurl: a bare libcurl multi client costs ~31 us of CPU per
+ * request on the reference machine, and the proxy's whole budget is 35 us
+ * (issue 5). This client does only what the data plane needs: HTTP/1.1 over
+ * plain TCP to numeric addresses, a keep-alive pool per peer, buffered
+ * request bodies, streamed response bodies. libcurl stays for watches and
+ * model calls (TLS, HTTP/2, names).
+ *
+ * Cost model (the hot path after warm-up, a request on a pooled
+ * connection): no allocation (request objects and their buffers are
+ * recycled, connections keep their read buffer), one write syscall for the
+ * whole request (head and body in one writev via uv_try_write; uv_write
+ * only takes over a short write), responses parsed in the connection's read
+ * buffer and body bytes handed to on_body in place, never copied.
+ *
+ * Framing is strict (RFC 9112), as in om_http_server.h: a response whose
+ * framing two implementations could read differently is refused
+ * ("malformed"), never repaired, and its connection is never reused. Two
+ * parsers read every response: a strict scanner of our own decides, and
+ * http-parser 2.9 (lenient as Debian builds it) must agree with it on the
+ * status, the version, the framing and where the message ends.
+ *
+ * Refused as malformed (RFC 9112 unless noted): a status line other than
+ * `HTTP/1.0` or `HTTP/1.1` SP 3DIGIT (100..599) [SP reason] (4; the SP
+ * before an empty reason may be omitted: it does not change framing); a
+ * bare CR or a bare LF anywhere in the head (2.2); whitespace before the
+ * first field line (2.2); obs-fold (5.2: a proxy MUST either replace it or
+ * discard the message with a 502; we discard); a field name that is not a
+ * token or whitespace before the colon (5.1); a CTL, NUL or DEL in a value
+ * (RFC 9110 5.5); Content-Length not 1*DIGIT, over 2^63-1, or present more
+ * than once, even with equal values (6.3 item 5; RFC 9110 8.6 allows
+ * merging equal values, we do not); Content-Length with Transfer-Encoding
+ * (6.3 item 3); Transfer-Encoding other than exactly `chunked` (a final
+ * non-chunked coding would make the body close-delimited, 6.3 item 4,
+ * which the proxy cannot re-frame) or in an HTTP/1.0 response (6.1); a
+ * chunk-size that is not 1*HEXDIG or exceeds 2^63-1, a malformed
+ * chunk-ext, a chunk line over 4 KiB, chunk-data not followed by CRLF, a
+ * malformed trailer field (7.1); 101 Switching Protocols (we never ask to
+ * upgrade, RFC 9110 15.2.2); a head larger than max_header_bytes or with
+ * more than max_headers fields (OM_ETOOBIG). Other 1xx responses (100,
+ * 102, 103) are read and skipped (RFC 9110 15.2). Responses to HEAD, and
+ * 1xx, 204 and 304 responses, have no body whatever their framing fields
+ * say (6.3 items 1-2); the fields are still checked.
+ *
+ * Connection reuse: only after a complete response, when the response is
+ * HTTP/1.1 without `Connection: close`, the whole request was written, and
+ * no byte followed the response. HTTP/1.0 responses, close-delimited
+ * bodies and every failure close the connection. An idle pooled connection
+ * keeps reading: an EOF or any unsolicited byte closes it.
+ *
+ * Stale keep-alive (the server closed an idle connection just as we reused
+ * it): when a request sent on a pooled connection sees EOF, a reset or a
+ * write error before any response byte, it is re-sent ONCE on a fresh
+ * connection, transparently, if its method is idempotent (GET HEAD OPTIONS
+ * PUT DELETE TRACE, RFC 9110 9.2.2). Otherwise the failure is reported as
+ * "reset_before_response" and the proxy decides (it knows about
+ * Idempotency-Key and policy opt-ins; the server may have received the
+ * request). Go's net/http transport applies the same rule to reused
+ * connections (it also honours Idempotency-Key, which here is the proxy's
+ * call).
+ *
+ * Threading: everything runs on the loop thread. The process must ignore
+ * SIGPIPE (libuv writes with writev; a peer reset would kill the process).
+ */
+#ifndef OM_UPSTREAM_H
+#define OM_UPSTREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <netinet/in.h>
+#include <uv.h>
+
+#include "om_http_server.h" /* om_http_header_t */
+
+typedef struct om_upstream_pool_s om_upstream_pool_t;
+typedef struct om_upstream_req_s om_upstream_req_t;
+
+/* ------------------------------------------------------------------ */
+/* peers */
+
+/*
+ * A peer URL split by om_upstream_parse_url. host is the numeric address
+ * without brackets, NUL-terminated; path_prefix points into the URL (""
+ * when the URL has no path; never includes a query).
+ */
+typedef struct om_upstream_url_s {
+  char host[46];
+  int port; /* 80 when the URL gives none */
+  const char *path_prefix;
+  size_t path_prefix_len;
+} om_upstream_url_t;
+
+/*
+ * om_upstream_parse_url: split a peer URL as the control plane sends it,
+ * `http://HOST[:PORT][/path]`, strictly: scheme `http` (case-insensitive,
+ * RFC 3986 3.1); HOST a numeric IPv4 literal (dotted decimal, four parts)
+ * or a bracketed IPv6 literal (no zone id); PORT 1..65535 in at most five
+ * digits; the path made of RFC 3986 pchar and "/" with valid %-escapes.
+ * Nothing is resolved, so names ("localhost") are refused: a peer must be
+ * an address. Refused too: https (TLS comes later), userinfo, a query, a
+ * fragment, an empty port, anything else.
+ * Returns 0 and fills *out; OM_EINVAL for a NULL url or out; OM_EPARSE
+ * with *why (if why is not NULL) set to a static message naming the
+ * problem ("https is not supported yet (TLS comes later)"). On error *out
+ * is unspecified.
+ */
+int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
+                          const char **why);
+
+/*
+ * Where a request goes: a numeric socket address and the authority the
+ * client sends as Host when the caller gives none. A plain value: copy
+ * it, keep it in a snapshot; the pool keys its connections by the address.
+ */
+typedef struct om_upstream_target_s {
+  union {
+    struct sockaddr sa;
+    struct sockaddr_in in4;
+    struct sockaddr_in6 in6;
+  } addr;
+  char authority[56]; /* "127.0.0.1:9001", "[::1]:9001"; no ":80" */
+} om_upstream_target_t;
+
+/*
+ * om_upstream_target_init: a target for host (a numeric IPv4 literal or
+ * an IPv6 literal, without brackets, as in om_upstream_url_t) and port
+ * 1..65535. The authority omits the port when it is 80 (RFC 9110 4.2.1,
+ * RFC 3986 6.2.3). Returns 0; OM_EINVAL (NULL, a host that is not a
+ * numeric literal, a port out of range), *t then unspecified.
+ */
+int om_upstream_target_init(om_upstream_target_t *t, const char *host,
+                            int port);
+
+/*
+ * om_upstream_target_from_url: om_upstream_parse_url then
+ * om_upstream_target_init; the path prefix, if any, is for the caller to
+ * put in front of request targets. Same returns and *why as parse_url.
+ */
+int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
+                                const char **why);
+
+/* ------------------------------------------------------------------ */
+/* the pool */
+
+/*
+ * Pool options. Zero in any field means its default, so `{0}` and NULL are
+ * the defaults.
+ */
+typedef struct om_upstream_pool_opts_s {
+  /* Idle keep-alive connections kept per peer; returning one more closes
+   * the least recently used. Default 32. */
+  size_t max_idle_per_peer;
+  /* An idle connection is closed after this long. Default 60 s. */
+  uint64_t idle_timeout_ms;
+  /* The response head (status line, fields, the empty line, and every 1xx
+   * head before it), and separately a trailer section. Default and
+   * maximum 64 KiB, at least 256. */
+  size_t max_header_bytes;
+  /* Fields in a response head. Default 100, at most 10000. */
+  size_t max_headers;
+  /* Each connection's read buffer; it grows (rarely, once) only to hold a
+   * head, trailer section or chunk line larger than this. Larger reads
+   * mean fewer syscalls for large bodies. Default 16 KiB, at least 1 KiB. */
+  size_t read_buffer_bytes;
+  /* Peers remembered (with their counters). Beyond it a peer with no
+   * connection and no request is forgotten to make room. Default 4096. */
+  size_t max_peers;
+} om_upstream_pool_opts_t;
+
+/*
+ * Counters of one peer, or of the whole pool. Gauges (active, idle) are
+ * connections now; the rest count since the peer was first used.
+ */
+typedef struct om_upstream_stats_s {
+  uint64_t active;   /* connections carrying a request (connecting too) */
+  uint64_t idle;     /* connections in the pool */
+  uint64_t connects; /* connection attempts started */
+  uint64_t reuses;   /* attempts sent on a pooled connection */
+  uint64_t requests; /* requests started (om_upstream_send returned 0) */
+  uint64_t failures; /* requests that ended with an upstream failure:
+                        every class but aborted, closed and internal */
+  uint64_t retries;  /* transparent stale keep-alive retries */
+} om_upstream_stats_t;
+
+/*
+ * om_upstream_pool_new: a pool on loop (which must outlive it). opts may
+ * be NULL. Returns 0 and *out; OM_EINVAL for a NULL loop or out, or an
+ * option out of range; OM_ENOMEM. On error nothing was allocated and
+ * nothing was added to the loop. The pool owns a libuv handle, so it is
+ * freed only by om_upstream_pool_close (always, even if never used).
+ */
+int om_upstream_pool_new(uv_loop_t *loop, const om_upstream_pool_opts_t *opts,
+                         om_upstream_pool_t **out);
+
+/* The pool is closed; it is freed right after this returns. */
+typedef void (*om_upstream_closed_fn)(void *ud);
+
+/*
+ * om_upstream_pool_close: close every connection at once. Each request in
+ * flight ends with on_done ("closed", OM_ESTATE), from the loop, after
+ * this returns; then on_closed(ud) (may be NULL) runs and the pool is
+ * freed. From then on om_upstream_send returns OM_ESTATE. Callable from
+ * inside any callback of this pool. Returns 0; OM_EINVAL (NULL);
+ * OM_ESTATE when already closing (nothing changed). Never calls anything
+ * synchronously.
+ */
+int om_upstream_pool_close(om_upstream_pool_t *pool,
+                           om_upstream_closed_fn on_closed, void *ud);
+
+/*
+ * om_upstream_pool_stats: the pool's totals into *out. Returns 0, or
+ * OM_EINVAL for NULL.
+ */
+int om_upstream_pool_stats(const om_upstream_pool_t *pool,
+                           om_upstream_stats_t *out);
+
+/*
+ * om_upstream_peer_stats: the counters of the peer at target's address.
+ * Returns 0; OM_EINVAL (NULL); OM_ENOTFOUND when the pool has never sent
+ * to it (or forgot it, see max_peers). *out is untouched on error.
+ */
+int om_upstream_peer_stats(const om_upstream_pool_t *pool,
+                           const om_upstream_target_t *target,
+                           om_upstream_stats_t *out);
+
+/* ------------------------------------------------------------------ */
+/* requests */
+
+/*
+ * One request. Every pointer is the caller's and only read during
+ * om_upstream_send, except body, which must stay valid and unchanged until
+ * the request ends (on_done returns or om_upstream_cancel returns): a
+ * short write, and a transparent retry, send it again from there.
+ */
+typedef struct om_upstream_request_s {
+  const char *method; /* a token; CONNECT is refused */
+  size_t method_len;  /* 0: NUL-terminated */
+  /* origin-form, raw: "/path?query" (RFC 9112 3.2.1), or "*" with
+   * OPTIONS; RFC 3986 characters and valid %-escapes only */
+  const char *target;
+  size_t target_len; /* 0: NUL-terminated */
+  /*
+   * Header fields to send, in order (a zero length means NUL-terminated,
+   * as for om_http_respond). Names must be tokens; values must not hold
+   * CR, LF, NUL or another CTL but HTAB. Never sent: the hop-by-hop fields
+   * (Connection, Keep-Alive, Proxy-Connection, TE, Trailer,
+   * Transfer-Encoding, Upgrade) and every field named in a Connection
+   * field (RFC 9110 7.6.1), and Content-Length (the client frames the
+   * body itself). Host is added (the target's authority) when absent.
+   * The server's request headers can be passed as they are.
+   */
+  const om_http_header_t *headers;
+  size_t n_headers;
+  /* The body, sent with Content-Length (also `Content-Length: 0` for an
+   * empty POST, PUT or PATCH, RFC 9110 8.6). */
+  const char *body;
+  size_t body_len;
+  /* Timeouts in ms, 0 = none. connect: until the TCP connection is
+   * established. first_byte: from the start of the request write until
+   * the response head is complete (1xx heads do not stop it). total: from
+   * om_upstream_send to the end of the response, retry included, pauses
+   * included. */
+  uint64_t connect_timeout_ms;
+  uint64_t first_byte_timeout_ms;
+  uint64_t timeout_ms;
+} om_upstream_request_t;
+
+/*
+ * A response head, as on_headers sees it. Valid only during on_headers
+ * (it points into the connection's read buffer): copy what you keep.
+ * Strings are NUL-terminated, lengths exact.
+ */
+typedef struct om_upstream_response_s {
+  int status;        /* 200..599 (1xx are skipped) */
+  int version_minor; /* 0 or 1 */
+  const char *reason;
+  size_t reason_len;
+  /*
+   * The end-to-end fields, in arrival order, names as sent (not
+   * lower-cased), values with OWS trimmed. Removed: the hop-by-hop fields
+   * listed for requests and those named in Connection. Content-Length
+   * stays (it is end-to-end; the body is de-chunked either way).
+   */
+  const om_http_header_t *headers;
+  size_t n_headers;
+  /* body bytes may follow: 0 for a response to HEAD, 1xx/204/304 and
+   * Content-Length: 0 (on_done then follows on_headers at once) */
+  int has_body;
+  /* the body length when it is fixed (Content-Length); -1 for a chunked
+   * or close-delimited body; 0 when has_body is 0 */
+  int64_t content_length;
+} om_upstream_response_t;
+
+/*
+ * Why a request failed: XX(name, reason string, error code). The reason
+ * strings are stable (logs, metrics, the proxy's retry rules).
+ *
+ * - CONNECT: the connection could not be established (refused,
+ *   unreachable, no file descriptors, ...). Nothing was sent: any method
+ *   may be retried elsewhere.
+ * - TIMEOUT_CONNECT: connect_timeout_ms passed while connecting. Nothing
+ *   was sent.
+ * - RESET_BEFORE_RESPONSE: the connection closed or was reset, or the
+ *   write failed, after (part of) the request was sent and before the
+ *   response head was complete. The server may have received, even
+ *   processed, the request: retry only what is idempotent.
+ * - TIMEOUT_FIRST_BYTE: first_byte_timeout_ms passed before the response
+ *   head was complete.
+ * - TIMEOUT_TOTAL: timeout_ms passed (in any phase; see res->sent and
+ *   res->headers_delivered for which).
+ * - MALFORMED: the response broke the framing rules above (OM_EPARSE), or
+ *   exceeded max_header_bytes / max_headers (OM_ETOOBIG).
+ * - RESET_MID_BODY: the connection closed or was reset after the head,
+ *   before the body's end (Content-Length not reached, no last chunk; a
+ *   reset, not a FIN, for a close-delimited body). A committed stream
+ *   broke: never replay it.
+ * - ABORTED: on_headers returned nonzero.
+ * - CLOSED: om_upstream_pool_close ended the request.
+ * - INTERNAL: out of memory mid-flight (growing a buffer).
+ */
+#define OM_UPSTREAM_FAIL_MAP(XX)                                               \
+  XX(CONNECT, "connect", OM_EIO)                                               \
+  XX(TIMEOUT_CONNECT, "timeout_connect", OM_EDEADLINE)                         \
+  XX(RESET_BEFORE_RESPONSE, "reset_before_response", OM_EIO)                   \
+  XX(TIMEOUT_FIRST_BYTE, "timeout_first_byte", OM_EDEADLINE)                   \
+  XX(TIMEOUT_TOTAL, "timeout_total", OM_EDEADLINE)                             \
+  XX(MALFORMED, "malformed", OM_EPARSE)                                        \
+  XX(RESET_MID_BODY, "reset_mid_body", OM_EIO)                                 \
+  XX(ABORTED, "aborted", OM_ESTATE)                                            \
+  XX(CLOSED, "closed", OM_ESTATE)                                              \
+  XX(INTERNAL, "internal", OM_ENOMEM)
+
+typedef enum {
+  OM_UPSTREAM_OK = 0,
+#define OM__UPSTREAM_FAIL_ENUM(name, reason, err) OM_UPSTREAM_FAIL_##name,
+  OM_UPSTREAM_FAIL_MAP(OM__UPSTREAM_FAIL_ENUM)
+#undef OM__UPSTREAM_FAIL_ENUM
+      OM_UPSTREAM_FAIL__COUNT
+} om_upstream_fail_t;
+
+/* The reason string of a class ("ok" for OM_UPSTREAM_OK, "unknown" out of
+ * range). Never NULL; static. */
+const char *om_upstream_fail_name(om_upstream_fail_t fail);
+
+/*
+ * How a request ended, as on_done sees it (valid during on_done only).
+ */
+typedef struct om_upstream_result_s {
+  /* 0: the response ended cleanly, its framing respected (Content-Length
+   * reached, last chunk and trailer section read, or the FIN of a
+   * close-delimited body). Else the class's code (OM_EIO, OM_EDEADLINE,
+   * OM_EPARSE, OM_ETOOBIG, OM_ESTATE, OM_ENOMEM). */
+  int err;
+  om_upstream_fail_t fail;
+  const char *reason; /* om_upstream_fail_name(fail) */
+  /* a static human-readable detail for logs ("connection refused",
+   * "obs-fold in the response head", ...); "" when err is 0 */
+  const char *detail;
+  /* 0 when provably no byte of the request left this process (the
+   * failure came before the connection was up, on every attempt): safe
+   * to retry whatever the method */
+  int sent;
+  int headers_delivered; /* on_headers ran: the response is committed */
+  int reused;            /* the last attempt ran on a pooled connection */
+  unsigned attempts;     /* 1, or 2 after a stale keep-alive retry */
+  uint64_t body_bytes;   /* delivered to on_body */
+} om_upstream_result_t;
+
+/*
+ * The callbacks of one request; the struct is copied by om_upstream_send.
+ * They run from the loop, never from inside an om_upstream_* call. Inside
+ * any of them every om_upstream_* function may be called (send more,
+ * cancel this or another request, pause, resume, close the pool).
+ *
+ * on_headers (may be NULL: continue): the final response head arrived.
+ *   Return 0 to go on, nonzero to abort: the connection is closed and
+ *   on_done follows at once with "aborted" (unless om_upstream_cancel was
+ *   called inside, then nothing follows).
+ * on_body (may be NULL: discard): body bytes, de-chunked, as they arrive,
+ *   in order; data is valid only during the call. Never called with
+ *   len 0.
+ * on_done (required): exactly once per request that om_upstream_send
+ *   accepted, unless om_upstream_cancel returned first. The request
+ *   handle is released when it returns.
+ */
+typedef struct om_upstream_callbacks_s {
+  int (*on_headers)(void *ud, const om_upstream_response_t *resp);
+  void (*on_body)(void *ud, const char *data, size_t len);
+  void (*on_done)(void *ud, const om_upstream_result_t *res);
+} om_upstream_callbacks_t;
+
+/*
+ * om_upstream_send: start a request to target on a pooled connection (the
+ * most recently used idle one) or a new one. The request head is built
+ * and checked here, once; a retry re-sends the same bytes.
+ * Returns 0 and *out (the handle, valid until on_done returns or
+ * om_upstream_cancel returns): from then on the outcome, failures to
+ * connect included, comes through the callbacks. Returns OM_EINVAL (a
+ * NULL argument, no on_done, a target not made by om_upstream_target_*,
+ * a method or target or header refused as described in
+ * om_upstream_request_t, a target or body over 4 GiB), OM_ESTATE (the pool is
+ * closing) or OM_ENOMEM, and then no callback will run and nothing was sent (a
+ * pooled connection stays pooled).
+ */
+int om_upstream_send(om_upstream_pool_t *pool,
+                     const om_upstream_target_t *target,
+                     const om_upstream_request_t *req,
+                     const om_upstream_callbacks_t *cb, void *ud,
+                     om_upstream_req_t **out);
+
+/*
+ * om_upstream_cancel: give up on a request. Its connection, if it has
+ * one, is closed (never pooled: the server may be mid-response); no
+ * callback of this request runs after this returns, on_done included, and
+ * the handle is invalid. Callable from inside this request's on_headers
+ * or on_body (which then return into a released request: the client
+ * handles that). Returns 0; OM_EINVAL (NULL); OM_ESTATE from inside its
+ * own on_done (the request is already ending; nothing changed).
+ */
+int om_upstream_cancel(om_upstream_req_t *req);
+
+/*
+ * om_upstream_pause: stop reading the response (uv_read_stop) so a slow
+ * downstream client does not make us buffer without bound; TCP flow
+ * control then pushes back on the upstream. No on_headers or on_body runs
+ * until om_upstream_resume, not even for bytes already read. Timeouts
+ * keep running. Idempotent. Returns 0; OM_EINVAL (NULL); OM_ESTATE when
+ * the request is ending (its on_done is due or running).
+ */
+int om_upstream_pause(om_upstream_req_t *req);
+
+/*
+ * om_upstream_resume: undo om_upstream_pause. Bytes already read are
+ * delivered from the loop after this returns, never from inside it.
+ * Idempotent. Returns 0; OM_EINVAL (NULL); OM_ESTATE as for pause.
+ */
+int om_upstream_resume(om_upstream_req_t *req);
+
+#endif /* OM_UPSTREAM_H */
