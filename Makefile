@@ -35,6 +35,12 @@ build: $(BUILD)/CMakeCache.txt
 deps:
 	scripts/deps
 
+# The embedded default: a control plane and the example services of
+# examples/up.json on loopback. Ctrl-C stops it.
+up: deps
+	$(MAKE) --no-print-directory build
+	$(BUILD)/bin/openmesh up examples
+
 check: deps
 	$(MAKE) build
 	@c=0; l=0; \

@@ -20,7 +20,14 @@ static int cmd_version(int argc, char **argv) {
 
 static const om_cli_command_t commands[] = {
     {"check", "validate policy files as hot reload does", om_cmd_check},
+    {"control", "the control plane: registry, discovery, watches, config",
+     om_cmd_control},
+    {"proxy", "the data plane: policy, admission, retries, circuits",
+     om_cmd_proxy},
+    {"register", "keep an instance's lease alive (and run it)",
+     om_cmd_register},
     {"test", "run busted specs inside the embedded runtime", om_cmd_test},
+    {"up", "run the mesh on its embedded default (examples/)", om_cmd_up},
     {"version", "print the version", cmd_version},
     {NULL, NULL, NULL},
 };

@@ -1,0 +1,373 @@
+/*
+ * cmd_control.c: `openmesh control`, the control plane server
+ * (om_control.h, docs/CONTROL.md).
+ */
+#include "om_cmds.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "om_auth.h"
+#include "om_cli.h"
+#include "om_cli_util.h"
+#include "om_control.h"
+#include "om_errno.h"
+#include "om_log.h"
+#include "om_store_memory.h"
+
+static void usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: openmesh control [--listen HOST:PORT] [--store memory]\n"
+      "                        [--tokens FILE] [--insecure]\n"
+      "                        [--ping-interval DURATION]\n"
+      "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
+      "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n\n"
+      "The control plane: leased registry, revisioned discovery, SSE "
+      "watches,\nvalidated configuration (docs/CONTROL.md).\n\n"
+      "  --listen HOST:PORT        IP literal and port (default "
+      "127.0.0.1:7600);\n"
+      "                            port 0 picks a free port (see the "
+      "start log line)\n"
+      "  --store memory            the store (default memory; redis later)\n"
+      "  --tokens FILE             bearer tokens: 'TOKEN ROLE[,ROLE]' per "
+      "line,\n"
+      "                            roles read, register, admin; re-read on "
+      "SIGHUP\n"
+      "  --insecure                allow a non-loopback address without "
+      "--tokens\n"
+      "  --ping-interval DURATION  ': ping' on idle watch streams "
+      "(default 15s)\n"
+      "  --max-watch-backlog SIZE  unsent bytes before a watcher is cut "
+      "(default 1MiB)\n"
+      "  --min-revision N          issue revisions above N (a persisted "
+      "high-water mark)\n"
+      "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
+      "none)\n"
+      "  --log-level LEVEL         debug, info (default), warn, error\n\n"
+      "DURATION: 500ms, 15s, 2m, 1h. SIZE: "
+      "bytes, or\nwith K/KiB, M/MiB, G/GiB (powers of 1024).\n"
+      "Signals: SIGTERM/SIGINT end watch streams cleanly and exit 0; "
+      "SIGHUP\nre-reads --tokens (a bad file keeps the old tokens).\n\n"
+      "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
+      "usage\nor invalid input\n");
+}
+
+static int fail_usage(const char *fmt, const char *arg) {
+  fprintf(stderr, "openmesh control: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(see openmesh control --help)\n");
+  return OM_EXIT_USAGE;
+}
+
+/* "1MiB", "512K", "65536" -> bytes; -1 if malformed. */
+static int parse_size(const char *s, size_t *out) {
+  static const struct {
+    const char *suffix;
+    unsigned shift;
+  } units[] = {{"", 0},   {"B", 0},    {"K", 10}, {"KiB", 10},
+               {"M", 20}, {"MiB", 20}, {"G", 30}, {"GiB", 30}};
+  char *end;
+  unsigned long long v;
+  if (*s < '0' || *s > '9')
+    return -1;
+  v = strtoull(s, &end, 10);
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].suffix) == 0) {
+      if (v == 0 || v > (SIZE_MAX >> 1 >> units[i].shift))
+        return -1;
+      *out = (size_t)v << units[i].shift;
+      return 0;
+    }
+  return -1;
+}
+
+/*
+ * "127.0.0.1:7600", "[::1]:7600", "localhost:7600" -> host literal and
+ * port; -1 if malformed.
+ */
+static int parse_listen(const char *s, char *host, size_t cap, int *port) {
+  const char *colon;
+  char *end;
+  unsigned long p;
+  size_t hl;
+  unsigned char tmp[16];
+  if (s[0] == '[') {
+    const char *rb = strchr(s, ']');
+    if (rb == NULL || rb[1] != ':')
+      return -1;
+    hl = (size_t)(rb - s - 1);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s + 1, hl);
+    host[hl] = '\0';
+    colon = rb + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL)
+      return -1;
+    hl = (size_t)(colon - s);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    if (strchr(host, ':') != NULL)
+      return -1; /* IPv6 needs brackets */
+  }
+  if (strcmp(host, "localhost") == 0)
+    snprintf(host, cap, "127.0.0.1");
+  if (uv_inet_pton(AF_INET, host, tmp) != 0 &&
+      uv_inet_pton(AF_INET6, host, tmp) != 0)
+    return -1;
+  if (colon[1] < '0' || colon[1] > '9')
+    return -1;
+  p = strtoul(colon + 1, &end, 10);
+  if (*end != '\0' || p > 65535)
+    return -1;
+  *port = (int)p;
+  return 0;
+}
+
+/* 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104. */
+static int is_loopback(const char *host) {
+  unsigned char a[16];
+  static const unsigned char v6lo[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0, 1};
+  static const unsigned char mapped[12] = {0, 0, 0, 0, 0,    0,
+                                           0, 0, 0, 0, 0xff, 0xff};
+  if (uv_inet_pton(AF_INET, host, a) == 0)
+    return a[0] == 127;
+  if (uv_inet_pton(AF_INET6, host, a) == 0)
+    return memcmp(a, v6lo, 16) == 0 ||
+           (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+  return 0;
+}
+
+typedef struct app_s {
+  uv_loop_t loop;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  om_store_t *store;
+  om_control_t *ctl;
+  const char *tokens;
+  int stopping;
+} app_t;
+
+static void on_store_closed(void *ud) {
+  (void)ud;
+}
+
+static void on_control_closed(void *ud) {
+  app_t *app = ud;
+  app->ctl = NULL;
+  app->store->ops->close(app->store, on_store_closed, app);
+  uv_close((uv_handle_t *)&app->sig_term, NULL);
+  uv_close((uv_handle_t *)&app->sig_int, NULL);
+  uv_close((uv_handle_t *)&app->sig_hup, NULL);
+}
+
+static void on_stop(uv_signal_t *h, int signum) {
+  app_t *app = h->data;
+  if (app->stopping)
+    return;
+  app->stopping = 1;
+  om_log(OM_LOG_INFO, "control_stopping", "signal",
+         signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
+  om_control_close(app->ctl, on_control_closed, app);
+}
+
+static void on_hup(uv_signal_t *h, int signum) {
+  app_t *app = h->data;
+  (void)signum;
+  if (app->ctl == NULL)
+    return;
+  if (app->tokens == NULL) {
+    om_log(OM_LOG_INFO, "auth_reload_skipped", "reason",
+           "started without --tokens", NULL);
+    return;
+  }
+  om_control_reload_auth(app->ctl, app->tokens, NULL, 0);
+}
+
+int om_cmd_control(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"listen", required_argument, NULL, 'l'},
+      {"store", required_argument, NULL, 's'},
+      {"tokens", required_argument, NULL, 't'},
+      {"insecure", no_argument, NULL, 'I'},
+      {"ping-interval", required_argument, NULL, 'p'},
+      {"max-watch-backlog", required_argument, NULL, 'b'},
+      {"min-revision", required_argument, NULL, 'r'},
+      {"cors-origin", required_argument, NULL, 'c'},
+      {"log-level", required_argument, NULL, 'L'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  const char *listen = "127.0.0.1:7600", *store = "memory", *tokens = NULL;
+  char host[64], url[96], err[512];
+  int port = 0, insecure = 0, c, rc;
+  om_control_opts_t co;
+  om_store_memory_opts_t so;
+  om_auth_t *auth = NULL;
+  app_t *app;
+  memset(&co, 0, sizeof co);
+  memset(&so, 0, sizeof so);
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'l':
+      listen = optarg;
+      break;
+    case 's':
+      store = optarg;
+      break;
+    case 't':
+      tokens = optarg;
+      break;
+    case 'I':
+      insecure = 1;
+      break;
+    case 'p':
+      if (om_parse_duration_ms(optarg, &co.ping_interval_ms) != 0 ||
+          co.ping_interval_ms == 0 || co.ping_interval_ms > UINT32_MAX)
+        return fail_usage("--ping-interval: '%s' is not a duration like 15s "
+                          "or 500ms",
+                          optarg);
+      break;
+    case 'b':
+      if (parse_size(optarg, &co.max_watch_backlog) != 0)
+        return fail_usage("--max-watch-backlog: '%s' is not a size like 1MiB",
+                          optarg);
+      break;
+    case 'r': {
+      char *end;
+      if (optarg[0] < '0' || optarg[0] > '9')
+        return fail_usage("--min-revision: '%s' is not a number", optarg);
+      so.min_revision = strtoull(optarg, &end, 10);
+      if (*end != '\0')
+        return fail_usage("--min-revision: '%s' is not a number", optarg);
+      break;
+    }
+    case 'c':
+      co.cors_origin = optarg;
+      break;
+    case 'L':
+      if (strcmp(optarg, "debug") == 0)
+        om_log_set_level(OM_LOG_DEBUG);
+      else if (strcmp(optarg, "info") == 0)
+        om_log_set_level(OM_LOG_INFO);
+      else if (strcmp(optarg, "warn") == 0)
+        om_log_set_level(OM_LOG_WARN);
+      else if (strcmp(optarg, "error") == 0)
+        om_log_set_level(OM_LOG_ERROR);
+      else
+        return fail_usage("--log-level: '%s' is not debug, info, warn or "
+                          "error",
+                          optarg);
+      break;
+    case 'h':
+      usage(stdout);
+      return OM_EXIT_OK;
+    default:
+      usage(stderr);
+      return OM_EXIT_USAGE;
+    }
+  }
+  if (optind != argc)
+    return fail_usage("unexpected argument '%s'", argv[optind]);
+  if (strncmp(store, "redis://", 8) == 0 || strcmp(store, "redis") == 0) {
+    fprintf(stderr, "openmesh control: the redis store is not available yet; "
+                    "use --store memory\n");
+    return OM_EXIT_USAGE;
+  }
+  if (strcmp(store, "memory") != 0)
+    return fail_usage("--store: unknown store '%s' (memory)", store);
+  if (parse_listen(listen, host, sizeof host, &port) != 0)
+    return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
+                      listen);
+  if (tokens == NULL && !insecure && !is_loopback(host)) {
+    fprintf(stderr,
+            "openmesh control: refusing to listen on %s without "
+            "authentication: give --tokens FILE, or --insecure to accept "
+            "anyone who can reach the port\n",
+            host);
+    return OM_EXIT_USAGE;
+  }
+  if (tokens != NULL) {
+    rc = om_auth_load(tokens, &auth, err, sizeof err);
+    if (rc != 0) {
+      fprintf(stderr, "openmesh control: --tokens: %s\n", err);
+      return OM_EXIT_USAGE;
+    }
+  }
+  app = calloc(1, sizeof *app);
+  if (app == NULL) {
+    om_auth_free(auth);
+    return OM_EXIT_FAILURE;
+  }
+  app->tokens = tokens;
+  if (uv_loop_init(&app->loop) != 0) {
+    om_auth_free(auth);
+    free(app);
+    return OM_EXIT_FAILURE;
+  }
+  rc = om_store_memory_new(&app->loop, &so, &app->store);
+  if (rc == 0) {
+    co.store = app->store;
+    co.auth = auth;
+    rc = om_control_new(&app->loop, &co, &app->ctl);
+    if (rc == OM_EINVAL) {
+      fprintf(stderr,
+              "openmesh control: --cors-origin: '%s' cannot be a "
+              "header value\n",
+              co.cors_origin != NULL ? co.cors_origin : "");
+      om_auth_free(auth);
+      app->store->ops->close(app->store, NULL, NULL);
+      uv_run(&app->loop, UV_RUN_DEFAULT);
+      uv_loop_close(&app->loop);
+      free(app);
+      return OM_EXIT_USAGE;
+    }
+  }
+  if (rc != 0) {
+    fprintf(stderr, "openmesh control: cannot start: %s\n", om_strerror(rc));
+    om_auth_free(auth);
+    if (app->store != NULL)
+      app->store->ops->close(app->store, NULL, NULL);
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&app->loop);
+    free(app);
+    return OM_EXIT_FAILURE;
+  }
+  rc = om_control_listen(app->ctl, host, port);
+  if (rc == 0) {
+    port = om_control_port(app->ctl);
+    snprintf(url, sizeof url,
+             strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
+             host, port);
+    om_log(OM_LOG_INFO, "control_listening", "url", url, "store",
+           app->store->ops->name, "auth", auth != NULL ? "bearer" : "off",
+           NULL);
+    uv_signal_init(&app->loop, &app->sig_term);
+    uv_signal_init(&app->loop, &app->sig_int);
+    uv_signal_init(&app->loop, &app->sig_hup);
+    app->sig_term.data = app->sig_int.data = app->sig_hup.data = app;
+    uv_signal_start(&app->sig_term, on_stop, SIGTERM);
+    uv_signal_start(&app->sig_int, on_stop, SIGINT);
+    uv_signal_start(&app->sig_hup, on_hup, SIGHUP);
+  } else {
+    fprintf(stderr, "openmesh control: cannot listen on %s: %s\n", listen,
+            om_strerror(rc));
+    om_control_close(app->ctl, NULL, NULL);
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    app->store->ops->close(app->store, NULL, NULL);
+  }
+  uv_run(&app->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&app->loop);
+  free(app);
+  return rc == 0 ? OM_EXIT_OK : OM_EXIT_FAILURE;
+}

@@ -1,0 +1,390 @@
+/*
+ * cmd_proxy.c: `openmesh proxy`, the data plane sidecar (om_proxy.h,
+ * docs/PROXY.md). For now the topology is static (--static FILE); the
+ * control-plane watch will feed the same om_proxy_set_snapshot seam.
+ */
+#include "om_cmds.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "om_cli.h"
+#include "om_cli_util.h"
+#include "om_errno.h"
+#include "om_log.h"
+#include "om_proxy.h"
+
+#define MAX_SERVICE_POLICIES 64
+
+static void usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: openmesh proxy --static FILE [--listen HOST:PORT]\n"
+      "                      [--admin HOST:PORT] [--policy FILE]\n"
+      "                      [--service-policy SERVICE=FILE ...]\n"
+      "                      [--drain-timeout DURATION] [--retry-429]\n"
+      "                      [--circuit-failures N] [--circuit-cooldown "
+      "DURATION]\n"
+      "                      [--log-level LEVEL]\n\n"
+      "The data plane: routes each call (service from Host) through the "
+      "traffic\npolicy, admission, selection, one deadline, safe retries "
+      "and per-peer\ncircuits (docs/PROXY.md).\n\n"
+      "  --listen HOST:PORT          calls (default 127.0.0.1:7601; port 0 "
+      "picks\n"
+      "                              a free port, see the start log line)\n"
+      "  --admin HOST:PORT           /metrics, /status, /healthz (default\n"
+      "                              127.0.0.1:7602)\n"
+      "  --policy FILE               the traffic policy of every service "
+      "(default\n"
+      "                              policies/traffic.lua); hot-reloaded\n"
+      "  --service-policy S=FILE     service S uses FILE instead (repeatable)\n"
+      "  --static FILE               the topology: {\"services\": {\"S\": "
+      "{\"revision\": 1,\n"
+      "                              \"instances\": [{\"id\", \"url\", "
+      "\"weight\", \"zone\",\n"
+      "                              \"metadata\"}]}}}\n"
+      "  --drain-timeout DURATION    SIGTERM waits this long for in-flight "
+      "calls\n"
+      "                              (default 10s)\n"
+      "  --retry-429                 retry 429 too, honouring Retry-After\n"
+      "  --circuit-failures N        consecutive failures that open a "
+      "peer's\n"
+      "                              circuit (default 5)\n"
+      "  --circuit-cooldown DURATION first open period (default 30s)\n"
+      "  --log-level LEVEL           debug, info (default), warn, error\n\n"
+      "DURATION: 500ms, 10s, 2m, 1h.\n"
+      "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
+      "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files (a bad "
+      "file\nkeeps the previous version).\n\n"
+      "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
+      "usage\nor invalid input (a bad --static file or policy)\n");
+}
+
+static int fail_usage(const char *fmt, const char *arg) {
+  fprintf(stderr, "openmesh proxy: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(see openmesh proxy --help)\n");
+  return OM_EXIT_USAGE;
+}
+
+/*
+ * "127.0.0.1:7601", "[::1]:7601", "localhost:7601" -> IP literal and
+ * port; -1 if malformed. (The same grammar as `openmesh control
+ * --listen`.)
+ */
+static int parse_listen(const char *s, char *host, size_t cap, int *port) {
+  const char *colon;
+  char *end;
+  unsigned long p;
+  size_t hl;
+  unsigned char tmp[16];
+  if (s[0] == '[') {
+    const char *rb = strchr(s, ']');
+    if (rb == NULL || rb[1] != ':')
+      return -1;
+    hl = (size_t)(rb - s - 1);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s + 1, hl);
+    host[hl] = '\0';
+    colon = rb + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL)
+      return -1;
+    hl = (size_t)(colon - s);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    if (strchr(host, ':') != NULL)
+      return -1;
+  }
+  if (strcmp(host, "localhost") == 0)
+    snprintf(host, cap, "127.0.0.1");
+  if (uv_inet_pton(AF_INET, host, tmp) != 0 &&
+      uv_inet_pton(AF_INET6, host, tmp) != 0)
+    return -1;
+  if (colon[1] < '0' || colon[1] > '9')
+    return -1;
+  p = strtoul(colon + 1, &end, 10);
+  if (*end != '\0' || p > 65535)
+    return -1;
+  *port = (int)p;
+  return 0;
+}
+
+typedef struct app_s {
+  uv_loop_t loop;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  om_proxy_t *proxy;
+  int signals, stopping;
+} app_t;
+
+static void on_proxy_closed(void *ud) {
+  app_t *app = ud;
+  app->proxy = NULL;
+  if (app->signals) {
+    uv_close((uv_handle_t *)&app->sig_term, NULL);
+    uv_close((uv_handle_t *)&app->sig_int, NULL);
+    uv_close((uv_handle_t *)&app->sig_hup, NULL);
+    app->signals = 0;
+  }
+  om_log(OM_LOG_INFO, "proxy_stopped", NULL);
+}
+
+static void on_stop(uv_signal_t *h, int signum) {
+  app_t *app = h->data;
+  if (app->stopping || app->proxy == NULL)
+    return;
+  app->stopping = 1;
+  om_log(OM_LOG_INFO, "proxy_draining", "signal",
+         signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
+  om_proxy_close(app->proxy, on_proxy_closed, app);
+}
+
+static void on_hup(uv_signal_t *h, int signum) {
+  app_t *app = h->data;
+  int failed;
+  char n[16];
+  (void)signum;
+  if (app->proxy == NULL || app->stopping)
+    return;
+  failed = om_proxy_reload_policies(app->proxy);
+  snprintf(n, sizeof n, "%d", failed);
+  om_log(OM_LOG_INFO, "proxy_policies_reloaded", "rejected", n, NULL);
+}
+
+/* policies/traffic.lua from the working directory, else the source tree's */
+static const char *default_policy(void) {
+  static const char rel[] = "policies/traffic.lua";
+  if (access(rel, R_OK) == 0)
+    return rel;
+  return OM_SOURCE_DIR "/policies/traffic.lua";
+}
+
+static void shutdown_loop(app_t *app) {
+  if (app->proxy != NULL)
+    om_proxy_close(app->proxy, on_proxy_closed, app);
+  uv_run(&app->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&app->loop);
+}
+
+int om_cmd_proxy(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"listen", required_argument, NULL, 'l'},
+      {"admin", required_argument, NULL, 'a'},
+      {"policy", required_argument, NULL, 'p'},
+      {"service-policy", required_argument, NULL, 'S'},
+      {"static", required_argument, NULL, 's'},
+      {"drain-timeout", required_argument, NULL, 'd'},
+      {"retry-429", no_argument, NULL, 'r'},
+      {"circuit-failures", required_argument, NULL, 'f'},
+      {"circuit-cooldown", required_argument, NULL, 'c'},
+      {"log-level", required_argument, NULL, 'L'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
+  const char *policy = NULL, *static_file = NULL;
+  om_proxy_service_policy_t sp[MAX_SERVICE_POLICIES];
+  char *sp_names[MAX_SERVICE_POLICIES];
+  size_t n_sp = 0, n_snaps = 0;
+  char host[64], ahost[64], url[96], aurl[96], err[2048];
+  int port = 0, aport = 0, c, rc, exit_code = OM_EXIT_OK;
+  uint64_t drain_ms = 10000, cooldown_ms = 0, failures = 0;
+  om_circuit_opts_t circuit;
+  om_proxy_opts_t o;
+  om_snapshot_t **snaps = NULL;
+  app_t *app;
+  memset(&o, 0, sizeof o);
+  om_circuit_opts_default(&circuit);
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'l':
+      listen = optarg;
+      break;
+    case 'a':
+      admin = optarg;
+      break;
+    case 'p':
+      policy = optarg;
+      break;
+    case 's':
+      static_file = optarg;
+      break;
+    case 'S': {
+      const char *eq = strchr(optarg, '=');
+      if (eq == NULL || eq == optarg || eq[1] == '\0')
+        return fail_usage("--service-policy: '%s' is not SERVICE=FILE", optarg);
+      if (n_sp == MAX_SERVICE_POLICIES)
+        return fail_usage("--service-policy: more than %s", "64");
+      sp_names[n_sp] = optarg;
+      sp[n_sp].path = eq + 1;
+      n_sp++;
+      break;
+    }
+    case 'd':
+      if (om_parse_duration_ms(optarg, &drain_ms) != 0 || drain_ms > UINT32_MAX)
+        return fail_usage("--drain-timeout: '%s' is not a duration like 10s",
+                          optarg);
+      if (drain_ms == 0)
+        drain_ms = 1; /* the server's 0 means its default */
+      break;
+    case 'r':
+      o.retry_429 = 1;
+      break;
+    case 'f': {
+      char *end;
+      if (optarg[0] < '1' || optarg[0] > '9')
+        return fail_usage("--circuit-failures: '%s' is not a number >= 1",
+                          optarg);
+      failures = strtoull(optarg, &end, 10);
+      if (*end != '\0' || failures > 1000000)
+        return fail_usage("--circuit-failures: '%s' is not a number >= 1",
+                          optarg);
+      break;
+    }
+    case 'c':
+      if (om_parse_duration_ms(optarg, &cooldown_ms) != 0 || cooldown_ms == 0 ||
+          cooldown_ms > UINT32_MAX)
+        return fail_usage("--circuit-cooldown: '%s' is not a duration like "
+                          "30s",
+                          optarg);
+      break;
+    case 'L':
+      if (strcmp(optarg, "debug") == 0)
+        om_log_set_level(OM_LOG_DEBUG);
+      else if (strcmp(optarg, "info") == 0)
+        om_log_set_level(OM_LOG_INFO);
+      else if (strcmp(optarg, "warn") == 0)
+        om_log_set_level(OM_LOG_WARN);
+      else if (strcmp(optarg, "error") == 0)
+        om_log_set_level(OM_LOG_ERROR);
+      else
+        return fail_usage("--log-level: '%s' is not debug, info, warn or "
+                          "error",
+                          optarg);
+      break;
+    case 'h':
+      usage(stdout);
+      return OM_EXIT_OK;
+    default:
+      usage(stderr);
+      return OM_EXIT_USAGE;
+    }
+  }
+  if (optind != argc)
+    return fail_usage("unexpected argument '%s'", argv[optind]);
+  if (static_file == NULL) {
+    fprintf(stderr, "openmesh proxy: --static FILE is required (the "
+                    "control-plane watch is not available yet)\n"
+                    "(see openmesh proxy --help)\n");
+    return OM_EXIT_USAGE;
+  }
+  if (parse_listen(listen, host, sizeof host, &port) != 0)
+    return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
+                      listen);
+  if (parse_listen(admin, ahost, sizeof ahost, &aport) != 0)
+    return fail_usage("--admin: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
+                      admin);
+  if (failures > 0)
+    circuit.failures = (uint32_t)failures;
+  if (cooldown_ms > 0) {
+    circuit.cooldown_ns = cooldown_ms * UINT64_C(1000000);
+    if (circuit.max_cooldown_ns < circuit.cooldown_ns)
+      circuit.max_cooldown_ns = circuit.cooldown_ns;
+  }
+  circuit.probe_timeout_ns = UINT64_C(10000000000);
+  rc = om_proxy_static_load(static_file, &snaps, &n_snaps, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "openmesh proxy: --static %s\n", err);
+    return rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
+  }
+  /* SERVICE=FILE: cut the names in place (argv is ours to edit) */
+  for (size_t i = 0; i < n_sp; i++) {
+    int known = 0;
+    *strchr(sp_names[i], '=') = '\0';
+    sp[i].service = sp_names[i];
+    for (size_t k = 0; k < n_snaps; k++)
+      known |= strcmp(om_snapshot_service(snaps[k]), sp[i].service) == 0;
+    if (!known) {
+      fprintf(stderr,
+              "openmesh proxy: --service-policy: no service '%s' in %s\n",
+              sp[i].service, static_file);
+      om_proxy_static_free(snaps, n_snaps);
+      return OM_EXIT_USAGE;
+    }
+  }
+  o.policy_path = policy != NULL ? policy : default_policy();
+  o.service_policies = sp;
+  o.n_service_policies = n_sp;
+  o.circuit = &circuit;
+  o.server.drain_timeout_ms = drain_ms;
+  app = calloc(1, sizeof *app);
+  if (app == NULL || uv_loop_init(&app->loop) != 0) {
+    free(app);
+    om_proxy_static_free(snaps, n_snaps);
+    return OM_EXIT_FAILURE;
+  }
+  rc = om_proxy_new(&app->loop, &o, &app->proxy, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "openmesh proxy: %s\n", err);
+    om_proxy_static_free(snaps, n_snaps);
+    app->proxy = NULL;
+    shutdown_loop(app);
+    free(app);
+    return rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
+  }
+  for (size_t i = 0; i < n_snaps && exit_code == OM_EXIT_OK; i++) {
+    rc = om_proxy_set_snapshot(app->proxy, snaps[i], err, sizeof err);
+    if (rc != 0) {
+      fprintf(stderr, "openmesh proxy: %s\n", err);
+      exit_code = rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
+    }
+  }
+  om_proxy_static_free(snaps, n_snaps);
+  if (exit_code == OM_EXIT_OK &&
+      (rc = om_proxy_listen(app->proxy, host, port)) != 0) {
+    fprintf(stderr, "openmesh proxy: cannot listen on %s: %s\n", listen,
+            om_strerror(rc));
+    exit_code = OM_EXIT_FAILURE;
+  }
+  if (exit_code == OM_EXIT_OK &&
+      (rc = om_proxy_listen_admin(app->proxy, ahost, aport)) != 0) {
+    fprintf(stderr, "openmesh proxy: cannot listen on %s (--admin): %s\n",
+            admin, om_strerror(rc));
+    exit_code = OM_EXIT_FAILURE;
+  }
+  if (exit_code != OM_EXIT_OK) {
+    shutdown_loop(app);
+    free(app);
+    return exit_code;
+  }
+  snprintf(url, sizeof url,
+           strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d", host,
+           om_proxy_port(app->proxy));
+  snprintf(aurl, sizeof aurl,
+           strchr(ahost, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
+           ahost, om_proxy_admin_port(app->proxy));
+  om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
+         o.policy_path, "static", static_file, NULL);
+  uv_signal_init(&app->loop, &app->sig_term);
+  uv_signal_init(&app->loop, &app->sig_int);
+  uv_signal_init(&app->loop, &app->sig_hup);
+  app->sig_term.data = app->sig_int.data = app->sig_hup.data = app;
+  app->signals = 1;
+  uv_signal_start(&app->sig_term, on_stop, SIGTERM);
+  uv_signal_start(&app->sig_int, on_stop, SIGINT);
+  uv_signal_start(&app->sig_hup, on_hup, SIGHUP);
+  uv_run(&app->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&app->loop);
+  free(app);
+  return OM_EXIT_OK;
+}

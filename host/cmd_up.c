@@ -1,0 +1,257 @@
+/*
+ * cmd_up.c: `openmesh up [DIR]`, the embedded default. One process, one
+ * loop: a control plane with the memory store and the example services
+ * described in DIR/up.json (default examples/), each keeping a real lease.
+ * Prints the URLs and a short tour; Ctrl-C deregisters the services, ends
+ * the watch streams and exits 0.
+ */
+#include "om_cmds.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "om_cli.h"
+#include "om_control.h"
+#include "om_errno.h"
+#include "om_example_service.h"
+#include "om_log.h"
+#include "om_store_memory.h"
+
+#define MAX_SERVICES 64
+
+typedef struct {
+  uv_loop_t loop;
+  uv_signal_t sig_int, sig_term;
+  om_store_t *store;
+  om_control_t *ctl;
+  om_example_t *examples[MAX_SERVICES];
+  size_t n_examples, stopped;
+  int stopping;
+} up_t;
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: openmesh up [DIR]\n\n"
+          "Run the mesh on its embedded default: a control plane (memory\n"
+          "store) and the example services described in DIR/up.json\n"
+          "(default: examples/), each registered with a lease it renews.\n"
+          "Ctrl-C deregisters them, ends the watch streams and exits 0.\n\n"
+          "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
+          "in use), 2 usage or an invalid up.json\n");
+}
+
+static void on_store_closed(void *ud) {
+  (void)ud;
+}
+
+static void on_control_closed(void *ud) {
+  up_t *up = ud;
+  up->store->ops->close(up->store, on_store_closed, up);
+  uv_close((uv_handle_t *)&up->sig_int, NULL);
+  uv_close((uv_handle_t *)&up->sig_term, NULL);
+}
+
+static void on_example_stopped(void *ud) {
+  up_t *up = ud;
+  if (++up->stopped == up->n_examples)
+    om_control_close(up->ctl, on_control_closed, up);
+}
+
+static void stop(up_t *up) {
+  if (up->stopping)
+    return;
+  up->stopping = 1;
+  if (up->n_examples == 0) {
+    om_control_close(up->ctl, on_control_closed, up);
+    return;
+  }
+  for (size_t i = 0; i < up->n_examples; i++)
+    om_example_stop(up->examples[i], on_example_stopped, up);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  om_log(OM_LOG_INFO, "up_stopping", "signal",
+         signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
+  stop(h->data);
+}
+
+/* A string field, or def; sets *bad when present but not a string. */
+static const char *str(json_t *o, const char *k, const char *def, int *bad) {
+  json_t *v = json_object_get(o, k);
+  if (v == NULL)
+    return def;
+  if (!json_is_string(v)) {
+    *bad = 1;
+    return def;
+  }
+  return json_string_value(v);
+}
+
+static long integer(json_t *o, const char *k, long def, long lo, long hi,
+                    int *bad) {
+  json_t *v = json_object_get(o, k);
+  if (v == NULL)
+    return def;
+  if (!json_is_integer(v) || json_integer_value(v) < lo ||
+      json_integer_value(v) > hi) {
+    *bad = 1;
+    return def;
+  }
+  return (long)json_integer_value(v);
+}
+
+static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
+                         const char *file) {
+  om_example_opts_t o = {0};
+  om_kv_t md[16];
+  json_t *meta = json_object_get(svc, "metadata");
+  int bad = !json_is_object(svc), rc, b;
+  const char *key;
+  json_t *val;
+  o.service = str(svc, "service", NULL, &bad);
+  o.id = str(svc, "id", NULL, &bad);
+  o.zone = str(svc, "zone", NULL, &bad);
+  o.host = host;
+  o.port = (int)integer(svc, "port", 0, 1, 65535, &bad);
+  b = om_example_behaviour(str(svc, "behaviour", "fast", &bad));
+  o.delay_ms = (uint64_t)integer(svc, "delay_ms", 200, 0, 60000, &bad);
+  o.fail_every = (uint32_t)integer(svc, "fail_every", 3, 1, 1000000, &bad);
+  if (meta != NULL && !json_is_object(meta))
+    bad = 1;
+  json_object_foreach(meta, key, val) {
+    if (o.n_metadata == 16 || !json_is_string(val)) {
+      bad = 1;
+      break;
+    }
+    md[o.n_metadata].key = (char *)key;
+    md[o.n_metadata].value = (char *)json_string_value(val);
+    o.n_metadata++;
+  }
+  o.metadata = md;
+  if (bad || b < 0 || o.service == NULL || o.id == NULL || o.port == 0) {
+    fprintf(stderr,
+            "openmesh up: %s: services[%zu]: needs service, id, port "
+            "(1-65535), behaviour fast|slow|flaky, string metadata\n",
+            file, i);
+    return OM_EXIT_USAGE;
+  }
+  o.behaviour = (om_example_behaviour_t)b;
+  rc = om_example_start(&up->loop, up->store, &o,
+                        &up->examples[up->n_examples]);
+  if (rc != 0) {
+    fprintf(stderr, "openmesh up: services[%zu] (%s): %s on %s:%d\n", i,
+            o.id, rc == OM_EIO ? "cannot listen (port in use?)"
+                               : om_strerror(rc),
+            host, o.port);
+    return rc == OM_EINVAL ? OM_EXIT_USAGE : OM_EXIT_FAILURE;
+  }
+  up->n_examples++;
+  return OM_EXIT_OK;
+}
+
+static void tour(up_t *up, const char *host, int port) {
+  printf("\nOpenMesh is up.\n\n"
+         "  control plane   http://%s:%d   (memory store)\n",
+         host, port);
+  for (size_t i = 0; i < up->n_examples; i++)
+    printf("  example         %s\n", om_example_url(up->examples[i]));
+  printf("\nTry:\n"
+         "  curl -s http://%s:%d/v1/services\n"
+         "  curl -s http://%s:%d/v1/services/orders\n"
+         "  curl -sN http://%s:%d/v1/watch/services/orders      # live "
+         "snapshots\n"
+         "  curl -s -X PUT http://%s:%d/v1/services/orders/instances/mine "
+         "\\\n"
+         "       -d '{\"url\": \"http://127.0.0.1:9299\", \"ttl_ms\": 5000}'"
+         "   # gone 5 s later\n"
+         "  openmesh check policies/*.lua examples/policies/*.lua\n"
+         "  curl -s http://%s:%d/metrics\n\n"
+         "Ctrl-C stops everything.\n\n",
+         host, port, host, port, host, port, host, port, host, port);
+  fflush(stdout);
+}
+
+int om_cmd_up(int argc, char **argv) {
+  const char *dir = "examples";
+  char file[4096];
+  json_error_t jerr;
+  json_t *conf, *services, *svc;
+  om_control_opts_t co = {0};
+  const char *host;
+  int port, bad = 0, rc = OM_EXIT_OK;
+  size_t i;
+  up_t *up;
+  if (argc > 2 || (argc == 2 && (strcmp(argv[1], "--help") == 0 ||
+                                 strcmp(argv[1], "-h") == 0))) {
+    usage(argc == 2 ? stdout : stderr);
+    return argc == 2 ? OM_EXIT_OK : OM_EXIT_USAGE;
+  }
+  if (argc == 2)
+    dir = argv[1];
+  snprintf(file, sizeof file, "%s/up.json", dir);
+  conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+  if (conf == NULL) {
+    fprintf(stderr, "openmesh up: %s:%d: %s\n", file, jerr.line, jerr.text);
+    return OM_EXIT_USAGE;
+  }
+  host = str(json_object_get(conf, "control"), "host", "127.0.0.1", &bad);
+  port = (int)integer(json_object_get(conf, "control"), "port", 7600, 1,
+                      65535, &bad);
+  services = json_object_get(conf, "services");
+  if (bad || (services != NULL && !json_is_array(services)) ||
+      json_array_size(services) > MAX_SERVICES) {
+    fprintf(stderr, "openmesh up: %s: control needs host and port; services "
+                    "an array of at most 64\n",
+            file);
+    json_decref(conf);
+    return OM_EXIT_USAGE;
+  }
+  up = calloc(1, sizeof *up);
+  if (up == NULL || uv_loop_init(&up->loop) != 0) {
+    free(up);
+    json_decref(conf);
+    return OM_EXIT_FAILURE;
+  }
+  if (om_store_memory_new(&up->loop, NULL, &up->store) != 0) {
+    rc = OM_EXIT_FAILURE;
+    goto done;
+  }
+  co.store = up->store;
+  if (om_control_new(&up->loop, &co, &up->ctl) != 0 ||
+      om_control_listen(up->ctl, host, port) != 0) {
+    fprintf(stderr, "openmesh up: the control plane cannot listen on %s:%d "
+                    "(port in use?)\n",
+            host, port);
+    rc = OM_EXIT_FAILURE;
+  }
+  json_array_foreach(services, i, svc) {
+    if (rc != OM_EXIT_OK)
+      break;
+    rc = start_example(up, svc, i, host, file);
+  }
+  uv_signal_init(&up->loop, &up->sig_int);
+  uv_signal_init(&up->loop, &up->sig_term);
+  up->sig_int.data = up->sig_term.data = up;
+  if (rc == OM_EXIT_OK) {
+    uv_signal_start(&up->sig_int, on_signal, SIGINT);
+    uv_signal_start(&up->sig_term, on_signal, SIGTERM);
+    tour(up, host, om_control_port(up->ctl));
+  } else if (up->ctl != NULL) {
+    stop(up);
+  } else {
+    up->store->ops->close(up->store, on_store_closed, up);
+    uv_close((uv_handle_t *)&up->sig_int, NULL);
+    uv_close((uv_handle_t *)&up->sig_term, NULL);
+  }
+  uv_run(&up->loop, UV_RUN_DEFAULT);
+done:
+  uv_loop_close(&up->loop);
+  free(up);
+  json_decref(conf);
+  return rc;
+}

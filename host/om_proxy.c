@@ -1,0 +1,956 @@
+/*
+ * om_proxy.c: the proxy's lifecycle, its services, their snapshots (the
+ * om_proxy_set_snapshot seam) and their traffic policies. The call path is
+ * in om_proxy_call.c, the admin endpoints in om_proxy_admin.c.
+ */
+#include "om_proxy.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "om_errno.h"
+#include "om_log.h"
+#include "om_paths.h"
+#include "om_policy.h"
+#include "om_proxy_internal.h"
+#include "om_sandbox.h"
+
+/* Pool settings for a policy that leaves them out (policies/traffic.lua
+ * spells out the same values). */
+#define DEF_MAX_INFLIGHT 256u
+#define DEF_MAX_QUEUE 1024u
+#define DEF_DEADLINE_MS 10000.0
+#define DEF_PER_TRY_MS 3000.0
+#define DEF_RETRIES 2u
+/* retries beyond this are clamped: the budget bounds them anyway */
+#define MAX_RETRIES 100u
+
+#define DEF_MAX_BODY ((size_t)8 << 20)
+#define DEF_REPLAY ((size_t)1 << 20)
+#define DEF_HIGH_WATER ((size_t)256 << 10)
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  if (err == NULL || errlen == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static const char *const OUTCOME_NAMES[] = {
+#define OM__PROXY_OUTCOME_STR(name, str) str,
+    OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
+#undef OM__PROXY_OUTCOME_STR
+};
+
+const char *om__proxy_outcome_name(om__proxy_outcome_t o) {
+  return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_NAMES[o] : "unknown";
+}
+
+/* ------------------------------------------------------------------ */
+/* peers and views */
+
+void om__proxy_peer_unref(om__proxy_peer_t *peer) {
+  if (peer == NULL || --peer->refs > 0)
+    return;
+  free(peer->id);
+  free(peer->url);
+  free(peer->prefix);
+  free(peer);
+}
+
+void om__proxy_view_unref(om__proxy_view_t *v) {
+  if (v == NULL || --v->refs > 0)
+    return;
+  for (size_t i = 0; i < v->n; i++)
+    om__proxy_peer_unref(v->peers[i]);
+  free(v->peers);
+  om_rendezvous_free(v->rdv);
+  om_p2c_free(v->p2c);
+  om_snapshot_unref(v->snap);
+  free(v);
+}
+
+/*
+ * A peer's upstream target and path prefix from its URL. OM_EINVAL with
+ * *why when the upstream client cannot reach it (a name, https, ...).
+ */
+static int peer_target(const char *url, om_upstream_target_t *t,
+                       const char **prefix, size_t *prefix_len,
+                       const char **why) {
+  om_upstream_url_t u;
+  if (om_upstream_parse_url(url, &u, why) != 0)
+    return OM_EINVAL;
+  if (om_upstream_target_init(t, u.host, u.port) != 0) {
+    *why = "not a numeric address";
+    return OM_EINVAL;
+  }
+  *prefix = u.path_prefix;
+  *prefix_len = u.path_prefix_len;
+  /* "/api/" + "/x" must read "/api/x" */
+  while (*prefix_len > 0 && (*prefix)[*prefix_len - 1] == '/')
+    (*prefix_len)--;
+  return 0;
+}
+
+static om__proxy_peer_t *peer_new(const om_proxy_t *p,
+                                  const om_instance_t *in) {
+  om__proxy_peer_t *peer = calloc(1, sizeof *peer);
+  const char *prefix, *why;
+  size_t plen;
+  if (peer == NULL)
+    return NULL;
+  if (peer_target(in->url, &peer->target, &prefix, &plen, &why) != 0 ||
+      (peer->id = strdup(in->id)) == NULL ||
+      (peer->url = strdup(in->url)) == NULL ||
+      (peer->prefix = malloc(plen + 1)) == NULL) {
+    free(peer->id);
+    free(peer->url);
+    free(peer);
+    return NULL;
+  }
+  memcpy(peer->prefix, prefix, plen);
+  peer->prefix[plen] = '\0';
+  peer->prefix_len = plen;
+  peer->weight = in->weight;
+  om_circuit_init(&peer->circuit, &p->circuit); /* checked in om_proxy_new */
+  peer->refs = 1;
+  peer->index = -1;
+  return peer;
+}
+
+/*
+ * The view of snap. Peers present in old with the same id and URL are
+ * taken over (a reference more), others are new. Both lists are in id
+ * order (snapshots sort by id), so one merge pass pairs them.
+ */
+static int view_build(const om_proxy_t *p, const om__proxy_view_t *old,
+                      om_snapshot_t *snap, om__proxy_view_t **out) {
+  size_t n = om_snapshot_count(snap), j = 0;
+  om__proxy_view_t *v = calloc(1, sizeof *v);
+  om_rendezvous_peer_t *rp = NULL;
+  double *weights = NULL;
+  int rc = OM_ENOMEM;
+  if (v == NULL)
+    return OM_ENOMEM;
+  v->peers = calloc(n ? n : 1, sizeof *v->peers);
+  rp = calloc(n ? n : 1, sizeof *rp);
+  weights = calloc(n ? n : 1, sizeof *weights);
+  if (v->peers == NULL || rp == NULL || weights == NULL)
+    goto fail;
+  for (size_t i = 0; i < n; i++) {
+    const om_instance_t *in = om_snapshot_instance(snap, i);
+    om__proxy_peer_t *peer = NULL;
+    while (old != NULL && j < old->n && strcmp(old->peers[j]->id, in->id) < 0)
+      j++;
+    if (old != NULL && j < old->n && strcmp(old->peers[j]->id, in->id) == 0 &&
+        strcmp(old->peers[j]->url, in->url) == 0) {
+      peer = old->peers[j];
+      peer->refs++;
+    } else if ((peer = peer_new(p, in)) == NULL) {
+      goto fail;
+    }
+    peer->weight = in->weight;
+    v->peers[v->n++] = peer;
+    rp[i].id = peer->id;
+    rp[i].weight = in->weight;
+    weights[i] = in->weight;
+  }
+  if (n > 0) {
+    om_rendezvous_opts_t ro = {rp, n, 0};
+    om_p2c_opts_t po;
+    memset(&po, 0, sizeof po);
+    po.npeers = n;
+    po.weights = weights;
+    if ((rc = om_rendezvous_new(&ro, &v->rdv)) != 0 ||
+        (rc = om_p2c_new(&po, &v->p2c)) != 0)
+      goto fail;
+  }
+  free(rp);
+  free(weights);
+  v->snap = om_snapshot_ref(snap);
+  v->refs = 1;
+  *out = v;
+  return 0;
+fail:
+  free(rp);
+  free(weights);
+  for (size_t i = 0; i < v->n; i++)
+    om__proxy_peer_unref(v->peers[i]);
+  free(v->peers);
+  om_rendezvous_free(v->rdv);
+  om_p2c_free(v->p2c);
+  free(v);
+  return rc;
+}
+
+/*
+ * Make v current: carry each kept peer's P2C state (latency estimate,
+ * Retry-After penalty, attempts in flight) from the old view's selector
+ * into v's, then re-index the peers. Cannot fail: the new selector has
+ * room for every peer and each call is in range.
+ */
+static void view_install(om__proxy_service_t *s, om__proxy_view_t *v) {
+  om__proxy_view_t *old = s->view;
+  uint64_t now = uv_hrtime();
+  for (size_t i = 0; i < v->n; i++) {
+    om__proxy_peer_t *peer = v->peers[i];
+    uint64_t pen =
+        peer->penalty_until_ns > now ? peer->penalty_until_ns - now : 0;
+    if (old != NULL && peer->index >= 0 && peer->sampled) {
+      double lat = om_p2c_latency_ns(old->p2c, (size_t)peer->index, now);
+      double ewma = lat - (double)pen;
+      /* the first sample replaces the default: the estimate carries over */
+      om_p2c_start(v->p2c, i);
+      om_p2c_finish(v->p2c, i, ewma > 0 ? (uint64_t)ewma : 0, 1, now);
+    }
+    if (pen > 0)
+      om_p2c_penalize(v->p2c, i, pen, now);
+    for (uint32_t k = 0; k < peer->inflight; k++)
+      om_p2c_start(v->p2c, i);
+  }
+  if (old != NULL)
+    for (size_t i = 0; i < old->n; i++)
+      old->peers[i]->index = -1;
+  for (size_t i = 0; i < v->n; i++)
+    v->peers[i]->index = (int64_t)i;
+  s->view = v;
+  om__proxy_view_unref(old);
+}
+
+/*
+ * Give the policy the view's peers (its Lua view is built once per
+ * revision). Returns om_policy_set_peers's code (or OM_ENOMEM).
+ */
+static int policy_set_peers(om_policy_t *pol, const om__proxy_view_t *v) {
+  size_t n = v->n, nmd = 0, k = 0;
+  om_policy_peer_t *pp;
+  om_policy_kv_t *kv;
+  int rc;
+  for (size_t i = 0; i < n; i++)
+    nmd += om_snapshot_instance(v->snap, i)->n_metadata;
+  pp = calloc(n ? n : 1, sizeof *pp);
+  kv = calloc(nmd ? nmd : 1, sizeof *kv);
+  if (pp == NULL || kv == NULL) {
+    free(pp);
+    free(kv);
+    return OM_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const om_instance_t *in = om_snapshot_instance(v->snap, i);
+    pp[i].id = in->id;
+    pp[i].url = in->url;
+    pp[i].zone = in->zone;
+    pp[i].weight = in->weight;
+    pp[i].metadata = kv + k;
+    pp[i].n_metadata = in->n_metadata;
+    for (size_t m = 0; m < in->n_metadata; m++, k++) {
+      kv[k].name = in->metadata[m].key;
+      kv[k].name_len = strlen(in->metadata[m].key);
+      kv[k].value = in->metadata[m].value;
+      kv[k].value_len = strlen(in->metadata[m].value);
+    }
+  }
+  rc = om_policy_set_peers(pol, pp, n);
+  free(pp);
+  free(kv);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* policy settings */
+
+static double num_field(lua_State *L, int t, const char *name, double def) {
+  double v = def;
+  lua_pushstring(L, name);
+  if (lua_rawget(L, t) == LUA_TNUMBER)
+    v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int bool_field(lua_State *L, int t, const char *name, int def) {
+  int v = def;
+  lua_pushstring(L, name);
+  if (lua_rawget(L, t) == LUA_TBOOLEAN)
+    v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static uint32_t clamp_u32(double v, uint32_t lo, uint32_t hi) {
+  if (!(v >= lo)) /* NaN too: the contract refuses it, be safe anyway */
+    return lo;
+  return v >= hi ? hi : (uint32_t)v;
+}
+
+static uint64_t ms_to_ns(double ms) {
+  if (!(ms > 0))
+    return 1;
+  return ms >= 1.8e13 ? OM_DEADLINE_NEVER : (uint64_t)(ms * 1e6);
+}
+
+/* Runs protected (pushing field names may allocate). [policy, settings] */
+static int read_settings_l(lua_State *L) {
+  om_policy_t *pol = lua_touserdata(L, 1);
+  om__proxy_settings_t *set = lua_touserdata(L, 2);
+  int t;
+  om_policy_push(pol);
+  t = lua_gettop(L);
+  if (lua_type(L, t) != LUA_TTABLE)
+    return luaL_error(L, "the policy is not a table");
+  set->max_inflight = clamp_u32(
+      num_field(L, t, "max_inflight", DEF_MAX_INFLIGHT), 1, UINT32_MAX / 2);
+  set->max_queue =
+      clamp_u32(num_field(L, t, "max_queue", DEF_MAX_QUEUE), 0, UINT32_MAX / 2);
+  set->retries =
+      clamp_u32(num_field(L, t, "retries", DEF_RETRIES), 0, MAX_RETRIES);
+  set->adaptive = bool_field(L, t, "adaptive", 0);
+  set->retry_non_idempotent = bool_field(L, t, "retry_non_idempotent", 0);
+  set->deadline_ns = ms_to_ns(num_field(L, t, "deadline_ms", DEF_DEADLINE_MS));
+  set->per_try_ns =
+      ms_to_ns(num_field(L, t, "per_try_timeout_ms", DEF_PER_TRY_MS));
+  return 0;
+}
+
+static int read_settings(om_policy_t *pol, om__proxy_settings_t *set) {
+  om_sandbox_t *sb = om_policy_sandbox(pol);
+  lua_State *L = om_sandbox_state(sb);
+  int rc;
+  lua_settop(L, 0);
+  lua_pushcfunction(L, read_settings_l);
+  lua_pushlightuserdata(L, pol);
+  lua_pushlightuserdata(L, set);
+  rc = om_sandbox_call(sb, 2, 0);
+  lua_settop(L, 0);
+  return rc == LUA_OK ? 0 : OM_ENOMEM;
+}
+
+/*
+ * Apply settings to the service's pool. Allocations first, so a failure
+ * changes nothing.
+ */
+static int apply_settings(om__proxy_service_t *s,
+                          const om__proxy_settings_t *set) {
+  om_admission_t *adm = NULL;
+  om_limiter_t *lim = NULL;
+  uint32_t limit = set->max_inflight;
+  if (s->adm == NULL) {
+    om_admission_opts_t ao = {set->max_inflight, UINT32_MAX};
+    if (om_admission_new(&ao, &adm) != 0)
+      return OM_ENOMEM;
+  }
+  if (set->adaptive && (s->limiter == NULL || !s->set.adaptive ||
+                        s->set.max_inflight != set->max_inflight)) {
+    om_limiter_opts_t lo;
+    om_limiter_opts_init(&lo);
+    lo.min_limit = 1;
+    lo.max_limit = set->max_inflight;
+    lo.initial_limit = set->max_inflight;
+    if (om_limiter_new(&lo, &lim) != 0) {
+      om_admission_free(adm);
+      return OM_ENOMEM;
+    }
+  }
+  if (adm != NULL)
+    s->adm = adm;
+  if (lim != NULL) {
+    om_limiter_free(s->limiter);
+    s->limiter = lim;
+  } else if (!set->adaptive) {
+    om_limiter_free(s->limiter);
+    s->limiter = NULL;
+  }
+  if (s->limiter != NULL)
+    limit = om_limiter_limit(s->limiter);
+  s->set = *set;
+  om_admission_set_limit(s->adm, limit, uv_hrtime(), om__proxy_admitted, NULL);
+  om__proxy_arm_queue_timer(s);
+  return 0;
+}
+
+/*
+ * A new policy version passed validation: give it the current peers and
+ * take its settings. Non-zero keeps the previous version.
+ */
+static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
+  om__proxy_service_t *s = ud;
+  om__proxy_settings_t set;
+  (void)prev;
+  if (read_settings(next, &set) != 0 || policy_set_peers(next, s->view) != 0)
+    return -1;
+  return apply_settings(s, &set) == 0 ? 0 : -1;
+}
+
+om_policy_t *om__proxy_policy(const om__proxy_service_t *s) {
+  return om_policy_watch_current(s->watch);
+}
+
+/* ------------------------------------------------------------------ */
+/* services */
+
+om__proxy_service_t *om__proxy_find_service(const om_proxy_t *p,
+                                            const char *name, size_t len) {
+  om__proxy_service_t *ci = NULL;
+  for (size_t i = 0; i < p->n_services; i++) {
+    om__proxy_service_t *s = p->services[i];
+    if (strlen(s->name) != len)
+      continue;
+    if (memcmp(s->name, name, len) == 0)
+      return s;
+    /* Host is case-insensitive (RFC 9110 4.2.3): an exact match wins */
+    if (ci == NULL && strncasecmp(s->name, name, len) == 0)
+      ci = s;
+  }
+  return ci;
+}
+
+static const char *policy_for(const om_proxy_t *p, const char *service) {
+  for (size_t i = 0; i < p->opts.n_service_policies; i++)
+    if (strcmp(p->service_policies[i].service, service) == 0)
+      return p->service_policies[i].path;
+  return p->policy_path;
+}
+
+static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
+  static const double bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                  0.025,  0.05,  0.1,    0.25,  0.5,
+                                  1,      2.5,   5,      10};
+  char esc[2 * OM_NAME_MAX], labels[512];
+  om_metrics_escape(s->name, esc, sizeof esc);
+  for (int o = 0; o < OM__PROXY_OUTCOME_COUNT; o++) {
+    snprintf(labels, sizeof labels, "service=\"%s\",outcome=\"%s\"", esc,
+             om__proxy_outcome_name((om__proxy_outcome_t)o));
+    s->outcomes[o] = om_metrics_counter(
+        p->metrics, "openmesh_proxy_requests_total",
+        "Calls by service and outcome (ok: relayed to the end; aborted: "
+        "relayed and cut; client_closed; else the reason of the proxy's "
+        "error).",
+        labels);
+  }
+  snprintf(labels, sizeof labels, "service=\"%s\"", esc);
+  s->m_attempts =
+      om_metrics_counter(p->metrics, "openmesh_proxy_attempts_total",
+                         "Upstream attempts started.", labels);
+  s->m_retries = om_metrics_counter(p->metrics, "openmesh_proxy_retries_total",
+                                    "Attempts after a call's first.", labels);
+  s->m_budget = om_metrics_counter(
+      p->metrics, "openmesh_proxy_retry_budget_exhausted_total",
+      "Retries refused because the service's retry budget was spent.", labels);
+  s->m_latency = om_metrics_histogram(
+      p->metrics, "openmesh_proxy_upstream_latency_seconds",
+      "Upstream attempt latency to the response head.", labels, bounds,
+      sizeof bounds / sizeof bounds[0]);
+}
+
+static void on_queue_timer_closed(uv_handle_t *h);
+
+static void service_free(om__proxy_service_t *s) {
+  om__proxy_view_unref(s->view);
+  om_admission_free(s->adm);
+  om_limiter_free(s->limiter);
+  om_retry_budget_free(s->budget);
+  free(s->name);
+  free(s);
+}
+
+/* A new service with view v (taken) and its policy loaded. */
+static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
+                       size_t errlen, om__proxy_service_t **out) {
+  om__proxy_service_t *s = calloc(1, sizeof *s);
+  om_policy_watch_opts_t wo;
+  char perr[2048];
+  int rc;
+  if (s == NULL)
+    return OM_ENOMEM;
+  s->proxy = p;
+  s->policy_path = policy_for(p, om_snapshot_service(snap));
+  if ((s->name = strdup(om_snapshot_service(snap))) == NULL ||
+      om_retry_budget_new(&p->budget, &s->budget) != 0) {
+    service_free(s);
+    return OM_ENOMEM;
+  }
+  if ((rc = view_build(p, NULL, snap, &s->view)) != 0) {
+    service_free(s);
+    return rc;
+  }
+  for (size_t i = 0; i < s->view->n; i++)
+    s->view->peers[i]->index = (int64_t)i;
+  memset(&wo, 0, sizeof wo);
+  wo.path = s->policy_path;
+  wo.policy.lib_dir = p->lib_dir;
+  wo.kind = OM_POLICY_TRAFFIC;
+  wo.on_swap = on_policy_swap;
+  wo.ud = s;
+  rc = om_policy_watch_start(p->loop, &wo, &s->watch, perr, sizeof perr);
+  if (rc != 0) {
+    set_err(err, errlen, "service '%s': %s", s->name, perr);
+    service_free(s);
+    return rc == OM_ENOMEM ? OM_ENOMEM : OM_EPOLICY;
+  }
+  uv_timer_init(p->loop, &s->queue_timer);
+  s->queue_timer.data = s;
+  s->queue_timer_open = 1;
+  s->queue_timer_at = OM_DEADLINE_NEVER;
+  register_metrics(p, s);
+  *out = s;
+  return 0;
+}
+
+static int scratch_reserve(om_proxy_t *p, size_t n) {
+  uint32_t *x;
+  if (n <= p->scratch_cap)
+    return 0;
+  x = realloc(p->scratch, n * sizeof *x);
+  if (x == NULL)
+    return OM_ENOMEM;
+  p->scratch = x;
+  p->scratch_cap = n;
+  return 0;
+}
+
+int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
+                          size_t errlen) {
+  om__proxy_service_t *s;
+  om__proxy_view_t *v = NULL;
+  const char *name;
+  size_t n;
+  int rc;
+  if (p == NULL || snap == NULL) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  if (p->closing) {
+    set_err(err, errlen, "the proxy is closing");
+    return OM_ESTATE;
+  }
+  name = om_snapshot_service(snap);
+  n = om_snapshot_count(snap);
+  s = om__proxy_find_service(p, name, strlen(name));
+  if (s != NULL && strcmp(s->name, name) != 0)
+    s = NULL; /* a case-insensitive match is another service here */
+  if (s != NULL) {
+    uint64_t cur = om_snapshot_revision(s->view->snap);
+    if (om_snapshot_revision(snap) < cur) {
+      set_err(err, errlen,
+              "service '%s': revision %llu is older than the current %llu",
+              name, (unsigned long long)om_snapshot_revision(snap),
+              (unsigned long long)cur);
+      return OM_ESTATE;
+    }
+    if (om_snapshot_revision(snap) == cur)
+      return 0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const om_instance_t *in = om_snapshot_instance(snap, i);
+    om_upstream_target_t t;
+    const char *prefix, *why = "invalid";
+    size_t plen;
+    if (peer_target(in->url, &t, &prefix, &plen, &why) != 0) {
+      set_err(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
+              in->id, in->url, why);
+      return OM_EINVAL;
+    }
+  }
+  if (scratch_reserve(p, n) != 0) {
+    set_err(err, errlen, "out of memory");
+    return OM_ENOMEM;
+  }
+  if (s == NULL && p->n_services == p->cap_services) {
+    size_t cap = p->cap_services ? 2 * p->cap_services : 4;
+    om__proxy_service_t **x = realloc(p->services, cap * sizeof *x);
+    if (x == NULL) {
+      set_err(err, errlen, "out of memory");
+      return OM_ENOMEM;
+    }
+    p->services = x;
+    p->cap_services = cap;
+  }
+  if (s == NULL) {
+    rc = service_new(p, snap, err, errlen, &s);
+    if (rc != 0) {
+      if (rc == OM_ENOMEM)
+        set_err(err, errlen, "out of memory");
+      return rc;
+    }
+    p->services[p->n_services++] = s;
+  } else {
+    rc = view_build(p, s->view, snap, &v);
+    if (rc == 0 && (rc = policy_set_peers(om__proxy_policy(s), v)) != 0) {
+      om__proxy_view_unref(v);
+      v = NULL;
+    }
+    if (rc != 0) {
+      set_err(err, errlen, "service '%s': %s", name, om_strerror(rc));
+      return rc;
+    }
+    view_install(s, v);
+  }
+  {
+    char rev[24], count[24];
+    snprintf(rev, sizeof rev, "%llu",
+             (unsigned long long)om_snapshot_revision(snap));
+    snprintf(count, sizeof count, "%zu", n);
+    om_log(OM_LOG_INFO, "proxy_snapshot", "service", name, "revision", rev,
+           "peers", count, NULL);
+  }
+  return 0;
+}
+
+int om_proxy_reload_policies(om_proxy_t *p) {
+  int failed = 0;
+  if (p == NULL)
+    return 0;
+  for (size_t i = 0; i < p->n_services; i++)
+    if (om_policy_watch_reload(p->services[i]->watch) < 0)
+      failed++;
+  return failed;
+}
+
+/* ------------------------------------------------------------------ */
+/* lifecycle */
+
+static char *dup_or_null(const char *s, int *bad) {
+  char *d;
+  if (s == NULL)
+    return NULL;
+  d = strdup(s);
+  if (d == NULL)
+    *bad = 1;
+  return d;
+}
+
+static int readable(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return 0;
+  fclose(f);
+  return 1;
+}
+
+static void proxy_free(om_proxy_t *p) {
+  for (size_t i = 0; i < p->n_services; i++)
+    service_free(p->services[i]);
+  free(p->services);
+  for (size_t i = 0; i < p->opts.n_service_policies; i++) {
+    free((char *)p->service_policies[i].service);
+    free((char *)p->service_policies[i].path);
+  }
+  free(p->service_policies);
+  free(p->policy_path);
+  free(p->lib_dir);
+  free(p->scratch);
+  om_metrics_free(p->metrics);
+  free(p);
+}
+
+/* Every handle and call is gone: free, then tell the owner. */
+static void maybe_finish(om_proxy_t *p) {
+  void (*cb)(void *);
+  void *ud;
+  if (!p->closing || p->server_open || p->admin_open || p->pool_open ||
+      p->calls > 0)
+    return;
+  for (size_t i = 0; i < p->n_services; i++)
+    if (p->services[i]->queue_timer_open || p->services[i]->watch != NULL)
+      return;
+  cb = p->on_closed;
+  ud = p->closed_ud;
+  proxy_free(p);
+  if (cb != NULL)
+    cb(ud);
+}
+
+void om__proxy_call_gone(om_proxy_t *p) {
+  p->calls--;
+  if (p->closing)
+    maybe_finish(p);
+}
+
+static void on_queue_timer_closed(uv_handle_t *h) {
+  om__proxy_service_t *s = h->data;
+  s->queue_timer_open = 0;
+  maybe_finish(s->proxy);
+}
+
+static void on_pool_closed(void *ud) {
+  om_proxy_t *p = ud;
+  p->pool = NULL;
+  p->pool_open = 0;
+  maybe_finish(p);
+}
+
+static void on_admin_closed(om_http_server_t *srv, void *ud) {
+  om_proxy_t *p = ud;
+  (void)srv;
+  p->admin = NULL;
+  p->admin_open = 0;
+  maybe_finish(p);
+}
+
+/*
+ * The call listener has drained: every downstream request ended or was
+ * cut, so no call is left but those whose timer is still closing.
+ */
+static void on_server_closed(om_http_server_t *srv, void *ud) {
+  om_proxy_t *p = ud;
+  (void)srv;
+  p->server = NULL;
+  p->server_open = 0;
+  if (p->admin != NULL)
+    om_http_server_close(p->admin, on_admin_closed);
+  if (p->pool != NULL)
+    om_upstream_pool_close(p->pool, on_pool_closed, p);
+  for (size_t i = 0; i < p->n_services; i++) {
+    om__proxy_service_t *s = p->services[i];
+    om_policy_watch_stop(s->watch);
+    s->watch = NULL;
+    if (s->queue_timer_open)
+      uv_close((uv_handle_t *)&s->queue_timer, on_queue_timer_closed);
+  }
+  maybe_finish(p);
+}
+
+int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
+                 char *err, size_t errlen) {
+  om_proxy_t *p;
+  om_http_server_opts_t so;
+  int bad = 0, rc;
+  if (loop == NULL || opts == NULL || out == NULL) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  if (opts->policy_path == NULL) {
+    set_err(err, errlen, "a traffic policy file is required");
+    return OM_EINVAL;
+  }
+  for (size_t i = 0; i < opts->n_service_policies; i++) {
+    const om_proxy_service_policy_t *sp = &opts->service_policies[i];
+    if (sp->service == NULL || sp->path == NULL ||
+        !om_valid_name(sp->service, strlen(sp->service))) {
+      set_err(err, errlen,
+              "service policy %zu: needs a valid service name "
+              "and a file",
+              i + 1);
+      return OM_EINVAL;
+    }
+    if (!readable(sp->path)) {
+      set_err(err, errlen, "%s: cannot read the policy file", sp->path);
+      return OM_ENOTFOUND;
+    }
+  }
+  if (!readable(opts->policy_path)) {
+    set_err(err, errlen, "%s: cannot read the policy file", opts->policy_path);
+    return OM_ENOTFOUND;
+  }
+  if (opts->circuit != NULL) {
+    om_circuit_t probe;
+    if (om_circuit_init(&probe, opts->circuit) != 0) {
+      set_err(err, errlen, "invalid circuit options");
+      return OM_EINVAL;
+    }
+  }
+  if (opts->budget != NULL) {
+    om_retry_budget_t *b;
+    if ((rc = om_retry_budget_new(opts->budget, &b)) != 0) {
+      set_err(err, errlen,
+              rc == OM_ENOMEM ? "out of memory"
+                              : "invalid retry budget options");
+      return rc;
+    }
+    om_retry_budget_free(b);
+  }
+  p = calloc(1, sizeof *p);
+  if (p == NULL) {
+    set_err(err, errlen, "out of memory");
+    return OM_ENOMEM;
+  }
+  p->loop = loop;
+  p->opts = *opts;
+  p->policy_path = dup_or_null(opts->policy_path, &bad);
+  p->lib_dir = dup_or_null(opts->lib_dir ? opts->lib_dir : om_lib_dir(), &bad);
+  if (opts->n_service_policies > 0) {
+    p->service_policies =
+        calloc(opts->n_service_policies, sizeof *p->service_policies);
+    if (p->service_policies == NULL) {
+      bad = 1;
+      p->opts.n_service_policies = 0;
+    }
+    for (size_t i = 0; p->service_policies && i < opts->n_service_policies;
+         i++) {
+      p->service_policies[i].service =
+          dup_or_null(opts->service_policies[i].service, &bad);
+      p->service_policies[i].path =
+          dup_or_null(opts->service_policies[i].path, &bad);
+    }
+  }
+  p->opts.service_policies = p->service_policies;
+  p->opts.policy_path = p->policy_path;
+  p->opts.lib_dir = p->lib_dir;
+  if (opts->circuit != NULL) {
+    p->circuit = *opts->circuit;
+  } else {
+    om_circuit_opts_default(&p->circuit);
+    p->circuit.probe_timeout_ns = UINT64_C(10000000000);
+  }
+  p->opts.circuit = &p->circuit;
+  if (opts->budget != NULL)
+    p->budget = *opts->budget;
+  else
+    om_retry_budget_opts_default(&p->budget);
+  p->opts.budget = &p->budget;
+  om_retry_policy_default(&p->retry_policy);
+  if (opts->retry_429)
+    om_retry_policy_set_status(&p->retry_policy, 429, true);
+  if (p->opts.replay_limit == 0)
+    p->opts.replay_limit = DEF_REPLAY;
+  if (p->opts.backoff_base_ms == 0)
+    p->opts.backoff_base_ms = 25;
+  if (p->opts.backoff_cap_ms == 0)
+    p->opts.backoff_cap_ms = 1000;
+  if (p->opts.min_attempt_ms == 0)
+    p->opts.min_attempt_ms = 5;
+  if (p->opts.retry_after_ceiling_ms == 0)
+    p->opts.retry_after_ceiling_ms = 10000;
+  if (p->opts.high_water == 0)
+    p->opts.high_water = DEF_HIGH_WATER;
+  om_rng_seed(&p->rng, opts->seed ? opts->seed : uv_hrtime() ^ (uint64_t)p);
+  so = opts->server;
+  if (so.max_body_bytes == 0)
+    so.max_body_bytes = DEF_MAX_BODY;
+  p->opts.server = so;
+  if (bad || (p->metrics = om_metrics_new()) == NULL) {
+    proxy_free(p);
+    set_err(err, errlen, "out of memory");
+    return OM_ENOMEM;
+  }
+  p->unknown_service = om_metrics_counter(
+      p->metrics, "openmesh_proxy_requests_total",
+      "Calls by service and outcome (ok: relayed to the end; aborted: "
+      "relayed and cut; client_closed; else the reason of the proxy's "
+      "error).",
+      "service=\"\",outcome=\"no_peers\"");
+  /* the handles last: once one exists, only an asynchronous close frees */
+  rc = om_upstream_pool_new(loop, &opts->upstream, &p->pool);
+  if (rc != 0) {
+    proxy_free(p);
+    set_err(err, errlen,
+            rc == OM_ENOMEM ? "out of memory"
+                            : "invalid upstream pool options");
+    return rc;
+  }
+  rc = om_http_server_new(loop, &so, om__proxy_on_request, p, &p->server);
+  if (rc == 0)
+    rc = om_http_server_new(loop, &opts->server, om__proxy_on_admin, p,
+                            &p->admin);
+  if (rc != 0) {
+    /* close what was opened; once the loop has run, maybe_finish frees */
+    set_err(err, errlen,
+            rc == OM_ENOMEM ? "out of memory" : "invalid server options");
+    p->closing = 1;
+    p->pool_open = 1;
+    om_upstream_pool_close(p->pool, on_pool_closed, p);
+    if (p->server != NULL) {
+      p->server_open = 1;
+      om_http_server_close(p->server, on_server_closed);
+    }
+    return rc;
+  }
+  p->server_open = p->admin_open = p->pool_open = 1;
+  *out = p;
+  return 0;
+}
+
+int om_proxy_listen(om_proxy_t *p, const char *host, int port) {
+  if (p == NULL || host == NULL)
+    return OM_EINVAL;
+  if (p->closing)
+    return OM_ESTATE;
+  return om_http_server_listen(p->server, host, port);
+}
+
+int om_proxy_listen_admin(om_proxy_t *p, const char *host, int port) {
+  if (p == NULL || host == NULL)
+    return OM_EINVAL;
+  if (p->closing)
+    return OM_ESTATE;
+  return om_http_server_listen(p->admin, host, port);
+}
+
+int om_proxy_port(const om_proxy_t *p) {
+  return p == NULL || p->server == NULL ? OM_ESTATE
+                                        : om_http_server_port(p->server);
+}
+
+int om_proxy_admin_port(const om_proxy_t *p) {
+  return p == NULL || p->admin == NULL ? OM_ESTATE
+                                       : om_http_server_port(p->admin);
+}
+
+int om_proxy_close(om_proxy_t *p, void (*on_closed)(void *ud), void *ud) {
+  if (p == NULL)
+    return OM_EINVAL;
+  if (p->closing)
+    return OM_ESTATE;
+  p->closing = 1;
+  p->on_closed = on_closed;
+  p->closed_ud = ud;
+  om_http_server_close(p->server, on_server_closed);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* inspection */
+
+int om_proxy_stats(const om_proxy_t *p, const char *service,
+                   om_proxy_stats_t *out) {
+  om__proxy_service_t *s;
+  if (p == NULL || service == NULL || out == NULL)
+    return OM_EINVAL;
+  s = om__proxy_find_service(p, service, strlen(service));
+  if (s == NULL)
+    return OM_ENOTFOUND;
+  memset(out, 0, sizeof *out);
+  out->revision = om_snapshot_revision(s->view->snap);
+  if (s->watch != NULL) {
+    out->policy_version = om_policy_watch_version(s->watch);
+    out->policy_failures = om_policy_watch_failures(s->watch);
+  }
+  out->requests = s->requests;
+  out->attempts = s->attempts;
+  out->retries = s->retries;
+  out->budget_exhausted = s->budget_exhausted;
+  out->paused = s->paused;
+  out->inflight = om_admission_inflight(s->adm);
+  out->queued = om_admission_queued(s->adm);
+  out->limit = om_admission_limit(s->adm);
+  out->peers = s->view->n;
+  return 0;
+}
+
+int om_proxy_peer_circuit(const om_proxy_t *p, const char *service,
+                          const char *id, om_circuit_state_t *out) {
+  om__proxy_service_t *s;
+  if (p == NULL || service == NULL || id == NULL || out == NULL)
+    return OM_EINVAL;
+  s = om__proxy_find_service(p, service, strlen(service));
+  if (s == NULL)
+    return OM_ENOTFOUND;
+  for (size_t i = 0; i < s->view->n; i++)
+    if (strcmp(s->view->peers[i]->id, id) == 0) {
+      *out = om_circuit_state(&s->view->peers[i]->circuit, uv_hrtime());
+      return 0;
+    }
+  return OM_ENOTFOUND;
+}

@@ -1,0 +1,214 @@
+/*
+ * om_proxy.h: the data plane's call path (`openmesh proxy`), on one libuv
+ * loop. DESIGN.md "The call path", docs/PROXY.md.
+ *
+ *   request -> service from Host (port ignored)
+ *     -> traffic policy narrows the subset (and may give a key; else the
+ *        x-openmesh-key header does)
+ *     -> admission per service pool (max_inflight, bounded FIFO max_queue,
+ *        optional adaptive limit; waits bounded by the call's deadline)
+ *     -> selection inside the subset, skipping open circuits: rendezvous
+ *        rank when keyed, power of two choices otherwise
+ *     -> attempt, timeout min(per_try, remaining) -> classify
+ *     -> retry (safe method / Idempotency-Key / policy opt-in; retryable
+ *        outcome; retry budget; room left in the deadline; same subset;
+ *        next peer in rank or another P2C pick; full-jitter backoff)
+ *
+ * Topology comes in through one seam, om_proxy_set_snapshot, one service
+ * at a time: the --static loader uses it now, the control-plane watch
+ * client will use it later. Peer state (circuit, P2C load and latency) is
+ * kept by peer id across snapshot revisions.
+ *
+ * Ownership: the proxy owns its listeners, upstream pool, policy watchers
+ * and per-service state; snapshots are shared by reference. Everything
+ * runs on the loop thread; the process must ignore SIGPIPE.
+ */
+#ifndef OM_PROXY_H
+#define OM_PROXY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "om_circuit.h"
+#include "om_http_server.h"
+#include "om_retry.h"
+#include "om_snapshot.h"
+#include "om_upstream.h"
+
+typedef struct om_proxy_s om_proxy_t;
+
+/* A traffic policy file for one service (--service-policy S=FILE). */
+typedef struct om_proxy_service_policy_s {
+  const char *service;
+  const char *path;
+} om_proxy_service_policy_t;
+
+/*
+ * Options. Zero in a field means its default. Pool settings (max_inflight,
+ * max_queue, adaptive, deadline_ms, per_try_timeout_ms, retries,
+ * retry_non_idempotent) come from each service's traffic policy; a policy
+ * that omits one gets the default listed in docs/PROXY.md.
+ */
+typedef struct om_proxy_opts_s {
+  /* The traffic policy for every service without its own: required. */
+  const char *policy_path;
+  const om_proxy_service_policy_t *service_policies;
+  size_t n_service_policies;
+  const char *lib_dir; /* the Lua library; NULL: om_lib_dir() */
+  /*
+   * The downstream listener's limits. The server buffers whole request
+   * bodies, so server.max_body_bytes (default here 8 MiB) is the largest
+   * body the proxy accepts (413 beyond).
+   */
+  om_http_server_opts_t server;
+  om_upstream_pool_opts_t upstream;
+  /* Bodies up to this are kept for replay; larger ones are forwarded
+   * once and never retried. Default 1 MiB. */
+  size_t replay_limit;
+  /* Per-peer circuits; NULL: om_circuit_opts_default with a 10 s probe
+   * timeout (a probe whose caller went away must not pin the circuit). */
+  const om_circuit_opts_t *circuit;
+  /* The retry budget of each service; NULL: 20% over 10 s, 10/s floor. */
+  const om_retry_budget_opts_t *budget;
+  uint64_t backoff_base_ms; /* full-jitter base; default 25 */
+  uint64_t backoff_cap_ms;  /* full-jitter cap; default 1000 */
+  /* No attempt starts with less than this left of the deadline: it could
+   * not finish. Default 5. */
+  uint64_t min_attempt_ms;
+  /* Retry 429 too (by default 502, 503, 504 and transport failures). A
+   * Retry-After on a retried 429 or 503 is the wait before the retry when
+   * it fits in the deadline; when it does not, the response is relayed. */
+  int retry_429;
+  /* Longest Retry-After honoured (a longer one means: no retry). Default
+   * 10 s. */
+  uint64_t retry_after_ceiling_ms;
+  /* Downstream bytes queued in memory before the upstream read pauses;
+   * it resumes below a quarter of it. Default 256 KiB. */
+  size_t high_water;
+  /* Seed of the proxy's generator (P2C draws, jitter, request ids); 0:
+   * from the clock. */
+  uint64_t seed;
+} om_proxy_opts_t;
+
+/*
+ * om_proxy_new: a proxy on loop. Loads nothing yet (a service's policy
+ * loads when it first gets a snapshot) but checks that the policy files
+ * can be read. Copies opts and every string in it. Returns 0 and *out;
+ * OM_EINVAL (a NULL argument, no policy_path, a service policy without a
+ * valid service name or a path, circuit or budget options out of range, a
+ * listener or pool limit out of range; err says which), OM_ENOTFOUND (a
+ * policy file cannot be read), OM_ENOMEM. On error *out is untouched; any
+ * libuv handle already opened is being closed, and nothing is left once
+ * the loop has run. A proxy is freed only by om_proxy_close (always: it
+ * owns libuv handles).
+ */
+int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
+                 char *err, size_t errlen);
+
+/*
+ * om_proxy_listen / om_proxy_listen_admin: bind the call listener and the
+ * admin listener (/metrics, /status, /healthz). host is an IP literal,
+ * port 0 picks a free port. Returns 0, OM_ESTATE (already listening or
+ * closing), OM_EINVAL, OM_EIO (cannot bind), OM_ENOMEM.
+ */
+int om_proxy_listen(om_proxy_t *p, const char *host, int port);
+int om_proxy_listen_admin(om_proxy_t *p, const char *host, int port);
+
+/* The bound ports, or OM_ESTATE when not listening. */
+int om_proxy_port(const om_proxy_t *p);
+int om_proxy_admin_port(const om_proxy_t *p);
+
+/*
+ * om_proxy_set_snapshot: make snap the topology of its service (named by
+ * om_snapshot_service). The first snapshot of a service creates its state
+ * and loads its policy (its --service-policy file, else policy_path).
+ * The proxy takes its own reference; the caller keeps its own.
+ *
+ * A snapshot whose revision is older than the current one is refused
+ * (OM_ESTATE); the same revision again is a no-op (0). Every peer URL
+ * must be one the upstream client can reach (http://IP[:PORT][/path]):
+ * otherwise OM_EINVAL naming the instance. A policy that does not load
+ * is OM_EPOLICY. On any error (OM_ENOMEM included) the previous snapshot
+ * stays in force, nothing changed, and err (may be NULL) says why.
+ *
+ * Peers are matched by id (and URL) with the previous revision: a peer
+ * still present keeps its circuit, its in-flight count and its latency
+ * estimate; a new one starts fresh. Calls in flight finish on the view
+ * they started with (their subset stays what the policy chose).
+ */
+int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
+                          size_t errlen);
+
+/*
+ * om_proxy_reload_policies: re-read every service's policy file now
+ * (SIGHUP). A file that fails keeps its last good version (logged,
+ * counted, in /status). Returns the number of files rejected (0: all
+ * loaded or unchanged).
+ */
+int om_proxy_reload_policies(om_proxy_t *p);
+
+/*
+ * om_proxy_close: stop accepting, let in-flight calls finish (up to
+ * server.drain_timeout_ms, then cut them), then close everything and run
+ * on_closed(ud) (may be NULL) from the loop; the proxy is freed after it
+ * returns. Returns 0, OM_EINVAL (NULL), OM_ESTATE (already closing).
+ */
+int om_proxy_close(om_proxy_t *p, void (*on_closed)(void *ud), void *ud);
+
+/* Counters of one service, for tests and tools (metrics carry the same). */
+typedef struct om_proxy_stats_s {
+  uint64_t revision;       /* current snapshot revision */
+  uint64_t policy_version; /* 1 for the first load, +1 per swap */
+  uint64_t policy_failures;
+  uint64_t requests; /* calls routed to this service */
+  uint64_t attempts; /* upstream attempts started */
+  uint64_t retries;  /* attempts after the first */
+  uint64_t budget_exhausted;
+  uint64_t paused;   /* upstream reads paused for a slow client */
+  uint32_t inflight; /* admitted calls */
+  uint32_t queued;   /* calls waiting for a slot */
+  uint32_t limit;    /* current in-flight limit */
+  size_t peers;      /* in the current snapshot */
+} om_proxy_stats_t;
+
+/* Returns 0 and fills *out; OM_ENOTFOUND for an unknown service. */
+int om_proxy_stats(const om_proxy_t *p, const char *service,
+                   om_proxy_stats_t *out);
+
+/*
+ * om_proxy_peer_circuit: the circuit state of peer id of service now.
+ * Returns 0 and *out; OM_ENOTFOUND when no such peer is current.
+ */
+int om_proxy_peer_circuit(const om_proxy_t *p, const char *service,
+                          const char *id, om_circuit_state_t *out);
+
+/* ------------------------------------------------------------------ */
+/* the static topology (--static FILE) */
+
+/*
+ * om_proxy_static_load: read a static topology,
+ *   {"services": {"orders": {"revision": 1, "instances": [
+ *     {"id", "url", "weight", "zone", "metadata"}, ...]}, ...}}
+ * ("revision" optional, default 1; "weight" default 1; "zone" and
+ * "metadata" optional), validated with the snapshot model and the
+ * upstream URL rules. On success *out is a malloc'd array of *n snapshots
+ * (one reference each; free with om_proxy_static_free). Errors, with err
+ * naming the field ("services.orders.instances[2].url: ..."):
+ * OM_ENOTFOUND (unreadable), OM_ETOOBIG (over 64 MiB), OM_EPARSE (not
+ * JSON), OM_EINVAL (a missing, unknown or invalid field), OM_EDUPLICATE
+ * (two instances with one id), OM_ENOMEM. Nothing is allocated on error.
+ */
+int om_proxy_static_load(const char *path, om_snapshot_t ***out, size_t *n,
+                         char *err, size_t errlen);
+
+/* om_proxy_static_parse: the same from buf[0..len) (messages lack the
+ * file name). */
+int om_proxy_static_parse(const char *buf, size_t len, om_snapshot_t ***out,
+                          size_t *n, char *err, size_t errlen);
+
+/* Drop the snapshots and the array. NULL is fine. */
+void om_proxy_static_free(om_snapshot_t **snaps, size_t n);
+
+#endif /* OM_PROXY_H */

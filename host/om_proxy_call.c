@@ -1,0 +1,1061 @@
+/*
+ * om_proxy_call.c: one call through the proxy (DESIGN.md "The call path").
+ *
+ * The handler routes first (service from Host, then the traffic policy)
+ * and refuses what it can without allocating: an unknown service, a
+ * policy error, an empty subset, a full pool. Only a call that is
+ * admitted or queued gets a call object, so memory stays bounded by
+ * max_inflight + max_queue per service however hard callers push.
+ *
+ * Then, per attempt: select a peer inside the subset (rendezvous rank
+ * when keyed, P2C otherwise; open circuits skipped; peers already tried
+ * excluded), send with timeout min(per_try, remaining), and classify.
+ * A retryable 5xx head is never shown to the caller when a retry will
+ * follow: its body is discarded (the connection stays reusable) and the
+ * next attempt starts after a full-jitter backoff. Any other head commits
+ * the response: it streams through, and a later upstream failure aborts
+ * the caller's response instead of replaying it (RFC 9112 7.1: a chunked
+ * message without its last chunk is incomplete).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "om_backoff.h"
+#include "om_errno.h"
+#include "om_log.h"
+#include "om_policy.h"
+#include "om_proxy_internal.h"
+
+#define NS_PER_MS UINT64_C(1000000)
+/* a paused upstream read is re-checked this often */
+#define DRAIN_POLL_MS 2
+/* response heads up to this many fields go through a stack array */
+#define STACK_HEADERS 128
+
+typedef struct call_s {
+  om_proxy_t *p;
+  om__proxy_service_t *s;
+  om__proxy_view_t *view; /* the view the policy routed on */
+  om_http_request_t *req; /* NULL once released or gone */
+  om_admission_waiter_t waiter;
+  om__proxy_settings_t set;
+  om_deadline_t deadline;
+  uint64_t t0;
+  /* the subset, as indices into view, and bitmaps over the view */
+  uint32_t *subset;
+  size_t n_subset, words;
+  uint64_t *in_subset, *tried, *exclude;
+  uint32_t *rank; /* keyed: the view's rendezvous rank for the key */
+  uint64_t key_hash;
+  int keyed, ranked;
+  const char *idem_key;
+  size_t idem_len;
+  int replayable, admitted, queued;
+  unsigned attempts;
+  /* the attempt in flight */
+  om__proxy_peer_t *peer;
+  om_upstream_req_t *up;
+  uint64_t attempt_t0, head_ns;
+  int status;           /* of the attempt's response head; 0 before */
+  int circuit_pending;  /* allowed, outcome not yet recorded */
+  int deadline_limited; /* the attempt's timeout was the deadline */
+  int committed, discarding, paused;
+  uint64_t wait_ns; /* backoff before the next attempt */
+  /* why the latest attempt failed, for the caller's error */
+  om_upstream_fail_t last_fail;
+  int last_status, last_timeout, last_deadline_limited;
+  char last_peer[OM_NAME_MAX + 1];
+  uv_timer_t timer; /* backoff, or polling a paused stream's drain */
+  int timer_init;
+  /* the forwarded request */
+  om_http_header_t *fwd;
+  size_t n_fwd, n_fwd_fixed;
+  char *target; /* prefix + path[?query], rebuilt per peer */
+  const char *path_q;
+  size_t path_q_len;
+  char attempt_buf[16], deadline_buf[24], request_id[33];
+  char *xff;
+} call_t;
+
+static void start_attempt(call_t *c);
+
+/* ------------------------------------------------------------------ */
+/* small helpers */
+
+static inline int bit(const uint64_t *b, size_t i) {
+  return (int)((b[i / 64] >> (i % 64)) & 1u);
+}
+
+static uint64_t ceil_ms(uint64_t ns) {
+  if (ns == OM_DEADLINE_NEVER)
+    return 0; /* "no timeout" for the upstream client */
+  return ns / NS_PER_MS + (ns % NS_PER_MS != 0);
+}
+
+/* A JSON string body for msg (escaped; non-ASCII bytes become '?', as a
+ * message may quote bytes that are not UTF-8). */
+static size_t json_escape(char *out, size_t cap, const char *msg) {
+  size_t k = 0;
+  for (const unsigned char *m = (const unsigned char *)msg; *m && k + 7 < cap;
+       m++) {
+    if (*m == '"' || *m == '\\') {
+      out[k++] = '\\';
+      out[k++] = (char)*m;
+    } else if (*m < 0x20) {
+      k += (size_t)snprintf(out + k, cap - k, "\\u%04x", *m);
+    } else {
+      out[k++] = *m < 0x80 ? (char)*m : '?';
+    }
+  }
+  out[k] = '\0';
+  return k;
+}
+
+static const int REASON_STATUS[OM__PROXY_OUTCOME_COUNT] = {
+    [OM__PROXY_NO_PEERS] = 503, [OM__PROXY_OVERLOADED] = 503,
+    [OM__PROXY_DEADLINE] = 504, [OM__PROXY_POLICY_ERROR] = 500,
+    [OM__PROXY_ALL_OPEN] = 503, [OM__PROXY_UPSTREAM] = 502,
+};
+
+/*
+ * The proxy's own error: {"reason": ..., "message": ...}. Releases req
+ * (om_http_respond does, whatever it returns).
+ */
+static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
+                          const char *message, unsigned attempts,
+                          const char *request_id) {
+  char body[1024], esc[768], att[16];
+  om_http_header_t h[3];
+  size_t n = 0;
+  int len;
+  json_escape(esc, sizeof esc, message);
+  len = snprintf(body, sizeof body, "{\"reason\":\"%s\",\"message\":\"%s\"}\n",
+                 om__proxy_outcome_name(o), esc);
+  h[n++] = (om_http_header_t){"content-type", "application/json", 12, 16};
+  if (attempts > 0) {
+    snprintf(att, sizeof att, "%u", attempts);
+    h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, 0};
+  }
+  if (request_id != NULL && request_id[0] != '\0')
+    h[n++] = (om_http_header_t){"x-request-id", request_id, 12, 0};
+  if (om_http_respond(req, REASON_STATUS[o], h, n, body, (size_t)len) ==
+      OM_EINVAL)
+    om_http_response_abort(req); /* not reached: the headers are ours */
+}
+
+/* "123" -> 123 ms: 1..15 digits, nothing else (RFC 9110 5.6.3 OWS is
+ * already trimmed by the server). */
+static int parse_ms(const char *v, size_t len, uint64_t *out) {
+  uint64_t x = 0;
+  if (v == NULL || len == 0 || len > 15)
+    return -1;
+  for (size_t i = 0; i < len; i++) {
+    if (v[i] < '0' || v[i] > '9')
+      return -1;
+    x = x * 10 + (uint64_t)(v[i] - '0');
+  }
+  *out = x;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* the end of a call */
+
+static void on_call_timer_closed(uv_handle_t *h) {
+  call_t *c = h->data;
+  om_proxy_t *p = c->p;
+  free(c);
+  om__proxy_call_gone(p);
+}
+
+/*
+ * The caller has its answer (or is gone): count the outcome, give the
+ * slot back (which may admit the next queued call) and free the call.
+ */
+static void call_end(call_t *c, om__proxy_outcome_t o) {
+  om__proxy_service_t *s = c->s;
+  om_metric_inc(s->outcomes[o]);
+  if (c->queued) {
+    om_admission_cancel(s->adm, &c->waiter);
+    c->queued = 0;
+  }
+  om__proxy_view_unref(c->view);
+  c->view = NULL;
+  if (c->admitted) {
+    c->admitted = 0;
+    om_admission_release(s->adm, uv_hrtime(), om__proxy_admitted, NULL);
+    om__proxy_arm_queue_timer(s);
+  }
+  if (c->timer_init) {
+    uv_close((uv_handle_t *)&c->timer, on_call_timer_closed);
+  } else {
+    om_proxy_t *p = c->p;
+    free(c);
+    om__proxy_call_gone(p);
+  }
+}
+
+static void fail(call_t *c, om__proxy_outcome_t o, const char *message) {
+  if (c->req != NULL) {
+    om_http_request_t *req = c->req;
+    const char *rid = om_http_request_header(req, "x-request-id", NULL);
+    c->req = NULL;
+    respond_error(req, o, message, c->attempts, rid ? rid : c->request_id);
+  }
+  call_end(c, o);
+}
+
+/* No (further) attempt: tell the caller why the last one failed. */
+static void fail_last(call_t *c, uint64_t now) {
+  char msg[512];
+  if (om_deadline_expired(c->deadline, now + NS_PER_MS) ||
+      (c->last_timeout && c->last_deadline_limited)) {
+    snprintf(msg, sizeof msg,
+             "the call's deadline passed after %u attempt%s (last peer '%s': "
+             "%s)",
+             c->attempts, c->attempts == 1 ? "" : "s", c->last_peer,
+             c->last_status ? "retryable status"
+                            : om_upstream_fail_name(c->last_fail));
+    fail(c, OM__PROXY_DEADLINE, msg);
+    return;
+  }
+  if (c->last_status != 0)
+    snprintf(msg, sizeof msg,
+             "peer '%s' answered %d and no other attempt could be made "
+             "(%u attempt%s)",
+             c->last_peer, c->last_status, c->attempts,
+             c->attempts == 1 ? "" : "s");
+  else
+    snprintf(msg, sizeof msg, "peer '%s': %s (%u attempt%s)", c->last_peer,
+             om_upstream_fail_name(c->last_fail), c->attempts,
+             c->attempts == 1 ? "" : "s");
+  fail(c, OM__PROXY_UPSTREAM, msg);
+}
+
+/* ------------------------------------------------------------------ */
+/* selection */
+
+/*
+ * The next peer for this call, its circuit's permission taken: the best
+ * untried peer of the subset in rendezvous rank (keyed), or a P2C pick
+ * among the untried subset peers whose circuit allows (unkeyed). NULL
+ * when none; *all_open then says whether untried peers exist but every
+ * one is behind an open circuit.
+ */
+static om__proxy_peer_t *select_peer(call_t *c, uint64_t now, int *all_open) {
+  om__proxy_view_t *v = c->view;
+  size_t untried = 0;
+  *all_open = 0;
+  if (c->keyed && !c->ranked) {
+    if (om_rendezvous_rank_hash(v->rdv, c->key_hash, c->rank, v->n) < 0)
+      c->keyed = 0; /* no memory for the rank: P2C within the subset */
+    else
+      c->ranked = 1;
+  }
+  if (c->keyed) {
+    for (size_t r = 0; r < v->n; r++) {
+      uint32_t i = c->rank[r];
+      if (!bit(c->in_subset, i) || bit(c->tried, i))
+        continue;
+      untried++;
+      if (om_circuit_allow(&v->peers[i]->circuit, now)) {
+        om_p2c_bitmap_set(c->tried, i);
+        return v->peers[i];
+      }
+    }
+    *all_open = untried > 0;
+    return NULL;
+  }
+  for (size_t w = 0; w < c->words; w++)
+    c->exclude[w] = ~c->in_subset[w] | c->tried[w];
+  for (size_t k = 0; k < c->n_subset; k++) {
+    uint32_t i = c->subset[k];
+    if (bit(c->tried, i))
+      continue;
+    untried++;
+    if (!om_circuit_peek(&v->peers[i]->circuit, now))
+      om_p2c_bitmap_set(c->exclude, i);
+  }
+  for (;;) {
+    uint32_t i;
+    if (om_p2c_pick(v->p2c, &c->p->rng, c->exclude, now, &i) != 0) {
+      *all_open = untried > 0;
+      return NULL;
+    }
+    if (om_circuit_allow(&v->peers[i]->circuit, now)) {
+      om_p2c_bitmap_set(c->tried, i);
+      return v->peers[i];
+    }
+    om_p2c_bitmap_set(c->exclude, i); /* a probe already out */
+  }
+}
+
+/* Whether select_peer could find a peer now (nothing is taken). */
+static int has_candidate(const call_t *c, uint64_t now) {
+  for (size_t k = 0; k < c->n_subset; k++) {
+    uint32_t i = c->subset[k];
+    if (!bit(c->tried, i) && om_circuit_peek(&c->view->peers[i]->circuit, now))
+      return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* retry decisions */
+
+/*
+ * May the failed attempt be retried, and after how long? Every gate of
+ * DESIGN.md in turn: attempts left, a replayable body, the method (or
+ * Idempotency-Key, or the policy's opt-in) with a retryable outcome, a
+ * Retry-After that fits, room in the deadline for a useful attempt after
+ * the wait, a peer left in the subset, and last the retry budget (spent
+ * only when everything else said yes).
+ */
+static int decide_retry(call_t *c, int status, om_retry_error_t err, int has_ra,
+                        uint64_t ra_ns, uint64_t now, uint64_t *wait_out) {
+  om_proxy_t *p = c->p;
+  om_retry_req_t rr;
+  uint64_t remaining, min_ns = p->opts.min_attempt_ms * NS_PER_MS, wait;
+  if (c->attempts > c->set.retries || !c->replayable)
+    return 0;
+  memset(&rr, 0, sizeof rr);
+  rr.method = c->req->method;
+  rr.method_len = c->req->method_len;
+  rr.idempotency_key = c->idem_key;
+  rr.idempotency_key_len = c->idem_len;
+  rr.status = status;
+  rr.error = err;
+  rr.opt_in = c->set.retry_non_idempotent != 0;
+  rr.policy = &p->retry_policy;
+  if (!om_retry_decide(&rr, NULL))
+    return 0;
+  remaining = om_deadline_remaining(c->deadline, now);
+  if (remaining <= min_ns)
+    return 0;
+  wait = om_backoff_ns(c->attempts, p->opts.backoff_base_ms * NS_PER_MS,
+                       p->opts.backoff_cap_ms * NS_PER_MS, &p->rng);
+  if (has_ra) {
+    if (remaining != OM_DEADLINE_NEVER && ra_ns > remaining - min_ns)
+      return 0; /* the server asks for more than the call has left */
+    if (ra_ns > wait)
+      wait = ra_ns;
+  } else if (remaining != OM_DEADLINE_NEVER && wait > remaining - min_ns) {
+    wait = remaining - min_ns;
+  }
+  if (!has_candidate(c, now))
+    return 0;
+  if (!om_retry_budget_try_withdraw(c->s->budget, now)) {
+    c->s->budget_exhausted++;
+    om_metric_inc(c->s->m_budget);
+    return 0;
+  }
+  *wait_out = wait;
+  return 1;
+}
+
+/* Retry-After of a 429/503 head, in ns (RFC 9110 10.2.3). */
+static int retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
+                       uint64_t *out_ns) {
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *h = &r->headers[i];
+    uint64_t ms;
+    if (h->name_len == 11 && strncasecmp(h->name, "retry-after", 11) == 0 &&
+        om_retry_after_parse(h->value, h->value_len, (int64_t)time(NULL),
+                             ceiling_ms, &ms) == 0) {
+      *out_ns = ms * NS_PER_MS;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* attempts */
+
+/*
+ * The attempt is over (or was cancelled): in-flight counts, the peer's
+ * latency estimate, its circuit (if the head did not already decide it)
+ * and the adaptive limit learn its outcome.
+ */
+static void attempt_done(call_t *c, int ok, int dropped, int record,
+                         uint64_t now) {
+  om__proxy_peer_t *peer = c->peer;
+  om__proxy_service_t *s = c->s;
+  uint64_t lat = (c->head_ns ? c->head_ns : now) - c->attempt_t0;
+  if (peer == NULL)
+    return;
+  peer->inflight--;
+  if (peer->index >= 0) {
+    om_p2c_finish(s->view->p2c, (size_t)peer->index, record ? lat : 0,
+                  record && ok, now);
+    if (record)
+      peer->sampled = 1;
+  }
+  if (c->circuit_pending && record)
+    om_circuit_record(&peer->circuit, now, ok != 0);
+  c->circuit_pending = 0;
+  if (!ok && record)
+    peer->failures++;
+  if (s->limiter != NULL && record) {
+    uint32_t old = om_limiter_limit(s->limiter);
+    uint32_t lim = om_limiter_sample(s->limiter, now, lat,
+                                     om_admission_inflight(s->adm), dropped);
+    if (lim != old) {
+      om_admission_set_limit(s->adm, lim, now, om__proxy_admitted, NULL);
+      om__proxy_arm_queue_timer(s);
+    }
+  }
+  om__proxy_peer_unref(peer);
+  c->peer = NULL;
+}
+
+static void stop_timer(call_t *c) {
+  if (c->timer_init)
+    uv_timer_stop(&c->timer);
+}
+
+static void ensure_timer(call_t *c) {
+  if (!c->timer_init) {
+    uv_timer_init(c->p->loop, &c->timer);
+    c->timer.data = c;
+    c->timer_init = 1;
+  }
+}
+
+static void on_backoff(uv_timer_t *t) {
+  start_attempt(t->data);
+}
+
+static void schedule_retry(call_t *c) {
+  if (c->wait_ns == 0) {
+    start_attempt(c);
+    return;
+  }
+  ensure_timer(c);
+  uv_update_time(c->p->loop);
+  uv_timer_start(&c->timer, on_backoff, ceil_ms(c->wait_ns), 0);
+}
+
+/* Downstream drained below the low-water mark: read upstream again. */
+static void on_drain_poll(uv_timer_t *t) {
+  call_t *c = t->data;
+  if (c->up == NULL || c->req == NULL) {
+    uv_timer_stop(t);
+    return;
+  }
+  if (om_http_response_pending(c->req) <= c->p->opts.high_water / 4) {
+    uv_timer_stop(t);
+    c->paused = 0;
+    om_upstream_resume(c->up);
+  }
+}
+
+static int up_on_headers(void *ud, const om_upstream_response_t *r) {
+  call_t *c = ud;
+  om_proxy_t *p = c->p;
+  om__proxy_peer_t *peer = c->peer;
+  om_http_header_t stack[STACK_HEADERS], *h = stack;
+  uint64_t now = uv_hrtime(), ra = 0, wait;
+  int has_ra = 0, ok = r->status < 500, rc;
+  char att[16];
+  size_t n = 0;
+  if (c->req == NULL)
+    return 1; /* not reached: on_close cancels the attempt */
+  c->head_ns = now;
+  c->status = r->status;
+  om_metric_observe(c->s->m_latency, (double)(now - c->attempt_t0) / 1e9);
+  if (c->circuit_pending) {
+    om_circuit_record(&peer->circuit, now, ok);
+    c->circuit_pending = 0;
+  }
+  if (r->status == 429 || r->status == 503) {
+    has_ra = retry_after(r, p->opts.retry_after_ceiling_ms, &ra);
+    if (peer->index >= 0) {
+      /* mirror om_p2c's window so it can be carried across revisions */
+      uint64_t win = has_ra ? ra : UINT64_C(1000000000);
+      if (win > UINT64_C(60000000000))
+        win = UINT64_C(60000000000);
+      if (now + win > peer->penalty_until_ns)
+        peer->penalty_until_ns = now + win;
+      om_p2c_penalize(c->s->view->p2c, (size_t)peer->index, has_ra ? ra : 0,
+                      now);
+    }
+    if (!p->opts.retry_429 && r->status == 429)
+      has_ra = 0;
+  }
+  if (om_retry_policy_has_status(&p->retry_policy, r->status) &&
+      decide_retry(c, r->status, OM_RETRY_ERR_NONE, has_ra, ra, now, &wait)) {
+    c->discarding = 1; /* its body goes nowhere; the next attempt follows */
+    c->wait_ns = wait;
+    c->last_status = r->status;
+    c->last_timeout = 0;
+    return 0;
+  }
+  if (r->n_headers + 2 > STACK_HEADERS) {
+    h = malloc((r->n_headers + 2) * sizeof *h);
+    if (h == NULL)
+      return 1;
+  }
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *f = &r->headers[i];
+    /* 204 has no body and may not say Content-Length (RFC 9110 8.6) */
+    if (r->status == 204 && f->name_len == 14 &&
+        strncasecmp(f->name, "content-length", 14) == 0)
+      continue;
+    /* ours replace a chained proxy's: the caller learns about this hop */
+    if ((f->name_len == 15 &&
+         strncasecmp(f->name, "x-openmesh-peer", 15) == 0) ||
+        (f->name_len == 19 &&
+         strncasecmp(f->name, "x-openmesh-attempts", 19) == 0))
+      continue;
+    h[n++] = *f;
+  }
+  snprintf(att, sizeof att, "%u", c->attempts);
+  h[n++] = (om_http_header_t){"x-openmesh-peer", peer->id, 15, 0};
+  h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, 0};
+  rc = om_http_response_start(c->req, r->status, h, n);
+  if (h != stack)
+    free(h);
+  if (rc == OM_EINVAL) {
+    /* a head the server will not relay (a field it refuses): 502 */
+    c->last_status = 0;
+    c->last_fail = OM_UPSTREAM_FAIL_MALFORMED;
+    return 1;
+  }
+  c->committed = 1; /* OM_ESTATE: the client is gone; on_close follows */
+  return 0;
+}
+
+static void up_on_body(void *ud, const char *data, size_t len) {
+  call_t *c = ud;
+  if (!c->committed || c->req == NULL)
+    return;
+  om_http_response_write(c->req, data, len);
+  if (!c->paused && om_http_response_pending(c->req) > c->p->opts.high_water) {
+    /* TCP flow control pushes back on the upstream from here */
+    if (om_upstream_pause(c->up) == 0) {
+      c->paused = 1;
+      c->s->paused++;
+      ensure_timer(c);
+      uv_timer_start(&c->timer, on_drain_poll, DRAIN_POLL_MS, DRAIN_POLL_MS);
+    }
+  }
+}
+
+static om_retry_error_t retry_class(om_upstream_fail_t f) {
+  switch (f) {
+  case OM_UPSTREAM_FAIL_CONNECT:
+  case OM_UPSTREAM_FAIL_TIMEOUT_CONNECT:
+    return OM_RETRY_ERR_CONNECT;
+  case OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE:
+  case OM_UPSTREAM_FAIL_TIMEOUT_TOTAL:
+    return OM_RETRY_ERR_TIMEOUT;
+  case OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE:
+  case OM_UPSTREAM_FAIL_MALFORMED:
+    return OM_RETRY_ERR_RESET;
+  default:
+    return OM_RETRY_ERR_NONE; /* not a peer failure we retry */
+  }
+}
+
+static void up_on_done(void *ud, const om_upstream_result_t *res) {
+  call_t *c = ud;
+  uint64_t now = uv_hrtime();
+  int timeout = res->fail == OM_UPSTREAM_FAIL_TIMEOUT_CONNECT ||
+                res->fail == OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE ||
+                res->fail == OM_UPSTREAM_FAIL_TIMEOUT_TOTAL;
+  int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED;
+  c->up = NULL;
+  if (c->paused) {
+    stop_timer(c);
+    c->paused = 0;
+  }
+  ok = res->headers_delivered ? c->status < 500 : 0;
+  if (res->fail == OM_UPSTREAM_FAIL_ABORTED && c->status != 0)
+    ok = 0; /* we refused its head */
+  dropped = (!res->headers_delivered && res->err != 0) || c->status == 503;
+  attempt_done(c, ok, dropped, record, now);
+  if (c->committed) {
+    om_http_request_t *req = c->req;
+    c->req = NULL;
+    if (req == NULL) {
+      call_end(c, OM__PROXY_CLIENT_CLOSED);
+    } else if (res->err == 0) {
+      om_http_response_end(req);
+      call_end(c, OM__PROXY_OK);
+    } else {
+      /* committed: never replayed; the caller sees a cut message */
+      om_http_response_abort(req);
+      om_log(OM_LOG_WARN, "proxy_stream_aborted", "service", c->s->name, "peer",
+             c->last_peer, "reason", res->reason, "detail", res->detail, NULL);
+      call_end(c, OM__PROXY_ABORTED);
+    }
+    return;
+  }
+  if (c->discarding) {
+    c->discarding = 0;
+    c->status = 0;
+    schedule_retry(c);
+    return;
+  }
+  if (c->req == NULL) { /* cannot happen: on_close cancels first */
+    call_end(c, OM__PROXY_CLIENT_CLOSED);
+    return;
+  }
+  if (res->fail != OM_UPSTREAM_FAIL_ABORTED) {
+    c->last_fail = res->fail;
+    c->last_status = 0;
+  }
+  c->last_timeout = timeout;
+  c->last_deadline_limited = c->deadline_limited;
+  {
+    om_retry_error_t rc = retry_class(res->fail);
+    uint64_t wait;
+    if (rc != OM_RETRY_ERR_NONE && !res->headers_delivered &&
+        decide_retry(c, 0, rc, 0, 0, now, &wait)) {
+      c->wait_ns = wait;
+      schedule_retry(c);
+      return;
+    }
+  }
+  fail_last(c, now);
+}
+
+static const om_upstream_callbacks_t UP_CB = {up_on_headers, up_on_body,
+                                              up_on_done};
+
+/* Build prefix + path[?query] for peer into c->target. */
+static void build_target(call_t *c, const om__proxy_peer_t *peer) {
+  size_t k = 0;
+  if (!(c->path_q_len == 1 && c->path_q[0] == '*')) {
+    memcpy(c->target, peer->prefix, peer->prefix_len);
+    k = peer->prefix_len;
+  }
+  memcpy(c->target + k, c->path_q, c->path_q_len);
+  c->target[k + c->path_q_len] = '\0';
+}
+
+static void start_attempt(call_t *c) {
+  om_proxy_t *p = c->p;
+  om__proxy_service_t *s = c->s;
+  om_upstream_request_t ur;
+  om__proxy_peer_t *peer;
+  uint64_t now = uv_hrtime(), attempt_ns, remaining;
+  int all_open, rc;
+  if (c->req == NULL) {
+    call_end(c, OM__PROXY_CLIENT_CLOSED);
+    return;
+  }
+  if (!om_deadline_can_start_attempt(c->deadline, now,
+                                     p->opts.min_attempt_ms * NS_PER_MS)) {
+    if (c->attempts == 0)
+      fail(c, OM__PROXY_DEADLINE,
+           "the call's deadline passed before an attempt could start");
+    else
+      fail_last(c, now);
+    return;
+  }
+  peer = select_peer(c, now, &all_open);
+  if (peer == NULL) {
+    if (c->attempts > 0)
+      fail_last(c, now);
+    else if (all_open)
+      fail(c, OM__PROXY_ALL_OPEN,
+           "every peer the policy allows is behind an open circuit");
+    else
+      fail(c, OM__PROXY_NO_PEERS, "no peer to select");
+    return;
+  }
+  if (c->attempts == 0)
+    om_retry_budget_record_request(s->budget, now);
+  c->attempts++;
+  s->attempts++;
+  om_metric_inc(s->m_attempts);
+  if (c->attempts > 1) {
+    s->retries++;
+    om_metric_inc(s->m_retries);
+  }
+  peer->refs++;
+  peer->inflight++;
+  peer->attempts++;
+  if (peer->index >= 0)
+    om_p2c_start(s->view->p2c, (size_t)peer->index);
+  c->peer = peer;
+  c->circuit_pending = 1;
+  c->status = 0;
+  c->head_ns = 0;
+  c->attempt_t0 = now;
+  snprintf(c->last_peer, sizeof c->last_peer, "%s", peer->id);
+  remaining = om_deadline_remaining(c->deadline, now);
+  attempt_ns = om_deadline_attempt_timeout(c->deadline, now, c->set.per_try_ns);
+  c->deadline_limited = attempt_ns == remaining;
+  snprintf(c->attempt_buf, sizeof c->attempt_buf, "%u", c->attempts);
+  c->n_fwd = c->n_fwd_fixed;
+  c->fwd[c->n_fwd++] =
+      (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18, 0};
+  if (remaining != OM_DEADLINE_NEVER) {
+    snprintf(c->deadline_buf, sizeof c->deadline_buf, "%llu",
+             (unsigned long long)(remaining / NS_PER_MS));
+    c->fwd[c->n_fwd++] =
+        (om_http_header_t){"x-openmesh-deadline-ms", c->deadline_buf, 22, 0};
+  }
+  build_target(c, peer);
+  memset(&ur, 0, sizeof ur);
+  ur.method = c->req->method;
+  ur.method_len = c->req->method_len;
+  ur.target = c->target;
+  ur.headers = c->fwd;
+  ur.n_headers = c->n_fwd;
+  ur.body = c->req->body;
+  ur.body_len = c->req->body_len;
+  ur.connect_timeout_ms = ceil_ms(attempt_ns);
+  ur.first_byte_timeout_ms = ceil_ms(attempt_ns);
+  ur.timeout_ms = ceil_ms(remaining); /* the deadline bounds the stream too */
+  uv_update_time(p->loop); /* the client's timers start from loop time */
+  rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
+  if (rc != 0) {
+    char msg[256];
+    c->circuit_pending = 0; /* not the peer's doing: nothing to record */
+    attempt_done(c, 0, 0, 0, now);
+    snprintf(msg, sizeof msg, "cannot send to peer '%s': %s", c->last_peer,
+             om_strerror(rc));
+    fail(c, OM__PROXY_UPSTREAM, msg);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* admission */
+
+void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud) {
+  call_t *c = w->data;
+  (void)ud;
+  c->queued = 0;
+  if (status != 0) {
+    fail(c, OM__PROXY_DEADLINE,
+         "the call's deadline passed while it waited for a slot");
+    return;
+  }
+  c->admitted = 1;
+  start_attempt(c);
+}
+
+static void on_queue_timer(uv_timer_t *t) {
+  om__proxy_service_t *s = t->data;
+  s->queue_timer_at = OM_DEADLINE_NEVER;
+  om_admission_expire(s->adm, uv_hrtime(), om__proxy_admitted, NULL);
+  om__proxy_arm_queue_timer(s);
+}
+
+void om__proxy_arm_queue_timer(om__proxy_service_t *s) {
+  uint64_t next, now;
+  if (!s->queue_timer_open || s->adm == NULL)
+    return;
+  next = om_admission_next_deadline(s->adm);
+  if (next == OM_DEADLINE_NEVER) {
+    uv_timer_stop(&s->queue_timer);
+    s->queue_timer_at = OM_DEADLINE_NEVER;
+    return;
+  }
+  if (uv_is_active((uv_handle_t *)&s->queue_timer) && s->queue_timer_at <= next)
+    return;
+  uv_update_time(s->proxy->loop);
+  now = uv_hrtime();
+  uv_timer_start(&s->queue_timer, on_queue_timer,
+                 next > now ? ceil_ms(next - now) : 0, 0);
+  s->queue_timer_at = next;
+}
+
+/* ------------------------------------------------------------------ */
+/* the handler */
+
+static void on_client_close(om_http_request_t *req) {
+  call_t *c = req->user;
+  c->req = NULL;
+  stop_timer(c);
+  c->paused = 0;
+  if (c->up != NULL) {
+    om_upstream_cancel(c->up);
+    c->up = NULL;
+    /* says nothing about the peer: its circuit and estimate stay */
+    attempt_done(c, 0, 0, 0, uv_hrtime());
+  }
+  call_end(c, OM__PROXY_CLIENT_CLOSED);
+}
+
+static int skip_forward(const om_http_header_t *h) {
+  static const struct {
+    const char *name;
+    size_t len;
+  } skip[] = {{"x-openmesh-attempt", 18},
+              {"x-openmesh-deadline-ms", 22},
+              {"x-forwarded-for", 15},
+              /* the body is already read: the upstream gets it at once */
+              {"expect", 6}};
+  for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
+    if (h->name_len == skip[i].len &&
+        memcmp(h->name, skip[i].name, h->name_len) == 0)
+      return 1;
+  return 0;
+}
+
+/*
+ * One allocation for the call and everything it carries: bitmaps, the
+ * subset, the rank, the forwarded headers, the target and the
+ * X-Forwarded-For value.
+ */
+static call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
+                        om_http_request_t *req, size_t n_subset, int keyed) {
+  om__proxy_view_t *v = s->view;
+  size_t words = OM_P2C_BITMAP_WORDS(v->n ? v->n : 1), max_prefix = 0;
+  /* ours: via, x-request-id, x-forwarded-for, attempt, deadline */
+  size_t n_fwd = req->n_headers + 5, xff_len = 0, path_q_len, size;
+  int has_rid = om_http_request_header(req, "x-request-id", NULL) != NULL;
+  char *at;
+  call_t *c;
+  for (size_t k = 0; k < n_subset; k++) {
+    const om__proxy_peer_t *peer = v->peers[p->scratch[k]];
+    if (peer->prefix_len > max_prefix)
+      max_prefix = peer->prefix_len;
+  }
+  for (size_t i = 0; i < req->n_headers; i++)
+    if (req->headers[i].name_len == 15 &&
+        memcmp(req->headers[i].name, "x-forwarded-for", 15) == 0)
+      xff_len += req->headers[i].value_len + 2;
+  xff_len += strlen(req->remote_ip) + 1;
+  path_q_len = req->path_len + (req->query ? 1 + req->query_len : 0);
+  size = sizeof *c + 3 * words * sizeof(uint64_t) +
+         n_fwd * sizeof(om_http_header_t) + n_subset * sizeof(uint32_t) +
+         (keyed ? v->n : 0) * sizeof(uint32_t) + max_prefix + 2 * path_q_len +
+         2 + xff_len;
+  c = calloc(1, size);
+  if (c == NULL)
+    return NULL;
+  at = (char *)(c + 1);
+  c->in_subset = (uint64_t *)at;
+  c->tried = c->in_subset + words;
+  c->exclude = c->tried + words;
+  at += 3 * words * sizeof(uint64_t);
+  c->fwd = (om_http_header_t *)at;
+  at += n_fwd * sizeof(om_http_header_t);
+  c->subset = (uint32_t *)at;
+  at += n_subset * sizeof(uint32_t);
+  if (keyed) {
+    c->rank = (uint32_t *)at;
+    at += v->n * sizeof(uint32_t);
+  }
+  /* path[?query] once, then the per-peer target buffer */
+  {
+    char *pq = at;
+    memcpy(pq, req->path, req->path_len);
+    if (req->query != NULL) {
+      pq[req->path_len] = '?';
+      memcpy(pq + req->path_len + 1, req->query, req->query_len);
+    }
+    pq[path_q_len] = '\0';
+    c->path_q = pq;
+    c->path_q_len = path_q_len;
+    at += path_q_len + 1;
+  }
+  c->target = at;
+  at += max_prefix + path_q_len + 1;
+  c->xff = at;
+  c->p = p;
+  c->s = s;
+  c->view = v;
+  v->refs++;
+  c->req = req;
+  c->words = words;
+  c->n_subset = n_subset;
+  c->keyed = keyed;
+  c->waiter.data = c;
+  memcpy(c->subset, p->scratch, n_subset * sizeof *c->subset);
+  for (size_t k = 0; k < n_subset; k++)
+    om_p2c_bitmap_set(c->in_subset, c->subset[k]);
+  /* forwarded fields: the caller's, minus ours; then ours */
+  {
+    size_t xk = 0;
+    for (size_t i = 0; i < req->n_headers; i++) {
+      const om_http_header_t *h = &req->headers[i];
+      if (h->name_len == 15 && memcmp(h->name, "x-forwarded-for", 15) == 0) {
+        memcpy(c->xff + xk, h->value, h->value_len);
+        xk += h->value_len;
+        memcpy(c->xff + xk, ", ", 2);
+        xk += 2;
+      }
+      if (!skip_forward(h))
+        c->fwd[c->n_fwd_fixed++] = *h;
+    }
+    memcpy(c->xff + xk, req->remote_ip, strlen(req->remote_ip) + 1);
+    if (c->xff[0] != '\0')
+      c->fwd[c->n_fwd_fixed++] =
+          (om_http_header_t){"x-forwarded-for", c->xff, 15, 0};
+  }
+  /* RFC 9110 7.6.3: each intermediary adds itself to Via */
+  c->fwd[c->n_fwd_fixed++] = (om_http_header_t){"via", "1.1 openmesh", 3, 12};
+  if (!has_rid) {
+    static const char hex[] = "0123456789abcdef";
+    uint64_t a = om_rng_next(&p->rng), b = om_rng_next(&p->rng);
+    for (int i = 0; i < 16; i++) {
+      c->request_id[i] = hex[(a >> (4 * i)) & 15];
+      c->request_id[16 + i] = hex[(b >> (4 * i)) & 15];
+    }
+    c->request_id[32] = '\0';
+    c->fwd[c->n_fwd_fixed++] =
+        (om_http_header_t){"x-request-id", c->request_id, 12, 32};
+  }
+  c->idem_key = om_http_request_header(req, "idempotency-key", &c->idem_len);
+  c->replayable = req->body_len <= p->opts.replay_limit;
+  p->calls++;
+  return c;
+}
+
+/* The service named by Host (an optional :port ignored). */
+static om__proxy_service_t *service_of(const om_proxy_t *p,
+                                       const om_http_request_t *req,
+                                       const char **host, size_t *host_len) {
+  size_t len;
+  const char *h = om_http_request_header(req, "host", &len);
+  if (h == NULL) {
+    *host = "";
+    *host_len = 0;
+    return NULL;
+  }
+  *host = h;
+  if (h[0] != '[') { /* an IPv6 literal is never a service name */
+    const char *colon = memchr(h, ':', len);
+    if (colon != NULL)
+      len = (size_t)(colon - h);
+  }
+  *host_len = len;
+  return om__proxy_find_service(p, h, len);
+}
+
+void om__proxy_on_request(om_http_request_t *req, void *ud) {
+  om_proxy_t *p = ud;
+  om__proxy_service_t *s;
+  om_policy_req_t preq;
+  om_policy_kv_t kv_stack[64], *kv = kv_stack;
+  const char *host, *key = NULL;
+  size_t host_len, n_subset = 0, key_len = 0, vlen;
+  uint64_t now = uv_hrtime(), budget_ms;
+  om_deadline_t deadline;
+  uint32_t limit, inflight, queued;
+  char err[1024];
+  const char *v;
+  call_t *c;
+  int rc;
+  s = service_of(p, req, &host, &host_len);
+  if (s == NULL) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "no service named '%.*s' (from Host)",
+             (int)(host_len > 128 ? 128 : host_len), host);
+    om_metric_inc(p->unknown_service);
+    respond_error(req, OM__PROXY_NO_PEERS, msg, 0, NULL);
+    return;
+  }
+  s->requests++;
+  v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
+  /* a malformed value is ignored, as Envoy ignores a malformed
+   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies */
+  if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
+    deadline = om_deadline_after(now, budget_ms > OM_DEADLINE_NEVER / NS_PER_MS
+                                          ? OM_DEADLINE_NEVER
+                                          : budget_ms * NS_PER_MS);
+  else
+    deadline = om_deadline_after(now, s->set.deadline_ns);
+  /* the policy narrows the peers: its answer is final, never widened */
+  if (req->n_headers > sizeof kv_stack / sizeof kv_stack[0]) {
+    kv = malloc(req->n_headers * sizeof *kv);
+    if (kv == NULL) {
+      om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+      respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
+      return;
+    }
+  }
+  for (size_t i = 0; i < req->n_headers; i++)
+    kv[i] = (om_policy_kv_t){req->headers[i].name, req->headers[i].name_len,
+                             req->headers[i].value, req->headers[i].value_len};
+  memset(&preq, 0, sizeof preq);
+  preq.service = s->name;
+  preq.method = req->method;
+  preq.path = req->path;
+  preq.headers = kv;
+  preq.n_headers = req->n_headers;
+  rc = om_policy_route(om__proxy_policy(s), &preq, p->scratch, &n_subset, &key,
+                       &key_len, err, sizeof err);
+  if (kv != kv_stack)
+    free(kv);
+  if (rc != 0) {
+    om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "error", err,
+           NULL);
+    om_metric_inc(s->outcomes[OM__PROXY_POLICY_ERROR]);
+    respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
+    return;
+  }
+  if (n_subset == 0) {
+    om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
+    respond_error(req, OM__PROXY_NO_PEERS,
+                  s->view->n == 0 ? "the service has no peers"
+                                  : "the traffic policy left no peer",
+                  0, NULL);
+    return;
+  }
+  /* the key: the policy's, else the caller's header */
+  if (key == NULL || key_len == 0) {
+    key = om_http_request_header(req, "x-openmesh-key", &key_len);
+    if (key != NULL && key_len == 0)
+      key = NULL;
+  }
+  /* full pool: refused before anything is allocated */
+  limit = om_admission_limit(s->adm);
+  inflight = om_admission_inflight(s->adm);
+  queued = om_admission_queued(s->adm);
+  if ((inflight >= limit || queued > 0) && queued >= s->set.max_queue) {
+    om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    respond_error(req, OM__PROXY_OVERLOADED,
+                  "the service's in-flight limit and queue are full", 0, NULL);
+    return;
+  }
+  c = call_new(p, s, req, n_subset, key != NULL);
+  if (c == NULL) {
+    om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
+    return;
+  }
+  if (key !=
+      NULL) /* hashed now: the policy's string lives until its next call */
+    c->key_hash = om_rendezvous_key_hash(c->view->rdv, key, key_len);
+  c->deadline = deadline;
+  c->set = s->set;
+  c->t0 = now;
+  req->user = c;
+  if (om_http_request_on_close(req, on_client_close) != 0) {
+    c->req = NULL; /* already gone */
+    om_http_response_abort(req);
+    call_end(c, OM__PROXY_CLIENT_CLOSED);
+    return;
+  }
+  rc = om_admission_acquire(s->adm, &c->waiter, om_deadline_at_ns(deadline),
+                            now);
+  switch (rc) {
+  case OM_ADMISSION_ADMITTED:
+    c->admitted = 1;
+    start_attempt(c);
+    break;
+  case OM_ADMISSION_QUEUED:
+    c->queued = 1;
+    om__proxy_arm_queue_timer(s);
+    break;
+  case OM_EDEADLINE:
+    fail(c, OM__PROXY_DEADLINE,
+         "the call's deadline passed before it was admitted");
+    break;
+  default:
+    fail(c, OM__PROXY_OVERLOADED,
+         "the service's in-flight limit and queue are full");
+    break;
+  }
+}

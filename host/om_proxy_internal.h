@@ -1,0 +1,142 @@
+/*
+ * om_proxy_internal.h: the structures shared by om_proxy.c (lifecycle,
+ * services, snapshots, policies), om_proxy_call.c (the call path) and
+ * om_proxy_admin.c (/metrics, /status, /healthz). Not a public API.
+ */
+#ifndef OM_PROXY_INTERNAL_H
+#define OM_PROXY_INTERNAL_H
+
+#include <stdint.h>
+
+#include "om_admission.h"
+#include "om_circuit.h"
+#include "om_deadline.h"
+#include "om_limiter.h"
+#include "om_metrics.h"
+#include "om_p2c.h"
+#include "om_policy_watch.h"
+#include "om_proxy.h"
+#include "om_rendezvous.h"
+#include "om_retry.h"
+#include "om_rng.h"
+
+typedef struct om__proxy_service_s om__proxy_service_t;
+
+/*
+ * One peer, by id, as long as a view or an attempt holds it. Its state
+ * outlives snapshot revisions: a new view takes over the record of a peer
+ * with the same id and URL.
+ */
+typedef struct om__proxy_peer_s {
+  char *id, *url;
+  om_upstream_target_t target;
+  char *prefix; /* the URL's path without a trailing '/'; "" when none */
+  size_t prefix_len;
+  double weight;
+  om_circuit_t circuit;
+  uint32_t inflight;         /* attempts in flight */
+  uint32_t refs;             /* views + attempts holding it */
+  int64_t index;             /* in the service's current view; -1: gone */
+  int sampled;               /* the P2C estimate has a real sample */
+  uint64_t penalty_until_ns; /* end of the latest Retry-After window */
+  uint64_t attempts, failures;
+} om__proxy_peer_t;
+
+/* The peers of one snapshot revision, immutable once built. */
+typedef struct om__proxy_view_s {
+  uint32_t refs; /* the service + calls routed on it */
+  om_snapshot_t *snap;
+  size_t n;
+  om__proxy_peer_t **peers; /* n, in snapshot (id) order; refs held */
+  om_rendezvous_t *rdv;     /* NULL when n == 0 */
+  om_p2c_t *p2c;            /* NULL when n == 0 */
+} om__proxy_view_t;
+
+/* Pool and retry settings from a traffic policy (defaults filled in). */
+typedef struct om__proxy_settings_s {
+  uint32_t max_inflight, max_queue, retries;
+  int adaptive, retry_non_idempotent;
+  uint64_t deadline_ns, per_try_ns;
+} om__proxy_settings_t;
+
+/* How a call ended, for metrics: relayed, cut, client gone, or a reason. */
+#define OM__PROXY_OUTCOME_MAP(XX)                                              \
+  XX(OK, "ok")                                                                 \
+  XX(ABORTED, "aborted")                                                       \
+  XX(CLIENT_CLOSED, "client_closed")                                           \
+  XX(NO_PEERS, "no_peers")                                                     \
+  XX(OVERLOADED, "overloaded")                                                 \
+  XX(DEADLINE, "deadline_exceeded")                                            \
+  XX(POLICY_ERROR, "policy_error")                                             \
+  XX(ALL_OPEN, "all_circuits_open")                                            \
+  XX(UPSTREAM, "upstream")
+
+typedef enum {
+#define OM__PROXY_OUTCOME_ENUM(name, str) OM__PROXY_##name,
+  OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_ENUM)
+#undef OM__PROXY_OUTCOME_ENUM
+      OM__PROXY_OUTCOME_COUNT
+} om__proxy_outcome_t;
+
+const char *om__proxy_outcome_name(om__proxy_outcome_t o);
+
+struct om__proxy_service_s {
+  om_proxy_t *proxy;
+  char *name;
+  const char *policy_path; /* borrowed from the proxy's options */
+  om__proxy_view_t *view;  /* current; never NULL once created */
+  om_policy_watch_t *watch;
+  om__proxy_settings_t set;
+  om_admission_t *adm;
+  om_limiter_t *limiter; /* when the policy says adaptive */
+  om_retry_budget_t *budget;
+  uv_timer_t queue_timer; /* queued calls' deadlines */
+  uint64_t queue_timer_at;
+  int queue_timer_open;
+  uint64_t requests, attempts, retries, budget_exhausted, paused;
+  om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
+  om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
+};
+
+struct om_proxy_s {
+  uv_loop_t *loop;
+  om_proxy_opts_t opts; /* strings below are the proxy's copies */
+  char *policy_path, *lib_dir;
+  om_proxy_service_policy_t *service_policies;
+  om_circuit_opts_t circuit;
+  om_retry_budget_opts_t budget;
+  om_retry_policy_t retry_policy;
+  om_rng_t rng;
+  om_http_server_t *server, *admin;
+  om_upstream_pool_t *pool;
+  om_metrics_t *metrics;
+  om_metric_t *unknown_service; /* no_peers for a Host we do not know */
+  om__proxy_service_t **services;
+  size_t n_services, cap_services;
+  uint32_t *scratch; /* policy route output, sized for the largest view */
+  size_t scratch_cap;
+  uint64_t calls; /* live call objects */
+  int closing, server_open, admin_open, pool_open;
+  void (*on_closed)(void *ud);
+  void *closed_ud;
+};
+
+/* om_proxy.c */
+om__proxy_service_t *om__proxy_find_service(const om_proxy_t *p,
+                                            const char *name, size_t len);
+void om__proxy_view_unref(om__proxy_view_t *v);
+void om__proxy_peer_unref(om__proxy_peer_t *peer);
+om_policy_t *om__proxy_policy(const om__proxy_service_t *s);
+
+/* A call object was freed (the proxy may be waiting for the last one). */
+void om__proxy_call_gone(om_proxy_t *p);
+
+/* om_proxy_call.c: the downstream handler, admission and the queue timer. */
+void om__proxy_on_request(om_http_request_t *req, void *ud);
+void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud);
+void om__proxy_arm_queue_timer(om__proxy_service_t *s);
+
+/* om_proxy_admin.c: the admin listener's handler. */
+void om__proxy_on_admin(om_http_request_t *req, void *ud);
+
+#endif /* OM_PROXY_INTERNAL_H */
