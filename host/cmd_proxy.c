@@ -18,6 +18,8 @@
 #include "om_cli_util.h"
 #include "om_errno.h"
 #include "om_log.h"
+#include "om_curl_uv.h"
+#include "om_watch.h"
 #include "om_proxy.h"
 
 #define MAX_SERVICE_POLICIES 64
@@ -25,7 +27,8 @@
 static void usage(FILE *out) {
   fprintf(
       out,
-      "usage: openmesh proxy --static FILE [--listen HOST:PORT]\n"
+      "usage: openmesh proxy (--static FILE | --control URL --service S...)\n"
+      "                      [--token-file FILE] [--listen HOST:PORT]\n"
       "                      [--admin HOST:PORT] [--policy FILE]\n"
       "                      [--service-policy SERVICE=FILE ...]\n"
       "                      [--drain-timeout DURATION] [--retry-429]\n"
@@ -49,6 +52,9 @@ static void usage(FILE *out) {
       "                              \"instances\": [{\"id\", \"url\", "
       "\"weight\", \"zone\",\n"
       "                              \"metadata\"}]}}}\n"
+      "  --control URL               or: watch the control plane at URL\n"
+      "  --service S                 a service to watch there (repeatable)\n"
+      "  --token-file FILE           bearer token for the control plane\n"
       "  --drain-timeout DURATION    SIGTERM waits this long for in-flight "
       "calls\n"
       "                              (default 10s)\n"
@@ -120,12 +126,58 @@ static int parse_listen(const char *s, char *host, size_t cap, int *port) {
   return 0;
 }
 
+#define MAX_WATCHES 64
+
 typedef struct app_s {
   uv_loop_t loop;
   uv_signal_t sig_term, sig_int, sig_hup;
   om_proxy_t *proxy;
+  om_curl_uv_t *curl; /* --control: the watches' transport */
+  om_watch_t *watches[MAX_WATCHES];
+  size_t n_watches, watches_open;
   int signals, stopping;
 } app_t;
+
+/*
+ * A snapshot the watch validated (shape, ids, URLs, newer revision) goes to
+ * the proxy, which checks what only it can (peer URLs it can reach) and
+ * keeps routing on the last good one if it refuses.
+ */
+static void on_watch_snapshot(void *ud, om_snapshot_t *snap) {
+  app_t *app = ud;
+  char err[512], rev[32];
+  if (app->proxy == NULL || app->stopping)
+    return;
+  snprintf(rev, sizeof rev, "%llu",
+           (unsigned long long)om_snapshot_revision(snap));
+  if (om_proxy_set_snapshot(app->proxy, snap, err, sizeof err) != 0)
+    om_log(OM_LOG_WARN, "snapshot_rejected", "service",
+           om_snapshot_service(snap), "revision", rev, "error", err, NULL);
+}
+
+static void on_curl_closed(void *ud) {
+  (void)ud;
+}
+
+static void on_watch_closed(void *ud) {
+  app_t *app = ud;
+  if (--app->watches_open == 0 && app->curl != NULL) {
+    om_curl_uv_close(app->curl, on_curl_closed, app);
+    app->curl = NULL;
+  }
+}
+
+/* The watches first (they hold the curl glue), then the glue. */
+static void close_watches(app_t *app) {
+  size_t n = app->n_watches;
+  app->n_watches = 0;
+  for (size_t i = 0; i < n; i++)
+    om_watch_close(app->watches[i], on_watch_closed, app);
+  if (n == 0 && app->curl != NULL) {
+    om_curl_uv_close(app->curl, on_curl_closed, app);
+    app->curl = NULL;
+  }
+}
 
 static void on_proxy_closed(void *ud) {
   app_t *app = ud;
@@ -146,6 +198,7 @@ static void on_stop(uv_signal_t *h, int signum) {
   app->stopping = 1;
   om_log(OM_LOG_INFO, "proxy_draining", "signal",
          signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
+  close_watches(app);
   om_proxy_close(app->proxy, on_proxy_closed, app);
 }
 
@@ -170,6 +223,7 @@ static const char *default_policy(void) {
 }
 
 static void shutdown_loop(app_t *app) {
+  close_watches(app);
   if (app->proxy != NULL)
     om_proxy_close(app->proxy, on_proxy_closed, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
@@ -183,6 +237,9 @@ int om_cmd_proxy(int argc, char **argv) {
       {"policy", required_argument, NULL, 'p'},
       {"service-policy", required_argument, NULL, 'S'},
       {"static", required_argument, NULL, 's'},
+      {"control", required_argument, NULL, 'C'},
+      {"service", required_argument, NULL, 'V'},
+      {"token-file", required_argument, NULL, 'T'},
       {"drain-timeout", required_argument, NULL, 'd'},
       {"retry-429", no_argument, NULL, 'r'},
       {"circuit-failures", required_argument, NULL, 'f'},
@@ -191,7 +248,10 @@ int om_cmd_proxy(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
-  const char *policy = NULL, *static_file = NULL;
+  const char *policy = NULL, *static_file = NULL, *control = NULL;
+  const char *token_file = NULL, *services[MAX_WATCHES];
+  size_t n_services = 0;
+  char token[4096];
   om_proxy_service_policy_t sp[MAX_SERVICE_POLICIES];
   char *sp_names[MAX_SERVICE_POLICIES];
   size_t n_sp = 0, n_snaps = 0;
@@ -218,6 +278,17 @@ int om_cmd_proxy(int argc, char **argv) {
       break;
     case 's':
       static_file = optarg;
+      break;
+    case 'C':
+      control = optarg;
+      break;
+    case 'V':
+      if (n_services == MAX_WATCHES)
+        return fail_usage("--service: more than %s", "64");
+      services[n_services++] = optarg;
+      break;
+    case 'T':
+      token_file = optarg;
       break;
     case 'S': {
       const char *eq = strchr(optarg, '=');
@@ -282,11 +353,23 @@ int om_cmd_proxy(int argc, char **argv) {
   }
   if (optind != argc)
     return fail_usage("unexpected argument '%s'", argv[optind]);
-  if (static_file == NULL) {
-    fprintf(stderr, "openmesh proxy: --static FILE is required (the "
-                    "control-plane watch is not available yet)\n"
+  if ((static_file == NULL) == (control == NULL)) {
+    fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
+                    "--static FILE or --control URL\n"
                     "(see openmesh proxy --help)\n");
     return OM_EXIT_USAGE;
+  }
+  if (control != NULL && n_services == 0)
+    return fail_usage("--control %s: name the services to route with "
+                      "--service S (repeatable)",
+                      control);
+  if (control == NULL && (n_services > 0 || token_file != NULL))
+    return fail_usage("%s: --service and --token-file go with --control",
+                      n_services > 0 ? "--service" : "--token-file");
+  if (token_file != NULL) {
+    const char *why;
+    if (om_read_token_file(token_file, token, sizeof token, &why) != 0)
+      return fail_usage("--token-file: %s", why);
   }
   if (parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
@@ -302,7 +385,9 @@ int om_cmd_proxy(int argc, char **argv) {
       circuit.max_cooldown_ns = circuit.cooldown_ns;
   }
   circuit.probe_timeout_ns = UINT64_C(10000000000);
-  rc = om_proxy_static_load(static_file, &snaps, &n_snaps, err, sizeof err);
+  rc = static_file != NULL ? om_proxy_static_load(static_file, &snaps, &n_snaps,
+                                                  err, sizeof err)
+                           : 0;
   if (rc != 0) {
     fprintf(stderr, "openmesh proxy: --static %s\n", err);
     return rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
@@ -314,10 +399,12 @@ int om_cmd_proxy(int argc, char **argv) {
     sp[i].service = sp_names[i];
     for (size_t k = 0; k < n_snaps; k++)
       known |= strcmp(om_snapshot_service(snaps[k]), sp[i].service) == 0;
+    for (size_t k = 0; k < n_services; k++)
+      known |= strcmp(services[k], sp[i].service) == 0;
     if (!known) {
       fprintf(stderr,
               "openmesh proxy: --service-policy: no service '%s' in %s\n",
-              sp[i].service, static_file);
+              sp[i].service, static_file ? static_file : "--service");
       om_proxy_static_free(snaps, n_snaps);
       return OM_EXIT_USAGE;
     }
@@ -362,6 +449,31 @@ int om_cmd_proxy(int argc, char **argv) {
             admin, om_strerror(rc));
     exit_code = OM_EXIT_FAILURE;
   }
+  if (exit_code == OM_EXIT_OK && control != NULL) {
+    if (om_curl_uv_new(&app->loop, &app->curl) != 0) {
+      fprintf(stderr, "openmesh proxy: out of memory\n");
+      exit_code = OM_EXIT_FAILURE;
+    }
+    for (size_t i = 0; i < n_services && exit_code == OM_EXIT_OK; i++) {
+      om_watch_opts_t wo = {.control_url = control,
+                            .service = services[i],
+                            .token = token_file != NULL ? token : NULL,
+                            .on_snapshot = on_watch_snapshot,
+                            .ud = app};
+      rc = om_watch_new(&app->loop, app->curl, &wo,
+                        &app->watches[app->n_watches]);
+      if (rc != 0) {
+        fprintf(stderr, "openmesh proxy: --control %s --service %s: %s\n",
+                control, services[i],
+                rc == OM_EINVAL ? "not an http(s) URL and a valid service name"
+                                : om_strerror(rc));
+        exit_code = rc == OM_EINVAL ? OM_EXIT_USAGE : OM_EXIT_FAILURE;
+      } else {
+        app->n_watches++;
+        app->watches_open++;
+      }
+    }
+  }
   if (exit_code != OM_EXIT_OK) {
     shutdown_loop(app);
     free(app);
@@ -374,7 +486,7 @@ int om_cmd_proxy(int argc, char **argv) {
            strchr(ahost, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
            ahost, om_proxy_admin_port(app->proxy));
   om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
-         o.policy_path, "static", static_file, NULL);
+         o.policy_path, "topology", static_file ? static_file : control, NULL);
   uv_signal_init(&app->loop, &app->sig_term);
   uv_signal_init(&app->loop, &app->sig_int);
   uv_signal_init(&app->loop, &app->sig_hup);

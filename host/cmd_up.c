@@ -1,9 +1,11 @@
 /*
  * cmd_up.c: `openmesh up [DIR]`, the embedded default. One process, one
- * loop: a control plane with the memory store and the example services
- * described in DIR/up.json (default examples/), each keeping a real lease.
- * Prints the URLs and a short tour; Ctrl-C deregisters the services, ends
- * the watch streams and exits 0.
+ * loop: a control plane with the memory store, a proxy fed by the same
+ * store (every change reaches it as a new snapshot, as a watch would
+ * deliver it), and the example services described in DIR/up.json (default
+ * examples/), each keeping a real lease. Prints the URLs and a short tour;
+ * Ctrl-C deregisters the services, drains the proxy, ends the watch
+ * streams and exits 0.
  */
 #include "om_cmds.h"
 
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <uv.h>
@@ -20,6 +23,7 @@
 #include "om_errno.h"
 #include "om_example_service.h"
 #include "om_log.h"
+#include "om_proxy.h"
 #include "om_store_memory.h"
 
 #define MAX_SERVICES 64
@@ -29,6 +33,8 @@ typedef struct {
   uv_signal_t sig_int, sig_term;
   om_store_t *store;
   om_control_t *ctl;
+  om_proxy_t *proxy;
+  om_store_sub_t *sub;
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
   int stopping;
@@ -56,10 +62,29 @@ static void on_control_closed(void *ud) {
   uv_close((uv_handle_t *)&up->sig_term, NULL);
 }
 
+static void on_proxy_closed(void *ud) {
+  up_t *up = ud;
+  up->proxy = NULL;
+  om_control_close(up->ctl, on_control_closed, up);
+}
+
+/* Examples gone (deregistered first), then the proxy drains, then the
+ * control plane ends its watch streams, then the store. */
+static void after_examples(up_t *up) {
+  if (up->sub != NULL) {
+    up->store->ops->unsubscribe(up->store, up->sub);
+    up->sub = NULL;
+  }
+  if (up->proxy != NULL)
+    om_proxy_close(up->proxy, on_proxy_closed, up);
+  else
+    om_control_close(up->ctl, on_control_closed, up);
+}
+
 static void on_example_stopped(void *ud) {
   up_t *up = ud;
   if (++up->stopped == up->n_examples)
-    om_control_close(up->ctl, on_control_closed, up);
+    after_examples(up);
 }
 
 static void stop(up_t *up) {
@@ -67,11 +92,66 @@ static void stop(up_t *up) {
     return;
   up->stopping = 1;
   if (up->n_examples == 0) {
-    om_control_close(up->ctl, on_control_closed, up);
+    after_examples(up);
     return;
   }
   for (size_t i = 0; i < up->n_examples; i++)
     om_example_stop(up->examples[i], on_example_stopped, up);
+}
+
+static const char *str(json_t *o, const char *k, const char *def, int *bad);
+static long integer(json_t *o, const char *k, long def, long lo, long hi,
+                    int *bad);
+
+/* Each change in the store reaches the proxy as a new snapshot. */
+static void on_change(void *ud, om_snapshot_t *snap) {
+  up_t *up = ud;
+  char err[512];
+  if (up->proxy != NULL &&
+      om_proxy_set_snapshot(up->proxy, snap, err, sizeof err) != 0)
+    om_log(OM_LOG_WARN, "snapshot_rejected", "service",
+           om_snapshot_service(snap), "error", err, NULL);
+}
+
+/* policies/traffic.lua from the working directory, else the source tree's */
+static const char *default_policy(void) {
+  static const char rel[] = "policies/traffic.lua";
+  return access(rel, R_OK) == 0 ? rel : OM_SOURCE_DIR "/policies/traffic.lua";
+}
+
+static int start_proxy(up_t *up, json_t *conf, const char *host,
+                       const char *file) {
+  json_t *px = json_object_get(conf, "proxy");
+  om_proxy_opts_t o = {0};
+  char err[2048];
+  int bad = 0, port, admin;
+  port = (int)integer(px, "port", 7601, 0, 65535, &bad);
+  admin = (int)integer(px, "admin_port", 7602, 0, 65535, &bad);
+  o.policy_path = str(px, "policy", default_policy(), &bad);
+  if (bad) {
+    fprintf(stderr,
+            "openmesh up: %s: proxy needs port, admin_port and a "
+            "policy path\n",
+            file);
+    return OM_EXIT_USAGE;
+  }
+  if (om_proxy_new(&up->loop, &o, &up->proxy, err, sizeof err) != 0) {
+    fprintf(stderr, "openmesh up: proxy: %s\n", err);
+    return OM_EXIT_USAGE;
+  }
+  if (om_proxy_listen(up->proxy, host, port) != 0 ||
+      om_proxy_listen_admin(up->proxy, host, admin) != 0) {
+    fprintf(stderr,
+            "openmesh up: the proxy cannot listen on %s:%d / %d "
+            "(port in use?)\n",
+            host, port, admin);
+    return OM_EXIT_FAILURE;
+  }
+  if (up->store->ops->subscribe(up->store, NULL, on_change, up, &up->sub)) {
+    fprintf(stderr, "openmesh up: out of memory\n");
+    return OM_EXIT_FAILURE;
+  }
+  return OM_EXIT_OK;
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -141,12 +221,11 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
     return OM_EXIT_USAGE;
   }
   o.behaviour = (om_example_behaviour_t)b;
-  rc = om_example_start(&up->loop, up->store, &o,
-                        &up->examples[up->n_examples]);
+  rc =
+      om_example_start(&up->loop, up->store, &o, &up->examples[up->n_examples]);
   if (rc != 0) {
-    fprintf(stderr, "openmesh up: services[%zu] (%s): %s on %s:%d\n", i,
-            o.id, rc == OM_EIO ? "cannot listen (port in use?)"
-                               : om_strerror(rc),
+    fprintf(stderr, "openmesh up: services[%zu] (%s): %s on %s:%d\n", i, o.id,
+            rc == OM_EIO ? "cannot listen (port in use?)" : om_strerror(rc),
             host, o.port);
     return rc == OM_EINVAL ? OM_EXIT_USAGE : OM_EXIT_FAILURE;
   }
@@ -155,24 +234,33 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
 }
 
 static void tour(up_t *up, const char *host, int port) {
+  int pp = om_proxy_port(up->proxy), ap = om_proxy_admin_port(up->proxy);
   printf("\nOpenMesh is up.\n\n"
-         "  control plane   http://%s:%d   (memory store)\n",
-         host, port);
+         "  control plane   http://%s:%d   (memory store)\n"
+         "  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
+         host, port, host, pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
-         "  curl -s http://%s:%d/v1/services\n"
-         "  curl -s http://%s:%d/v1/services/orders\n"
-         "  curl -sN http://%s:%d/v1/watch/services/orders      # live "
-         "snapshots\n"
-         "  curl -s -X PUT http://%s:%d/v1/services/orders/instances/mine "
-         "\\\n"
-         "       -d '{\"url\": \"http://127.0.0.1:9299\", \"ttl_ms\": 5000}'"
-         "   # gone 5 s later\n"
-         "  openmesh check policies/*.lua examples/policies/*.lua\n"
-         "  curl -s http://%s:%d/metrics\n\n"
+         "  curl -s -H 'Host: orders' http://%s:%d/                 # "
+         "unkeyed: P2C picks by load\n"
+         "  curl -s -H 'Host: orders' -H 'x-openmesh-key: user-7' "
+         "http://%s:%d/   # keyed: always the same peer\n"
+         "  curl -s http://%s:%d/v1/services/orders               # the "
+         "registry\n"
+         "  curl -sN http://%s:%d/v1/watch/services/orders        # live "
+         "snapshots (Ctrl-C to stop)\n"
+         "  curl -s http://%s:%d/metrics                           # the "
+         "proxy's metrics\n\n"
+         "Edit policies/traffic.lua (for example: return only peers whose\n"
+         "metadata.version is \"v1\", or copy examples/policies/canary.lua "
+         "over it)\n"
+         "and the proxy reloads it on save; a broken edit is refused and the\n"
+         "last good version keeps routing (see /status). Check a policy "
+         "first with\n"
+         "  openmesh check policies/traffic.lua\n\n"
          "Ctrl-C stops everything.\n\n",
-         host, port, host, port, host, port, host, port, host, port);
+         host, pp, host, pp, host, port, host, port, host, ap);
   fflush(stdout);
 }
 
@@ -200,13 +288,14 @@ int om_cmd_up(int argc, char **argv) {
     return OM_EXIT_USAGE;
   }
   host = str(json_object_get(conf, "control"), "host", "127.0.0.1", &bad);
-  port = (int)integer(json_object_get(conf, "control"), "port", 7600, 1,
-                      65535, &bad);
+  port = (int)integer(json_object_get(conf, "control"), "port", 7600, 1, 65535,
+                      &bad);
   services = json_object_get(conf, "services");
   if (bad || (services != NULL && !json_is_array(services)) ||
       json_array_size(services) > MAX_SERVICES) {
-    fprintf(stderr, "openmesh up: %s: control needs host and port; services "
-                    "an array of at most 64\n",
+    fprintf(stderr,
+            "openmesh up: %s: control needs host and port; services "
+            "an array of at most 64\n",
             file);
     json_decref(conf);
     return OM_EXIT_USAGE;
@@ -224,11 +313,14 @@ int om_cmd_up(int argc, char **argv) {
   co.store = up->store;
   if (om_control_new(&up->loop, &co, &up->ctl) != 0 ||
       om_control_listen(up->ctl, host, port) != 0) {
-    fprintf(stderr, "openmesh up: the control plane cannot listen on %s:%d "
-                    "(port in use?)\n",
+    fprintf(stderr,
+            "openmesh up: the control plane cannot listen on %s:%d "
+            "(port in use?)\n",
             host, port);
     rc = OM_EXIT_FAILURE;
   }
+  if (rc == OM_EXIT_OK)
+    rc = start_proxy(up, conf, host, file);
   json_array_foreach(services, i, svc) {
     if (rc != OM_EXIT_OK)
       break;

@@ -192,7 +192,8 @@ struct om_control_s {
   om_http_server_t *srv;
   uv_timer_t ping;
   om_store_sub_t *svc_sub, *cfg_sub;
-  topic_t **topics; /* sorted by (kind, name) */
+  uint64_t seen_deletions; /* the store's deletion count at the last event */
+  topic_t **topics;        /* sorted by (kind, name) */
   size_t n_topics, cap_topics;
   om_snapshot_t **mirror; /* each service's last snapshot, by name */
   size_t n_mirror, cap_mirror;
@@ -942,12 +943,15 @@ static void log_change(const char *change, const char *service, const char *id,
 }
 
 /*
- * A change we did not make (the memory store: lease expiry): one log line
- * per instance, by comparing the service's previous snapshot with the new
- * one (both sorted by id).
+ * A change we did not make (lease expiry, or a write by another holder of
+ * the store, such as `openmesh up`'s example services): one log line per
+ * instance, by comparing the service's previous snapshot with the new one
+ * (both sorted by id). A removal is "deleted" when the store counted a
+ * deletion since the last event (each write is its own event), else
+ * "expired".
  */
 static void log_store_change(const om_snapshot_t *prev,
-                             const om_snapshot_t *next) {
+                             const om_snapshot_t *next, const char *removed) {
   size_t np = prev != NULL ? om_snapshot_count(prev) : 0;
   size_t nn = om_snapshot_count(next), i = 0, j = 0;
   const char *svc = om_snapshot_service(next);
@@ -957,7 +961,7 @@ static void log_store_change(const om_snapshot_t *prev,
     const om_instance_t *b = j < nn ? om_snapshot_instance(next, j) : NULL;
     int r = a == NULL ? 1 : b == NULL ? -1 : strcmp(a->id, b->id);
     if (r < 0) {
-      log_change("expired", svc, a->id, rev, a->url, NULL);
+      log_change(removed, svc, a->id, rev, a->url, NULL);
       i++;
     } else if (r > 0) {
       log_change("created", svc, b->id, rev, b->url, NULL);
@@ -974,12 +978,17 @@ static void log_store_change(const om_snapshot_t *prev,
 static void on_service_event(void *ud, om_snapshot_t *snap) {
   om_control_t *c = ud;
   uint64_t rev = om_snapshot_revision(snap);
+  om_store_status_t st;
   int found;
   size_t i = mirror_pos(c, om_snapshot_service(snap), &found);
   if (rev > c->rev_max)
     c->rev_max = rev;
+  memset(&st, 0, sizeof st);
+  c->store->ops->status(c->store, &st);
   if (!c->writing)
-    log_store_change(found ? c->mirror[i] : NULL, snap);
+    log_store_change(found ? c->mirror[i] : NULL, snap,
+                     st.deletions != c->seen_deletions ? "deleted" : "expired");
+  c->seen_deletions = st.deletions;
   if (found) {
     om_snapshot_unref(c->mirror[i]);
     c->mirror[i] = om_snapshot_ref(snap);

@@ -47,11 +47,11 @@ static void answer(om_example_t *e, om_http_request_t *req, int status) {
   static const om_http_header_t json[] = {
       {"content-type", "application/json", 12, 16}};
   char body[512];
-  int n = snprintf(body, sizeof body,
-                   "{\"service\":\"%s\",\"id\":\"%s\",\"status\":%d,"
-                   "\"request\":%llu}\n",
-                   e->service, e->self.id, status,
-                   (unsigned long long)e->requests);
+  int n =
+      snprintf(body, sizeof body,
+               "{\"service\":\"%s\",\"id\":\"%s\",\"status\":%d,"
+               "\"request\":%llu}\n",
+               e->service, e->self.id, status, (unsigned long long)e->requests);
   om_http_respond(req, status, json, 1, body, (size_t)n);
 }
 
@@ -122,8 +122,8 @@ static void on_registered(void *ud, int status, om_store_change_t change,
 
 static void put(om_example_t *e) {
   e->pending++;
-  if (e->store->ops->put_instance(e->store, e->service, &e->self,
-                                  on_registered, e) != 0)
+  if (e->store->ops->put_instance(e->store, e->service, &e->self, on_registered,
+                                  e) != 0)
     e->pending--;
 }
 

@@ -36,9 +36,8 @@ static int get(fx_t *fx, int port, uint64_t *elapsed_ms) {
   uint64_t t0 = htc_now_ms();
   int n = 0;
   assert_non_null(c);
-  assert_int_equal(htc_sends(&fx->loop, c,
-                             "GET / HTTP/1.1\r\nHost: orders\r\n\r\n"),
-                   0);
+  assert_int_equal(
+      htc_sends(&fx->loop, c, "GET / HTTP/1.1\r\nHost: orders\r\n\r\n"), 0);
   while ((n = htc_responses(c, NULL, r, 1)) == 0 && htc_now_ms() - t0 < 3000)
     htc_step(&fx->loop, c, 5);
   if (elapsed_ms != NULL)

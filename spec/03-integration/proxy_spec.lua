@@ -55,6 +55,7 @@ describe("openmesh proxy, the real binary", function()
       base = 20000 + math.random(0, 400) * 20
       local conf = {
         control = { host = "127.0.0.1", port = base },
+        proxy = { port = base + 10, admin_port = base + 11 },
         services = {
           { service = "orders", id = "fast-a", port = base + 1, behaviour = "fast" },
           { service = "orders", id = "fast-b", port = base + 2, behaviour = "fast" },
@@ -150,7 +151,7 @@ describe("openmesh proxy, the real binary", function()
     assert.matches("--static FILE", out, 1, true)
     out, rc = H.sh(bin .. " proxy 2>&1")
     assert.equal(2, rc)
-    assert.matches("--static FILE is required", out, 1, true)
+    assert.matches("exactly one of --static FILE or --control URL", out, 1, true)
     out, rc = H.sh(bin .. " proxy --static x.json --listen nowhere 2>&1")
     assert.equal(2, rc)
     assert.matches("--listen", out, 1, true)
