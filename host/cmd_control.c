@@ -88,52 +88,6 @@ static int parse_size(const char *s, size_t *out) {
   return -1;
 }
 
-/*
- * "127.0.0.1:7600", "[::1]:7600", "localhost:7600" -> host literal and
- * port; -1 if malformed.
- */
-static int parse_listen(const char *s, char *host, size_t cap, int *port) {
-  const char *colon;
-  char *end;
-  unsigned long p;
-  size_t hl;
-  unsigned char tmp[16];
-  if (s[0] == '[') {
-    const char *rb = strchr(s, ']');
-    if (rb == NULL || rb[1] != ':')
-      return -1;
-    hl = (size_t)(rb - s - 1);
-    if (hl == 0 || hl >= cap)
-      return -1;
-    memcpy(host, s + 1, hl);
-    host[hl] = '\0';
-    colon = rb + 1;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL)
-      return -1;
-    hl = (size_t)(colon - s);
-    if (hl == 0 || hl >= cap)
-      return -1;
-    memcpy(host, s, hl);
-    host[hl] = '\0';
-    if (strchr(host, ':') != NULL)
-      return -1; /* IPv6 needs brackets */
-  }
-  if (strcmp(host, "localhost") == 0)
-    snprintf(host, cap, "127.0.0.1");
-  if (uv_inet_pton(AF_INET, host, tmp) != 0 &&
-      uv_inet_pton(AF_INET6, host, tmp) != 0)
-    return -1;
-  if (colon[1] < '0' || colon[1] > '9')
-    return -1;
-  p = strtoul(colon + 1, &end, 10);
-  if (*end != '\0' || p > 65535)
-    return -1;
-  *port = (int)p;
-  return 0;
-}
-
 /* 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104. */
 static int is_loopback(const char *host) {
   unsigned char a[16];
@@ -286,7 +240,7 @@ int om_cmd_control(int argc, char **argv) {
   }
   if (strcmp(store, "memory") != 0)
     return fail_usage("--store: unknown store '%s' (memory)", store);
-  if (parse_listen(listen, host, sizeof host, &port) != 0)
+  if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);
   if (tokens == NULL && !insecure && !is_loopback(host)) {

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <uv.h>
 
@@ -18,6 +17,7 @@
 #include "om_cli_util.h"
 #include "om_errno.h"
 #include "om_log.h"
+#include "om_paths.h"
 #include "om_curl_uv.h"
 #include "om_watch.h"
 #include "om_proxy.h"
@@ -77,53 +77,6 @@ static int fail_usage(const char *fmt, const char *arg) {
   fprintf(stderr, fmt, arg);
   fprintf(stderr, "\n(see openmesh proxy --help)\n");
   return OM_EXIT_USAGE;
-}
-
-/*
- * "127.0.0.1:7601", "[::1]:7601", "localhost:7601" -> IP literal and
- * port; -1 if malformed. (The same grammar as `openmesh control
- * --listen`.)
- */
-static int parse_listen(const char *s, char *host, size_t cap, int *port) {
-  const char *colon;
-  char *end;
-  unsigned long p;
-  size_t hl;
-  unsigned char tmp[16];
-  if (s[0] == '[') {
-    const char *rb = strchr(s, ']');
-    if (rb == NULL || rb[1] != ':')
-      return -1;
-    hl = (size_t)(rb - s - 1);
-    if (hl == 0 || hl >= cap)
-      return -1;
-    memcpy(host, s + 1, hl);
-    host[hl] = '\0';
-    colon = rb + 1;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL)
-      return -1;
-    hl = (size_t)(colon - s);
-    if (hl == 0 || hl >= cap)
-      return -1;
-    memcpy(host, s, hl);
-    host[hl] = '\0';
-    if (strchr(host, ':') != NULL)
-      return -1;
-  }
-  if (strcmp(host, "localhost") == 0)
-    snprintf(host, cap, "127.0.0.1");
-  if (uv_inet_pton(AF_INET, host, tmp) != 0 &&
-      uv_inet_pton(AF_INET6, host, tmp) != 0)
-    return -1;
-  if (colon[1] < '0' || colon[1] > '9')
-    return -1;
-  p = strtoul(colon + 1, &end, 10);
-  if (*end != '\0' || p > 65535)
-    return -1;
-  *port = (int)p;
-  return 0;
 }
 
 #define MAX_WATCHES 64
@@ -212,14 +165,6 @@ static void on_hup(uv_signal_t *h, int signum) {
   failed = om_proxy_reload_policies(app->proxy);
   snprintf(n, sizeof n, "%d", failed);
   om_log(OM_LOG_INFO, "proxy_policies_reloaded", "rejected", n, NULL);
-}
-
-/* policies/traffic.lua from the working directory, else the source tree's */
-static const char *default_policy(void) {
-  static const char rel[] = "policies/traffic.lua";
-  if (access(rel, R_OK) == 0)
-    return rel;
-  return OM_SOURCE_DIR "/policies/traffic.lua";
 }
 
 static void shutdown_loop(app_t *app) {
@@ -371,10 +316,10 @@ int om_cmd_proxy(int argc, char **argv) {
     if (om_read_token_file(token_file, token, sizeof token, &why) != 0)
       return fail_usage("--token-file: %s", why);
   }
-  if (parse_listen(listen, host, sizeof host, &port) != 0)
+  if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);
-  if (parse_listen(admin, ahost, sizeof ahost, &aport) != 0)
+  if (om_parse_listen(admin, ahost, sizeof ahost, &aport) != 0)
     return fail_usage("--admin: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       admin);
   if (failures > 0)
@@ -409,7 +354,7 @@ int om_cmd_proxy(int argc, char **argv) {
       return OM_EXIT_USAGE;
     }
   }
-  o.policy_path = policy != NULL ? policy : default_policy();
+  o.policy_path = policy != NULL ? policy : om_default_policy();
   o.service_policies = sp;
   o.n_service_policies = n_sp;
   o.circuit = &circuit;

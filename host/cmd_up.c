@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <jansson.h>
 #include <uv.h>
@@ -23,6 +22,7 @@
 #include "om_errno.h"
 #include "om_example_service.h"
 #include "om_log.h"
+#include "om_paths.h"
 #include "om_proxy.h"
 #include "om_store_memory.h"
 
@@ -113,12 +113,6 @@ static void on_change(void *ud, om_snapshot_t *snap) {
            om_snapshot_service(snap), "error", err, NULL);
 }
 
-/* policies/traffic.lua from the working directory, else the source tree's */
-static const char *default_policy(void) {
-  static const char rel[] = "policies/traffic.lua";
-  return access(rel, R_OK) == 0 ? rel : OM_SOURCE_DIR "/policies/traffic.lua";
-}
-
 static int start_proxy(up_t *up, json_t *conf, const char *host,
                        const char *file) {
   json_t *px = json_object_get(conf, "proxy");
@@ -127,7 +121,7 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   int bad = 0, port, admin;
   port = (int)integer(px, "port", 7601, 0, 65535, &bad);
   admin = (int)integer(px, "admin_port", 7602, 0, 65535, &bad);
-  o.policy_path = str(px, "policy", default_policy(), &bad);
+  o.policy_path = str(px, "policy", om_default_policy(), &bad);
   if (bad) {
     fprintf(stderr,
             "openmesh up: %s: proxy needs port, admin_port and a "

@@ -2,7 +2,10 @@
 #include "om_cli_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <uv.h>
 
 #include "om_errno.h"
 
@@ -116,5 +119,47 @@ int om_read_token_file(const char *path, char *out, size_t cap,
   }
   memcpy(out, line + start, end - start);
   out[end - start] = '\0';
+  return 0;
+}
+
+int om_parse_listen(const char *s, char *host, size_t cap, int *port) {
+  const char *colon;
+  char *end;
+  unsigned long p;
+  size_t hl;
+  unsigned char tmp[16];
+  if (s[0] == '[') {
+    const char *rb = strchr(s, ']');
+    if (rb == NULL || rb[1] != ':')
+      return -1;
+    hl = (size_t)(rb - s - 1);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s + 1, hl);
+    host[hl] = '\0';
+    colon = rb + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL)
+      return -1;
+    hl = (size_t)(colon - s);
+    if (hl == 0 || hl >= cap)
+      return -1;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    if (strchr(host, ':') != NULL)
+      return -1; /* IPv6 needs brackets */
+  }
+  if (strcmp(host, "localhost") == 0)
+    snprintf(host, cap, "127.0.0.1");
+  if (uv_inet_pton(AF_INET, host, tmp) != 0 &&
+      uv_inet_pton(AF_INET6, host, tmp) != 0)
+    return -1;
+  if (colon[1] < '0' || colon[1] > '9')
+    return -1;
+  p = strtoul(colon + 1, &end, 10);
+  if (*end != '\0' || p > 65535)
+    return -1;
+  *port = (int)p;
   return 0;
 }

@@ -36,4 +36,13 @@ int om_parse_duration_ms(const char *s, uint64_t *out_ms);
 int om_read_token_file(const char *path, char *out, size_t cap,
                        const char **why);
 
+/*
+ * om_parse_listen: "127.0.0.1:7600", "[::1]:7600" (an IPv6 literal needs
+ * brackets) or "localhost:7600" (127.0.0.1) -> the address literal
+ * (NUL-terminated, at most cap - 1 bytes) and the port (0-65535; 0: pick
+ * one). Returns 0, or -1 when s is not ADDRESS:PORT with a numeric
+ * address.
+ */
+int om_parse_listen(const char *s, char *host, size_t cap, int *port);
+
 #endif /* OM_CLI_UTIL_H */

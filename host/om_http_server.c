@@ -29,6 +29,7 @@
 #include <http_parser.h>
 
 #include "om_errno.h"
+#include "om_http_chars.h"
 #include "om_log.h"
 
 /* ------------------------------------------------------------------ */
@@ -53,102 +54,6 @@
 #define READ_MIN 2048u         /* smallest read buffer we hand libuv */
 #define READ_SLACK (16u * 1024u)
 #define SCRATCH_BYTES (16u * 1024u)
-
-/* ------------------------------------------------------------------ */
-/* character classes (RFC 9110 5.6.2, RFC 3986 2) */
-
-static int is_alpha(unsigned c) {
-  return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-}
-
-static int is_digit(unsigned c) {
-  return c >= '0' && c <= '9';
-}
-
-static int hex_val(unsigned c) {
-  if (is_digit(c))
-    return (int)(c - '0');
-  if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
-    return (int)((c | 0x20) - 'a' + 10);
-  return -1;
-}
-
-/* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
- *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA */
-static int is_tchar(unsigned c) {
-  if (is_alpha(c) || is_digit(c))
-    return 1;
-  switch (c) {
-  case '!':
-  case '#':
-  case '$':
-  case '%':
-  case '&':
-  case '\'':
-  case '*':
-  case '+':
-  case '-':
-  case '.':
-  case '^':
-  case '_':
-  case '`':
-  case '|':
-  case '~':
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* field-vchar = VCHAR / obs-text (RFC 9110 5.5) */
-static int is_fvchar(unsigned c) {
-  return (c >= 0x21 && c <= 0x7e) || c >= 0x80;
-}
-
-static int is_ows(unsigned c) {
-  return c == ' ' || c == '\t';
-}
-
-static int is_unreserved(unsigned c) {
-  return is_alpha(c) || is_digit(c) || c == '-' || c == '.' || c == '_' ||
-         c == '~';
-}
-
-static int is_subdelim(unsigned c) {
-  switch (c) {
-  case '!':
-  case '$':
-  case '&':
-  case '\'':
-  case '(':
-  case ')':
-  case '*':
-  case '+':
-  case ',':
-  case ';':
-  case '=':
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* ASCII case-insensitive equality of a counted string and a literal. */
-static int ci_eq(const char *a, size_t n, const char *lit) {
-  size_t i;
-  for (i = 0; i < n; i++) {
-    unsigned x = (unsigned char)a[i], y = (unsigned char)lit[i];
-    if (y == 0)
-      return 0;
-    if (x >= 'A' && x <= 'Z')
-      x |= 0x20;
-    if (y >= 'A' && y <= 'Z')
-      y |= 0x20;
-    if (x != y)
-      return 0;
-  }
-  return lit[n] == 0;
-}
 
 /* ------------------------------------------------------------------ */
 /* rejection names */
@@ -535,31 +440,31 @@ static int check_resp_headers(const om_http_header_t *h, size_t n, int allow_cl,
     if (nl == 0)
       return OM_EINVAL;
     for (j = 0; j < nl; j++)
-      if (!is_tchar((unsigned char)name[j]))
+      if (!om__http_is_tchar((unsigned char)name[j]))
         return OM_EINVAL;
     for (j = 0; j < vl; j++) {
       unsigned ch = (unsigned char)value[j];
-      if (!is_fvchar(ch) && !is_ows(ch))
+      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
         return OM_EINVAL;
     }
-    if (ci_eq(name, nl, "content-length")) {
+    if (om__http_ci_eq(name, nl, "content-length")) {
       uint64_t v = 0;
       if (!allow_cl || out->has_cl || vl == 0 || vl > 19)
         return OM_EINVAL;
       for (j = 0; j < vl; j++) {
-        if (!is_digit((unsigned char)value[j]))
+        if (!om__http_is_digit((unsigned char)value[j]))
           return OM_EINVAL;
         v = v * 10 + (uint64_t)(value[j] - '0');
       }
       out->has_cl = 1;
       out->cl = v;
-    } else if (ci_eq(name, nl, "transfer-encoding")) {
+    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
       return OM_EINVAL;
-    } else if (ci_eq(name, nl, "connection")) {
-      if (!ci_eq(value, vl, "close"))
+    } else if (om__http_ci_eq(name, nl, "connection")) {
+      if (!om__http_ci_eq(value, vl, "close"))
         return OM_EINVAL;
       out->close = 1;
-    } else if (ci_eq(name, nl, "date")) {
+    } else if (om__http_ci_eq(name, nl, "date")) {
       out->has_date = 1;
     }
     out->bytes += nl + vl + 4;
@@ -805,7 +710,7 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
        * (CRLF) before the request-line; a bare LF is not a line end. */
       if (ch == '\r') {
         s->st = S_START_LF;
-      } else if (is_tchar(ch)) {
+      } else if (om__http_is_tchar(ch)) {
         s->rl_start = s->pos;
         s->st = S_METHOD;
       } else {
@@ -824,7 +729,7 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
       if (ch == ' ') {
         s->method_end = s->pos;
         s->st = S_TARGET0;
-      } else if (!is_tchar(ch)) {
+      } else if (!om__http_is_tchar(ch)) {
         *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
         return SCAN_ERROR;
       }
@@ -859,8 +764,8 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
       size_t k = s->pos - s->version_start;
       if (ch == '\r') {
         const unsigned char *v = b + s->version_start;
-        if (k != 8 || memcmp(v, "HTTP/", 5) != 0 || !is_digit(v[5]) ||
-            v[6] != '.' || !is_digit(v[7])) {
+        if (k != 8 || memcmp(v, "HTTP/", 5) != 0 || !om__http_is_digit(v[5]) ||
+            v[6] != '.' || !om__http_is_digit(v[7])) {
           *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
           return SCAN_ERROR;
         }
@@ -881,10 +786,10 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
     case S_FIELD_START:
       if (ch == '\r') {
         s->st = S_END_LF;
-      } else if (is_tchar(ch)) {
+      } else if (om__http_is_tchar(ch)) {
         s->name_start = s->pos;
         s->st = S_NAME;
-      } else if (is_ows(ch)) {
+      } else if (om__http_is_ows(ch)) {
         /* RFC 9112 5.2: obs-fold MUST be rejected by a server; RFC 9112
          * 2.2: whitespace before the first field line too. */
         *why = s->n_fields > 0 ? OM_HTTP_REJECT_OBS_FOLD
@@ -899,7 +804,7 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
       if (ch == ':') {
         s->name_end = s->pos;
         s->st = S_OWS;
-      } else if (!is_tchar(ch)) {
+      } else if (!om__http_is_tchar(ch)) {
         /* RFC 9112 5.1: no whitespace between name and colon */
         *why = OM_HTTP_REJECT_BAD_HEADER;
         return SCAN_ERROR;
@@ -909,21 +814,21 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
       if (ch == '\r') {
         s->value_start = s->value_end = s->pos;
         s->st = S_FIELD_LF;
-      } else if (is_fvchar(ch)) {
+      } else if (om__http_is_fvchar(ch)) {
         s->value_start = s->pos;
         s->value_end = s->pos + 1;
         s->st = S_VALUE;
-      } else if (!is_ows(ch)) {
+      } else if (!om__http_is_ows(ch)) {
         *why = OM_HTTP_REJECT_BAD_HEADER;
         return SCAN_ERROR;
       }
       break;
     case S_VALUE: /* RFC 9110 5.5: no CTL (but HTAB), NUL, DEL, bare CR/LF */
-      if (is_fvchar(ch)) {
+      if (om__http_is_fvchar(ch)) {
         s->value_end = s->pos + 1;
       } else if (ch == '\r') {
         s->st = S_FIELD_LF;
-      } else if (!is_ows(ch)) {
+      } else if (!om__http_is_ows(ch)) {
         *why = OM_HTTP_REJECT_BAD_HEADER;
         return SCAN_ERROR;
       }
@@ -966,14 +871,14 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
 static int take_uri_char(const char *t, size_t n, size_t *i, int query) {
   unsigned ch = (unsigned char)t[*i];
   if (ch == '%') {
-    if (*i + 2 >= n || hex_val((unsigned char)t[*i + 1]) < 0 ||
-        hex_val((unsigned char)t[*i + 2]) < 0)
+    if (*i + 2 >= n || om__http_hex_val((unsigned char)t[*i + 1]) < 0 ||
+        om__http_hex_val((unsigned char)t[*i + 2]) < 0)
       return 0;
     *i += 3;
     return 1;
   }
-  if (is_unreserved(ch) || is_subdelim(ch) || ch == ':' || ch == '@' ||
-      ch == '/' || (query && ch == '?')) {
+  if (om__http_is_unreserved(ch) || om__http_is_subdelim(ch) || ch == ':' ||
+      ch == '@' || ch == '/' || (query && ch == '?')) {
     (*i)++;
     return 1;
   }
@@ -988,8 +893,9 @@ static int valid_authority(const char *a, size_t n, int require_host) {
     int future = n > 1 && (a[1] == 'v' || a[1] == 'V');
     for (i = 1; i < n && a[i] != ']'; i++) {
       unsigned ch = (unsigned char)a[i];
-      if (future ? !(is_unreserved(ch) || is_subdelim(ch) || ch == ':')
-                 : !(hex_val(ch) >= 0 || ch == ':' || ch == '.'))
+      if (future ? !(om__http_is_unreserved(ch) || om__http_is_subdelim(ch) ||
+                     ch == ':')
+                 : !(om__http_hex_val(ch) >= 0 || ch == ':' || ch == '.'))
         return 0;
     }
     if (i >= n || i == 1)
@@ -999,14 +905,14 @@ static int valid_authority(const char *a, size_t n, int require_host) {
   } else { /* reg-name / IPv4address */
     while (i < n && a[i] != ':') {
       if (a[i] == '%') {
-        if (i + 2 >= n || hex_val((unsigned char)a[i + 1]) < 0 ||
-            hex_val((unsigned char)a[i + 2]) < 0)
+        if (i + 2 >= n || om__http_hex_val((unsigned char)a[i + 1]) < 0 ||
+            om__http_hex_val((unsigned char)a[i + 2]) < 0)
           return 0;
         i += 3;
         continue;
       }
-      if (!is_unreserved((unsigned char)a[i]) &&
-          !is_subdelim((unsigned char)a[i]))
+      if (!om__http_is_unreserved((unsigned char)a[i]) &&
+          !om__http_is_subdelim((unsigned char)a[i]))
         return 0;
       i++;
     }
@@ -1019,7 +925,7 @@ static int valid_authority(const char *a, size_t n, int require_host) {
     if (a[i] != ':')
       return 0;
     for (i++; i < n; i++, digits++)
-      if (!is_digit((unsigned char)a[i]) || digits >= 5)
+      if (!om__http_is_digit((unsigned char)a[i]) || digits >= 5)
         return 0;
   }
   return 1;
@@ -1042,15 +948,15 @@ static int parse_target(const char *m, size_t ml, const char *t, size_t n,
   }
   if (t[0] != '/') { /* absolute-form (3.2.2): http or https only */
     size_t a;
-    if (!is_alpha((unsigned char)t[0]))
+    if (!om__http_is_alpha((unsigned char)t[0]))
       return -1;
-    while (i < n &&
-           (is_alpha((unsigned char)t[i]) || is_digit((unsigned char)t[i]) ||
-            t[i] == '+' || t[i] == '-' || t[i] == '.'))
+    while (i < n && (om__http_is_alpha((unsigned char)t[i]) ||
+                     om__http_is_digit((unsigned char)t[i]) || t[i] == '+' ||
+                     t[i] == '-' || t[i] == '.'))
       i++;
     if (i >= n || t[i] != ':')
       return -1;
-    if (!ci_eq(t, i, "http") && !ci_eq(t, i, "https"))
+    if (!om__http_ci_eq(t, i, "http") && !om__http_ci_eq(t, i, "https"))
       return -1;
     if (i + 3 > n || t[i + 1] != '/' || t[i + 2] != '/')
       return -1;
@@ -1090,13 +996,13 @@ typedef struct {
 } te_t;
 
 static size_t skip_ows(const char *v, size_t n, size_t i) {
-  while (i < n && is_ows((unsigned char)v[i]))
+  while (i < n && om__http_is_ows((unsigned char)v[i]))
     i++;
   return i;
 }
 
 static size_t skip_token(const char *v, size_t n, size_t i) {
-  while (i < n && is_tchar((unsigned char)v[i]))
+  while (i < n && om__http_is_tchar((unsigned char)v[i]))
     i++;
   return i;
 }
@@ -1152,7 +1058,7 @@ static void te_parse(te_t *te, const char *v, size_t n) {
       params = 1;
     }
     te->n++;
-    if (ci_eq(v + ts, te_end - ts, "chunked")) {
+    if (om__http_ci_eq(v + ts, te_end - ts, "chunked")) {
       /* RFC 9112 7: chunked takes no parameters and is applied once */
       if (params || te->chunked) {
         te->bad = 1;
@@ -1186,7 +1092,7 @@ static void list_walk(const char *v, size_t n,
     while (i < n && v[i] != ',')
       i++;
     e = i;
-    while (e > s && is_ows((unsigned char)v[e - 1]))
+    while (e > s && om__http_is_ows((unsigned char)v[e - 1]))
       e--;
     if (e > s)
       fn(v + s, e - s, arg);
@@ -1201,9 +1107,9 @@ typedef struct {
 
 static void conn_opt(const char *e, size_t n, void *arg) {
   conn_opts_t *o = arg;
-  if (ci_eq(e, n, "close"))
+  if (om__http_ci_eq(e, n, "close"))
     o->close = 1;
-  else if (ci_eq(e, n, "keep-alive"))
+  else if (om__http_ci_eq(e, n, "keep-alive"))
     o->keep_alive = 1;
 }
 
@@ -1213,7 +1119,7 @@ typedef struct {
 
 static void expect_opt(const char *e, size_t n, void *arg) {
   expect_t *x = arg;
-  if (ci_eq(e, n, "100-continue"))
+  if (om__http_ci_eq(e, n, "100-continue"))
     x->cont = 1;
   else
     x->other = 1;
@@ -1257,12 +1163,12 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     const field_t *f = &c->fields[i];
     const char *name = b + f->name_off, *val = b + f->value_off;
     size_t nl = f->name_len, vl = f->value_len;
-    if (ci_eq(name, nl, "host")) {
+    if (om__http_ci_eq(name, nl, "host")) {
       if (++n_host > 1 || !valid_authority(val, vl, 0)) {
         *why = OM_HTTP_REJECT_BAD_HOST;
         return -1;
       }
-    } else if (ci_eq(name, nl, "content-length")) {
+    } else if (om__http_ci_eq(name, nl, "content-length")) {
       /* RFC 9112 6.3 item 5 / RFC 9110 8.6: Content-Length = 1*DIGIT; a
        * repeated field, even with equal values, is refused. */
       size_t j;
@@ -1274,7 +1180,7 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
       }
       for (j = 0; j < vl; j++) {
         unsigned d = (unsigned char)val[j];
-        if (!is_digit(d)) {
+        if (!om__http_is_digit(d)) {
           *why = OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
           return -1;
         }
@@ -1285,12 +1191,12 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
       }
       h->has_cl = 1;
       h->cl = big ? UINT64_MAX : cl;
-    } else if (ci_eq(name, nl, "transfer-encoding")) {
+    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
       n_te++;
       te_parse(&te, val, vl);
-    } else if (ci_eq(name, nl, "connection")) {
+    } else if (om__http_ci_eq(name, nl, "connection")) {
       list_walk(val, vl, conn_opt, &h->co);
-    } else if (ci_eq(name, nl, "expect")) {
+    } else if (om__http_ci_eq(name, nl, "expect")) {
       list_walk(val, vl, expect_opt, &h->ex);
     }
   }
@@ -1364,7 +1270,7 @@ static void hx_end_field(conn_t *c) {
   }
   f = &c->fields[x->nf - 1];
   /* http-parser keeps trailing OWS in the value; we trim it */
-  while (vl > 0 && is_ows((unsigned char)x->base[x->v_off + vl - 1]))
+  while (vl > 0 && om__http_is_ows((unsigned char)x->base[x->v_off + vl - 1]))
     vl--;
   if (x->f_off != f->name_off || x->f_len != f->name_len ||
       vl != f->value_len || (vl > 0 && x->v_off != f->value_off))
@@ -1741,16 +1647,16 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
     *why = OM_HTTP_REJECT_BAD_CHUNK;
     switch (d->st) {
     case D_SIZE0: /* chunk-size = 1*HEXDIG */
-      if (hex_val(ch) < 0)
+      if (om__http_hex_val(ch) < 0)
         return DEC_ERROR;
-      d->size = (uint64_t)hex_val(ch);
+      d->size = (uint64_t)om__http_hex_val(ch);
       d->st = D_SIZE;
       break;
     case D_SIZE:
-      if (hex_val(ch) >= 0) {
+      if (om__http_hex_val(ch) >= 0) {
         if (d->size > (UINT64_MAX >> 4)) /* does not fit in 64 bits */
           return DEC_ERROR;
-        d->size = (d->size << 4) | (uint64_t)hex_val(ch);
+        d->size = (d->size << 4) | (uint64_t)om__http_hex_val(ch);
         break;
       }
       /* the size is complete: refuse what cannot fit before reading it */
@@ -1760,7 +1666,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       }
       if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (is_ows(ch)) /* BWS before ";" only */
+      else if (om__http_is_ows(ch)) /* BWS before ";" only */
         d->st = D_SIZE_WS;
       else if (ch == '\r')
         d->st = D_SIZE_LF;
@@ -1773,13 +1679,13 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
     case D_EXT_VAL_WS:
       if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (!is_ows(ch))
+      else if (!om__http_is_ows(ch))
         return DEC_ERROR;
       break;
     case D_EXT_NAME0:
-      if (is_tchar(ch))
+      if (om__http_is_tchar(ch))
         d->st = D_EXT_NAME;
-      else if (!is_ows(ch))
+      else if (!om__http_is_ows(ch))
         return DEC_ERROR;
       break;
     case D_EXT_NAME:
@@ -1787,11 +1693,11 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
         d->st = D_EXT_VAL0;
       else if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (is_ows(ch))
+      else if (om__http_is_ows(ch))
         d->st = D_EXT_NAME_WS;
       else if (ch == '\r')
         d->st = D_SIZE_LF;
-      else if (!is_tchar(ch))
+      else if (!om__http_is_tchar(ch))
         return DEC_ERROR;
       break;
     case D_EXT_NAME_WS:
@@ -1799,25 +1705,25 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
         d->st = D_EXT_VAL0;
       else if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (!is_ows(ch))
+      else if (!om__http_is_ows(ch))
         return DEC_ERROR;
       break;
     case D_EXT_VAL0: /* chunk-ext-val = token / quoted-string */
-      if (is_tchar(ch))
+      if (om__http_is_tchar(ch))
         d->st = D_EXT_TOKEN;
       else if (ch == '"')
         d->st = D_EXT_QS;
-      else if (!is_ows(ch))
+      else if (!om__http_is_ows(ch))
         return DEC_ERROR;
       break;
     case D_EXT_TOKEN:
       if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (is_ows(ch))
+      else if (om__http_is_ows(ch))
         d->st = D_EXT_VAL_WS;
       else if (ch == '\r')
         d->st = D_SIZE_LF;
-      else if (!is_tchar(ch))
+      else if (!om__http_is_tchar(ch))
         return DEC_ERROR;
       break;
     case D_EXT_QS: /* qdtext = HTAB / SP / %x21 / %x23-5B / %x5D-7E /
@@ -1826,19 +1732,19 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
         d->st = D_EXT_AFTER_QS;
       else if (ch == '\\')
         d->st = D_EXT_QP;
-      else if (!(is_ows(ch) || ch == 0x21 || (ch >= 0x23 && ch <= 0x7e) ||
-                 ch >= 0x80))
+      else if (!(om__http_is_ows(ch) || ch == 0x21 ||
+                 (ch >= 0x23 && ch <= 0x7e) || ch >= 0x80))
         return DEC_ERROR;
       break;
     case D_EXT_QP: /* quoted-pair = "\" ( HTAB / SP / VCHAR / obs-text ) */
-      if (!(is_ows(ch) || is_fvchar(ch)))
+      if (!(om__http_is_ows(ch) || om__http_is_fvchar(ch)))
         return DEC_ERROR;
       d->st = D_EXT_QS;
       break;
     case D_EXT_AFTER_QS:
       if (ch == ';')
         d->st = D_EXT_NAME0;
-      else if (is_ows(ch))
+      else if (om__http_is_ows(ch))
         d->st = D_EXT_VAL_WS;
       else if (ch == '\r')
         d->st = D_SIZE_LF;
@@ -1870,7 +1776,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       *why = OM_HTTP_REJECT_BAD_HEADER;
       if (ch == '\r') {
         d->st = D_END_LF;
-      } else if (is_tchar(ch)) {
+      } else if (om__http_is_tchar(ch)) {
         if (++d->tr_fields > c->srv->o.max_headers) {
           *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
           return DEC_ERROR;
@@ -1879,7 +1785,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
         d->tname_len = 1;
         d->st = D_TR_NAME;
       } else {
-        if (is_ows(ch) && d->tr_fields > 0)
+        if (om__http_is_ows(ch) && d->tr_fields > 0)
           *why = OM_HTTP_REJECT_OBS_FOLD;
         return DEC_ERROR;
       }
@@ -1889,11 +1795,12 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       if (ch == ':') {
         /* RFC 9110 6.5.1: framing fields cannot be trailers */
         size_t tl = d->tname_len;
-        if (tl <= sizeof d->tname && (ci_eq(d->tname, tl, "content-length") ||
-                                      ci_eq(d->tname, tl, "transfer-encoding")))
+        if (tl <= sizeof d->tname &&
+            (om__http_ci_eq(d->tname, tl, "content-length") ||
+             om__http_ci_eq(d->tname, tl, "transfer-encoding")))
           return DEC_ERROR;
         d->st = D_TR_VALUE;
-      } else if (is_tchar(ch)) {
+      } else if (om__http_is_tchar(ch)) {
         if (d->tname_len < sizeof d->tname)
           d->tname[d->tname_len] = (char)ch;
         d->tname_len++;
@@ -1905,7 +1812,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       *why = OM_HTTP_REJECT_BAD_HEADER;
       if (ch == '\r')
         d->st = D_TR_LF;
-      else if (!is_fvchar(ch) && !is_ows(ch))
+      else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
         return DEC_ERROR;
       break;
     case D_TR_LF:
@@ -2516,7 +2423,7 @@ const char *om_http_request_header(const om_http_request_t *req,
   nl = strlen(name);
   for (i = 0; i < req->n_headers; i++) {
     const om_http_header_t *h = &req->headers[i];
-    if (h->name_len == nl && ci_eq(name, nl, h->name)) {
+    if (h->name_len == nl && om__http_ci_eq(name, nl, h->name)) {
       if (len != NULL)
         *len = h->value_len;
       return h->value;

@@ -9,4 +9,10 @@
  */
 const char *om_lib_dir(void);
 
+/*
+ * The default traffic policy: policies/traffic.lua from the working
+ * directory when it is there (a checkout), else the source tree's.
+ */
+const char *om_default_policy(void);
+
 #endif /* OM_PATHS_H */

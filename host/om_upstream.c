@@ -26,6 +26,7 @@
 #include <http_parser.h>
 
 #include "om_errno.h"
+#include "om_http_chars.h"
 
 #define DEF_MAX_IDLE 32u
 #define DEF_IDLE_TIMEOUT_MS 60000u
@@ -44,114 +45,20 @@
 #define REQ_HEAD_KEEP 8192u  /* a recycled request keeps this much head */
 #define HDRS_INITIAL 16u
 
-/* ------------------------------------------------------------------ */
-/* character classes (RFC 9110 5.6.2, RFC 3986 2) */
-
-static int is_alpha(unsigned c) {
-  return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-}
-
-static int is_digit(unsigned c) {
-  return c >= '0' && c <= '9';
-}
-
-static int hex_val(unsigned c) {
-  if (is_digit(c))
-    return (int)(c - '0');
-  if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
-    return (int)((c | 0x20) - 'a' + 10);
-  return -1;
-}
-
-/* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
- *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA */
-static int is_tchar(unsigned c) {
-  if (is_alpha(c) || is_digit(c))
-    return 1;
-  switch (c) {
-  case '!':
-  case '#':
-  case '$':
-  case '%':
-  case '&':
-  case '\'':
-  case '*':
-  case '+':
-  case '-':
-  case '.':
-  case '^':
-  case '_':
-  case '`':
-  case '|':
-  case '~':
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* field-vchar = VCHAR / obs-text (RFC 9110 5.5) */
-static int is_fvchar(unsigned c) {
-  return (c >= 0x21 && c <= 0x7e) || c >= 0x80;
-}
-
-static int is_ows(unsigned c) {
-  return c == ' ' || c == '\t';
-}
-
-static int is_unreserved(unsigned c) {
-  return is_alpha(c) || is_digit(c) || c == '-' || c == '.' || c == '_' ||
-         c == '~';
-}
-
-static int is_subdelim(unsigned c) {
-  switch (c) {
-  case '!':
-  case '$':
-  case '&':
-  case '\'':
-  case '(':
-  case ')':
-  case '*':
-  case '+':
-  case ',':
-  case ';':
-  case '=':
-    return 1;
-  default:
-    return 0;
-  }
-}
-
 /* pchar = unreserved / pct-encoded / sub-delims / ":" / "@" (RFC 3986
  * 3.3), plus "/" (and "?" in a query, 3.4). Returns the bytes taken at
  * s[i] (1, or 3 for a %-escape), 0 when the byte is not allowed. */
 static size_t uri_char(const char *s, size_t n, size_t i, int query) {
   unsigned c = (unsigned char)s[i];
   if (c == '%')
-    return i + 2 < n && hex_val((unsigned char)s[i + 1]) >= 0 &&
-                   hex_val((unsigned char)s[i + 2]) >= 0
+    return i + 2 < n && om__http_hex_val((unsigned char)s[i + 1]) >= 0 &&
+                   om__http_hex_val((unsigned char)s[i + 2]) >= 0
                ? 3
                : 0;
-  if (is_unreserved(c) || is_subdelim(c) || c == ':' || c == '@' || c == '/')
+  if (om__http_is_unreserved(c) || om__http_is_subdelim(c) || c == ':' ||
+      c == '@' || c == '/')
     return 1;
   return query && c == '?' ? 1 : 0;
-}
-
-/* ASCII case-insensitive equality of a counted string and a lower-case
- * literal. */
-static int ci_eq(const char *a, size_t n, const char *lit) {
-  size_t i;
-  for (i = 0; i < n; i++) {
-    unsigned x = (unsigned char)a[i];
-    if (lit[i] == 0)
-      return 0;
-    if (x >= 'A' && x <= 'Z')
-      x |= 0x20;
-    if (x != (unsigned char)lit[i])
-      return 0;
-  }
-  return lit[n] == 0;
 }
 
 static size_t hdr_len(const char *s, size_t n) {
@@ -170,22 +77,25 @@ enum { F_OTHER, F_HOP, F_CONNECTION, F_CONTENT_LENGTH, F_TE, F_HOST };
 static int field_kind(const char *n, size_t len) {
   switch (len) {
   case 2:
-    return ci_eq(n, len, "te") ? F_HOP : F_OTHER;
+    return om__http_ci_eq(n, len, "te") ? F_HOP : F_OTHER;
   case 4:
-    return ci_eq(n, len, "host") ? F_HOST : F_OTHER;
+    return om__http_ci_eq(n, len, "host") ? F_HOST : F_OTHER;
   case 7:
-    return ci_eq(n, len, "trailer") || ci_eq(n, len, "upgrade") ? F_HOP
-                                                                : F_OTHER;
+    return om__http_ci_eq(n, len, "trailer") ||
+                   om__http_ci_eq(n, len, "upgrade")
+               ? F_HOP
+               : F_OTHER;
   case 10:
-    if (ci_eq(n, len, "connection"))
+    if (om__http_ci_eq(n, len, "connection"))
       return F_CONNECTION;
-    return ci_eq(n, len, "keep-alive") ? F_HOP : F_OTHER;
+    return om__http_ci_eq(n, len, "keep-alive") ? F_HOP : F_OTHER;
   case 14:
-    return ci_eq(n, len, "content-length") ? F_CONTENT_LENGTH : F_OTHER;
+    return om__http_ci_eq(n, len, "content-length") ? F_CONTENT_LENGTH
+                                                    : F_OTHER;
   case 16:
-    return ci_eq(n, len, "proxy-connection") ? F_HOP : F_OTHER;
+    return om__http_ci_eq(n, len, "proxy-connection") ? F_HOP : F_OTHER;
   case 17:
-    return ci_eq(n, len, "transfer-encoding") ? F_TE : F_OTHER;
+    return om__http_ci_eq(n, len, "transfer-encoding") ? F_TE : F_OTHER;
   default:
     return F_OTHER;
   }
@@ -202,13 +112,13 @@ static int conn_walk(const char *v, size_t n,
   size_t i = 0;
   while (i <= n) {
     size_t s, e;
-    while (i < n && is_ows((unsigned char)v[i]))
+    while (i < n && om__http_is_ows((unsigned char)v[i]))
       i++;
     s = i;
-    while (i < n && is_tchar((unsigned char)v[i]))
+    while (i < n && om__http_is_tchar((unsigned char)v[i]))
       i++;
     e = i;
-    while (i < n && is_ows((unsigned char)v[i]))
+    while (i < n && om__http_is_ows((unsigned char)v[i]))
       i++;
     if (i < n && v[i] != ',')
       return -1;
@@ -229,9 +139,9 @@ typedef struct {
 
 static int conn_opt(void *arg, const char *t, size_t len) {
   conn_opts_t *o = arg;
-  if (ci_eq(t, len, "close"))
+  if (om__http_ci_eq(t, len, "close"))
     o->close = 1;
-  else if (!ci_eq(t, len, "keep-alive"))
+  else if (!om__http_ci_eq(t, len, "keep-alive"))
     o->others = 1;
   return 0;
 }
@@ -313,9 +223,9 @@ int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
     return OM_EINVAL;
   n = strlen(url);
   memset(out, 0, sizeof *out);
-  if (n >= 8 && ci_eq(url, 8, "https://"))
+  if (n >= 8 && om__http_ci_eq(url, 8, "https://"))
     return fail_url(why, "https is not supported yet (TLS comes later)");
-  if (n < 7 || !ci_eq(url, 7, "http://"))
+  if (n < 7 || !om__http_ci_eq(url, 7, "http://"))
     return fail_url(why, "the URL must start with http://");
   p = url + 7;
   if (*p == '[') {
@@ -356,11 +266,11 @@ int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
   if (*p == ':') {
     long port = 0;
     const char *d = ++p;
-    while (is_digit((unsigned char)*p) && p - d < 6)
+    while (om__http_is_digit((unsigned char)*p) && p - d < 6)
       port = port * 10 + (*p++ - '0');
     if (p == d)
       return fail_url(why, "the port is empty");
-    if (is_digit((unsigned char)*p) || port < 1 || port > 65535)
+    if (om__http_is_digit((unsigned char)*p) || port < 1 || port > 65535)
       return fail_url(why, "the port must be 1..65535");
     out->port = (int)port;
   }
@@ -1230,7 +1140,7 @@ static int parse_cl(const char *v, size_t n, int64_t *out) {
   if (n == 0 || n > 19)
     return -1;
   for (i = 0; i < n; i++) {
-    if (!is_digit((unsigned char)v[i]))
+    if (!om__http_is_digit((unsigned char)v[i]))
       return -1;
     x = x * 10 + (uint64_t)(v[i] - '0');
   }
@@ -1269,8 +1179,9 @@ static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
     return -1;
   }
   h->minor = b[7] - '0';
-  if (!is_digit((unsigned char)b[9]) || !is_digit((unsigned char)b[10]) ||
-      !is_digit((unsigned char)b[11])) {
+  if (!om__http_is_digit((unsigned char)b[9]) ||
+      !om__http_is_digit((unsigned char)b[10]) ||
+      !om__http_is_digit((unsigned char)b[11])) {
     h->why = "the status code is not three digits";
     return -1;
   }
@@ -1285,7 +1196,7 @@ static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
     h->reason = b + i;
     for (; b[i] != '\r'; i++) {
       unsigned ch = (unsigned char)b[i];
-      if (!is_fvchar(ch) && !is_ows(ch)) {
+      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
         h->why = "a control character in the reason phrase";
         return -1;
       }
@@ -1311,29 +1222,29 @@ static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
       }
       break;
     }
-    if (is_ows((unsigned char)b[i])) {
+    if (om__http_is_ows((unsigned char)b[i])) {
       h->why = first ? "whitespace before the first field line"
                      : "obs-fold (a field line continued on the next line)";
       return -1;
     }
-    while (is_tchar((unsigned char)b[i]))
+    while (om__http_is_tchar((unsigned char)b[i]))
       i++;
     if (b[i] != ':' || i == ls) {
-      h->why = is_ows((unsigned char)b[i])
+      h->why = om__http_is_ows((unsigned char)b[i])
                    ? "whitespace between a field name and the colon"
                    : "a field name that is not a token";
       return -1;
     }
     nl = i - ls;
     i++;
-    while (is_ows((unsigned char)b[i]))
+    while (om__http_is_ows((unsigned char)b[i]))
       i++;
     vs = ve = i;
     for (; b[i] != '\r'; i++) {
       unsigned ch = (unsigned char)b[i];
-      if (is_fvchar(ch))
+      if (om__http_is_fvchar(ch))
         ve = i + 1;
-      else if (!is_ows(ch)) {
+      else if (!om__http_is_ows(ch)) {
         h->why = "a control character in a field value";
         return -1;
       }
@@ -1388,7 +1299,7 @@ static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
         h->why = "more than one Transfer-Encoding field";
         return -1;
       }
-      h->te_chunked = ci_eq(f->value, f->value_len, "chunked");
+      h->te_chunked = om__http_ci_eq(f->value, f->value_len, "chunked");
       break;
     case F_CONNECTION:
       if (conn_walk(f->value, f->value_len, conn_opt, &h->co) != 0) {
@@ -1561,25 +1472,25 @@ static int valid_chunk_ext(const char *s, size_t n) {
     size_t after_name;
     if (i == n)
       return 1;
-    while (i < n && is_ows((unsigned char)s[i]))
+    while (i < n && om__http_is_ows((unsigned char)s[i]))
       i++;
     if (i == n || s[i++] != ';')
       return 0; /* BWS only before a ";" */
-    while (i < n && is_ows((unsigned char)s[i]))
+    while (i < n && om__http_is_ows((unsigned char)s[i]))
       i++;
-    if (i == n || !is_tchar((unsigned char)s[i]))
+    if (i == n || !om__http_is_tchar((unsigned char)s[i]))
       return 0;
-    while (i < n && is_tchar((unsigned char)s[i]))
+    while (i < n && om__http_is_tchar((unsigned char)s[i]))
       i++;
     after_name = i;
-    while (i < n && is_ows((unsigned char)s[i]))
+    while (i < n && om__http_is_ows((unsigned char)s[i]))
       i++;
     if (i == n || s[i] != '=') {
       i = after_name; /* BWS only before a "=" */
       continue;
     }
     i++;
-    while (i < n && is_ows((unsigned char)s[i]))
+    while (i < n && om__http_is_ows((unsigned char)s[i]))
       i++;
     if (i < n && s[i] == '"') {
       for (i++;; i++) {
@@ -1593,17 +1504,17 @@ static int valid_chunk_ext(const char *s, size_t n) {
           if (++i >= n)
             return 0;
           ch = (unsigned char)s[i];
-          if (!is_fvchar(ch) && !is_ows(ch))
+          if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
             return 0;
-        } else if (!is_fvchar(ch) && !is_ows(ch)) {
+        } else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
           return 0;
         }
       }
       i++;
     } else {
-      if (i == n || !is_tchar((unsigned char)s[i]))
+      if (i == n || !om__http_is_tchar((unsigned char)s[i]))
         return 0;
-      while (i < n && is_tchar((unsigned char)s[i]))
+      while (i < n && om__http_is_tchar((unsigned char)s[i]))
         i++;
     }
   }
@@ -1636,10 +1547,10 @@ static int step_chunk_size(conn_t *c) {
     return malformed(c, OM_EPARSE, "a chunk line over 4 KiB");
   if (rc == -1)
     return malformed(c, OM_EPARSE, "a bare LF in a chunk line");
-  while (i < ll && hex_val((unsigned char)b[i]) >= 0) {
+  while (i < ll && om__http_hex_val((unsigned char)b[i]) >= 0) {
     if (size > ((uint64_t)INT64_MAX >> 4))
       return malformed(c, OM_EPARSE, "a chunk size over 2^63-1");
-    size = size * 16 + (uint64_t)hex_val((unsigned char)b[i]);
+    size = size * 16 + (uint64_t)om__http_hex_val((unsigned char)b[i]);
     i++;
   }
   if (i == 0)
@@ -1663,13 +1574,13 @@ static int step_chunk_size(conn_t *c) {
  * then dropped. */
 static int valid_field_line(const char *b, size_t n) {
   size_t i = 0;
-  while (i < n && is_tchar((unsigned char)b[i]))
+  while (i < n && om__http_is_tchar((unsigned char)b[i]))
     i++;
   if (i == 0 || i == n || b[i] != ':')
     return 0;
   for (i++; i < n; i++) {
     unsigned ch = (unsigned char)b[i];
-    if (!is_fvchar(ch) && !is_ows(ch))
+    if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
       return 0;
   }
   return 1;
@@ -1692,7 +1603,8 @@ static int step_trailer(conn_t *c) {
     return malformed(c, OM_ETOOBIG,
                      "the trailer section exceeds "
                      "max_header_bytes");
-  if (ll > 0 && (is_ows((unsigned char)b[0]) || !valid_field_line(b, ll)))
+  if (ll > 0 &&
+      (om__http_is_ows((unsigned char)b[0]) || !valid_field_line(b, ll)))
     return malformed(c, OM_EPARSE, "a malformed trailer field");
   if (hp_feed(c, b, ll + 2, 0) != 0 || (ll == 0) != (c->hp_complete != 0))
     return malformed(c, OM_EPARSE, "http-parser disagrees about the trailer");
@@ -2025,7 +1937,7 @@ static int valid_value(const char *v, size_t n) {
   size_t i;
   for (i = 0; i < n; i++) {
     unsigned ch = (unsigned char)v[i];
-    if (!is_fvchar(ch) && !is_ows(ch))
+    if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
       return 0;
   }
   return 1;
@@ -2058,7 +1970,7 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
     if (h[i].name == NULL || h[i].value == NULL || nl == 0)
       return OM_EINVAL;
     for (j = 0; j < nl; j++)
-      if (!is_tchar((unsigned char)h[i].name[j]))
+      if (!om__http_is_tchar((unsigned char)h[i].name[j]))
         return OM_EINVAL;
     if (!valid_value(h[i].value, vl))
       return OM_EINVAL;
@@ -2164,7 +2076,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
       q->body_len > UINT32_MAX)
     return OM_EINVAL;
   for (i = 0; i < ml; i++)
-    if (!is_tchar((unsigned char)m[i]))
+    if (!om__http_is_tchar((unsigned char)m[i]))
       return OM_EINVAL;
   if (!valid_target(tg, tl, m, ml))
     return OM_EINVAL;

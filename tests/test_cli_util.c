@@ -141,8 +141,36 @@ static void token_file(void **state) {
   assert_int_equal(om_read_token_file("/x", NULL, 1, &why), OM_EINVAL);
 }
 
+static void listen_addresses(void **state) {
+  (void)state;
+  static const struct {
+    const char *in, *host;
+    int port;
+  } good[] = {{"127.0.0.1:7600", "127.0.0.1", 7600},
+              {"[::1]:0", "::1", 0},
+              {"0.0.0.0:65535", "0.0.0.0", 65535},
+              {"localhost:80", "127.0.0.1", 80}};
+  static const char *const bad[] = {
+      "",        "7600",         ":7600",        "127.0.0.1:",
+      "::1:80",  "[::1]80",      "[]:80",        "127.0.0.1:65536",
+      "host:80", "127.0.0.1:-1", "127.0.0.1:8x", "[::1]:"};
+  char host[64];
+  int port;
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    port = -1;
+    assert_int_equal(om_parse_listen(good[i].in, host, sizeof host, &port), 0);
+    assert_string_equal(host, good[i].host);
+    assert_int_equal(port, good[i].port);
+  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    if (om_parse_listen(bad[i], host, sizeof host, &port) != -1)
+      fail_msg("'%s' was accepted", bad[i]);
+  assert_int_equal(om_parse_listen("127.0.0.1:1", host, 4, &port), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(listen_addresses),
       cmocka_unit_test(durations_accepted),
       cmocka_unit_test(durations_refused),
       cmocka_unit_test(token_file),
