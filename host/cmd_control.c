@@ -210,15 +210,7 @@ int om_cmd_control(int argc, char **argv) {
       co.cors_origin = optarg;
       break;
     case 'L':
-      if (strcmp(optarg, "debug") == 0)
-        om_log_set_level(OM_LOG_DEBUG);
-      else if (strcmp(optarg, "info") == 0)
-        om_log_set_level(OM_LOG_INFO);
-      else if (strcmp(optarg, "warn") == 0)
-        om_log_set_level(OM_LOG_WARN);
-      else if (strcmp(optarg, "error") == 0)
-        om_log_set_level(OM_LOG_ERROR);
-      else
+      if (om_log_set_level_name(optarg) != 0)
         return fail_usage("--log-level: '%s' is not debug, info, warn or "
                           "error",
                           optarg);

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -14,8 +15,18 @@ void om_log_set_level(om_log_level_t level) {
   min_level = level;
 }
 
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+int om_log_set_level_name(const char *name) {
+  for (int l = OM_LOG_DEBUG; l <= OM_LOG_ERROR; l++)
+    if (strcmp(name, level_names[l]) == 0) {
+      min_level = (om_log_level_t)l;
+      return 0;
+    }
+  return -1;
+}
+
 void om_log(om_log_level_t level, const char *event, ...) {
-  static const char *names[] = {"debug", "info", "warn", "error"};
   struct timespec ts;
   char stamp[64];
   struct tm tm;
@@ -33,7 +44,7 @@ void om_log(om_log_level_t level, const char *event, ...) {
   if (o == NULL)
     return;
   json_object_set_new(o, "ts", json_string(stamp));
-  json_object_set_new(o, "level", json_string(names[level]));
+  json_object_set_new(o, "level", json_string(level_names[level]));
   json_object_set_new(o, "event", json_string(event));
   va_start(ap, event);
   for (;;) {

@@ -15,6 +15,10 @@ typedef enum {
 /* Lines below this level are dropped (default OM_LOG_INFO). */
 void om_log_set_level(om_log_level_t level);
 
+/* The same by name ("debug", "info", "warn", "error"), as --log-level
+ * takes it. Returns 0, or -1 for another name (the level is unchanged). */
+int om_log_set_level_name(const char *name);
+
 /*
  * om_log: write {"ts":..., "level":..., "event": event, k1: v1, ...} for a
  * NULL-terminated list of const char * key/value pairs.
