@@ -66,6 +66,7 @@ bench: deps
 	cmake --build $(BENCH_BUILD) -j $(JOBS)
 	@for b in $(BENCH_BUILD)/bench/bench_*; do \
 	  [ -x "$$b" ] || continue; "$$b" || exit 1; done
+	bash bench/proxy_bench.sh $(BENCH_BUILD)/bin/openmesh
 
 format:
 	clang-format -i core/*.[ch] bindings/*.[ch] tests/*.c tests/support/*.[ch] bench/*.[ch] 2>/dev/null || true
