@@ -41,8 +41,8 @@ static void bench_traffic_call(void) {
   for (int i = 0; i < 16; i++) {
     snprintf(ids[i], sizeof ids[i], "peer-%d", i);
     snprintf(urls[i], sizeof urls[i], "http://10.0.0.%d:8080/", i + 1);
-    peers[i] = (om_policy_peer_t){ids[i], urls[i], i % 2 ? "zone-a" : "zone-b",
-                                  1.0, i < 2 ? v2 : v1, 1};
+    peers[i] = (om_policy_peer_t){
+        ids[i], urls[i], i % 2 ? "zone-a" : "zone-b", 1.0, i < 2 ? v2 : v1, 1};
   }
   if (om_policy_set_peers(p, peers, 16) != 0)
     exit(1);
@@ -53,8 +53,7 @@ static void bench_traffic_call(void) {
       {"x-user", 6, "user-1234", 9},
       {"x-request-id", 12, "5f0c2a8e-1", 10},
   };
-  om_policy_req_t req = {"orders", "GET", "/v1/orders/42", headers, 5, NULL,
-                         0};
+  om_policy_req_t req = {"orders", "GET", "/v1/orders/42", headers, 5, NULL, 0};
   uint32_t out[16];
   size_t n;
   char err[256];
@@ -82,10 +81,10 @@ static char *big_policy(void) {
   size_t cap = 64 * 1024, len = 0;
   char *s = malloc(cap);
   int lines = 0;
-#define ADD(...)                                                             \
-  do {                                                                       \
-    len += (size_t)snprintf(s + len, cap - len, __VA_ARGS__);                \
-    lines++;                                                                 \
+#define ADD(...)                                                               \
+  do {                                                                         \
+    len += (size_t)snprintf(s + len, cap - len, __VA_ARGS__);                  \
+    lines++;                                                                   \
   } while (0)
   ADD("local policy = require 'openmesh.policy'\n");
   for (int i = 0; i < 30; i++) { /* helpers: 5 lines each */

@@ -215,7 +215,7 @@ static int load_lib_file(lua_State *L, om_sandbox_t *sb, const char *name) {
     n = fread(p, 1, LUAL_BUFFERSIZE, f);
     luaL_addsize(&b, n);
   } while (n == LUAL_BUFFERSIZE);
-  fclose(f); /* before anything below can raise */
+  fclose(f);           /* before anything below can raise */
   luaL_pushresult(&b); /* [src] */
   lua_pushfstring(L, "@%s", path);
   if (luaL_loadbufferx(L, lua_tostring(L, -2), lua_rawlen(L, -2),
@@ -236,13 +236,14 @@ static int sandbox_require(lua_State *L) {
   if (!ok_name && strncmp(name, "openmesh.", 9) == 0 && name[9] != '\0') {
     ok_name = 1;
     for (const char *c = name + 9; *c; c++)
-      if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
-            *c == '_' || (*c == '.' && c[1] != '.' && c[1] != '\0')))
+      if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+            (*c == '.' && c[1] != '.' && c[1] != '\0')))
         ok_name = 0;
   }
   if (!ok_name)
-    return luaL_error(L, "require: policies may only require 'openmesh' "
-                         "and 'openmesh.*' (got '%s')",
+    return luaL_error(L,
+                      "require: policies may only require 'openmesh' "
+                      "and 'openmesh.*' (got '%s')",
                       name);
   lua_settop(L, 1);
   lua_getfield(L, LUA_REGISTRYINDEX, REG_LOADED); /* [name, loaded] */
@@ -255,8 +256,7 @@ static int sandbox_require(lua_State *L) {
   } else if (sb->lib_dir != NULL) {
     load_lib_file(L, sb, name + 0);
   } else {
-    return luaL_error(L, "module '%s' not found (no library directory)",
-                      name);
+    return luaL_error(L, "module '%s' not found (no library directory)", name);
   }
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
@@ -291,12 +291,11 @@ static void wrap_field(lua_State *L, const char *name, lua_CFunction fn) {
  */
 static void make_env(lua_State *L, int G) {
   static const char *const base[] = {
-      "assert", "error",  "ipairs",   "next",     "pairs",
-      "pcall",  "select", "tonumber", "tostring", "type",
-      "rawequal", "rawget", "rawlen",   "rawset",
-      "getmetatable", "_VERSION", NULL};
-  static const char *const libs[] = {"string", "table", "math", "utf8",
-                                     "coroutine", NULL};
+      "assert", "error",    "ipairs",       "next",     "pairs",    "pcall",
+      "select", "tonumber", "tostring",     "type",     "rawequal", "rawget",
+      "rawlen", "rawset",   "getmetatable", "_VERSION", NULL};
+  static const char *const libs[] = {"string", "table",     "math",
+                                     "utf8",   "coroutine", NULL};
   static const char *const os_fields[] = {"time", "clock", NULL};
   copy_fields(L, G, base); /* [env] */
   int env = lua_gettop(L);
@@ -331,14 +330,11 @@ static void make_env(lua_State *L, int G) {
 }
 
 static int build_env(lua_State *L) {
-  static const luaL_Reg opened[] = {{LUA_GNAME, luaopen_base},
-                                    {LUA_STRLIBNAME, luaopen_string},
-                                    {LUA_TABLIBNAME, luaopen_table},
-                                    {LUA_MATHLIBNAME, luaopen_math},
-                                    {LUA_UTF8LIBNAME, luaopen_utf8},
-                                    {LUA_COLIBNAME, luaopen_coroutine},
-                                    {LUA_OSLIBNAME, luaopen_os},
-                                    {NULL, NULL}};
+  static const luaL_Reg opened[] = {
+      {LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
+      {LUA_TABLIBNAME, luaopen_table}, {LUA_MATHLIBNAME, luaopen_math},
+      {LUA_UTF8LIBNAME, luaopen_utf8}, {LUA_COLIBNAME, luaopen_coroutine},
+      {LUA_OSLIBNAME, luaopen_os},     {NULL, NULL}};
   for (const luaL_Reg *lib = opened; lib->func != NULL; lib++) {
     luaL_requiref(L, lib->name, lib->func, 1);
     lua_pop(L, 1);

@@ -46,8 +46,7 @@ static int parse_roles(char *s, int *roles) {
   return *roles != 0 ? 0 : -1;
 }
 
-int om_auth_load(const char *path, om_auth_t **out, char *err,
-                 size_t errlen) {
+int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
   FILE *f = fopen(path, "r");
   char line[MAX_TOKEN + 256];
   om_auth_t *a;

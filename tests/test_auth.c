@@ -37,16 +37,13 @@ static void roles_are_enforced(void **state) {
   assert_int_equal(check(a, "Bearer reader", OM_ROLE_REGISTER),
                    OM_AUTH_FORBIDDEN);
   assert_int_equal(check(a, "Bearer agent", OM_ROLE_REGISTER), OM_AUTH_OK);
-  assert_int_equal(check(a, "Bearer agent", OM_ROLE_ADMIN),
-                   OM_AUTH_FORBIDDEN);
+  assert_int_equal(check(a, "Bearer agent", OM_ROLE_ADMIN), OM_AUTH_FORBIDDEN);
   assert_int_equal(check(a, "Bearer root", OM_ROLE_ADMIN), OM_AUTH_OK);
   assert_int_equal(check(a, "Bearer root", OM_ROLE_READ), OM_AUTH_OK);
   assert_int_equal(check(a, "Bearer both", OM_ROLE_REGISTER), OM_AUTH_OK);
-  assert_int_equal(check(a, "Bearer readerx", OM_ROLE_READ),
-                   OM_AUTH_INVALID);
+  assert_int_equal(check(a, "Bearer readerx", OM_ROLE_READ), OM_AUTH_INVALID);
   assert_int_equal(check(a, "Bearer reade", OM_ROLE_READ), OM_AUTH_INVALID);
-  assert_int_equal(check(a, "Basic cmVhZGVy", OM_ROLE_READ),
-                   OM_AUTH_INVALID);
+  assert_int_equal(check(a, "Basic cmVhZGVy", OM_ROLE_READ), OM_AUTH_INVALID);
   assert_int_equal(check(a, "Bearer ", OM_ROLE_READ), OM_AUTH_INVALID);
   assert_int_equal(check(a, "", OM_ROLE_READ), OM_AUTH_INVALID);
   om_auth_free(a);

@@ -84,7 +84,8 @@ static void rejections_name_the_place(void **state) {
                   "{id = 'b'}}, expect = {'a'}}}}",
                   "example 1");
   expect_rejected("budget.lua", "while true do end", "budget");
-  expect_rejected("memory.lua", "local t = {} for i = 1, 1e9 do "
+  expect_rejected("memory.lua",
+                  "local t = {} for i = 1, 1e9 do "
                   "t[i] = ('x'):rep(64) .. i end",
                   "budget");
 }
@@ -183,15 +184,14 @@ static void route_never_widens(void **state) {
     size_t n = 77;
     int rc = om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err);
     if (rc != OM_EPOLICY || n != 77 || strstr(err, cases[i].want) == NULL)
-      fail_msg("%s: rc %d n %zu err '%s', want '%s'", cases[i].path, rc, n,
-               err, cases[i].want);
+      fail_msg("%s: rc %d n %zu err '%s', want '%s'", cases[i].path, rc, n, err,
+               cases[i].want);
   }
   /* ... and the same state still routes afterwards */
   om_policy_req_t ok = {"svc", "GET", "/", NULL, 0, NULL, 0};
   size_t n = 0;
-  assert_int_equal(om_policy_route(p, &ok, out, &n, NULL, NULL, err,
-                                   sizeof err),
-                   0);
+  assert_int_equal(
+      om_policy_route(p, &ok, out, &n, NULL, NULL, err, sizeof err), 0);
   assert_int_equal(n, 3);
   om_policy_free(p);
 }
@@ -251,9 +251,9 @@ static void key_must_be_a_string(void **state) {
   om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
   char err[512];
   size_t n;
-  assert_int_equal(om_policy_route(p, &req, NULL, &n, NULL, NULL, err,
-                                   sizeof err),
-                   OM_EPOLICY);
+  assert_int_equal(
+      om_policy_route(p, &req, NULL, &n, NULL, NULL, err, sizeof err),
+      OM_EPOLICY);
   assert_non_null(strstr(err, "key returned a number"));
   om_policy_free(p);
 }

@@ -183,9 +183,8 @@ static void many_reloads_under_load(void **state) {
     om_policy_t *p = om_policy_watch_current(f->w);
     assert_int_equal(om_policy_set_peers(p, peers, 2), 0);
     for (int k = 0; k < 20; k++) {
-      assert_int_equal(om_policy_route(p, &req, out, &n, NULL, NULL, err,
-                                       sizeof err),
-                       0);
+      assert_int_equal(
+          om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err), 0);
       assert_int_equal(n, 2);
     }
   }
@@ -203,10 +202,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(valid_edits_swap, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_edits_keep_the_last_good, setup,
                                       teardown),
-      cmocka_unit_test_setup_teardown(unchanged_content_is_not_a_version,
-                                      setup, teardown),
-      cmocka_unit_test_setup_teardown(many_reloads_under_load, setup,
+      cmocka_unit_test_setup_teardown(unchanged_content_is_not_a_version, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(many_reloads_under_load, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
