@@ -69,7 +69,7 @@ bench: deps
 	bash bench/proxy_bench.sh $(BENCH_BUILD)/bin/openmesh
 
 format:
-	clang-format -i core/*.[ch] bindings/*.[ch] tests/*.c tests/support/*.[ch] bench/*.[ch] 2>/dev/null || true
+	git ls-files '*.c' '*.h' | xargs clang-format -i
 
 clean:
 	rm -rf build build-ci $(BENCH_BUILD)
