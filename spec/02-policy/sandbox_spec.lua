@@ -7,7 +7,7 @@ local PEERS = { { id = "a" }, { id = "b" } }
 
 local function load(src, opts)
   local args = { source = src, name = "escape.lua", instr_limit = 2000000,
-    mem_limit = 16 * 1024 * 1024, wall_limit_ms = 2000 }
+    mem_limit = 16 * 1024 * 1024, wall_limit_ms = 20000 }
   for k, v in pairs(opts or {}) do args[k] = v end
   return om.policy.load(args)
 end
