@@ -18,7 +18,12 @@
 #include "om_lua.h"
 
 /* Registry keys (their addresses) in the policy's state. */
-static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS;
+static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_EMPTY;
+
+/* __newindex of the shared empty req.metadata: requests are read-only. */
+static int readonly_metadata(lua_State *L) {
+  return luaL_error(L, "req.metadata is read-only");
+}
 
 /*
  * Which peer a table returned by subset() is: an open-addressing map from
@@ -138,6 +143,16 @@ static int capture(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
   p->has_key = rawfield(L, 2, "key") == LUA_TFUNCTION;
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
+  /* Most requests carry no caller metadata: they all share one empty,
+   * read-only table instead of allocating one per call. */
+  lua_newtable(L);
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, readonly_metadata);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
   /* Create the view's registry fields now, so that replacing them per
    * revision (build_peers) never allocates and cannot fail half-way. */
   lua_pushboolean(L, 0);
@@ -502,7 +517,10 @@ static int call_route(lua_State *L) {
   lua_setfield(L, 1, "path");
   push_kv_table(L, req->headers, req->n_headers);
   lua_setfield(L, 1, "headers");
-  push_kv_table(L, req->metadata, req->n_metadata);
+  if (req->n_metadata == 0)
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
+  else
+    push_kv_table(L, req->metadata, req->n_metadata);
   lua_setfield(L, 1, "metadata");
   if (p->has_key) {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);

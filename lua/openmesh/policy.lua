@@ -203,9 +203,14 @@ end
 -- key while no canary peer exists goes to the stable peers (the canary is
 -- simply not deployed); a stable key never reaches a canary peer, even when
 -- no stable peer is left (then the answer is empty).
+local canary_percent_ok -- the last percent that passed the check
+
 function policy.canary(peers, key, percent, is_canary)
-  if type(percent) ~= "number" or not (percent >= 0 and percent <= 100) then
-    misuse("canary: percent must be a number in [0, 100], got %s", tostring(percent))
+  if percent ~= canary_percent_ok then -- a policy passes the same one each call
+    if type(percent) ~= "number" or not (percent >= 0 and percent <= 100) then
+      misuse("canary: percent must be a number in [0, 100], got %s", tostring(percent))
+    end
+    canary_percent_ok = percent
   end
   local select = type(is_canary) == "table" and select_metadata or select_peers
   local pred = select == select_peers and predicate(is_canary) or is_canary
@@ -223,15 +228,17 @@ end
 -- policy.header(req, name) -> the value of header `name` (any case; the
 -- proxy gives lower-case names), or nil when absent or empty.
 function policy.header(req, name)
-  local headers = type(req) == "table" and req.headers
-  if type(headers) ~= "table" then
+  -- The hot path of most policies (called per request, often twice): plain
+  -- indexing, with type checks only where a value is unusual.
+  local headers = req.headers
+  if headers == nil then
     return nil
   end
   local v = headers[name] -- the proxy's names are already lower-case
   if v == nil then
     v = headers[name:lower()]
   end
-  if type(v) ~= "string" or v == "" then
+  if v == "" or v == nil or type(v) ~= "string" then
     return nil
   end
   return v

@@ -108,3 +108,20 @@ describe("the openmesh module inside a policy", function()
     assert.truthy(err:find("ok", 1, true), err)
   end)
 end)
+
+describe("the request a policy receives", function()
+  it("carries the caller's metadata, and an empty one cannot be written to", function()
+    local p = assert(load([[
+      return { kind = "traffic", subset = function(req, peers)
+        if req.path == "/read" then
+          return req.metadata.zone == "eu" and peers or {}
+        end
+        req.metadata.sneaky = "x" -- shared between requests: refused
+        return peers
+      end }]]))
+    assert.same({ "a", "b" }, p:subset({ path = "/read", metadata = { zone = "eu" } }, PEERS))
+    local ids, err = p:subset({ path = "/write" }, PEERS)
+    assert.is_nil(ids)
+    assert.truthy(err:find("req.metadata is read-only", 1, true), err)
+  end)
+end)
