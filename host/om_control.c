@@ -517,18 +517,20 @@ static void op_fail(op_t *op, int rc) {
 /* ------------------------------------------------------------------ */
 /* topics and watchers */
 
-static int topic_cmp(tkind_t kind, const char *name, const topic_t *t) {
-  if (kind != t->kind)
-    return kind < t->kind ? -1 : 1;
-  return strcmp(name, t->name);
-}
+/*
+ * Binary search over n sorted entries: cmp(i) compares the key with entry
+ * i (<0, 0, >0). Returns the entry's index with *found = 1, or the
+ * insertion point with *found = 0. The one search behind the topic, mirror
+ * and document tables.
+ */
+typedef int (*cmp_at_fn)(const om_control_t *c, size_t i, const void *key);
 
-static size_t topic_pos(const om_control_t *c, tkind_t kind, const char *name,
-                        int *found) {
-  size_t lo = 0, hi = c->n_topics;
+static size_t sorted_pos(const om_control_t *c, size_t n, cmp_at_fn cmp,
+                         const void *key, int *found) {
+  size_t lo = 0, hi = n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    int r = topic_cmp(kind, name, c->topics[mid]);
+    int r = cmp(c, mid, key);
     if (r == 0) {
       *found = 1;
       return mid;
@@ -540,6 +542,28 @@ static size_t topic_pos(const om_control_t *c, tkind_t kind, const char *name,
   }
   *found = 0;
   return lo;
+}
+
+static int topic_cmp(tkind_t kind, const char *name, const topic_t *t) {
+  if (kind != t->kind)
+    return kind < t->kind ? -1 : 1;
+  return strcmp(name, t->name);
+}
+
+typedef struct {
+  tkind_t kind;
+  const char *name;
+} topic_key_t;
+
+static int topic_at(const om_control_t *c, size_t i, const void *key) {
+  const topic_key_t *k = key;
+  return topic_cmp(k->kind, k->name, c->topics[i]);
+}
+
+static size_t topic_pos(const om_control_t *c, tkind_t kind, const char *name,
+                        int *found) {
+  topic_key_t k = {kind, name};
+  return sorted_pos(c, c->n_topics, topic_at, &k, found);
 }
 
 static topic_t *topic_find(const om_control_t *c, tkind_t kind,
@@ -916,22 +940,12 @@ static void on_ping(uv_timer_t *timer) {
 /* ------------------------------------------------------------------ */
 /* the store's changes: mirror, logs, fan-out */
 
+static int mirror_at(const om_control_t *c, size_t i, const void *key) {
+  return strcmp(key, om_snapshot_service(c->mirror[i]));
+}
+
 static size_t mirror_pos(const om_control_t *c, const char *name, int *found) {
-  size_t lo = 0, hi = c->n_mirror;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    int r = strcmp(name, om_snapshot_service(c->mirror[mid]));
-    if (r == 0) {
-      *found = 1;
-      return mid;
-    }
-    if (r < 0)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  *found = 0;
-  return lo;
+  return sorted_pos(c, c->n_mirror, mirror_at, name, found);
 }
 
 static void log_change(const char *change, const char *service, const char *id,
@@ -1002,22 +1016,12 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
   fanout_snapshot(c, snap);
 }
 
+static int doc_at(const om_control_t *c, size_t i, const void *key) {
+  return strcmp(key, c->docs[i]->name);
+}
+
 static size_t doc_pos(const om_control_t *c, const char *name, int *found) {
-  size_t lo = 0, hi = c->n_docs;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    int r = strcmp(name, c->docs[mid]->name);
-    if (r == 0) {
-      *found = 1;
-      return mid;
-    }
-    if (r < 0)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  *found = 0;
-  return lo;
+  return sorted_pos(c, c->n_docs, doc_at, name, found);
 }
 
 static void on_config_event(void *ud, om_config_doc_t *doc) {

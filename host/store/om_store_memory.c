@@ -638,24 +638,38 @@ static int m_put_instance(om_store_t *s, const char *service,
   return 0;
 }
 
+/*
+ * The lease of service/id for renew and delete. Returns 1 with *svc, *l
+ * and *pos set; otherwise what the operation returns: OM_ESTATE (closing),
+ * OM_EINVAL (bad names), or 0 after answering cb with OM_ENOTFOUND.
+ */
+static int find_lease(mstore_t *m, const char *service, const char *id,
+                      om_store_write_cb cb, void *ud, service_t **svc,
+                      lease_t **l, size_t *pos) {
+  if (m->closing)
+    return OM_ESTATE;
+  if (!valid_name(service) || !valid_name(id))
+    return OM_EINVAL;
+  *svc = svc_find(m, service);
+  *l = *svc != NULL ? lease_find(*svc, id, pos) : NULL;
+  if (*l == NULL) {
+    if (cb != NULL)
+      cb(ud, OM_ENOTFOUND, OM_STORE_NOCHANGE,
+         *svc != NULL ? (*svc)->revision : 0);
+    return 0;
+  }
+  return 1;
+}
+
 static int m_renew(om_store_t *s, const char *service, const char *id,
                    om_store_write_cb cb, void *ud) {
   mstore_t *m = (mstore_t *)s;
   service_t *svc;
   lease_t *l = NULL;
   size_t pos;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(service) || !valid_name(id))
-    return OM_EINVAL;
-  svc = svc_find(m, service);
-  if (svc != NULL)
-    l = lease_find(svc, id, &pos);
-  if (l == NULL) {
-    if (cb != NULL)
-      cb(ud, OM_ENOTFOUND, OM_STORE_NOCHANGE, svc != NULL ? svc->revision : 0);
-    return 0;
-  }
+  int rc = find_lease(m, service, id, cb, ud, &svc, &l, &pos);
+  if (rc != 1)
+    return rc;
   lease_extend(m, l, deadline(now_ms(m), l->inst->ttl_ms));
   m->st.renewals++;
   if (cb != NULL)
@@ -673,18 +687,9 @@ static int m_delete_instance(om_store_t *s, const char *service, const char *id,
   om_snapshot_t *snap;
   uint64_t rev;
   int rc;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(service) || !valid_name(id))
-    return OM_EINVAL;
-  svc = svc_find(m, service);
-  if (svc != NULL)
-    l = lease_find(svc, id, &pos);
-  if (l == NULL) {
-    if (cb != NULL)
-      cb(ud, OM_ENOTFOUND, OM_STORE_NOCHANGE, svc != NULL ? svc->revision : 0);
-    return 0;
-  }
+  rc = find_lease(m, service, id, cb, ud, &svc, &l, &pos);
+  if (rc != 1)
+    return rc;
   ev = calloc(1, sizeof *ev);
   if (ev == NULL)
     return OM_ENOMEM;
