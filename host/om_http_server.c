@@ -166,6 +166,20 @@ typedef struct {
 
 typedef struct om_http_conn_s conn_t;
 
+/*
+ * Output corking. A response's head, its body and the end of a chunked
+ * stream are usually written from one callback (an upstream read that
+ * carried all of them), and pipelined responses from one read of the
+ * client. Small writes are gathered per connection and sent in one
+ * syscall at the end of the loop turn (uv_check runs right after the I/O
+ * callbacks), so a small response costs one write, as nginx's writev
+ * does. Larger writes go out at once, behind what was gathered. Buffers
+ * are lent by the server and returned at the flush, so an idle connection
+ * holds none.
+ */
+#define OB_CAP 4096
+#define OB_SPARES 16
+
 enum { RS_NONE, RS_STREAMING };
 enum { RF_NOBODY, RF_FIXED, RF_CHUNKED, RF_CLOSE };
 
@@ -207,7 +221,10 @@ struct om_http_conn_s {
   om_http_reject_t err;
   unsigned has_err : 1, err_sent : 1, err_head : 1, fresh : 1, hstart_set : 1,
       eof : 1, closing : 1, failed : 1, shutting : 1, lingering : 1,
-      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1;
+      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1, dirty : 1;
+  char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
+  size_t ob_len;
+  conn_t *dprev, *dnext; /* the server's list of corked connections */
   uint64_t t_header, t_read, t_idle, t_write, t_linger;
   size_t discarded;
   struct sockaddr_storage remote;
@@ -224,6 +241,10 @@ struct om_http_server_s {
   uv_loop_t *loop;
   uv_tcp_t listener;
   uv_timer_t drain_timer;
+  uv_check_t flush_check; /* flushes corked output once per loop turn */
+  conn_t *dirty;
+  char *ob_spare[OB_SPARES];
+  size_t n_ob_spare;
   uv_tcp_t spare; /* rejects a connection when even malloc fails */
   om_http_server_opts_t o;
   om_http_handler_fn on_request;
@@ -329,7 +350,7 @@ static void on_write(uv_write_t *wr, int status) {
  * socket when nothing is queued, the rest copied. Returns 0, or OM_ESTATE
  * / OM_ENOMEM with the connection marked failed.
  */
-static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   uv_stream_t *st = (uv_stream_t *)&c->tcp;
   size_t total = 0, done = 0, off = 0;
   unsigned i;
@@ -381,6 +402,102 @@ static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
     c->t_write = now_ms(c);
   conn_update(c);
   return 0;
+}
+
+static void dirty_unlink(conn_t *c) {
+  om_http_server_t *s = c->srv;
+  if (!c->dirty)
+    return;
+  if (c->dprev != NULL)
+    c->dprev->dnext = c->dnext;
+  else
+    s->dirty = c->dnext;
+  if (c->dnext != NULL)
+    c->dnext->dprev = c->dprev;
+  c->dprev = c->dnext = NULL;
+  c->dirty = 0;
+}
+
+/* Drop what is corked (sent or not) and lend the buffer back. */
+static void ob_release(conn_t *c) {
+  om_http_server_t *s = c->srv;
+  dirty_unlink(c);
+  if (c->ob != NULL) {
+    if (s->n_ob_spare < OB_SPARES)
+      s->ob_spare[s->n_ob_spare++] = c->ob;
+    else
+      free(c->ob);
+  }
+  c->ob = NULL;
+  c->ob_len = 0;
+}
+
+/* Send what is corked now (in order before anything written later). */
+static void conn_flush(conn_t *c) {
+  if (c->ob_len > 0 && !c->closing && !c->failed) {
+    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
+    (void)conn_send(c, &b, 1); /* a failure marks the connection */
+  }
+  ob_release(c);
+}
+
+static void on_flush_check(uv_check_t *h) {
+  om_http_server_t *s = h->data;
+  while (s->dirty != NULL)
+    conn_flush(s->dirty);
+  uv_check_stop(h);
+}
+
+/*
+ * Write bufs (at most 3) in order after everything written before:
+ * gathered when small (see OB_CAP), else sent now behind the gathered
+ * bytes. Returns 0, or OM_ESTATE / OM_ENOMEM with the connection marked
+ * failed.
+ */
+static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  om_http_server_t *s = c->srv;
+  size_t total = 0;
+  uv_buf_t v[4];
+  unsigned i;
+  int rc;
+  if (c->closing || c->failed)
+    return OM_ESTATE;
+  for (i = 0; i < nb; i++)
+    total += bufs[i].len;
+  if (total == 0)
+    return 0;
+  if (c->ob_len + total <= OB_CAP) {
+    if (c->ob == NULL)
+      c->ob = s->n_ob_spare > 0 ? s->ob_spare[--s->n_ob_spare] : malloc(OB_CAP);
+    if (c->ob != NULL) {
+      for (i = 0; i < nb; i++) {
+        memcpy(c->ob + c->ob_len, bufs[i].base, bufs[i].len);
+        c->ob_len += bufs[i].len;
+      }
+      if (!c->dirty) {
+        if (s->dirty == NULL)
+          uv_check_start(&s->flush_check, on_flush_check);
+        c->dirty = 1;
+        c->dprev = NULL;
+        c->dnext = s->dirty;
+        if (s->dirty != NULL)
+          s->dirty->dprev = c;
+        s->dirty = c;
+      }
+      return 0;
+    }
+    /* no buffer: send directly, it is only slower */
+  }
+  if (c->ob_len == 0) {
+    ob_release(c);
+    return conn_send(c, bufs, nb);
+  }
+  v[0] = uv_buf_init(c->ob, (unsigned)c->ob_len);
+  for (i = 0; i < nb && i < 3; i++)
+    v[i + 1] = bufs[i];
+  rc = conn_send(c, v, i + 1);
+  ob_release(c);
+  return rc;
 }
 
 /* Bounded string builder; the caller reserves the capacity up front. */
@@ -542,6 +659,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   s->m.connections_active--;
+  ob_release(c);
   free(c->in);
   free(c->fields);
   free(c);
@@ -556,6 +674,12 @@ static void conn_close(conn_t *c, int reset) {
   req_t *r;
   if (c->closing)
     return;
+  if (!reset && !c->failed && c->ob_len > 0) {
+    /* what a write before the close would have sent at once */
+    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
+    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+  }
+  ob_release(c);
   c->closing = 1;
   conn_drop_requests(c);
   r = c->active;
@@ -604,6 +728,9 @@ static void conn_finish(conn_t *c, int no_linger) {
   if (c->closing || c->shutting || c->failed)
     return;
   conn_drop_requests(c);
+  conn_flush(c); /* uv_shutdown waits for queued writes, not corked ones */
+  if (c->failed)
+    return;
   c->ps = P_DEAD;
   c->shutting = 1;
   c->no_linger = no_linger ? 1 : 0;
@@ -2303,9 +2430,11 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   /* neither can fail: AF_UNSPEC creates no socket yet */
   uv_tcp_init(loop, &s->listener);
   uv_timer_init(loop, &s->drain_timer);
+  uv_check_init(loop, &s->flush_check);
   s->listener.data = s;
   s->drain_timer.data = s;
-  s->handles = 2;
+  s->flush_check.data = s;
+  s->handles = 3;
   *out = s;
   return 0;
 }
@@ -2363,11 +2492,14 @@ static void srv_maybe_finish(om_http_server_t *s) {
   if (!s->timer_closing) {
     s->timer_closing = 1;
     uv_close((uv_handle_t *)&s->drain_timer, on_srv_handle_closed);
+    uv_close((uv_handle_t *)&s->flush_check, on_srv_handle_closed);
     return;
   }
   if (s->handles > 0)
     return;
   s->finished = 1;
+  while (s->n_ob_spare > 0)
+    free(s->ob_spare[--s->n_ob_spare]);
   if (s->on_closed != NULL)
     s->on_closed(s, s->ud);
   free(s);
@@ -2660,5 +2792,6 @@ size_t om_http_response_pending(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
   if (r == NULL || r->conn == NULL || r->conn->closing)
     return 0;
-  return uv_stream_get_write_queue_size((const uv_stream_t *)&r->conn->tcp);
+  return r->conn->ob_len +
+         uv_stream_get_write_queue_size((const uv_stream_t *)&r->conn->tcp);
 }
