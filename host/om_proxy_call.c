@@ -76,7 +76,7 @@ typedef struct call_s {
   char *target; /* prefix + path[?query], rebuilt per peer */
   const char *path_q;
   size_t path_q_len;
-  char attempt_buf[16], deadline_buf[24], request_id[33];
+  char attempt_buf[24], deadline_buf[24], request_id[33];
   char *xff;
 } call_t;
 
@@ -87,6 +87,22 @@ static void start_attempt(call_t *c);
 
 static inline int bit(const uint64_t *b, size_t i) {
   return (int)((b[i / 64] >> (i % 64)) & 1u);
+}
+
+/* v in decimal into buf (at least 21 bytes), NUL-terminated; its length.
+ * The hot path formats a few numbers per call: snprintf costs more than
+ * the rest of building the upstream head. */
+static size_t u64_dec(char *buf, uint64_t v) {
+  char tmp[20];
+  size_t n = 0, i;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  for (i = 0; i < n; i++)
+    buf[i] = tmp[n - 1 - i];
+  buf[n] = '\0';
+  return n;
 }
 
 static uint64_t ceil_ms(uint64_t ns) {
@@ -460,8 +476,8 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   om_http_header_t stack[STACK_HEADERS], *h = stack;
   uint64_t now = uv_hrtime(), ra = 0, wait;
   int has_ra = 0, ok = r->status < 500, rc;
-  char att[16];
-  size_t n = 0;
+  char att[24];
+  size_t n = 0, att_len;
   if (c->req == NULL)
     return 1; /* not reached: on_close cancels the attempt */
   c->head_ns = now;
@@ -513,9 +529,9 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
       continue;
     h[n++] = *f;
   }
-  snprintf(att, sizeof att, "%u", c->attempts);
+  att_len = u64_dec(att, c->attempts);
   h[n++] = (om_http_header_t){"x-openmesh-peer", peer->id, 15, 0};
-  h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, 0};
+  h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, att_len};
   rc = om_http_response_start(c->req, r->status, h, n);
   if (h != stack)
     free(h);
@@ -688,19 +704,24 @@ static void start_attempt(call_t *c) {
   c->status = 0;
   c->head_ns = 0;
   c->attempt_t0 = now;
-  snprintf(c->last_peer, sizeof c->last_peer, "%s", peer->id);
+  {
+    size_t idl = strlen(peer->id);
+    if (idl >= sizeof c->last_peer)
+      idl = sizeof c->last_peer - 1;
+    memcpy(c->last_peer, peer->id, idl);
+    c->last_peer[idl] = '\0';
+  }
   remaining = om_deadline_remaining(c->deadline, now);
   attempt_ns = om_deadline_attempt_timeout(c->deadline, now, c->set.per_try_ns);
   c->deadline_limited = attempt_ns == remaining;
-  snprintf(c->attempt_buf, sizeof c->attempt_buf, "%u", c->attempts);
   c->n_fwd = c->n_fwd_fixed;
   c->fwd[c->n_fwd++] =
-      (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18, 0};
+      (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18,
+                         u64_dec(c->attempt_buf, c->attempts)};
   if (remaining != OM_DEADLINE_NEVER) {
-    snprintf(c->deadline_buf, sizeof c->deadline_buf, "%llu",
-             (unsigned long long)(remaining / NS_PER_MS));
     c->fwd[c->n_fwd++] =
-        (om_http_header_t){"x-openmesh-deadline-ms", c->deadline_buf, 22, 0};
+        (om_http_header_t){"x-openmesh-deadline-ms", c->deadline_buf, 22,
+                           u64_dec(c->deadline_buf, remaining / NS_PER_MS)};
   }
   build_target(c, peer);
   memset(&ur, 0, sizeof ur);
