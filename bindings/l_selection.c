@@ -40,7 +40,9 @@
  *
  * opts for p2c: seed (integer; default: different for every object, from
  * its address and the wall clock, so proxies do not draw the same pairs),
- * decay_ms (10000), default_latency_ms (30), default_penalty_ms (1000,
+ * decay_ms (10000), default_latency_ms (30: the estimate while no peer has
+ * a sample; then an unsampled peer reads the sampled peers' mean),
+ * default_penalty_ms (1000,
  * used when a 429/503 carries no Retry-After), max_penalty_ms (60000).
  * opts for rendezvous: seed (integer, default 0; every process that must
  * agree on the mapping needs the same seed).

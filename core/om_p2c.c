@@ -34,6 +34,9 @@ struct om_p2c_s {
   uint32_t max_tries;
   uint64_t *eligible; /* bitmap, nwords words, no bits set past n */
   peer_t *peers;
+  /* the estimates of the peers with a sample: their mean is the prior */
+  double sampled_sum;
+  size_t n_sampled;
 };
 
 int om_p2c_new(const om_p2c_opts_t *opts, om_p2c_t **out) {
@@ -111,10 +114,23 @@ static inline int is_candidate(const om_p2c_t *p, const uint64_t *exclude,
   return (int)((candidates_word(p, exclude, i / 64) >> (i % 64)) & 1);
 }
 
-static inline double latency_at(const peer_t *q, uint64_t now_ns) {
+/*
+ * A peer without a sample looks like the average sampled peer: a fixed
+ * default would either starve a new peer (above the others' estimates,
+ * and it never gets the sample that would lower it) or flood it (below).
+ * The default applies only while no peer has a sample.
+ */
+static inline double estimate(const om_p2c_t *p, const peer_t *q) {
+  if (!q->lat.has_sample && p->n_sampled > 0)
+    return p->sampled_sum / (double)p->n_sampled;
+  return om_ewma_value(&q->lat);
+}
+
+static inline double latency_at(const om_p2c_t *p, const peer_t *q,
+                                uint64_t now_ns) {
   uint64_t rem =
       q->penalty_until_ns > now_ns ? q->penalty_until_ns - now_ns : 0;
-  return om_ewma_value(&q->lat) + (double)rem;
+  return estimate(p, q) + (double)rem;
 }
 
 /* The r-th (from 0) candidate in index order; r < number of candidates. */
@@ -200,8 +216,8 @@ int om_p2c_pick(const om_p2c_t *p, om_rng_t *rng, const uint64_t *exclude,
    */
   pa = &p->peers[a];
   pb = &p->peers[b];
-  ca = ((double)pa->inflight + 1.0) * latency_at(pa, now_ns) * pb->weight;
-  cb = ((double)pb->inflight + 1.0) * latency_at(pb, now_ns) * pa->weight;
+  ca = ((double)pa->inflight + 1.0) * latency_at(p, pa, now_ns) * pb->weight;
+  cb = ((double)pb->inflight + 1.0) * latency_at(p, pb, now_ns) * pa->weight;
   *out = cb < ca ? b : a;
   return 0;
 }
@@ -245,7 +261,7 @@ int om_p2c_start(om_p2c_t *p, size_t i) {
 int om_p2c_finish(om_p2c_t *p, size_t i, uint64_t latency_ns, int ok,
                   uint64_t now_ns) {
   peer_t *q;
-  double s;
+  double s, before;
   if (i >= p->n)
     return OM_ERANGE;
   q = &p->peers[i];
@@ -253,10 +269,19 @@ int om_p2c_finish(om_p2c_t *p, size_t i, uint64_t latency_ns, int ok,
     return OM_ESTATE;
   q->inflight--;
   s = (double)latency_ns;
+  before = estimate(p, q);
   /* A fast failure must not make the peer look fast. */
-  if (!ok && s < om_ewma_value(&q->lat))
-    s = om_ewma_value(&q->lat);
+  if (!ok && s < before)
+    s = before;
+  if (q->lat.has_sample) {
+    p->sampled_sum -= om_ewma_value(&q->lat);
+  } else {
+    p->n_sampled++;
+  }
   om_ewma_observe(&q->lat, s, now_ns, p->decay_ns);
+  p->sampled_sum += om_ewma_value(&q->lat);
+  if (p->sampled_sum < 0) /* rounding over many updates */
+    p->sampled_sum = 0;
   return 0;
 }
 
@@ -281,5 +306,5 @@ uint32_t om_p2c_inflight(const om_p2c_t *p, size_t i) {
 }
 
 double om_p2c_latency_ns(const om_p2c_t *p, size_t i, uint64_t now_ns) {
-  return i < p->n ? latency_at(&p->peers[i], now_ns) : 0;
+  return i < p->n ? latency_at(p, &p->peers[i], now_ns) : 0;
 }

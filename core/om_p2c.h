@@ -10,8 +10,10 @@
  *
  * Cost of peer i at time now:
  *   cost_i = (inflight_i + 1) * latency_i(now) / weight_i
- *   latency_i(now) = peak-EWMA estimate (om_ewma.h; 30 ms before any sample,
- *                    10 s decay) + penalty_i(now)
+ *   latency_i(now) = peak-EWMA estimate (om_ewma.h, 10 s decay) +
+ * penalty_i(now) before peer i's first sample its estimate is the mean estimate
+ * of the peers that have one (30 ms while none has): a new peer looks average,
+ *   so it gets its share at once instead of starving behind fast peers.
  *   penalty_i(now) = time remaining until the end of the latest Retry-After
  *                    window (om_p2c_penalize), 0 once it has passed.
  * Two costs are compared by cross-multiplying the weights, never dividing
@@ -54,8 +56,9 @@ typedef struct om_p2c_opts_s {
   size_t npeers; /* >= 1 */
   /* npeers weights, each finite and > 0; NULL: every peer weighs 1. */
   const double *weights;
-  uint64_t decay_ns;           /* EWMA time constant; 0: 10 s */
-  uint64_t default_latency_ns; /* estimate before any sample; 0: 30 ms */
+  uint64_t decay_ns; /* EWMA time constant; 0: 10 s */
+  uint64_t
+      default_latency_ns; /* estimate while no peer has a sample; 0: 30 ms */
   /* Penalty window when a 429/503 came without Retry-After; 0: 1 s. */
   uint64_t default_penalty_ns;
   /* Longest penalty window honoured (longer ones are clamped); 0: 60 s. */

@@ -172,8 +172,10 @@ static void lower_cost_wins(void **state) {
   for (int i = 0; i < 200; i++)
     assert_int_equal(pick(p, &rng, NULL, 0), 1);
   assert_int_equal(om_p2c_inflight(p, 0), 3);
-  /* Latency: peer 1 slows to 200 ms; with 3 in flight peer 0 costs 120 ms
-   * against 200 ms. */
+  /* Latency: peer 0 answers in 30 ms, peer 1 slows to 200 ms; with 3 in
+   * flight peer 0 costs 120 ms against 200 ms. */
+  om_p2c_start(p, 0);
+  om_p2c_finish(p, 0, 30 * MS, 1, SEC);
   om_p2c_start(p, 1);
   om_p2c_finish(p, 1, 200 * MS, 1, SEC);
   for (int i = 0; i < 200; i++)
@@ -252,16 +254,62 @@ static void peak_ewma(void **state) {
     om_p2c_finish(p, 0, 20 * MS, 1, 12 * SEC + (uint64_t)i * SEC);
   }
   OM_ASSERT_NEAR(om_p2c_latency_ns(p, 0, 0), 20.0 * MS, 0.01 * MS);
-  /* Fast failures never lower the estimate; slow ones raise it. */
+  /* Fast failures never lower the estimate (peer 1 starts from the prior,
+   * peer 0's 20 ms); slow ones raise it. */
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 1 * SEC), 20.0 * MS, 0.01 * MS);
   om_p2c_start(p, 1);
   om_p2c_finish(p, 1, 1 * MS, 0, 1 * SEC);
-  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 1 * SEC), 30.0 * MS, tol);
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 1 * SEC), 20.0 * MS, 0.01 * MS);
   om_p2c_start(p, 1);
   om_p2c_finish(p, 1, 1 * MS, 0, 100 * SEC);
-  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 100 * SEC), 30.0 * MS, tol);
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 100 * SEC), 20.0 * MS, 0.01 * MS);
   om_p2c_start(p, 1);
   om_p2c_finish(p, 1, 400 * MS, 0, 101 * SEC);
   OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 101 * SEC), 400.0 * MS, tol);
+  om_p2c_free(p);
+}
+
+/*
+ * A peer without a sample looks like the average sampled peer. With a fixed
+ * 30 ms default a new peer next to 1 ms peers would never be picked while
+ * they had fewer than 30 requests in flight, and without picks it never
+ * gets the sample that would lower its estimate: starved for good.
+ */
+static void new_peer_gets_its_share(void **state) {
+  om_p2c_t *p = make(4, NULL);
+  om_rng_t rng;
+  const double tol = 1e-6 * (double)MS;
+  size_t hits[4] = {0};
+  (void)state;
+  om_rng_seed(&rng, 7);
+  for (size_t i = 0; i < 3; i++) { /* peers 0..2 answer in 1, 2, 3 ms */
+    om_p2c_start(p, i);
+    om_p2c_finish(p, i, (i + 1) * MS, 1, 1 * SEC);
+  }
+  /* peer 3 has no sample: the mean of the others, not 30 ms */
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 3, 1 * SEC), 2.0 * MS, tol);
+  for (int k = 0; k < 4000; k++)
+    hits[pick(p, &rng, NULL, 1 * SEC)]++;
+  OM_TEST_NOTE("picks with nothing in flight: %zu %zu %zu %zu", hits[0],
+               hits[1], hits[2], hits[3]);
+  /* Pairs are uniform, the cheaper wins: peer 3 (2 ms) wins against peers 1
+   * (tie: half) and 2, loses against 0: (0.5 + 1) / 3 of the pairs it is
+   * in, half of all pairs: 1/4 of the picks. */
+  OM_ASSERT_NEAR(hits[3] / 4000.0, 0.25, 0.04);
+  /* Its first sample replaces the prior; the prior no longer counts it. */
+  om_p2c_start(p, 3);
+  om_p2c_finish(p, 3, 8 * MS, 1, 2 * SEC);
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 3, 2 * SEC), 8.0 * MS, tol);
+  om_p2c_free(p);
+  /* No sample anywhere: the configured default. */
+  p = make(2, NULL);
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 0), 30.0 * MS, tol);
+  /* A fast failure as the first sample is no lower than the prior. */
+  om_p2c_start(p, 0);
+  om_p2c_finish(p, 0, 4 * MS, 1, 1 * SEC);
+  om_p2c_start(p, 1);
+  om_p2c_finish(p, 1, 1 * MS, 0, 1 * SEC);
+  OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, 1 * SEC), 4.0 * MS, tol);
   om_p2c_free(p);
 }
 
@@ -411,6 +459,7 @@ int main(void) {
       cmocka_unit_test(lower_cost_wins),
       cmocka_unit_test(ties_are_broken_at_random),
       cmocka_unit_test(peak_ewma),
+      cmocka_unit_test(new_peer_gets_its_share),
       cmocka_unit_test(start_finish_misuse),
       cmocka_unit_test(retry_after_penalty_decays),
       cmocka_unit_test(fast_rejections_do_not_attract_load),
