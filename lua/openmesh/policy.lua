@@ -227,6 +227,11 @@ end
 
 -- policy.header(req, name) -> the value of header `name` (any case; the
 -- proxy gives lower-case names), or nil when absent or empty.
+-- The lower-case form of the names policies ask for. They are constants in
+-- policy code, so a few entries serve every request; name:lower() built a
+-- new string per lookup. Bounded, in case a policy computes its names.
+local lower_of, lower_count = {}, 0
+
 function policy.header(req, name)
   -- The hot path of most policies (called per request, often twice): plain
   -- indexing, with type checks only where a value is unusual.
@@ -236,7 +241,16 @@ function policy.header(req, name)
   end
   local v = headers[name] -- the proxy's names are already lower-case
   if v == nil then
-    v = headers[name:lower()]
+    local lower = lower_of[name]
+    if lower == nil then
+      lower = name:lower()
+      if lower_count < 256 then
+        lower_of[name], lower_count = lower, lower_count + 1
+      end
+    end
+    if lower ~= name then
+      v = headers[lower]
+    end
   end
   if v == "" or v == nil or type(v) ~= "string" then
     return nil
