@@ -245,6 +245,11 @@ describe("openmesh.p2c", function()
     p:start("slow")
     p:finish("slow", 250, true, 1000)
     assert.equal(250, p:latency("slow")) -- rises at once
+    -- a peer without a sample reads the mean of those with one
+    assert.equal(250, p:latency("fast"))
+    p:start("fast")
+    p:finish("fast", 5, true, 1000)
+    assert.equal(5, p:latency("fast"))
     for _ = 1, 50 do assert.equal("fast", p:pick()) end
     -- Lower samples decay it with a 10 s time constant.
     p:start("slow")
