@@ -188,6 +188,8 @@ typedef struct req_s {
   conn_t *conn;          /* NULL once the client is gone */
   struct req_s *next;
   om_http_close_fn on_close;
+  om_http_drain_fn on_drain;
+  size_t drain_low;
   char *body;
   size_t body_cap;
   uint64_t resp_left;
@@ -325,6 +327,21 @@ static const char *http_date(om_http_server_t *s) {
 /* ------------------------------------------------------------------ */
 /* writing */
 
+/* The active response's producer asked to hear when output drains. */
+static void conn_check_drain(conn_t *c) {
+  req_t *r = c->active;
+  om_http_drain_fn cb;
+  if (c->closing || c->failed || r == NULL || r->on_drain == NULL ||
+      r->rstate != RS_STREAMING)
+    return;
+  if (c->ob_len + uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >
+      r->drain_low)
+    return;
+  cb = r->on_drain;
+  r->on_drain = NULL;
+  cb(&r->pub);
+}
+
 typedef struct {
   uv_write_t req;
   conn_t *c;
@@ -343,6 +360,7 @@ static void on_write(uv_write_t *wr, int status) {
   }
   c->t_write = now_ms(c);
   conn_update(c);
+  conn_check_drain(c);
 }
 
 /*
@@ -443,8 +461,11 @@ static void conn_flush(conn_t *c) {
 
 static void on_flush_check(uv_check_t *h) {
   om_http_server_t *s = h->data;
-  while (s->dirty != NULL)
-    conn_flush(s->dirty);
+  while (s->dirty != NULL) {
+    conn_t *c = s->dirty;
+    conn_flush(c);
+    conn_check_drain(c);
+  }
   uv_check_stop(h);
 }
 
@@ -2786,6 +2807,26 @@ void om_http_response_abort(om_http_request_t *req) {
     return;
   }
   cut(r);
+}
+
+int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
+                              om_http_drain_fn cb) {
+  req_t *r = (req_t *)req;
+  conn_t *c;
+  if (r == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (c == NULL || c->closing || c->failed || r->rstate != RS_STREAMING ||
+      r->in_close_cb)
+    return OM_ESTATE;
+  r->on_drain = NULL;
+  if (cb == NULL)
+    return 0;
+  if (om_http_response_pending(req) <= low_water)
+    return 1;
+  r->on_drain = cb;
+  r->drain_low = low_water;
+  return 0;
 }
 
 size_t om_http_response_pending(const om_http_request_t *req) {

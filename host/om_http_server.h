@@ -364,6 +364,20 @@ void om_http_response_abort(om_http_request_t *req);
  * the kernel; 0 when the client is gone. */
 size_t om_http_response_pending(const om_http_request_t *req);
 
+typedef void (*om_http_drain_fn)(om_http_request_t *req);
+
+/*
+ * om_http_response_on_drain: have cb(req) run once, from the loop, when
+ * om_http_response_pending(req) falls to low_water or below: the way to
+ * resume a producer paused because a slow client let output pile up (no
+ * polling). Returns 0 when registered; 1 when pending is already at or
+ * below low_water (cb not registered: resume now); OM_ESTATE when the
+ * response is not started or the client is gone. A later call replaces
+ * cb; NULL unregisters. Never runs after the response ended or aborted.
+ */
+int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
+                              om_http_drain_fn cb);
+
 /*
  * om_http_request_on_close: have cb(req) run if the client goes away
  * before the response ends (see om_http_request_t for the lifetime). A

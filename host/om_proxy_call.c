@@ -30,8 +30,6 @@
 #include "om_proxy_internal.h"
 
 #define NS_PER_MS UINT64_C(1000000)
-/* a paused upstream read is re-checked this often */
-#define DRAIN_POLL_MS 2
 /* response heads up to this many fields go through a stack array */
 #define STACK_HEADERS 128
 
@@ -68,7 +66,7 @@ typedef struct call_s {
   om_upstream_fail_t last_fail;
   int last_status, last_timeout, last_deadline_limited;
   char last_peer[OM_NAME_MAX + 1];
-  uv_timer_t timer; /* backoff, or polling a paused stream's drain */
+  uv_timer_t timer; /* backoff */
   int timer_init;
   /* the forwarded request */
   om_http_header_t *fwd;
@@ -456,17 +454,12 @@ static void schedule_retry(call_t *c) {
 }
 
 /* Downstream drained below the low-water mark: read upstream again. */
-static void on_drain_poll(uv_timer_t *t) {
-  call_t *c = t->data;
-  if (c->up == NULL || c->req == NULL) {
-    uv_timer_stop(t);
+static void on_client_drained(om_http_request_t *req) {
+  call_t *c = req->user;
+  if (c == NULL || !c->paused || c->up == NULL)
     return;
-  }
-  if (om_http_response_pending(c->req) <= c->p->opts.high_water / 4) {
-    uv_timer_stop(t);
-    c->paused = 0;
-    om_upstream_resume(c->up);
-  }
+  c->paused = 0;
+  om_upstream_resume(c->up);
 }
 
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
@@ -551,12 +544,15 @@ static void up_on_body(void *ud, const char *data, size_t len) {
     return;
   om_http_response_write(c->req, data, len);
   if (!c->paused && om_http_response_pending(c->req) > c->p->opts.high_water) {
-    /* TCP flow control pushes back on the upstream from here */
-    if (om_upstream_pause(c->up) == 0) {
+    /* TCP flow control pushes back on the upstream from here, until the
+     * client has taken all but a quarter of the high-water mark */
+    int rc = om_http_response_on_drain(c->req, c->p->opts.high_water / 4,
+                                       on_client_drained);
+    if (rc == 0 && om_upstream_pause(c->up) == 0) {
       c->paused = 1;
       c->s->paused++;
-      ensure_timer(c);
-      uv_timer_start(&c->timer, on_drain_poll, DRAIN_POLL_MS, DRAIN_POLL_MS);
+    } else if (rc == 0) {
+      om_http_response_on_drain(c->req, 0, NULL);
     }
   }
 }
@@ -586,7 +582,8 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED;
   c->up = NULL;
   if (c->paused) {
-    stop_timer(c);
+    if (c->req != NULL)
+      om_http_response_on_drain(c->req, 0, NULL);
     c->paused = 0;
   }
   ok = res->headers_delivered ? c->status < 500 : 0;
