@@ -108,6 +108,16 @@ static void on_watch_snapshot(void *ud, om_snapshot_t *snap) {
            om_snapshot_service(snap), "revision", rev, "error", err, NULL);
 }
 
+/* The proxy's rules, before a watch takes a snapshot as its current one:
+ * a snapshot the proxy would refuse is refused by the watch too. */
+static int on_watch_check(void *ud, const om_snapshot_t *snap, char *err,
+                          size_t errlen) {
+  app_t *app = ud;
+  return app->proxy != NULL
+             ? om_proxy_check_snapshot(app->proxy, snap, err, errlen)
+             : 0;
+}
+
 static void on_curl_closed(void *ud) {
   (void)ud;
 }
@@ -396,6 +406,7 @@ int om_cmd_proxy(int argc, char **argv) {
                             .service = services[i],
                             .token = token_file != NULL ? token : NULL,
                             .on_snapshot = on_watch_snapshot,
+                            .check = on_watch_check,
                             .ud = app};
       rc = om_watch_new(&app->loop, app->curl, &wo,
                         &app->watches[app->n_watches]);

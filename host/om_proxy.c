@@ -520,6 +520,30 @@ static int scratch_reserve(om_proxy_t *p, size_t n) {
   return 0;
 }
 
+int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
+                            char *err, size_t errlen) {
+  const char *name;
+  size_t n;
+  if (p == NULL || snap == NULL) {
+    set_err(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  name = om_snapshot_service(snap);
+  n = om_snapshot_count(snap);
+  for (size_t i = 0; i < n; i++) {
+    const om_instance_t *in = om_snapshot_instance(snap, i);
+    om_upstream_target_t t;
+    const char *prefix, *why = "invalid";
+    size_t plen;
+    if (peer_target(in->url, &t, &prefix, &plen, &why) != 0) {
+      set_err(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
+              in->id, in->url, why);
+      return OM_EINVAL;
+    }
+  }
+  return 0;
+}
+
 int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
                           size_t errlen) {
   om__proxy_service_t *s;
@@ -552,17 +576,9 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     if (om_snapshot_revision(snap) == cur)
       return 0;
   }
-  for (size_t i = 0; i < n; i++) {
-    const om_instance_t *in = om_snapshot_instance(snap, i);
-    om_upstream_target_t t;
-    const char *prefix, *why = "invalid";
-    size_t plen;
-    if (peer_target(in->url, &t, &prefix, &plen, &why) != 0) {
-      set_err(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
-              in->id, in->url, why);
-      return OM_EINVAL;
-    }
-  }
+  rc = om_proxy_check_snapshot(p, snap, err, errlen);
+  if (rc != 0)
+    return rc;
   if (scratch_reserve(p, n) != 0) {
     set_err(err, errlen, "out of memory");
     return OM_ENOMEM;

@@ -138,6 +138,15 @@ int om_proxy_admin_port(const om_proxy_t *p);
  * estimate; a new one starts fresh. Calls in flight finish on the view
  * they started with (their subset stays what the policy chose).
  */
+/*
+ * om_proxy_check_snapshot: whether om_proxy_set_snapshot would refuse snap
+ * for its peers (a URL the upstream client cannot reach: a name, https).
+ * 0, or OM_EINVAL with the reason in err. No side effects: a watch calls it
+ * before a snapshot becomes its current one (om_watch_opts_t.check).
+ */
+int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
+                            char *err, size_t errlen);
+
 int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
                           size_t errlen);
 

@@ -51,6 +51,7 @@ static const char *const end_names[] = {
   XX(STALE, "stale")                                                           \
   XX(SERVICE, "wrong_service")                                                 \
   XX(TOO_BIG, "too_big")                                                       \
+  XX(REFUSED, "refused")                                                       \
   XX(IGNORED, "ignored")
 
 typedef enum {
@@ -75,6 +76,7 @@ struct om_watch_s {
   uint64_t silence_ms, base_ns, cap_ns;
   size_t max_event_bytes;
   om_watch_snapshot_cb on_snapshot;
+  om_watch_check_cb check;
   om_watch_error_cb on_error;
   void *ud;
   om_rng_t rng;
@@ -218,6 +220,8 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
   } else if (rev == cur) {
     w->st.duplicates++; /* a resume normally brings the one we hold */
     count_event(w, EV_DUPLICATE);
+  } else if (w->check != NULL && w->check(w->ud, snap, msg, sizeof msg) != 0) {
+    reject(w, EV_REFUSED, &w->st.rejected_refused, ev, rev, msg);
   } else {
     char r[24], n[24];
     om_snapshot_unref(w->current);
@@ -761,6 +765,7 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   w->base_ns = base * MS_NS;
   w->cap_ns = cap * MS_NS;
   w->on_snapshot = opts->on_snapshot;
+  w->check = opts->check;
   w->on_error = opts->on_error;
   w->ud = opts->ud;
   om_rng_seed(&w->rng,

@@ -84,6 +84,17 @@ typedef void (*om_watch_snapshot_cb)(void *ud, om_snapshot_t *snap);
 typedef void (*om_watch_error_cb)(void *ud, const char *reason,
                                   const char *detail);
 
+/*
+ * The consumer's own rules for a valid, newer snapshot (the proxy's: every
+ * peer URL is one its upstream client can reach). Nonzero refuses it, with
+ * a message in err (NUL-terminated): counted (rejected_refused), logged,
+ * and the current snapshot stays, as for a malformed one; so a resend of
+ * the same revision is not mistaken for a duplicate of something held.
+ * Runs while events are parsed: no side effects, no call into the watch.
+ */
+typedef int (*om_watch_check_cb)(void *ud, const om_snapshot_t *snap, char *err,
+                                 size_t errlen);
+
 typedef struct om_watch_opts_s {
   /* The control plane's base URL, http:// or https://, without the
    * /v1/... path ("http://127.0.0.1:7600"; a trailing '/' is fine).
@@ -110,6 +121,7 @@ typedef struct om_watch_opts_s {
    * are registered on it (it must outlive the watch). */
   om_metrics_t *metrics;
   om_watch_snapshot_cb on_snapshot; /* optional */
+  om_watch_check_cb check;          /* optional */
   om_watch_error_cb on_error;       /* optional */
   void *ud;
 } om_watch_opts_t;
@@ -137,6 +149,7 @@ typedef struct om_watch_stats_s {
   uint64_t rejected_stale;     /* valid, older than the current one */
   uint64_t rejected_service;   /* valid, another service's */
   uint64_t rejected_too_big;   /* over max_event_bytes (stream dropped) */
+  uint64_t rejected_refused;   /* valid and newer, refused by opts.check */
   uint64_t ignored;            /* events of a type other than `snapshot` */
   uint64_t http_errors;        /* answers other than 200 text/event-stream */
   uint64_t auth_errors;        /* of them, 401 and 403 */
