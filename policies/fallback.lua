@@ -50,6 +50,22 @@ return {
   backoff_base_ms = 500,
   backoff_cap_ms = 8000,
 
+  -- Layer C. An async turn that failed stays pending and is retried every
+  -- minute for at most an hour (nobody is waiting; a late answer is still
+  -- useful). An interactive turn got a holding line: the gateway keeps
+  -- trying for two minutes, then sends the handoff message.
+  pending_retry_interval_ms = 60000,
+  pending_max_age_ms = 3600000,
+  commitment_ms = 120000,
+
+  -- The quality gate, opt-in per agent: flagged replies of these agents go
+  -- to a judge on the fast route, which must answer within the timeout.
+  quality_gate = {
+    agents = { "support" },
+    judge_route = "primary",
+    judge_timeout_ms = 2000,
+  },
+
   examples = {
     { description = "nothing failed yet: primary first",
       ctx = { agent = "support", context = "interactive" },

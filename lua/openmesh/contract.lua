@@ -524,6 +524,9 @@ local ctx_shape = record {
   { "context", one_of { "interactive", "async" } },
   { "channel", text },
   { "failed", array_of(failure_shape) },
+  -- what a heuristics check may compare the reply with
+  { "system_prompt", text },
+  { "question", text },
 }
 
 -- A request as an example or a spec writes it, with the documented
@@ -563,6 +566,8 @@ function contract.default_ctx(t)
     context = t.context or "interactive",
     channel = t.channel or "example",
     failed = failed,
+    system_prompt = t.system_prompt, -- nil: checks that need it pass
+    question = t.question,
   }
 end
 
@@ -706,15 +711,87 @@ function contract.order(policy, ctx)
   return names
 end
 
+-- The literal every match of pattern p starts with (after zero-width
+-- %f[set] frontiers), or "" when it does not start with one. A char
+-- followed by '*', '?' or '-' is optional and ends the literal; one
+-- followed by '+' is required once and ends it too.
+local function literal_prefix(p)
+  local i, lit = 1, {}
+  if p:sub(1, 1) == "^" then
+    return "" -- already anchored: nothing to gain
+  end
+  while p:sub(i, i + 1) == "%f" do
+    i = class_end(p, i + 2)
+    if not i then
+      return ""
+    end
+  end
+  while i <= #p do
+    local c, w = p:sub(i, i), 1
+    if c == "%" then
+      c, w = p:sub(i + 1, i + 1), 2
+      if c == "" or c:find("^%w") then
+        break -- a class (%d), a back-reference, %b or %f
+      end
+    elseif c:find("^[%^%$%*%+%?%.%(%)%[%-]") then
+      break
+    end
+    local q = p:sub(i + w, i + w)
+    if q == "*" or q == "?" or q == "-" then
+      break
+    end
+    lit[#lit + 1] = c
+    if q == "+" then
+      break
+    end
+    i = i + w
+  end
+  return table.concat(lit)
+end
+
+-- Per pattern: its literal prefix and the anchored form ("^" .. p).
+local prefixes = {}
+
+-- string.find(text, pattern) ~= nil, faster: a pattern that starts with a
+-- literal can only match where that literal occurs, so find it with a
+-- plain search (memchr-fast) and try the pattern anchored there, instead
+-- of letting the matcher try every position of the text. Same answer:
+-- every match starts at an occurrence of the literal, and all of them are
+-- tried in order. (Frontiers are zero-width and read the text before the
+-- start position even with an init, lstrlib.c str_find_aux.)
+local function pattern_found(text, pattern)
+  local pre = prefixes[pattern]
+  if pre == nil then
+    local lit = literal_prefix(pattern)
+    pre = { lit = lit, anchored = "^" .. pattern }
+    prefixes[pattern] = pre
+  end
+  local lit = pre.lit
+  if lit == "" then
+    return string.find(text, pattern) ~= nil
+  end
+  local find, anchored, init = string.find, pre.anchored, 1
+  while true do
+    local at = find(text, lit, init, true)
+    if not at then
+      return false
+    end
+    if find(text, anchored, at) then
+      return true
+    end
+    init = at + 1
+  end
+end
+
 -- Whether one check matches: true/false, or nil and a message.
 local function check_matches(check, text, ctx)
   local pattern, substrings, fn = rawget(check, "pattern"), rawget(check, "substrings"), rawget(check, "check")
   if pattern then
-    local ok, found = pcall(string.find, text, pattern)
+    local ok, found = pcall(pattern_found, text, pattern)
     if not ok then
       return nil, raised(("check %s"):format(quote(check.name)), found)
     end
-    return found ~= nil
+    return found
   elseif substrings then
     for i = 1, #substrings do
       if text:find(substrings[i], 1, true) then
@@ -973,12 +1050,36 @@ local function common(examples)
   }
 end
 
-local function kind_spec(example, run, fields)
+local function kind_spec(example, run, fields, rule)
   local all = common(example)
   for _, f in ipairs(fields) do
     all[#all + 1] = f
   end
-  return { shape = record(all), run = run }
+  return { shape = record(all, rule), run = run }
+end
+
+-- The quality gate of a fallback policy (opt-in per agent): the judge is
+-- one of the policy's own routes, so it gets the same timeouts and keys.
+local quality_gate = record {
+  { "agents", array_of(nonempty) },
+  { "judge_route", nonempty, required = true },
+  { "judge_timeout_ms", number_above(0) },
+}
+
+local function gate_names_a_route(policy, _path)
+  local gate = rawget(policy, "quality_gate")
+  if gate == nil then
+    return nil
+  end
+  local name = rawget(gate, "judge_route")
+  local names = route_names(policy)
+  for i = 1, #names do
+    if names[i] == name then
+      return nil
+    end
+  end
+  return field_error("quality_gate.judge_route",
+    ("unknown route %s (routes: %s)"):format(quote(name), show_list(names)))
 end
 
 local KIND_SPECS = {
@@ -1001,13 +1102,22 @@ local KIND_SPECS = {
     { "deadline_ms", number_above(0) },
     { "backoff_base_ms", number_above(0) },
     { "backoff_cap_ms", number_above(0) },
-  }),
+    -- Layer C: an async turn that failed is retried every interval until
+    -- it is this old; an interactive one keeps trying for commitment_ms
+    -- after its holding line.
+    { "pending_retry_interval_ms", number_above(0) },
+    { "pending_max_age_ms", number_above(0) },
+    { "commitment_ms", number_above(0) },
+    { "quality_gate", quality_gate },
+  }, gate_names_a_route),
   egress_heuristics = kind_spec(egress_example, run_egress_example, {
     { "checks", array_of(check, { unique = "name", what = "check name" }), required = true },
     { "holding_lines", function(v, path)
       return map_of(nonempty)(v, path) or has_default(v, path)
     end, required = true },
     { "handoff", map_of(nonempty) },
+    -- what the user is told when the gateway hands the conversation off
+    { "handoff_lines", map_of(nonempty) },
   }),
 }
 
@@ -1041,6 +1151,8 @@ end
 -- Exported for openmesh.testing and the specs.
 contract.subset_error = subset_error
 contract.pattern_error = pattern_error
+contract.literal_prefix = literal_prefix
+contract.pattern_found = pattern_found
 contract.show = show
 contract.show_list = show_list
 

@@ -81,6 +81,109 @@ describe("policies/egress_heuristics.lua", function()
     end
   end)
 
+  describe("quality gate checks", function()
+    local PROMPT = "You are the billing agent of Acme Corp. Never reveal internal discount codes such as STAFF-40 to customers."
+
+    local function eval(text, ctx)
+      return testing.evaluate(p, text, ctx)
+    end
+
+    it("flags a leaked reasoning block with high confidence", function()
+      flags("<thinking>The user is angry, offer a coupon.</thinking>Here is your coupon.", "high", "leaked_thinking")
+      flags("Sure.\n<think>\nplan\n</think>", "high", "leaked_thinking")
+      flags("</thinking>Done.", "high", "leaked_thinking")
+      assert.is_false(eval("We think the parcel arrives Monday; thinking of you.").flagged)
+    end)
+
+    it("flags a verbatim run of 40+ bytes of the system prompt, only when one is given", function()
+      local leak = "My rules: Never reveal internal discount codes such as STAFF-40 to customers."
+      local r = eval(leak, { system_prompt = PROMPT })
+      assert.same({ flagged = true, confidence = "high", checks = { "system_prompt_leak" } }, r)
+      assert.is_false(eval(leak).flagged) -- no prompt: no check
+      -- exactly 40 bytes of the prompt, at any alignment
+      for start = 1, #PROMPT - 40 do
+        local piece = PROMPT:sub(start, start + 39)
+        local got = eval("Quote: " .. piece .. ". End of quote.", { system_prompt = PROMPT })
+        assert.is_true(got.flagged, piece)
+      end
+      -- 39 bytes is not a fragment
+      local short = PROMPT:sub(5, 43)
+      assert.is_false(eval("Quote:[" .. short .. "]. End.", { system_prompt = PROMPT }).flagged, short)
+      -- a short prompt cannot leak by this rule
+      assert.is_false(eval("You are helpful.", { system_prompt = "You are helpful." }).flagged)
+    end)
+
+    it("stays bounded on a reply made of prompt pieces", function()
+      local prompt = ("abcdefghijklmnopqrst"):rep(20)
+      local r = eval(("abcdefghijklmnopqrsX"):rep(200) .. ".", { system_prompt = prompt })
+      assert.is_false(r.flagged)
+      r = eval(("abcdefghijklmnopqrstX"):rep(300) .. ".", { system_prompt = prompt })
+      assert.is_false(r.flagged) -- 20-byte runs everywhere, never 40
+      r = eval(("abcdefghijklmnopqrstX"):rep(300) .. prompt:sub(3, 45) .. ".", { system_prompt = prompt })
+      assert.is_true(r.flagged) -- one real run among the noise
+    end)
+
+    it("flags an 'As an AI language model' opener with low confidence", function()
+      flags("As an AI language model, I cannot browse the web. Here is what I know.", "low",
+        "ai_language_model_opener")
+      flags("  as an AI language model I think both are fine.", "low", "ai_language_model_opener")
+      flags("I'm an AI language model; here is the summary.", "low", "ai_language_model_opener")
+      assert.is_false(eval("Here is the summary. As an AI language model would say, it depends.").flagged)
+    end)
+
+    it("flags an apology-only reply to a substantive question with low confidence", function()
+      local q = { question = "How do I export my invoices as PDF from the dashboard?" }
+      local r = eval("I'm sorry, but I can't help with that.", q)
+      assert.same({ flagged = true, confidence = "low", checks = { "apology_only" } }, r)
+      r = eval("Sorry! Unfortunately I am unable to do that. I apologize.", q)
+      assert.is_true(r.flagged)
+      -- an apology followed by content is a reply
+      assert.is_false(eval("Sorry for the delay. Open Billing, then click Export PDF.", q).flagged)
+      -- no apology at all: not this check
+      assert.is_false(eval("I cannot export it.", q).flagged)
+      -- not a substantive question
+      assert.is_false(eval("Sorry, I can't help with that.", { question = "hi" }).flagged)
+      assert.is_false(eval("Sorry, I can't help with that.").flagged)
+    end)
+
+    it("accepts the new context fields in examples and refuses wrong types", function()
+      local err = contract.check_ctx({ system_prompt = 42 })
+      assert.matches("ctx.system_prompt", err, 1, true)
+      err = contract.check_ctx({ question = false })
+      assert.matches("ctx.question", err, 1, true)
+      assert.is_nil(contract.check_ctx({ system_prompt = "x", question = "y" }))
+    end)
+  end)
+
+  it("matches patterns exactly like string.find (the literal-prefix fast path)", function()
+    assert.equal("NaN", contract.literal_prefix("%f[%w]NaN%f[%W]"))
+    assert.equal("\"error\"", contract.literal_prefix("\"error\"%s*:"))
+    assert.equal("HTTP/", contract.literal_prefix("HTTP/%d"))
+    assert.equal("ab", contract.literal_prefix("abc?d"))
+    assert.equal("abc", contract.literal_prefix("abc+d"))
+    assert.equal("a.b", contract.literal_prefix("a%.b"))
+    assert.equal("", contract.literal_prefix("^abc"))
+    assert.equal("", contract.literal_prefix("[ab]c"))
+    local patterns = { "%f[%w]NaN%f[%W]", "ab+c", "a%.b", "x?y", "%f[%a]an%f[%A]", "an%s+d",
+      "(a)%1", "aa-b", "\n%s*at ", "b$" }
+    local texts = { "", "NaN", "aNaN", "NaN!", "abbbc", "ac", "a.b", "axb", "y", "xy", "an and", "band",
+      "aab", "ab", "aa", "x\n  at y", "NaNa NaN", "b", "ab\nb" }
+    for _, pat in ipairs(patterns) do
+      for _, t in ipairs(texts) do
+        assert.equal(string.find(t, pat) ~= nil, contract.pattern_found(t, pat), pat .. " on " .. t)
+      end
+    end
+  end)
+
+  it("has handoff lines with a default", function()
+    local s = p:settings()
+    assert.is_string(s.handoff_lines.default)
+    assert.is_string(s.handoff_lines.support)
+    for agent, line in pairs(s.handoff_lines) do
+      assert.is_nil(testing.evaluate(p, line).confidence, agent)
+    end
+  end)
+
   it("has a default holding line, per-agent ones and a handoff for support", function()
     local s = p:settings()
     assert.is_string(s.holding_lines.default)

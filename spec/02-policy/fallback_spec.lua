@@ -1,5 +1,6 @@
 -- policies/fallback.lua: the default route order for model calls.
 local testing = require "openmesh.testing"
+local contract = require "openmesh.contract"
 
 describe("policies/fallback.lua", function()
   local p = assert(testing.load("policies/fallback.lua"))
@@ -27,6 +28,57 @@ describe("policies/fallback.lua", function()
     assert.equal(8000, s.per_wait_ceiling_ms)
     assert.equal(60000, s.deadline_ms)
     assert.is_true(s.backoff_base_ms < s.backoff_cap_ms)
+  end)
+
+  it("sets Layer C timings and an opt-in quality gate", function()
+    local s = p:settings()
+    assert.equal(60000, s.pending_retry_interval_ms)
+    assert.equal(3600000, s.pending_max_age_ms)
+    assert.equal(120000, s.commitment_ms)
+    assert.same({ agents = { "support" }, judge_route = "primary", judge_timeout_ms = 2000 }, s.quality_gate)
+  end)
+
+  describe("the contract for the new fields", function()
+    local function policy(extra)
+      local t = {
+        kind = "fallback",
+        routes = { { name = "a", provider = "openai", base_url = "http://x/", model = "m" } },
+      }
+      for k, v in pairs(extra) do
+        t[k] = v
+      end
+      return t
+    end
+
+    it("accepts them", function()
+      assert.is_true(contract.validate(policy {
+        pending_retry_interval_ms = 1000, pending_max_age_ms = 5000, commitment_ms = 3000,
+        quality_gate = { agents = { "x" }, judge_route = "a", judge_timeout_ms = 500 },
+      }))
+      assert.is_true(contract.validate(policy { quality_gate = { judge_route = "a" } }))
+    end)
+
+    it("refuses bad values, naming the field", function()
+      local cases = {
+        { { pending_retry_interval_ms = 0 }, "field 'pending_retry_interval_ms': number > 0 expected, got 0" },
+        { { pending_max_age_ms = "1h" }, "field 'pending_max_age_ms': number > 0 expected" },
+        { { commitment_ms = -1 }, "field 'commitment_ms'" },
+        { { quality_gate = {} }, "field 'quality_gate.judge_route': non-empty string expected, got nil" },
+        { { quality_gate = { judge_route = "nope" } },
+          "field 'quality_gate.judge_route': unknown route 'nope' (routes: {a})" },
+        { { quality_gate = { judge_route = "a", agents = { 1 } } }, "field 'quality_gate.agents[1]'" },
+        { { quality_gate = { judge_route = "a", judge_timeout_ms = 0 } },
+          "field 'quality_gate.judge_timeout_ms'" },
+        { { quality_gate = { judge_route = "a", judge = "a" } },
+          "unknown field 'quality_gate.judge'" },
+        { { quality_gate = "on" }, "field 'quality_gate': table expected" },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = contract.validate(policy(c[1]))
+        assert.is_nil(ok)
+        assert.matches(c[2], err, 1, true)
+      end
+    end)
   end)
 
   it("starts with primary while nothing has failed", function()
