@@ -318,6 +318,7 @@ static int read_settings_l(lua_State *L) {
       clamp_u32(num_field(L, t, "retries", DEF_RETRIES), 0, MAX_RETRIES);
   set->adaptive = bool_field(L, t, "adaptive", 0);
   set->retry_non_idempotent = bool_field(L, t, "retry_non_idempotent", 0);
+  set->retry_429 = bool_field(L, t, "retry_429", set->retry_429);
   set->deadline_ns = ms_to_ns(num_field(L, t, "deadline_ms", DEF_DEADLINE_MS));
   set->per_try_ns =
       ms_to_ns(num_field(L, t, "per_try_timeout_ms", DEF_PER_TRY_MS));
@@ -388,6 +389,8 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   om__proxy_service_t *s = ud;
   om__proxy_settings_t set;
   (void)prev;
+  memset(&set, 0, sizeof set);
+  set.retry_429 = s->proxy->opts.retry_429; /* when the policy is silent */
   if (read_settings(next, &set) != 0 || policy_set_peers(next, s->view) != 0)
     return -1;
   return apply_settings(s, &set) == 0 ? 0 : -1;
@@ -827,8 +830,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     om_retry_budget_opts_default(&p->budget);
   p->opts.budget = &p->budget;
   om_retry_policy_default(&p->retry_policy);
-  if (opts->retry_429)
-    om_retry_policy_set_status(&p->retry_policy, 429, true);
+  p->retry_policy_429 = p->retry_policy;
+  om_retry_policy_set_status(&p->retry_policy_429, 429, true);
   if (p->opts.replay_limit == 0)
     p->opts.replay_limit = DEF_REPLAY;
   if (p->opts.backoff_base_ms == 0)

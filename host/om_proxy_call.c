@@ -343,7 +343,7 @@ static int decide_retry(call_t *c, int status, om_retry_error_t err, int has_ra,
   rr.status = status;
   rr.error = err;
   rr.opt_in = c->set.retry_non_idempotent != 0;
-  rr.policy = &p->retry_policy;
+  rr.policy = c->set.retry_429 ? &p->retry_policy_429 : &p->retry_policy;
   if (!om_retry_decide(&rr, NULL))
     return 0;
   remaining = om_deadline_remaining(c->deadline, now);
@@ -492,10 +492,12 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
       om_p2c_penalize(c->s->view->p2c, (size_t)peer->index, has_ra ? ra : 0,
                       now);
     }
-    if (!p->opts.retry_429 && r->status == 429)
+    if (!c->set.retry_429 && r->status == 429)
       has_ra = 0;
   }
-  if (om_retry_policy_has_status(&p->retry_policy, r->status) &&
+  if (om_retry_policy_has_status(c->set.retry_429 ? &p->retry_policy_429
+                                                  : &p->retry_policy,
+                                 r->status) &&
       decide_retry(c, r->status, OM_RETRY_ERR_NONE, has_ra, ra, now, &wait)) {
     c->discarding = 1; /* its body goes nowhere; the next attempt follows */
     c->wait_ns = wait;

@@ -56,6 +56,7 @@ typedef struct om__proxy_view_s {
 typedef struct om__proxy_settings_s {
   uint32_t max_inflight, max_queue, retries;
   int adaptive, retry_non_idempotent;
+  int retry_429; /* the policy's retry_429, else the proxy's --retry-429 */
   uint64_t deadline_ns, per_try_ns;
 } om__proxy_settings_t;
 
@@ -106,6 +107,7 @@ struct om_proxy_s {
   om_circuit_opts_t circuit;
   om_retry_budget_opts_t budget;
   om_retry_policy_t retry_policy;
+  om_retry_policy_t retry_policy_429; /* the same, with 429 retryable */
   om_rng_t rng;
   om_http_server_t *server, *admin;
   om_upstream_pool_t *pool;

@@ -1362,6 +1362,57 @@ static void keyed_retry_walks_the_rank_and_429_waits_retry_after(void **state) {
   env_close(&e);
 }
 
+/* 429 is retryable only where the policy (or --retry-429) says so. */
+static void policy_opts_in_to_429_retries(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  om_proxy_opts_t o;
+  char key[32], extra[128];
+  (void)state;
+  key_owned_by("a", key, sizeof key);
+  snprintf(extra, sizeof extra, "x-openmesh-key: %s\r\n", key);
+  /* silent policy, no flag: the owner's 429 is relayed, no retry */
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  a->fail_status = 429;
+  memset(&o, 0, sizeof o);
+  env_proxy(&e, &o, policy_file("silent.lua", ""));
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", extra, &r);
+  assert_int_equal(r.status, 429);
+  assert_string_equal(r.attempts, "1");
+  assert_int_equal(a->requests, 1);
+  assert_int_equal(b->requests, 0);
+  env_close(&e);
+  /* the policy opts in: retried on the next peer of the rank */
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  a->fail_status = 429;
+  env_proxy(&e, &o, policy_file("p429.lua", "  retry_429 = true,"));
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", extra, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.peer, "b");
+  assert_string_equal(r.attempts, "2");
+  assert_int_equal(a->requests, 1);
+  env_close(&e);
+  /* the flag says yes, the policy says no: the policy wins */
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  a->fail_status = 429;
+  o.retry_429 = 1;
+  env_proxy(&e, &o, policy_file("no429.lua", "  retry_429 = false,"));
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", extra, &r);
+  assert_int_equal(r.status, 429);
+  assert_int_equal(b->requests, 0);
+  env_close(&e);
+}
+
 static void failing_peer_is_bypassed_until_cooldown_then_probed(void **state) {
   env_t e;
   fx_t *a, *b;
@@ -1738,6 +1789,7 @@ int main(void) {
       cmocka_unit_test(post_is_retried_only_with_idempotency_key),
       cmocka_unit_test(retry_policy_opt_in_replay_limit_and_budget),
       cmocka_unit_test(keyed_retry_walks_the_rank_and_429_waits_retry_after),
+      cmocka_unit_test(policy_opts_in_to_429_retries),
       cmocka_unit_test(failing_peer_is_bypassed_until_cooldown_then_probed),
       cmocka_unit_test(stream_cut_after_headers_is_an_error_never_replayed),
       cmocka_unit_test(slow_reader_pauses_the_upstream),

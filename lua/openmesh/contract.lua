@@ -1093,6 +1093,7 @@ local KIND_SPECS = {
     { "per_try_timeout_ms", number_above(0) },
     { "retries", integer_at_least(0) },
     { "retry_non_idempotent", boolean },
+    { "retry_429", boolean },
   }),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },

@@ -145,6 +145,8 @@ describe("contract.validate", function()
     it("checks booleans", function()
       rejects(traffic { adaptive = "yes" }, "field 'adaptive': boolean expected, got 'yes'")
       rejects(traffic { retry_non_idempotent = 1 }, "field 'retry_non_idempotent': boolean expected, got 1")
+      rejects(traffic { retry_429 = "yes" }, "field 'retry_429': boolean expected, got 'yes'")
+      accepts(traffic { retry_429 = true })
     end)
   end)
 
