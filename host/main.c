@@ -22,6 +22,8 @@ static const om_cli_command_t commands[] = {
     {"check", "validate policy files as hot reload does", om_cmd_check},
     {"control", "the control plane: registry, discovery, watches, config",
      om_cmd_control},
+    {"egress", "the model-call gateway: retries, fallback, degradation",
+     om_cmd_egress},
     {"proxy", "the data plane: policy, admission, retries, circuits",
      om_cmd_proxy},
     {"register", "keep an instance's lease alive (and run it)",

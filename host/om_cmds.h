@@ -4,6 +4,7 @@
 
 int om_cmd_check(int argc, char **argv);
 int om_cmd_control(int argc, char **argv);
+int om_cmd_egress(int argc, char **argv);
 int om_cmd_proxy(int argc, char **argv);
 int om_cmd_test(int argc, char **argv);
 int om_cmd_up(int argc, char **argv);

@@ -1,0 +1,40 @@
+-- examples/egress/fallback.lua: two routes on two loopback fake providers
+-- (build/bin/fake_provider, see README.md), a judge route for the quality
+-- gate, and short timeouts so the faults you script show up in seconds.
+-- In production point base_url at the real providers.
+return {
+  kind = "fallback",
+  description = "primary (OpenAI-compatible) then backup (Anthropic); the support agent is gated.",
+
+  routes = {
+    { name = "primary", provider = "openai",
+      base_url = "http://127.0.0.1:9101/primary/v1", model = "gpt-4o-mini",
+      api_key_env = "OPENAI_API_KEY",
+      attempt_timeout_ms = 5000, first_byte_timeout_ms = 2000 },
+    { name = "backup", provider = "anthropic",
+      base_url = "http://127.0.0.1:9101/backup/v1", model = "claude-3-5-haiku-latest",
+      api_key_env = "ANTHROPIC_API_KEY",
+      attempt_timeout_ms = 5000, first_byte_timeout_ms = 2000 },
+    { name = "judge", provider = "openai",
+      base_url = "http://127.0.0.1:9101/judge/v1", model = "gpt-4o-mini",
+      api_key_env = "OPENAI_API_KEY",
+      attempt_timeout_ms = 1500, first_byte_timeout_ms = 1000 },
+  },
+
+  -- The judge is only ever called by the gate: keep it out of the order.
+  order = function(ctx)
+    return { "primary", "backup" }
+  end,
+
+  max_attempts = 3,
+  per_wait_ceiling_ms = 2000,
+  deadline_ms = 15000,
+  backoff_base_ms = 500,
+  backoff_cap_ms = 8000,
+
+  pending_retry_interval_ms = 10000, -- async turns: next cycle
+  pending_max_age_ms = 600000,
+  commitment_ms = 60000,             -- interactive: after the holding line
+
+  quality_gate = { agents = { "support" }, judge_route = "judge", judge_timeout_ms = 1500 },
+}

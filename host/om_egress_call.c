@@ -1,0 +1,910 @@
+/*
+ * om_egress_call.c: Layer A for one request (see om_egress_internal.h):
+ * attempts over libcurl on the loop, both provider kinds translated to and
+ * from the OpenAI chat shape, classification and the deadline rule of
+ * core/om_egress.h, cooldown, the tool-call repair and the streaming hold.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "om_errno.h"
+#include "om_egress_internal.h"
+#include "om_log.h"
+#include "om_sse.h"
+
+#define MS UINT64_C(1000000)
+#define EG_MAX_BODY ((size_t)4 << 20)
+
+uint64_t eg_now_ns(void) {
+  return uv_hrtime();
+}
+
+/* ---- config ------------------------------------------------------------ */
+
+void eg_cfg_unref(eg_cfg_t *cfg) {
+  if (cfg == NULL || --cfg->refs > 0)
+    return;
+  om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
+  free(cfg->state);
+  free(cfg);
+}
+
+int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
+                 char *err, size_t errlen) {
+  eg_cfg_t *c = calloc(1, sizeof *c);
+  int rc;
+  if (c == NULL)
+    return OM_ENOMEM;
+  rc = om_fallback_config(p, &c->routes, &c->n, &c->s, err, errlen);
+  if (rc != 0) {
+    free(c);
+    return rc;
+  }
+  c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
+  if (c->state == NULL) {
+    om_fallback_config_free(c->routes, c->n, &c->s);
+    free(c);
+    return OM_ENOMEM;
+  }
+  for (size_t i = 0; prev != NULL && i < c->n; i++)
+    for (size_t k = 0; k < prev->n; k++)
+      if (strcmp(prev->routes[k].name, c->routes[i].name) == 0)
+        c->state[i] = prev->state[k];
+  c->refs = 1;
+  *out = c;
+  return 0;
+}
+
+/* ---- request translation ---------------------------------------------- */
+
+static int is_anthropic(const om_route_t *r) {
+  return strcmp(r->provider, "anthropic") == 0;
+}
+
+/* The text of an OpenAI message content (a string, or text parts). */
+static char *content_text(json_t *content) {
+  size_t i;
+  json_t *part;
+  char *out;
+  size_t len = 0;
+  if (json_is_string(content))
+    return strdup(json_string_value(content));
+  out = calloc(1, 1);
+  json_array_foreach(content, i, part) {
+    const char *t = json_string_value(json_object_get(part, "text"));
+    if (t != NULL && out != NULL) {
+      size_t n = strlen(t);
+      char *nb = realloc(out, len + n + 1);
+      if (nb == NULL) {
+        free(out);
+        return NULL;
+      }
+      out = nb;
+      memcpy(out + len, t, n + 1);
+      len += n;
+    }
+  }
+  return out;
+}
+
+/* OpenAI chat request -> Anthropic messages request (docs/EGRESS.md). */
+static json_t *to_anthropic(json_t *req, const om_route_t *r, int stream) {
+  json_t *out = json_object(), *msgs = json_array(), *m, *v;
+  size_t i;
+  char *system = NULL;
+  size_t slen = 0;
+  json_object_set_new(out, "model", json_string(r->model));
+  v = json_object_get(req, "max_tokens");
+  if (!json_is_integer(v))
+    v = json_object_get(req, "max_completion_tokens");
+  json_object_set_new(
+      out, "max_tokens",
+      json_integer(json_is_integer(v) ? json_integer_value(v) : 1024));
+  if ((v = json_object_get(req, "temperature")) != NULL && json_is_number(v))
+    json_object_set(out, "temperature", v);
+  json_array_foreach(json_object_get(req, "messages"), i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    char *text = content_text(json_object_get(m, "content"));
+    if (text == NULL)
+      text = strdup("");
+    if (role != NULL &&
+        (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)) {
+      size_t n = strlen(text);
+      char *ns = realloc(system, slen + n + 2);
+      if (ns != NULL) {
+        system = ns;
+        if (slen)
+          system[slen++] = '\n';
+        memcpy(system + slen, text, n + 1);
+        slen += n;
+      }
+    } else {
+      json_array_append_new(
+          msgs, json_pack("{s:s, s:s}", "role",
+                          role && strcmp(role, "assistant") == 0 ? "assistant"
+                                                                 : "user",
+                          "content", text));
+    }
+    free(text);
+  }
+  if (system != NULL)
+    json_object_set_new(out, "system", json_string(system));
+  free(system);
+  json_object_set_new(out, "messages", msgs);
+  if ((v = json_object_get(req, "tools")) != NULL && json_is_array(v)) {
+    json_t *tools = json_array(), *t;
+    json_array_foreach(v, i, t) {
+      json_t *f = json_object_get(t, "function");
+      json_t *params = json_object_get(f, "parameters");
+      json_array_append_new(
+          tools,
+          json_pack("{s:O?, s:O?, s:O}", "name", json_object_get(f, "name"),
+                    "description", json_object_get(f, "description"),
+                    "input_schema",
+                    params ? params : json_pack("{s:s}", "type", "object")));
+    }
+    json_object_set_new(out, "tools", tools);
+  }
+  if (stream)
+    json_object_set_new(out, "stream", json_true());
+  return out;
+}
+
+static json_t *to_openai(json_t *req, const om_route_t *r, int stream) {
+  json_t *out = json_deep_copy(req);
+  json_object_set_new(out, "model", json_string(r->model));
+  if (stream)
+    json_object_set_new(out, "stream", json_true());
+  else
+    json_object_del(out, "stream");
+  json_object_del(out, "stream_options");
+  return out;
+}
+
+/* Anthropic message -> OpenAI chat.completion. */
+static json_t *from_anthropic(json_t *msg, const char *model) {
+  json_t *content = json_object_get(msg, "content"), *b, *tools = NULL;
+  json_t *message = json_object(), *usage = json_object_get(msg, "usage");
+  const char *stop = json_string_value(json_object_get(msg, "stop_reason"));
+  const char *finish = "stop";
+  char *text = NULL;
+  size_t len = 0, i;
+  json_array_foreach(content, i, b) {
+    const char *type = json_string_value(json_object_get(b, "type"));
+    if (type && strcmp(type, "text") == 0) {
+      const char *t = json_string_value(json_object_get(b, "text"));
+      size_t n = t ? strlen(t) : 0;
+      char *nt = realloc(text, len + n + 1);
+      if (nt != NULL) {
+        text = nt;
+        memcpy(text + len, t ? t : "", n + 1);
+        len += n;
+      }
+    } else if (type && strcmp(type, "tool_use") == 0) {
+      char *args = json_dumps(json_object_get(b, "input"),
+                              JSON_COMPACT | JSON_ENCODE_ANY);
+      if (tools == NULL)
+        tools = json_array();
+      json_array_append_new(tools, json_pack("{s:O?, s:s, s:{s:O?, s:s}}", "id",
+                                             json_object_get(b, "id"), "type",
+                                             "function", "function", "name",
+                                             json_object_get(b, "name"),
+                                             "arguments", args ? args : "{}"));
+      free(args);
+    }
+  }
+  if (stop && strcmp(stop, "max_tokens") == 0)
+    finish = "length";
+  else if (stop && strcmp(stop, "tool_use") == 0)
+    finish = "tool_calls";
+  json_object_set_new(message, "role", json_string("assistant"));
+  json_object_set_new(message, "content",
+                      text ? json_string(text) : json_null());
+  if (tools)
+    json_object_set_new(message, "tool_calls", tools);
+  free(text);
+  return json_pack("{s:O?, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:{s:O?, s:O?}}",
+                   "id", json_object_get(msg, "id"), "object",
+                   "chat.completion", "created", (json_int_t)time(NULL),
+                   "model", model, "choices", "index", 0, "message", message,
+                   "finish_reason", finish, "usage", "prompt_tokens",
+                   json_object_get(usage, "input_tokens"), "completion_tokens",
+                   json_object_get(usage, "output_tokens"));
+}
+
+/* ---- routes -------------------------------------------------------------- */
+
+static int route_index(const eg_cfg_t *cfg, const char *name) {
+  for (size_t i = 0; i < cfg->n; i++)
+    if (strcmp(cfg->routes[i].name, name) == 0)
+      return (int)i;
+  return -1;
+}
+
+/*
+ * The next route: order(ctx) over the failures so far (the policy may
+ * reorder after each), first one not abandoned in this call and not cooling
+ * down; cooling routes only when nothing else is left. -1 when none.
+ */
+static int pick_route(eg_call_t *c, int *has_later) {
+  om_egress_t *g = c->g;
+  eg_cfg_t *cfg = c->cfg;
+  uint32_t order[64];
+  size_t n = cfg->n < 64 ? cfg->n : 64, k;
+  om_failed_attempt_t failed[EG_MAX_ATTEMPTS];
+  om_fallback_ctx_t ctx = {c->agent, c->context, c->channel, failed,
+                           c->n_attempts};
+  char err[256];
+  int first = -1, first_cool = -1, later = 0;
+  uint64_t now = eg_now_ns();
+  if (c->only_route != NULL) {
+    int i = route_index(cfg, c->only_route);
+    *has_later = 0;
+    return i >= 0 && !c->done_route[i] ? i : -1;
+  }
+  for (k = 0; k < c->n_attempts; k++) {
+    failed[k].route = c->attempts[k].route;
+    failed[k].status = c->attempts[k].status;
+    failed[k].class_name = c->attempts[k].cls;
+  }
+  /* order() indexes the current policy's routes; a call started under an
+   * older version walks its own list as given. */
+  if (g->cfg != cfg ||
+      om_fallback_order(om_policy_watch_current(g->fallback), &ctx, order, &n,
+                        err, sizeof err) != 0) {
+    n = cfg->n < 64 ? cfg->n : 64;
+    for (k = 0; k < n; k++)
+      order[k] = (uint32_t)k;
+  }
+  for (k = 0; k < n; k++) {
+    uint32_t i = order[k];
+    if (i >= cfg->n || c->done_route[i])
+      continue;
+    /* Without order(ctx) the listed order would include the judge: a
+     * judge answers the gate, not the user. */
+    if (!cfg->s.has_order && cfg->s.judge_route != NULL &&
+        strcmp(cfg->routes[i].name, cfg->s.judge_route) == 0)
+      continue;
+    if (om_egress_route_available(&cfg->state[i], now)) {
+      if (first < 0)
+        first = (int)i;
+      else
+        later = 1;
+    } else {
+      if (first_cool < 0)
+        first_cool = (int)i;
+      else
+        later = 1;
+    }
+  }
+  if (first < 0) {
+    first = first_cool;
+  } else if (first_cool >= 0) {
+    later = 1;
+    om_metric_inc(g->m_cooldown_skips);
+  }
+  *has_later = later;
+  return first;
+}
+
+/* ---- the attempt --------------------------------------------------------- */
+
+static void start_attempt(eg_call_t *c);
+static void finish(eg_call_t *c, int ok);
+
+static void text_append(eg_call_t *c, const char *s, size_t n) {
+  if (c->text_len + n + 1 > c->text_cap) {
+    size_t cap = (c->text_len + n + 1) * 2;
+    char *nb = realloc(c->text, cap);
+    if (nb == NULL)
+      return;
+    c->text = nb;
+    c->text_cap = cap;
+  }
+  memcpy(c->text + c->text_len, s, n);
+  c->text_len += n;
+  c->text[c->text_len] = '\0';
+}
+
+static void on_content(eg_call_t *c, const char *s, size_t n) {
+  if (n == 0)
+    return;
+  if (!c->committed) {
+    c->committed = 1;
+    if (c->hooks.commit)
+      c->hooks.commit(c->ud, c);
+  }
+  text_append(c, s, n);
+  if (c->hooks.delta)
+    c->hooks.delta(c->ud, c, s, n);
+}
+
+static int on_sse_event(void *ud, const om_sse_event_t *ev) {
+  eg_call_t *c = ud;
+  json_t *j;
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  if (!is_anthropic(r) && ev->data_len == 6 &&
+      memcmp(ev->data, "[DONE]", 6) == 0) {
+    c->stream_done = 1;
+    return 0;
+  }
+  j = json_loadb(ev->data, ev->data_len, 0, NULL);
+  if (j == NULL)
+    return 0;
+  if (is_anthropic(r)) {
+    const char *type = json_string_value(json_object_get(j, "type"));
+    if (type && strcmp(type, "content_block_delta") == 0) {
+      const char *t = json_string_value(
+          json_object_get(json_object_get(j, "delta"), "text"));
+      if (t)
+        on_content(c, t, strlen(t));
+    } else if (type && strcmp(type, "message_delta") == 0) {
+      const char *s = json_string_value(
+          json_object_get(json_object_get(j, "delta"), "stop_reason"));
+      if (s)
+        snprintf(c->finish, sizeof c->finish, "%s",
+                 strcmp(s, "max_tokens") == 0 ? "length" : "stop");
+    } else if (type && strcmp(type, "message_stop") == 0) {
+      c->stream_done = 1;
+    } else if (type && strcmp(type, "error") == 0) {
+      c->stream_done = -1; /* an error event mid-stream */
+    }
+  } else {
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *t = json_string_value(
+        json_object_get(json_object_get(ch, "delta"), "content"));
+    const char *f = json_string_value(json_object_get(ch, "finish_reason"));
+    if (t)
+      on_content(c, t, strlen(t));
+    if (f)
+      snprintf(c->finish, sizeof c->finish, "%s", f);
+    if (json_object_get(j, "error") != NULL)
+      c->stream_done = -1;
+  }
+  json_decref(j);
+  return 0;
+}
+
+static void stop_timer(eg_call_t *c) {
+  if (c->timer_active) {
+    uv_timer_stop(&c->timer);
+    c->timer_active = 0;
+  }
+}
+
+static size_t on_header(char *buf, size_t size, size_t nmemb, void *ud) {
+  eg_call_t *c = ud;
+  size_t n = size * nmemb;
+  struct {
+    const char *name;
+    char *dst;
+    size_t cap;
+  } want[] = {{"retry-after:", c->retry_after, sizeof c->retry_after},
+              {"retry-after-ms:", c->retry_after_ms, sizeof c->retry_after_ms},
+              {"x-should-retry:", c->x_should_retry, sizeof c->x_should_retry}};
+  if (!c->got_byte) {
+    c->got_byte = 1;
+    stop_timer(c); /* the first-byte timeout is met */
+  }
+  if (n >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
+    /* a new response (after 100-continue or a redirect): forget headers */
+    c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
+    return n;
+  }
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    size_t nl = strlen(want[i].name);
+    if (n > nl && strncasecmp(buf, want[i].name, nl) == 0) {
+      size_t vl = n - nl;
+      const char *v = buf + nl;
+      while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
+        vl--;
+      if (vl >= want[i].cap)
+        vl = want[i].cap - 1;
+      memcpy(want[i].dst, v, vl);
+      want[i].dst[vl] = '\0';
+    }
+  }
+  return n;
+}
+
+static size_t on_write(char *buf, size_t size, size_t nmemb, void *ud) {
+  eg_call_t *c = ud;
+  size_t n = size * nmemb;
+  long status = 0;
+  if (!c->got_byte) {
+    c->got_byte = 1;
+    stop_timer(c);
+  }
+  curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+  if (c->stream && status >= 200 && status < 300 && c->sse != NULL) {
+    if (om_sse_parser_feed(c->sse, buf, n, on_sse_event, c) != 0)
+      return 0;
+    return n;
+  }
+  if (c->body_len + n > EG_MAX_BODY)
+    return 0;
+  if (c->body_len + n + 1 > c->body_cap) {
+    size_t cap = (c->body_len + n + 1) * 2;
+    char *nb = realloc(c->body, cap);
+    if (nb == NULL)
+      return 0;
+    c->body = nb;
+    c->body_cap = cap;
+  }
+  memcpy(c->body + c->body_len, buf, n);
+  c->body_len += n;
+  c->body[c->body_len] = '\0';
+  return n;
+}
+
+static void release_attempt(eg_call_t *c) {
+  if (c->easy != NULL) {
+    curl_easy_cleanup(c->easy);
+    c->easy = NULL;
+  }
+  curl_slist_free_all(c->hdrs);
+  c->hdrs = NULL;
+  free(c->req_body);
+  c->req_body = NULL;
+  om_sse_parser_free(c->sse);
+  c->sse = NULL;
+  c->body_len = 0;
+}
+
+static void set_cause(eg_call_t *c, const char *fmt, const char *a, int st,
+                      const char *b) {
+  snprintf(c->cause, sizeof c->cause, fmt, a, st, b);
+}
+
+/* The facts of a 2xx JSON completion (OpenAI shape). */
+static void completion_facts(json_t *comp, om_egress_outcome_t *o,
+                             int *tool_bad) {
+  json_t *ch = json_array_get(json_object_get(comp, "choices"), 0);
+  json_t *msg = json_object_get(ch, "message");
+  json_t *content = json_object_get(msg, "content");
+  json_t *tools = json_object_get(msg, "tool_calls"), *t;
+  json_t *usage = json_object_get(comp, "usage");
+  json_t *ct = json_object_get(usage, "completion_tokens");
+  const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
+  int has_text = json_is_string(content) && json_string_length(content) > 0;
+  int has_tools = json_is_array(tools) && json_array_size(tools) > 0;
+  size_t i;
+  *tool_bad = 0;
+  if (ch == NULL) {
+    o->empty_completion = 1;
+    return;
+  }
+  json_array_foreach(tools, i, t) {
+    const char *args = json_string_value(
+        json_object_get(json_object_get(t, "function"), "arguments"));
+    json_t *parsed = args ? json_loads(args, JSON_DECODE_ANY, NULL) : NULL;
+    if (parsed == NULL)
+      *tool_bad = 1;
+    json_decref(parsed);
+  }
+  if (!has_text && !has_tools) {
+    if (finish && strcmp(finish, "length") == 0)
+      o->length_no_content = 1;
+    else
+      o->empty_completion = 1;
+  } else if (!has_tools && json_is_integer(ct) && json_integer_value(ct) == 0) {
+    o->empty_completion = 1;
+  }
+}
+
+static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
+                           int status) {
+  eg_attempt_t *a;
+  uint64_t now = eg_now_ns();
+  c->n_attempts_total++;
+  om_metric_inc(c->g->m_attempts[v->cls]);
+  om_egress_route_record(&c->cfg->state[c->cur], NULL, v, now);
+  if (c->n_attempts == EG_MAX_ATTEMPTS)
+    return;
+  a = &c->attempts[c->n_attempts++];
+  snprintf(a->route, sizeof a->route, "%s", c->cfg->routes[c->cur].name);
+  a->status = status;
+  a->cls = v->name;
+  a->duration_ns = now - c->attempt_start_ns;
+}
+
+static void on_wait_done(uv_timer_t *t) {
+  eg_call_t *c = t->data;
+  c->timer_active = 0;
+  start_attempt(c);
+}
+
+/* Decide what follows a failed attempt (core/om_egress.h). */
+static void after_failure(eg_call_t *c, const om_egress_verdict_t *v) {
+  om_egress_limits_t lim;
+  om_egress_step_t st;
+  om_fallback_settings_t *s = &c->cfg->s;
+  int later = 0, nxt;
+  uint64_t now = eg_now_ns();
+  c->last = *v;
+  if (c->committed) {
+    /* Never replayed on another route: the caller already has part of it. */
+    c->stop_why = "stream_broken_after_commit";
+    om_metric_inc(c->g->m_stream_broken);
+    finish(c, 0);
+    return;
+  }
+  lim.max_attempts = c->max_attempts;
+  lim.per_wait_ceiling_ns = s->per_wait_ceiling_ms * MS;
+  lim.backoff_base_ns = s->backoff_base_ms * MS;
+  lim.backoff_cap_ns = s->backoff_cap_ms * MS;
+  /* is there a later route? (without touching the order yet) */
+  c->done_route[c->cur] = 1;
+  nxt = pick_route(c, &later);
+  c->done_route[c->cur] = 0;
+  om_egress_next(&lim, v, c->attempts_on_route, nxt >= 0, c->deadline, now,
+                 &c->g->rng, &st);
+  c->stop_why = st.why;
+  if (st.action == OM_EGRESS_STOP) {
+    finish(c, 0);
+  } else if (st.action == OM_EGRESS_NEXT_ROUTE) {
+    c->done_route[c->cur] = 1;
+    c->cur = (size_t)nxt;
+    c->attempts_on_route = 0;
+    om_metric_inc(c->g->m_fallbacks);
+    start_attempt(c);
+  } else {
+    c->timer_active = 1;
+    uv_timer_start(&c->timer, on_wait_done, (st.wait_ns + MS - 1) / MS, 0);
+  }
+}
+
+static void classify_and_go(eg_call_t *c, om_egress_outcome_t *o,
+                            const char *detail) {
+  om_egress_verdict_t v;
+  int status = o->status;
+  const char *route = c->cfg->routes[c->cur].name;
+  if (om_egress_classify(o, (int64_t)time(NULL), &v) != 0) {
+    memset(&v, 0, sizeof v);
+    v.cls = OM_EGRESS_C_UNEXPECTED_STATUS;
+    v.name = om_egress_class_name(v.cls);
+    v.scope = OM_EGRESS_SCOPE_ROUTE;
+  }
+  record_attempt(c, &v, status);
+  if (v.cls == OM_EGRESS_C_OK) {
+    c->last = v;
+    finish(c, 1);
+    return;
+  }
+  set_cause(c, "route %s: HTTP %d: %s", route, status,
+            detail && *detail ? detail : v.name);
+  after_failure(c, &v);
+}
+
+/* The in-attempt repair: the model's reply and a correction, once. */
+static int start_repair(eg_call_t *c, json_t *comp);
+
+static void on_done(void *ud, CURL *easy, CURLcode res) {
+  eg_call_t *c = ud;
+  om_egress_outcome_t o;
+  long status = 0;
+  char detail[512] = "";
+  json_t *j = NULL, *comp = NULL;
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  (void)easy;
+  stop_timer(c);
+  memset(&o, 0, sizeof o);
+  curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
+  if (c->stream && c->committed && (res != CURLE_OK || c->stream_done != 1)) {
+    /* broken after the first delta */
+    o.transport = OM_EGRESS_T_RESET;
+    snprintf(detail, sizeof detail, "stream broken after the first delta (%s)",
+             curl_easy_strerror(res));
+    release_attempt(c);
+    classify_and_go(c, &o, detail);
+    return;
+  }
+  if (res != CURLE_OK || status < 100 || status > 599) {
+    o.transport = res == CURLE_OPERATION_TIMEDOUT ? OM_EGRESS_T_ATTEMPT_TIMEOUT
+                  : res == CURLE_COULDNT_CONNECT  ? OM_EGRESS_T_REFUSED
+                                                  : OM_EGRESS_T_RESET;
+    snprintf(detail, sizeof detail, "%s", curl_easy_strerror(res));
+    release_attempt(c);
+    classify_and_go(c, &o, detail);
+    return;
+  }
+  o.status = (int)status;
+  o.retry_after = c->retry_after[0] ? c->retry_after : NULL;
+  o.retry_after_len = strlen(c->retry_after);
+  o.retry_after_ms = c->retry_after_ms[0] ? c->retry_after_ms : NULL;
+  o.retry_after_ms_len = strlen(c->retry_after_ms);
+  o.x_should_retry = c->x_should_retry[0] ? c->x_should_retry : NULL;
+  o.x_should_retry_len = strlen(c->x_should_retry);
+  if (status >= 200 && status < 300 && c->stream) {
+    /* held stream ended before any content */
+    if (c->stream_done == 1 && c->committed) {
+      release_attempt(c);
+      classify_and_go(c, &o, NULL);
+      return;
+    }
+    if (c->stream_done != 1)
+      o.transport = OM_EGRESS_T_RESET, o.status = 0;
+    else if (strcmp(c->finish, "length") == 0)
+      o.length_no_content = 1;
+    else
+      o.empty_completion = 1;
+    release_attempt(c);
+    classify_and_go(c, &o,
+                    o.transport ? "stream ended before the first delta"
+                                : "no content in the stream");
+    return;
+  }
+  if (c->body != NULL)
+    j = json_loadb(c->body, c->body_len, 0, NULL);
+  if (status >= 200 && status < 300) {
+    int tool_bad = 0;
+    if (j != NULL && json_is_object(j))
+      comp = is_anthropic(r) ? from_anthropic(j, r->model) : json_incref(j);
+    if (comp == NULL) {
+      o.empty_completion = 1;
+      snprintf(detail, sizeof detail, "2xx body is not a completion");
+    } else {
+      completion_facts(comp, &o, &tool_bad);
+      if (tool_bad && !c->repaired) {
+        json_decref(j);
+        release_attempt(c);
+        if (start_repair(c, comp) == 0) {
+          json_decref(comp);
+          return;
+        }
+        j = NULL;
+      }
+      o.tool_json_invalid = tool_bad;
+    }
+    if (!o.empty_completion && !o.length_no_content && !o.tool_json_invalid) {
+      json_t *msg = json_object_get(
+          json_array_get(json_object_get(comp, "choices"), 0), "message");
+      const char *t = json_string_value(json_object_get(msg, "content"));
+      json_decref(c->result);
+      c->result = json_incref(comp);
+      c->text_len = 0;
+      if (t)
+        text_append(c, t, strlen(t));
+    }
+  } else {
+    json_t *e = json_object_get(j, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    char type[128], code[128];
+    snprintf(type, sizeof type, "%s",
+             json_string_value(json_object_get(e, "type"))
+                 ? json_string_value(json_object_get(e, "type"))
+                 : "");
+    snprintf(code, sizeof code, "%s",
+             json_string_value(json_object_get(e, "code"))
+                 ? json_string_value(json_object_get(e, "code"))
+                 : "");
+    o.error_type = type[0] ? type : NULL;
+    o.error_code = code[0] ? code : NULL;
+    if (msg != NULL && (strstr(msg, "prompt is too long") != NULL ||
+                        strstr(msg, "maximum context length") != NULL))
+      o.context_overflow = 1;
+    snprintf(detail, sizeof detail, "%.100s %.100s: %.280s", type, code,
+             msg ? msg : "");
+    release_attempt(c);
+    classify_and_go(c, &o, detail);
+    json_decref(j);
+    return;
+  }
+  release_attempt(c);
+  classify_and_go(c, &o, detail);
+  json_decref(comp);
+  json_decref(j);
+}
+
+static void on_first_byte_timeout(uv_timer_t *t) {
+  eg_call_t *c = t->data;
+  om_egress_outcome_t o;
+  c->timer_active = 0;
+  if (c->easy == NULL || c->got_byte)
+    return;
+  om_curl_uv_cancel(c->g->curl, c->easy);
+  release_attempt(c);
+  memset(&o, 0, sizeof o);
+  o.transport = OM_EGRESS_T_FIRST_BYTE_TIMEOUT;
+  classify_and_go(c, &o, "no byte before the first-byte timeout");
+}
+
+static int send_request(eg_call_t *c, json_t *provider_req) {
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  char url[1024], hdr[1100];
+  const char *key = r->api_key_env ? getenv(r->api_key_env) : NULL;
+  uint64_t now = eg_now_ns();
+  uint64_t budget =
+      om_deadline_attempt_timeout(c->deadline, now, r->attempt_timeout_ms * MS);
+  uint64_t fb = r->first_byte_timeout_ms;
+  int rc;
+  c->req_body = json_dumps(provider_req, JSON_COMPACT);
+  if (c->req_body == NULL)
+    return OM_ENOMEM;
+  snprintf(url, sizeof url, "%s%s", r->base_url,
+           is_anthropic(r) ? "/messages" : "/chat/completions");
+  c->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+  c->hdrs = curl_slist_append(c->hdrs, "Expect:");
+  if (is_anthropic(r)) {
+    c->hdrs = curl_slist_append(c->hdrs, "anthropic-version: 2023-06-01");
+    if (key != NULL && *key != '\0') {
+      snprintf(hdr, sizeof hdr, "x-api-key: %s", key);
+      c->hdrs = curl_slist_append(c->hdrs, hdr);
+    }
+  } else if (key != NULL && *key != '\0') {
+    snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", key);
+    c->hdrs = curl_slist_append(c->hdrs, hdr);
+  }
+  if (c->stream && om_sse_parser_new(NULL, (om_sse_parser_t **)&c->sse) != 0)
+    return OM_ENOMEM;
+  c->easy = curl_easy_init();
+  if (c->easy == NULL || c->hdrs == NULL)
+    return OM_ENOMEM;
+  curl_easy_setopt(c->easy, CURLOPT_URL, url);
+  curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->hdrs);
+  curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, c->req_body);
+  curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(c->req_body));
+  curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
+  curl_easy_setopt(c->easy, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c->easy, CURLOPT_HEADERDATA, c);
+  curl_easy_setopt(c->easy, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS,
+                   (long)((budget + MS - 1) / MS ? (budget + MS - 1) / MS : 1));
+  c->got_byte = 0;
+  c->stream_done = 0;
+  c->finish[0] = '\0';
+  c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
+  rc = om_curl_uv_add(c->g->curl, c->easy, on_done, c);
+  if (rc != 0)
+    return rc;
+  if (fb > 0 && fb * MS < budget) {
+    c->timer_active = 1;
+    uv_timer_start(&c->timer, on_first_byte_timeout, fb, 0);
+  }
+  return 0;
+}
+
+static void start_attempt(eg_call_t *c) {
+  const om_route_t *r;
+  json_t *preq;
+  int rc;
+  if (om_deadline_expired(c->deadline, eg_now_ns())) {
+    c->stop_why = "deadline";
+    finish(c, 0);
+    return;
+  }
+  r = &c->cfg->routes[c->cur];
+  c->attempts_on_route++;
+  c->attempt_start_ns = eg_now_ns();
+  c->repaired = 0;
+  snprintf(c->route_model, sizeof c->route_model, "%s", r->model);
+  preq = is_anthropic(r) ? to_anthropic(c->request, r, c->stream)
+                         : to_openai(c->request, r, c->stream);
+  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  json_decref(preq);
+  if (rc != 0) {
+    om_egress_outcome_t o = {.transport = OM_EGRESS_T_REFUSED};
+    release_attempt(c);
+    classify_and_go(c, &o, "the request could not be started");
+  }
+}
+
+static int start_repair(eg_call_t *c, json_t *comp) {
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  json_t *msg = json_object_get(
+      json_array_get(json_object_get(comp, "choices"), 0), "message");
+  json_t *req = json_deep_copy(c->request), *msgs, *preq;
+  char *reply = json_dumps(json_object_get(msg, "tool_calls"), JSON_COMPACT);
+  int rc;
+  c->repaired = 1;
+  msgs = json_object_get(req, "messages");
+  json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant",
+                                        "content", reply ? reply : ""));
+  json_array_append_new(
+      msgs, json_pack("{s:s, s:s}", "role", "user", "content",
+                      "Your last tool call's arguments were not valid JSON. "
+                      "Send the same tool call again with arguments that are "
+                      "one valid JSON object, and nothing else."));
+  free(reply);
+  preq = is_anthropic(r) ? to_anthropic(req, r, 0) : to_openai(req, r, 0);
+  json_decref(req);
+  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  json_decref(preq);
+  if (rc != 0)
+    release_attempt(c);
+  return rc;
+}
+
+/* ---- the call --------------------------------------------------------------
+ */
+
+static void timer_closed(uv_handle_t *h) {
+  eg_call_t *c = h->data;
+  eg_cfg_unref(c->cfg);
+  json_decref(c->request);
+  json_decref(c->result);
+  free(c->agent);
+  free(c->context);
+  free(c->channel);
+  free(c->only_route);
+  free(c->done_route);
+  free(c->text);
+  free(c->body);
+  free(c);
+}
+
+void eg_call_free(eg_call_t *c) {
+  if (c == NULL || c->closing)
+    return;
+  c->closing = 1;
+  stop_timer(c);
+  if (c->easy != NULL)
+    om_curl_uv_cancel(c->g->curl, c->easy);
+  release_attempt(c);
+  uv_close((uv_handle_t *)&c->timer, timer_closed);
+}
+
+void eg_call_cancel(eg_call_t *c) {
+  eg_call_free(c);
+}
+
+static void finish(eg_call_t *c, int ok) {
+  c->ok = ok;
+  if (!ok && c->cause[0] == '\0')
+    snprintf(c->cause, sizeof c->cause, "no route could be tried (%s)",
+             c->stop_why ? c->stop_why : "none");
+  c->hooks.done(c->ud, c);
+}
+
+static char *dup_or_null(const char *s) {
+  return s ? strdup(s) : NULL;
+}
+
+int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
+                  const eg_hooks_t *hooks, void *ud, eg_call_t **out) {
+  eg_call_t *c;
+  int later, first;
+  uint64_t deadline_ms;
+  if (g->cfg == NULL || g->cfg->n == 0)
+    return OM_ESTATE;
+  c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return OM_ENOMEM;
+  c->g = g;
+  c->cfg = g->cfg;
+  c->cfg->refs++;
+  c->hooks = *hooks;
+  c->ud = ud;
+  c->request = json_deep_copy(o->request);
+  c->stream = o->stream;
+  c->agent = dup_or_null(o->agent);
+  c->context = dup_or_null(o->context ? o->context : "interactive");
+  c->channel = dup_or_null(o->channel);
+  c->only_route = dup_or_null(o->only_route);
+  c->done_route = calloc(c->cfg->n, 1);
+  c->max_attempts = o->max_attempts ? o->max_attempts : c->cfg->s.max_attempts;
+  if (c->max_attempts == 0)
+    c->max_attempts = 1;
+  c->started_ns = eg_now_ns();
+  deadline_ms = o->deadline_ms ? o->deadline_ms : c->cfg->s.deadline_ms;
+  c->deadline = om_deadline_after(c->started_ns, deadline_ms * MS);
+  uv_timer_init(g->loop, &c->timer);
+  c->timer.data = c;
+  if (c->request == NULL || c->context == NULL || c->done_route == NULL) {
+    eg_call_free(c);
+    return OM_ENOMEM;
+  }
+  first = pick_route(c, &later);
+  if (first < 0) {
+    eg_call_free(c);
+    return OM_ENOTFOUND;
+  }
+  c->cur = (size_t)first;
+  *out = c;
+  start_attempt(c);
+  return 0;
+}

@@ -1,0 +1,141 @@
+/*
+ * om_egress_internal.h: what the gateway's files share (not public).
+ *
+ * om_egress_call.c runs Layer A for one request: the route order from the
+ * fallback policy, attempts over libcurl (both provider kinds, JSON and
+ * SSE), classification and the deadline rule from core/om_egress.h, route
+ * cooldown, the in-attempt tool-call repair, and the streaming hold.
+ * om_egress.c is the server: /v1/chat/completions, /v1/turns (Layer C, the
+ * quality gate, delivery through connectors), /v1/pending, /metrics,
+ * /status, and the errors file.
+ */
+#ifndef OM_EGRESS_INTERNAL_H
+#define OM_EGRESS_INTERNAL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "om_curl_uv.h"
+#include "om_egress.h" /* host/, which includes core/om_egress.h */
+#include "om_egress_policy.h"
+#include "om_metrics.h"
+#include "om_policy_watch.h"
+#include "om_rng.h"
+
+/* One version of the fallback policy's routes and settings, shared by the
+ * calls that started under it (a reload never frees a route in use). */
+typedef struct eg_cfg_s {
+  int refs;
+  om_route_t *routes;
+  size_t n;
+  om_fallback_settings_t s;
+  om_egress_route_state_t *state; /* per route: cooldown (moved on reload) */
+} eg_cfg_t;
+
+typedef struct eg_attempt_s {
+  char route[64];
+  int status;
+  const char *cls; /* om_egress_class_name: static */
+  uint64_t duration_ns;
+} eg_attempt_t;
+
+#define EG_MAX_ATTEMPTS 64
+
+typedef struct om_egress_s om_egress_t;
+typedef struct eg_call_s eg_call_t;
+
+typedef struct eg_hooks_s {
+  /* Streaming only: the first non-empty content delta arrived; from now on
+   * the call is committed to the current route. */
+  void (*commit)(void *ud, eg_call_t *c);
+  /* Streaming only, after commit: one content delta. */
+  void (*delta)(void *ud, eg_call_t *c, const char *text, size_t len);
+  /* The call ended: c->ok, c->result (non-stream), c->text, the attempts.
+   * The hook owns nothing; eg_call_free(c) after it is the caller's. */
+  void (*done)(void *ud, eg_call_t *c);
+} eg_hooks_t;
+
+typedef struct eg_call_opts_s {
+  json_t *request;     /* OpenAI chat request (borrowed; copied) */
+  int stream;          /* hold and stream content deltas */
+  const char *agent;   /* for order(ctx); may be NULL */
+  const char *context; /* "interactive" | "async" */
+  const char *channel;
+  const char *only_route; /* the judge: this route only */
+  uint32_t max_attempts;  /* 0: the policy's */
+  uint64_t deadline_ms;   /* 0: the policy's */
+} eg_call_opts_t;
+
+struct eg_call_s {
+  om_egress_t *g;
+  eg_cfg_t *cfg;
+  eg_hooks_t hooks;
+  void *ud;
+  json_t *request;
+  int stream;
+  char *agent, *context, *channel, *only_route;
+  uint32_t max_attempts;
+  om_deadline_t deadline;
+  uint64_t started_ns;
+  /* routes */
+  unsigned char *done_route; /* per cfg route: abandoned */
+  size_t cur;                /* current route index */
+  uint32_t attempts_on_route;
+  /* the attempt in flight */
+  CURL *easy;
+  struct curl_slist *hdrs;
+  char *req_body;
+  uv_timer_t timer; /* first-byte timeout, then backoff waits */
+  int timer_active, closing;
+  uint64_t attempt_start_ns;
+  int got_byte, repaired, status;
+  char retry_after[64], retry_after_ms[64], x_should_retry[16];
+  char *body;
+  size_t body_len, body_cap;
+  void *sse; /* om_sse_parser_t */
+  int stream_done;
+  char finish[32];
+  /* results */
+  int ok, committed;
+  json_t *result; /* OpenAI chat.completion (non-stream) */
+  char *text;     /* the assistant content */
+  size_t text_len, text_cap;
+  eg_attempt_t attempts[EG_MAX_ATTEMPTS];
+  size_t n_attempts, n_attempts_total;
+  om_egress_verdict_t last; /* the last attempt's verdict */
+  const char *stop_why;
+  char cause[1024]; /* internal only: never shown to a person */
+  char route_model[128];
+};
+
+struct om_egress_s {
+  uv_loop_t *loop;
+  om_curl_uv_t *curl;
+  om_policy_watch_t *fallback, *heuristics;
+  eg_cfg_t *cfg;
+  om_rng_t rng;
+  om_metrics_t *metrics;
+  om_metric_t *m_attempts[OM_EGRESS_C__COUNT];
+  om_metric_t *m_fallbacks, *m_cooldown_skips, *m_stream_broken;
+  struct eg_server_s *srv; /* om_egress.c */
+};
+
+int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
+                  const eg_hooks_t *hooks, void *ud, eg_call_t **out);
+/* Stop a call without running its done hook (the client went away). */
+void eg_call_cancel(eg_call_t *c);
+/* After the done hook: release it. */
+void eg_call_free(eg_call_t *c);
+
+void eg_cfg_unref(eg_cfg_t *cfg);
+/* Build the config of the current fallback policy (keeps cooldown state of
+ * routes with the same name from prev). */
+int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
+                 char *err, size_t errlen);
+
+uint64_t eg_now_ns(void);
+
+#endif /* OM_EGRESS_INTERNAL_H */

@@ -1,0 +1,710 @@
+-- egress_spec.lua: the real `openmesh egress` binary in front of real fake
+-- model providers (tests/fixtures/fake_provider.c: OpenAI and Anthropic
+-- wire formats, scripted faults) and a real user channel
+-- (tests/fixtures/webhook_sink.c records every message it accepts). One rule
+-- of issue 6 per spec, then the randomized fault campaign. Everything runs
+-- on loopback; every process is killed in teardown.
+--
+-- Each spec uses its own agent and so its own pair of routes (order(ctx) in
+-- the fallback policy below maps agent tN to routes tN_a (OpenAI) and tN_b
+-- (Anthropic), tN_solo to tN_a alone): the route cooldown one spec causes
+-- cannot change the route order another spec sees.
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+package.path = here .. "../support/?.lua;" .. package.path
+
+local H = require "control_helper"
+local cjson = require "cjson"
+
+local HOLDING = "One moment please, I am looking into this."
+local HANDOFF = "A teammate will take it from here and reply in this conversation."
+
+local function fallback_policy(fake, opts)
+  opts = opts or {}
+  local routes = {}
+  for i = 0, 40 do
+    routes[#routes + 1] = string.format(
+      '{ name = "t%d_a", provider = "openai", base_url = "%s/t%d_a/v1", model = "gpt-fake", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = %d, first_byte_timeout_ms = %d },',
+      i, fake, i, opts.attempt or 1500, opts.first_byte or 400)
+    routes[#routes + 1] = string.format(
+      '{ name = "t%d_b", provider = "anthropic", base_url = "%s/t%d_b/v1", model = "claude-fake", api_key_env = "OM_SPEC_ANTHROPIC_KEY", attempt_timeout_ms = %d, first_byte_timeout_ms = %d },',
+      i, fake, i, opts.attempt or 1500, opts.first_byte or 400)
+  end
+  return string.format([[
+return {
+  kind = "fallback",
+  routes = {
+    %s
+    { name = "judge", provider = "openai", base_url = "%s/judge/v1", model = "judge-fake", attempt_timeout_ms = 400, first_byte_timeout_ms = 300 },
+  },
+  order = function(ctx)
+    local a = ctx.agent or "t0"
+    local n = a:match("^t(%%d+)_solo$")
+    if n then return { "t" .. n .. "_a" } end
+    n = a:match("^t(%%d+)$")
+    if n then return { "t" .. n .. "_a", "t" .. n .. "_b" } end
+    return { "t0_a", "t0_b" }
+  end,
+  max_attempts = %d, per_wait_ceiling_ms = %d, deadline_ms = %d,
+  backoff_base_ms = 20, backoff_cap_ms = 100,
+  pending_retry_interval_ms = %d, pending_max_age_ms = %d, commitment_ms = %d,
+  quality_gate = { agents = { "t30", "t31", "t32", "t33", "t34" }, judge_route = "judge", judge_timeout_ms = 400 },
+}
+]], table.concat(routes, "\n    "), fake, opts.max_attempts or 3, opts.ceiling or 300,
+    opts.deadline or 4000, opts.pending_interval or 300, opts.max_age or 5000,
+    opts.commitment or 2500)
+end
+
+local HEURISTICS = [[
+return {
+  kind = "egress_heuristics",
+  checks = {
+    { name = "thinking", confidence = "high", substrings = { "<thinking>" } },
+    { name = "error_json", confidence = "high", pattern = "\"error\"%s*:" },
+    { name = "ai_opener", confidence = "low", pattern = "^As an AI language model" },
+  },
+  holding_lines = { default = "]] .. HOLDING .. [[" },
+  handoff_lines = { default = "]] .. HANDOFF .. [[" },
+}
+]]
+
+describe("openmesh egress, the real binary", function()
+  if not H.bin or H.bin == "" then
+    it("runs against OPENMESH_BIN", function()
+      pending("OPENMESH_BIN is not set (make check sets it to build/bin/openmesh)")
+    end)
+    return
+  end
+  local bindir = H.bin:match("^(.*)/[^/]*$")
+  local dir, fake, sink, gw, sinkfile, errfile
+
+  local function start_fixture(name, args)
+    local p = H.spawn(H.q(bindir .. "/" .. name) .. " " .. args, dir, name .. math.random(1e6))
+    local port = H.wait_for(function()
+      return tonumber(H.readfile(p.out):match("listening http://127%.0%.0%.1:(%d+)"))
+    end, 5)
+    assert(port, name .. " did not start: " .. H.readfile(p.out))
+    p.url = "http://127.0.0.1:" .. port
+    return p
+  end
+
+  local function start_gateway(policy, extra)
+    local n = math.random(1e6)
+    H.writefile(dir .. "/fallback" .. n .. ".lua", policy)
+    H.writefile(dir .. "/heuristics.lua", HEURISTICS)
+    local p = H.spawn(string.format(
+      "OM_SPEC_OPENAI_KEY=sk-spec OM_SPEC_ANTHROPIC_KEY=ak-spec %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --channels %s --errors %s %s",
+      H.q(H.bin), H.q(dir .. "/fallback" .. n .. ".lua"), H.q(dir .. "/heuristics.lua"),
+      H.q(dir .. "/channels.json"), H.q(errfile), extra or ""), dir, "egress" .. n)
+    local port = H.wait_for(function()
+      local port = H.readfile(p.out):match('"event":"egress_listening","url":"http://127%.0%.0%.1:(%d+)"')
+      if port then return tonumber(port) end
+      if H.readfile(p.rcfile) ~= "" then return -1 end
+    end, 10)
+    assert(port and port > 0, "openmesh egress did not start: " .. H.readfile(p.out))
+    p.url = "http://127.0.0.1:" .. port
+    return p
+  end
+
+  local function script(route, steps)
+    local st = H.request(dir, "POST", fake.url .. "/_script",
+      { body = cjson.encode({ route = route, steps = steps }) })
+    assert.equals(200, st)
+  end
+
+  local function counts()
+    local _, body = H.request(dir, "GET", fake.url .. "/_count")
+    return H.json(body).routes
+  end
+
+  local function chat(agent, body, max_time)
+    body = body or { model = "any", messages = { { role = "user", content = "Where is my order?" } } }
+    local t0 = H.now()
+    local st, resp, headers = H.request(dir, "POST", gw.url .. "/v1/chat/completions",
+      { body = cjson.encode(body), headers = { "x-openmesh-agent: " .. agent }, max_time = max_time or 10 })
+    return st, resp, H.now() - t0, headers
+  end
+
+  local function turn(fields, headers)
+    fields.channel = fields.channel or "user"
+    fields.request = fields.request or { messages = { { role = "user", content = "Where is my order?" } } }
+    local st, body = H.request(dir, "POST", gw.url .. "/v1/turns",
+      { body = cjson.encode(fields), headers = headers, max_time = 15 })
+    return st, body
+  end
+
+  -- Messages the user channel accepted, in order.
+  local function received()
+    local out = {}
+    for line in H.readfile(sinkfile):gmatch("[^\n]+") do
+      out[#out + 1] = cjson.decode(line)
+    end
+    return out
+  end
+
+  local function for_conversation(conv)
+    local out = {}
+    for _, m in ipairs(received()) do
+      if m.conversation == conv then out[#out + 1] = m.text end
+    end
+    return out
+  end
+
+  setup(function()
+    dir = H.tmpdir()
+    sinkfile = dir .. "/sink.jsonl"
+    errfile = dir .. "/errors.jsonl"
+    math.randomseed(os.time())
+    fake = start_fixture("fake_provider", "")
+    sink = start_fixture("webhook_sink", "--out " .. H.q(sinkfile))
+    H.writefile(dir .. "/channels.json", cjson.encode({
+      user = { kind = "webhook", target = sink.url .. "/hook", part_limit = 4000, max_retries = 3 } }))
+    gw = start_gateway(fallback_policy(fake.url))
+  end)
+
+  teardown(function()
+    H.kill_all()
+    if dir then os.execute("rm -rf " .. H.q(dir)) end
+  end)
+
+  describe("the command", function()
+    it("has --help, exit 0", function()
+      local out, rc = H.sh(H.q(H.bin) .. " egress --help")
+      assert.equals(0, rc)
+      assert.matches("/v1/turns", out, 1, true)
+      assert.matches("--channels", out, 1, true)
+    end)
+
+    it("refuses a bad flag, a bad listen address and a bad channels file with exit 2 naming the culprit", function()
+      local out, rc = H.sh(H.q(H.bin) .. " egress --bogus 2>&1")
+      assert.equals(2, rc)
+      out, rc = H.sh(H.q(H.bin) .. " egress --listen nowhere 2>&1")
+      assert.equals(2, rc)
+      assert.matches("--listen", out, 1, true)
+      H.writefile(dir .. "/bad_channels.json", '{"user": {"kind": "carrier-pigeon", "target": "x"}}')
+      out, rc = H.sh(string.format("%s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --channels %s 2>&1",
+        H.q(H.bin), H.q(dir .. "/fallback_bad.lua"), H.q(dir .. "/heuristics.lua"), H.q(dir .. "/bad_channels.json")))
+      assert.equals(2, rc) -- missing fallback file
+      H.writefile(dir .. "/fallback_ok.lua", fallback_policy(fake.url))
+      out, rc = H.sh(string.format("timeout 5 %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --channels %s 2>&1",
+        H.q(H.bin), H.q(dir .. "/fallback_ok.lua"), H.q(dir .. "/heuristics.lua"), H.q(dir .. "/bad_channels.json")))
+      assert.equals(2, rc)
+      assert.matches("channel 'user'", out, 1, true)
+      H.writefile(dir .. "/garbage.json", "{not json")
+      out, rc = H.sh(string.format("timeout 5 %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --channels %s 2>&1",
+        H.q(H.bin), H.q(dir .. "/fallback_ok.lua"), H.q(dir .. "/heuristics.lua"), H.q(dir .. "/garbage.json")))
+      assert.equals(2, rc)
+      assert.matches("--channels", out, 1, true)
+    end)
+  end)
+
+  describe("POST /v1/chat/completions (Layer A)", function()
+    it("answers with the provider's completion and sends each route's key", function()
+      local st, body = chat("t1")
+      assert.equals(200, st)
+      local j = H.json(body)
+      assert.equals("chat.completion", j.object)
+      assert.matches("^Reply %d+ from t1_a%.$", j.choices[1].message.content)
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      last = H.json(last)
+      assert.equals("Bearer sk-spec", last.authorization)
+      assert.equals("gpt-fake", last.body.model)
+    end)
+
+    it("translates to Anthropic messages on an anthropic route (x-api-key, anthropic-version, system)", function()
+      script("t2_a", { "401" })
+      local st, body = chat("t2", { model = "x", messages = {
+        { role = "system", content = "Be brief." }, { role = "user", content = "hi" } } })
+      assert.equals(200, st)
+      assert.matches("^Reply %d+ from t2_b%.$", H.json(body).choices[1].message.content)
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      last = H.json(last)
+      assert.equals("ak-spec", last.x_api_key)
+      assert.equals("2023-06-01", last.anthropic_version)
+      assert.equals("Be brief.", last.body.system)
+      assert.equals("claude-fake", last.body.model)
+    end)
+
+    it("abandons a stalled primary after one timeout when a fallback exists", function()
+      script("t3_a", { "stall:ms=5000" })
+      local st, body, elapsed = chat("t3")
+      assert.equals(200, st)
+      assert.matches("from t3_b", H.json(body).choices[1].message.content)
+      assert.equals(1, counts().t3_a) -- one attempt, no retry of the timeout
+      assert.is_true(elapsed < 2.5, "took " .. elapsed)
+    end)
+
+    it("retries a stalled route when it is the last (or only) one", function()
+      script("t4_a", { "stall:ms=5000", "ok" })
+      local st, body = chat("t4_solo")
+      assert.equals(200, st)
+      assert.matches("from t4_a", H.json(body).choices[1].message.content)
+      assert.equals(2, counts().t4_a)
+    end)
+
+    it("clamps Retry-After 3600 and falls back at once instead of waiting", function()
+      script("t5_a", { "429:ra=3600" })
+      local st, body, elapsed = chat("t5")
+      assert.equals(200, st)
+      assert.matches("from t5_b", H.json(body).choices[1].message.content)
+      assert.is_true(elapsed < 2, "took " .. elapsed)
+      -- only route: the wait is clamped to the 300 ms ceiling, not 3 s
+      script("t6_a", { "429:ra=3", "ok" })
+      st, body, elapsed = chat("t6_solo")
+      assert.equals(200, st)
+      assert.is_true(elapsed < 2.5, "took " .. elapsed)
+      assert.equals(2, counts().t6_a)
+    end)
+
+    it("honours retry-after-ms and retries a 5xx on the same route first", function()
+      script("t7_a", { "503:ram=50", "500", "ok" })
+      local st, body = chat("t7")
+      assert.equals(200, st)
+      assert.matches("from t7_a", H.json(body).choices[1].message.content)
+      assert.equals(3, counts().t7_a)
+      assert.is_nil(counts().t7_b)
+    end)
+
+    it("stops at a 400 validation error without trying another route", function()
+      script("t8_a", { "400" })
+      local st, body = chat("t8")
+      assert.equals(400, st)
+      local j = H.json(body)
+      assert.equals("request_rejected", j.error.type)
+      assert.is_nil(counts().t8_b)
+      assert.is_nil(body:find("invalid_request_error", 1, true)) -- never the provider's text
+    end)
+
+    it("falls back on quota exhausted and context length exceeded, terminal for that route", function()
+      script("t9_a", { "quota" })
+      local st, body = chat("t9")
+      assert.equals(200, st)
+      assert.matches("from t9_b", H.json(body).choices[1].message.content)
+      assert.equals(1, counts().t9_a)
+      script("t10_a", { "ctx" })
+      st, body = chat("t10")
+      assert.equals(200, st)
+      assert.matches("from t10_b", H.json(body).choices[1].message.content)
+      assert.equals(1, counts().t10_a)
+    end)
+
+    it("x-should-retry: false stops retrying the route", function()
+      script("t11_a", { "503:xsr=false" })
+      local st, body = chat("t11")
+      assert.equals(200, st)
+      assert.equals(1, counts().t11_a)
+    end)
+
+    it("retries an empty completion and a length cut with no content moves on", function()
+      script("t12_a", { "empty", "ok" })
+      local st, body = chat("t12")
+      assert.equals(200, st)
+      assert.matches("from t12_a", H.json(body).choices[1].message.content)
+      assert.equals(2, counts().t12_a)
+      script("t13_a", { "length" })
+      st, body = chat("t13")
+      assert.equals(200, st)
+      assert.matches("from t13_b", H.json(body).choices[1].message.content)
+      assert.equals(1, counts().t13_a)
+    end)
+
+    it("repairs a tool call with invalid JSON once, in the same attempt", function()
+      script("t14_a", { "badtool", "tool" })
+      local st, body = chat("t14")
+      assert.equals(200, st)
+      local call = H.json(body).choices[1].message.tool_calls[1]
+      assert.same({ order_id = 12 }, cjson.decode(call["function"].arguments))
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      local msgs = H.json(last).body.messages
+      assert.matches("not valid JSON", msgs[#msgs].content, 1, true) -- the correction
+      -- still broken after the repair: retryable, the next attempt succeeds
+      script("t15_a", { "badtool", "badtool", "ok" })
+      st, body = chat("t15")
+      assert.equals(200, st)
+      assert.equals(3, counts().t15_a)
+    end)
+
+    it("resets and refused connections are retried and fall back", function()
+      -- (libcurl itself resends once on a reused connection closed before
+      -- any byte, so an attempt may consume two resets)
+      script("t16_a", { "reset", "reset", "reset", "reset", "reset", "reset" })
+      local st, body = chat("t16")
+      assert.equals(200, st)
+      assert.matches("from t16_b", H.json(body).choices[1].message.content)
+    end)
+
+    it("answers a structured error with a stable type when every route fails", function()
+      script("t17_a", { "500", "500", "500" })
+      script("t17_b", { "529", "529", "529" })
+      local st, body = chat("t17")
+      assert.equals(502, st)
+      local j = H.json(body)
+      assert.equals("all_routes_failed", j.error.type)
+      assert.equals(6, #j.error.attempts)
+      assert.equals("t17_a", j.error.attempts[1].route)
+      assert.equals("server_error", j.error.attempts[1].class)
+      assert.equals("overloaded", j.error.attempts[6].class)
+      assert.is_nil(body:find("The server had an error", 1, true))
+    end)
+
+    it("refuses malformed and hostile bodies with 400 invalid_request", function()
+      for _, b in ipairs({ "", "{", "[]", '{"messages": []}', '{"messages": "hi"}',
+        '{"messages": [{"content": "no role"}]}', '{"messages": [{"role": "user"}], "stream": "yes"}',
+        '{"a": 1, "a": 2}', string.rep("[", 100000) }) do
+        local st, body = H.request(dir, "POST", gw.url .. "/v1/chat/completions", { body = b })
+        assert.equals(400, st, b:sub(1, 40))
+        assert.equals("invalid_request", H.json(body).error.type)
+      end
+      local st = H.request(dir, "POST", gw.url .. "/v1/chat/completions",
+        { body = '{"messages":[{"role":"user","content":"' .. string.rep("x", 2 * 1024 * 1024) .. '"}]}' })
+      assert.equals(413, st)
+      st = H.request(dir, "GET", gw.url .. "/v1/chat/completions")
+      assert.equals(405, st)
+    end)
+  end)
+
+  describe("streaming", function()
+    local function stream(agent)
+      local out = H.sh(string.format(
+        "%s -s -N -X POST -H 'x-openmesh-agent: %s' --data-binary %s %s",
+        H.curl(10), agent, H.q(cjson.encode({ model = "x", stream = true,
+          messages = { { role = "user", content = "hi" } } })), H.q(gw.url .. "/v1/chat/completions")))
+      return H.parse_sse(out), out
+    end
+
+    it("holds the response until the first content delta: a stream that dies before it is retried", function()
+      script("t18_a", { "die_before", "ok" })
+      local events, raw = stream("t18")
+      local text = {}
+      for _, e in ipairs(events) do
+        if e.data ~= "[DONE]" then
+          local j = cjson.decode(e.data)
+          assert.is_nil(j.error)
+          text[#text + 1] = j.choices[1].delta.content or ""
+        end
+      end
+      assert.matches("^Reply %d+ from t18_a%.$", table.concat(text))
+      assert.equals("[DONE]", events[#events].data, raw)
+      assert.equals(2, counts().t18_a)
+    end)
+
+    it("falls back to the Anthropic stream when the first route cannot start one", function()
+      script("t19_a", { "503", "503", "503" })
+      local events = stream("t19")
+      local text = {}
+      for _, e in ipairs(events) do
+        if e.data ~= "[DONE]" then
+          text[#text + 1] = cjson.decode(e.data).choices[1].delta.content or ""
+        end
+      end
+      assert.matches("from t19_b", table.concat(text))
+    end)
+
+    it("never replays a committed stream: a failure after the first delta ends it with an error event", function()
+      script("t20_a", { "die_after", "ok" })
+      local events = stream("t20")
+      local last = events[#events]
+      assert.equals("error", last.type)
+      assert.equals("stream_interrupted", cjson.decode(last.data).error.type)
+      for _, e in ipairs(events) do
+        assert.is_not.equals("[DONE]", e.data)
+      end
+      assert.equals(1, counts().t20_a)
+      assert.is_nil(counts().t20_b)
+    end)
+  end)
+
+  describe("POST /v1/turns (Layer B, Layer C)", function()
+    it("delivers the reply to the channel and says so, with the attempts", function()
+      local st, body = turn({ agent = "t21", conversation = "conv-21", run_id = "run-21", context = "interactive" })
+      assert.equals(200, st)
+      local j = H.json(body)
+      assert.equals("delivered", j.outcome)
+      assert.equals(1, #j.attempts)
+      assert.equals("t21_a", j.attempts[1].route)
+      assert.equals(cjson.null, j.error_id)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-21")
+        return #m > 0 and m
+      end, 5)
+      assert.same({ msgs[1] }, msgs)
+      assert.matches("^Reply %d+ from t21_a%.$", msgs[1])
+    end)
+
+    it("never delivers a POSTed turn twice (same run, or same Idempotency-Key)", function()
+      local f = { agent = "t22", conversation = "conv-22", run_id = "run-22", context = "interactive" }
+      local _, b1 = turn(f)
+      local _, b2 = turn(f)
+      assert.equals(H.json(b1).turn_id, H.json(b2).turn_id)
+      assert.is_true(H.json(b2).replayed)
+      local g = { agent = "t22", conversation = "conv-22b", context = "async" }
+      turn(g, { "Idempotency-Key: k-22" })
+      turn(g, { "Idempotency-Key: k-22" })
+      H.sleep(0.5)
+      assert.equals(1, #for_conversation("conv-22"))
+      assert.equals(1, #for_conversation("conv-22b"))
+      assert.equals(2, counts().t22_a)
+    end)
+
+    it("async: nothing is sent, the turn is pending and retried on the next cycle", function()
+      local fail = {}
+      for i = 1, 6 do fail[i] = "500" end
+      script("t23_a", fail)
+      script("t23_b", { "500", "500", "500" })
+      local st, body = turn({ agent = "t23", conversation = "conv-23", run_id = "run-23", context = "async" })
+      assert.equals(200, st)
+      local j = H.json(body)
+      assert.equals("silent", j.outcome)
+      assert.is_string(j.error_id)
+      assert.equals(0, #for_conversation("conv-23"))
+      local _, pend = H.request(dir, "GET", gw.url .. "/v1/pending")
+      local found
+      for _, p in ipairs(H.json(pend).pending) do
+        if p.turn_id == j.turn_id then found = p end
+      end
+      assert.is_table(found)
+      assert.equals("run-23", found.run_id)
+      -- the provider recovers: the next cycle delivers, exactly once
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-23")
+        return #m > 0 and m
+      end, 8)
+      assert.is_table(msgs)
+      H.sleep(0.4)
+      assert.equals(1, #for_conversation("conv-23"))
+      -- the errors file has the cause, attributed, with every attempt
+      local line
+      for l in H.readfile(errfile):gmatch("[^\n]+") do
+        local e = cjson.decode(l)
+        if e.error_id == j.error_id then line = e end
+      end
+      assert.is_table(line)
+      assert.equals("t23", line.agent)
+      assert.equals("conv-23", line.conversation)
+      assert.equals("run-23", line.run_id)
+      assert.equals(6, #line.attempts)
+      assert.matches("HTTP 500", line.cause, 1, true)
+    end)
+
+    it("interactive: a holding line, then the real answer from the background retry", function()
+      local fail = {}
+      for i = 1, 6 do fail[i] = "503" end
+      script("t24_a", fail)
+      script("t24_b", { "529", "529", "529" })
+      local st, body = turn({ agent = "t24", conversation = "conv-24", context = "interactive" })
+      assert.equals(200, st)
+      assert.equals("held", H.json(body).outcome)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-24")
+        return #m >= 2 and m
+      end, 8)
+      assert.is_table(msgs)
+      assert.equals(HOLDING, msgs[1])
+      assert.matches("^Reply %d+ from t24_", msgs[2])
+      H.sleep(0.5)
+      assert.equals(2, #for_conversation("conv-24"))
+    end)
+
+    it("interactive: the handoff message when the commitment runs out, never the error", function()
+      local fail = {}
+      for i = 1, 200 do fail[i] = "500" end
+      script("t25_a", fail)
+      script("t25_b", fail)
+      local st, body = turn({ agent = "t25", conversation = "conv-25", context = "interactive" })
+      assert.equals("held", H.json(body).outcome)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-25")
+        return #m >= 2 and m
+      end, 10)
+      assert.same({ HOLDING, HANDOFF }, msgs)
+      -- a terminal failure hands off at once
+      script("t26_a", { "400" })
+      st, body = turn({ agent = "t26", conversation = "conv-26", context = "interactive" })
+      assert.equals("handed_off", H.json(body).outcome)
+      msgs = H.wait_for(function()
+        local m = for_conversation("conv-26")
+        return #m >= 1 and m
+      end, 5)
+      assert.same({ HANDOFF }, msgs)
+    end)
+
+    it("refuses malformed turns naming the field", function()
+      local cases = {
+        { {}, "agent" },
+        { { agent = "a" }, "conversation" },
+        { { agent = "a", conversation = "c", context = "later" }, "context" },
+        { { agent = "a", conversation = "c", context = "async", channel = "nowhere" }, "channel" },
+        { { agent = "a", conversation = "c", context = "async", channel = "user", request = {} }, "request" },
+        { { agent = string.rep("a", 300), conversation = "c" }, "agent" },
+        { { agent = "a\1b", conversation = "c" }, "agent" },
+        { { agent = "a", conversation = "c", run_id = 5, context = "async" }, "run_id" },
+      }
+      for _, c in ipairs(cases) do
+        local st, body = H.request(dir, "POST", gw.url .. "/v1/turns", { body = cjson.encode(c[1]) })
+        assert.equals(400, st)
+        assert.matches(c[2], H.json(body).error.message, 1, true)
+      end
+      local st = H.request(dir, "POST", gw.url .. "/v1/turns", { body = "{{{" })
+      assert.equals(400, st)
+    end)
+  end)
+
+  describe("the quality gate (agents t30..t34 opted in)", function()
+    it("sends an unflagged reply without asking the judge", function()
+      local st, body = turn({ agent = "t30", conversation = "conv-30", context = "interactive" })
+      assert.equals("delivered", H.json(body).outcome)
+      assert.is_nil(counts().judge)
+    end)
+
+    it("high confidence + judge failure: never sent as is; the sanitized remainder is", function()
+      script("t31_a", { "ok:text=<thinking>the secret plan</thinking>Your order shipped today." })
+      script("judge", { "500" })
+      local st, body = turn({ agent = "t31", conversation = "conv-31", context = "interactive" })
+      assert.equals("delivered", H.json(body).outcome)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-31")
+        return #m >= 1 and m
+      end, 5)
+      assert.same({ "Your order shipped today." }, msgs)
+    end)
+
+    it("high confidence with nothing left after sanitizing goes to Layer C, and the judge's failure is not a second error", function()
+      script("t32_a", { "ok:text=%22error%22%3A 503", "ok" })
+      script("judge", { "stall:ms=3000" })
+      local st, body = turn({ agent = "t32", conversation = "conv-32", context = "interactive" })
+      local j = H.json(body)
+      assert.equals("held", j.outcome)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-32")
+        return #m >= 2 and m
+      end, 8)
+      assert.equals(HOLDING, msgs[1])
+      assert.matches("^Reply %d+ from t32_a%.$", msgs[2])
+      for _, m in ipairs(msgs) do
+        assert.is_nil(m:find("error", 1, true))
+      end
+    end)
+
+    it("low confidence + judge failure: sent and marked for review; the judge may block", function()
+      script("t33_a", { "ok:text=As an AI language model%2C I think it shipped." })
+      script("judge", { "reset" })
+      local _, body = turn({ agent = "t33", conversation = "conv-33", context = "interactive" })
+      local j = H.json(body)
+      assert.equals("delivered", j.outcome)
+      assert.is_true(j.review)
+      script("t34_a", { "ok:text=As an AI language model I cannot say.", "ok" })
+      script("judge", { "ok:text=BLOCK" })
+      _, body = turn({ agent = "t34", conversation = "conv-34", context = "async" })
+      assert.equals("silent", H.json(body).outcome)
+      local msgs = H.wait_for(function()
+        local m = for_conversation("conv-34")
+        return #m >= 1 and m
+      end, 8)
+      assert.matches("^Reply %d+ from t34_a%.$", msgs[1])
+    end)
+  end)
+
+  describe("admin", function()
+    it("serves /metrics, /status and /v1/pending", function()
+      local st, body = H.request(dir, "GET", gw.url .. "/metrics")
+      assert.equals(200, st)
+      assert.matches('openmesh_egress_attempts_total{class="server_error"}', body, 1, true)
+      assert.matches('openmesh_egress_turns_total{outcome="held"}', body, 1, true)
+      st, body = H.request(dir, "GET", gw.url .. "/status")
+      assert.equals(200, st)
+      local j = H.json(body)
+      assert.equals(1, j.policies.fallback.version)
+      assert.is_true(#j.routes > 2)
+      st = H.request(dir, "GET", gw.url .. "/v1/pending")
+      assert.equals(200, st)
+    end)
+  end)
+
+  describe("the randomized fault campaign", function()
+    it("1,000 turns: the user channel never receives an error string, nothing twice", function()
+      local cdir = dir .. "/campaign"
+      os.execute("mkdir -p " .. H.q(cdir))
+      local cfake = start_fixture("fake_provider", "--random " .. os.time())
+      local csinkfile = cdir .. "/sink.jsonl"
+      local csink = start_fixture("webhook_sink", "--out " .. H.q(csinkfile) .. " --fail-rate 0.05 --seed 7")
+      H.writefile(dir .. "/channels.json", cjson.encode({
+        user = { kind = "webhook", target = csink.url .. "/hook", max_retries = 5, timeout_ms = 2000 } }))
+      local cgw = start_gateway(fallback_policy(cfake.url, { attempt = 400, first_byte = 150,
+        max_attempts = 2, ceiling = 60, deadline = 900, pending_interval = 150, max_age = 1200,
+        commitment = 1200 }))
+      local N = 1000
+      local cfg = {}
+      local fields = {}
+      for i = 1, N do
+        local f = { agent = "t" .. (i % 5), conversation = "camp-" .. i, run_id = "run-" .. i,
+          context = (i % 3 == 0) and "async" or "interactive", channel = "user",
+          request = { messages = { { role = "user", content = "Question " .. i } } } }
+        fields[i] = f
+        H.writefile(cdir .. "/t" .. i .. ".json", cjson.encode(f))
+        cfg[#cfg + 1] = table.concat({
+          'url = "' .. cgw.url .. '/v1/turns"', 'request = "POST"',
+          'header = "Content-Type: application/json"', "max-time = 20",
+          'data-binary = "@' .. cdir .. "/t" .. i .. '.json"',
+          'output = "' .. cdir .. "/a" .. i .. '.json"' }, "\n")
+      end
+      H.writefile(cdir .. "/curl.cfg", table.concat(cfg, "\nnext\n") .. "\n")
+      local t0 = H.now()
+      H.sh("timeout -k 1 120 curl -s --no-progress-meter --parallel --parallel-max 48 -K " .. H.q(cdir .. "/curl.cfg"))
+      -- background work (holding lines' retries, pending cycles) drains
+      assert.is_truthy(H.wait_for(function()
+        local _, b = H.request(cdir, "GET", cgw.url .. "/status")
+        local ok, j = pcall(cjson.decode, b)
+        return ok and j.active_turns == 0
+      end, 30, 0.2))
+      H.sleep(0.3)
+      local elapsed = H.now() - t0
+      local outcomes = { delivered = 0, held = 0, silent = 0, handed_off = 0 }
+      for i = 1, N do
+        local j = cjson.decode(H.readfile(cdir .. "/a" .. i .. ".json"))
+        assert.is_not_nil(outcomes[j.outcome], "turn " .. i .. ": " .. tostring(j.outcome))
+        outcomes[j.outcome] = outcomes[j.outcome] + 1
+        assert.is_nil(H.readfile(cdir .. "/a" .. i .. ".json"):find("server had an error", 1, true))
+      end
+      local by_conv, leaks, duplicates, parts_seen = {}, 0, 0, {}
+      local replies, holds, handoffs = 0, 0, 0
+      for line in H.readfile(csinkfile):gmatch("[^\n]+") do
+        local m = cjson.decode(line)
+        local key = m.delivery .. "/" .. m.part
+        if parts_seen[key] then duplicates = duplicates + 1 end
+        parts_seen[key] = true
+        local c = by_conv[m.conversation] or { final = 0, hold = 0 }
+        by_conv[m.conversation] = c
+        if m.text == HOLDING then
+          c.hold = c.hold + 1
+          holds = holds + 1
+        elseif m.text == HANDOFF then
+          c.final = c.final + 1
+          handoffs = handoffs + 1
+        elseif m.text:match("^Reply %d+ from t%d_[ab]%.$") then
+          c.final = c.final + 1
+          replies = replies + 1
+        else
+          leaks = leaks + 1
+          print("LEAK: " .. m.text)
+        end
+      end
+      local unanswered = 0
+      for i = 1, N do
+        local c = by_conv["camp-" .. i] or { final = 0, hold = 0 }
+        if c.final > 1 or c.hold > 1 then duplicates = duplicates + 1 end
+        -- every interactive turn ends with exactly one answer or handoff
+        if fields[i].context == "interactive" and c.final ~= 1 then unanswered = unanswered + 1 end
+      end
+      local _, cnt = H.request(cdir, "GET", cfake.url .. "/_count")
+      print(string.format(
+        "\n# campaign: %d turns in %.1f s, %d provider requests: delivered %d, held %d, silent %d, handed_off %d;"
+          .. " channel got %d replies, %d holding lines, %d handoffs; duplicates %d, leaks %d, interactive without an answer %d",
+        N, elapsed, H.json(cnt).total, outcomes.delivered, outcomes.held, outcomes.silent, outcomes.handed_off,
+        replies, holds, handoffs, duplicates, leaks, unanswered))
+      assert.equals(N, outcomes.delivered + outcomes.held + outcomes.silent + outcomes.handed_off)
+      assert.equals(0, duplicates)
+      assert.equals(0, leaks)
+      assert.equals(0, unanswered)
+      assert.is_true(outcomes.delivered > 0 and outcomes.held + outcomes.silent + outcomes.handed_off > 0)
+    end)
+  end)
+end)
