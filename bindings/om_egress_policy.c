@@ -268,6 +268,17 @@ static int read_config(lua_State *L) {
   c->s.pending_max_age_ms =
       ms_field(L, policy, "pending_max_age_ms", "", 3600000);
   c->s.commitment_ms = ms_field(L, policy, "commitment_ms", "", 120000);
+  {
+    uint64_t failures = ms_field(L, policy, "cooldown_after_failures", "", 3);
+    c->s.cooldown_after_failures =
+        failures > UINT32_MAX ? UINT32_MAX : (uint32_t)failures;
+  }
+  c->s.cooldown_ms = ms_field(L, policy, "cooldown_ms", "", 2000);
+  c->s.cooldown_max_ms = ms_field(L, policy, "cooldown_max_ms", "", 60000);
+  /* the contract refuses a cap below the period; a policy that mutated its
+   * own table since gets the period as its cap rather than a shorter one */
+  if (c->s.cooldown_max_ms < c->s.cooldown_ms)
+    c->s.cooldown_max_ms = c->s.cooldown_ms;
   c->s.judge_timeout_ms = 2000;
   c->s.has_order = rawfield(L, policy, "order") == LUA_TFUNCTION;
   lua_pop(L, 1);

@@ -29,8 +29,10 @@
  *    Idempotency-Key lets a receiver drop a duplicate that a timeout retry
  *    produced.
  *  - "file": append each part as one JSON line ("\n"-terminated) to target
- *    (created 0600 if missing; opened once, O_APPEND, so lines from several
- *    writers never interleave within a line). For local use and tests.
+ *    (created 0600 if missing; O_APPEND, so lines from several writers
+ *    never interleave within a line; reopened when the path no longer
+ *    names the open file, so rotation and deletion lose nothing; the
+ *    writes run on the libuv threadpool). For local use and tests.
  *
  * A new channel is one file: a const om_connector_kind_t with three
  * functions (see "Implementing a kind" below), listed in om_connector.c.

@@ -2,34 +2,74 @@
  * om_connector_file.c: the "file" connector kind: append each part as one
  * JSON line to a file (local use and tests; see om_connector.h).
  *
- * The file is opened once, with O_APPEND, and each line is one write of
- * the whole line, so lines written by several processes do not interleave
- * inside a line (POSIX write(2) with O_APPEND on a regular file).
+ * Each line is one write(2) of the whole line on an O_APPEND descriptor,
+ * so lines written by several processes do not interleave inside a line
+ * (POSIX write(2) with O_APPEND on a regular file).
+ *
+ * Rotation: the descriptor follows the path, not the inode. Before every
+ * line the path is stat'ed and compared with the open file (st_dev,
+ * st_ino); when the file was renamed away or deleted, the path is opened
+ * again (created if missing), so the next lines land where a reader of
+ * the path looks instead of vanishing into an unlinked inode. One stat per
+ * line is far cheaper than the delivery around it. When the path cannot be
+ * opened again the part fails (the channel did not receive it) and the
+ * next delivery tries again.
+ *
+ * The stat, the reopen and the write run on the libuv threadpool
+ * (uv_queue_work), so a slow disk never stalls the loop; the loop thread
+ * touches the descriptor only when no write is in flight.
  */
 #include "om_connector.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "om_errno.h"
 
 typedef struct {
   om_connector_t *c;
   uv_loop_t *loop;
-  uv_file fd;
-  uv_fs_t req;
+  char *path;
+  int fd;
+  dev_t dev; /* what fd is: compared with the path before each line */
+  ino_t ino;
+  uv_work_t work;
   char *line; /* the line being written */
-  size_t len, off;
+  size_t len;
   int writing, closing;
+  /* set by the worker, read in after_write */
+  int write_err;  /* 0 or a negative errno */
+  int reopen_err; /* 0 or a negative errno: the path could not be opened */
   void (*done)(om_connector_t *c);
 } file_t;
+
+/* O_NONBLOCK: a FIFO without a reader fails at once instead of blocking
+ * (no effect on regular files). */
+#define FILE_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK)
+
+static int open_path(const char *path, dev_t *dev, ino_t *ino) {
+  struct stat st;
+  int fd = open(path, FILE_FLAGS, 0600);
+  if (fd < 0)
+    return -errno;
+  if (fstat(fd, &st) != 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  return fd;
+}
 
 static int fc_open(om_connector_t *c, uv_loop_t *loop,
                    const om_connector_opts_t *opts, void **state, char *err,
                    size_t errlen) {
-  uv_fs_t req;
   file_t *f;
   int fd;
   if (strlen(opts->target) > 4096) {
@@ -38,20 +78,20 @@ static int fc_open(om_connector_t *c, uv_loop_t *loop,
     return OM_EINVAL;
   }
   f = calloc(1, sizeof *f);
-  if (f == NULL) {
+  if (f == NULL || (f->path = strdup(opts->target)) == NULL) {
+    free(f);
     if (err != NULL && errlen > 0)
       snprintf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
   /* Synchronous on purpose: it runs once, at startup, and a path that
    * cannot be opened must fail the configuration, not the first reply. */
-  fd = uv_fs_open(loop, &req, opts->target,
-                  O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600, NULL);
-  uv_fs_req_cleanup(&req);
+  fd = open_path(opts->target, &f->dev, &f->ino);
   if (fd < 0) {
     if (err != NULL && errlen > 0)
       snprintf(err, errlen, "target: cannot open '%.200s' for appending: %s",
-               opts->target, uv_strerror(fd));
+               opts->target, strerror(-fd));
+    free(f->path);
     free(f);
     return OM_EIO;
   }
@@ -63,19 +103,47 @@ static int fc_open(om_connector_t *c, uv_loop_t *loop,
 }
 
 static void fc_free(file_t *f) {
-  uv_fs_t req;
-  uv_fs_close(f->loop, &req, f->fd, NULL);
-  uv_fs_req_cleanup(&req);
+  if (f->fd >= 0)
+    close(f->fd);
   free(f->line);
+  free(f->path);
   free(f);
 }
 
-static int write_rest(file_t *f);
+/* Threadpool: follow the path, then write the whole line. */
+static void write_work(uv_work_t *w) {
+  file_t *f = w->data;
+  struct stat st;
+  size_t off = 0;
+  f->write_err = f->reopen_err = 0;
+  if (stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino) {
+    dev_t dev;
+    ino_t ino;
+    int fd = open_path(f->path, &dev, &ino);
+    if (fd < 0) {
+      f->reopen_err = fd;
+      return;
+    }
+    if (f->fd >= 0)
+      close(f->fd);
+    f->fd = fd;
+    f->dev = dev;
+    f->ino = ino;
+  }
+  while (off < f->len) {
+    ssize_t n = write(f->fd, f->line + off, f->len - off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      f->write_err = -errno;
+      return;
+    }
+    off += (size_t)n; /* a short write (a full disk, a signal): the rest */
+  }
+}
 
-static void on_write(uv_fs_t *req) {
-  file_t *f = req->data;
-  ssize_t n = req->result;
-  uv_fs_req_cleanup(req);
+static void after_write(uv_work_t *w, int status) {
+  file_t *f = w->data;
   f->writing = 0;
   if (f->closing) {
     om_connector_t *c = f->c;
@@ -84,33 +152,21 @@ static void on_write(uv_fs_t *req) {
     done(c);
     return;
   }
-  if (n >= 0 && (size_t)n < f->len - f->off) {
-    int rc;
-    f->off += (size_t)n; /* a short write: the rest */
-    rc = write_rest(f);
-    if (rc == 0)
-      return;
-    n = rc;
-  }
   free(f->line);
   f->line = NULL;
-  if (n < 0) {
+  if (status < 0 || f->reopen_err < 0 || f->write_err < 0) {
     char why[160];
-    snprintf(why, sizeof why, "write: %s", uv_strerror((int)n));
+    if (status < 0)
+      snprintf(why, sizeof why, "write: %s", uv_strerror(status));
+    else if (f->reopen_err < 0)
+      snprintf(why, sizeof why, "reopen after rotation: %s",
+               strerror(-f->reopen_err));
+    else
+      snprintf(why, sizeof why, "write: %s", strerror(-f->write_err));
     om__connector_sent(f->c, OM_CONNECTOR_FAIL, why);
   } else {
     om__connector_sent(f->c, OM_CONNECTOR_OK, NULL);
   }
-}
-
-static int write_rest(file_t *f) {
-  uv_buf_t buf = uv_buf_init(f->line + f->off, (unsigned)(f->len - f->off));
-  int rc;
-  f->req.data = f;
-  rc = uv_fs_write(f->loop, &f->req, f->fd, &buf, 1, -1, on_write);
-  if (rc == 0)
-    f->writing = 1;
-  return rc;
 }
 
 static int fc_send(void *state, om_connector_t *c, const char *json,
@@ -126,13 +182,14 @@ static int fc_send(void *state, om_connector_t *c, const char *json,
   memcpy(f->line, json, len);
   f->line[len] = '\n';
   f->len = len + 1;
-  f->off = 0;
-  rc = write_rest(f);
+  f->work.data = f;
+  rc = uv_queue_work(f->loop, &f->work, write_work, after_write);
   if (rc != 0) {
     free(f->line);
     f->line = NULL;
     return OM_EIO;
   }
+  f->writing = 1;
   return 0;
 }
 

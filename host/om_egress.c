@@ -9,11 +9,15 @@
  * the heuristics policy (holding line, handoff message). Provider error
  * text only ever goes to the errors file and the log.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "om_connector.h"
 #include "om_egress_internal.h"
@@ -75,11 +79,27 @@ typedef struct chat_s {
   struct chat_s *next, *prev;
 } chat_t;
 
+/*
+ * The errors file (--errors): one JSON line per EgressError. It follows
+ * its path like the file connector does (a rotated or deleted file is
+ * replaced by a new one at the path, compared by st_dev/st_ino before
+ * each line), and a failing write is counted and logged once per streak,
+ * never raised: error tracking must not fail the turn it tracks.
+ */
+typedef struct errors_file_s {
+  char *path;
+  int fd; /* -1: closed */
+  dev_t dev;
+  ino_t ino;
+  int failing; /* the last write failed: logged once, until one succeeds */
+  om_metric_t *m_fail[2]; /* op="write", op="reopen" */
+} errors_file_t;
+
 typedef struct eg_server_s {
   om_http_server_t *http;
   channel_t channels[MAX_CHANNELS];
   size_t n_channels;
-  FILE *errors;
+  errors_file_t *errors;
   turn_t *turns; /* newest first */
   size_t n_turns;
   chat_t *chats;
@@ -152,6 +172,111 @@ static int valid_id(const char *s) {
 
 /* ---- error tracking ------------------------------------------------------ */
 
+/* O_NONBLOCK: a FIFO with no reader (or a full one) fails the write at once
+ * instead of blocking the loop; no effect on regular files. */
+#define ERRORS_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK)
+
+static int errors_open_fd(const char *path, dev_t *dev, ino_t *ino) {
+  struct stat st;
+  int fd = open(path, ERRORS_FLAGS, 0600);
+  if (fd < 0)
+    return -errno;
+  if (fstat(fd, &st) != 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  return fd;
+}
+
+static void errors_close(errors_file_t *ef) {
+  if (ef == NULL)
+    return;
+  if (ef->fd >= 0)
+    close(ef->fd);
+  free(ef->path);
+  free(ef);
+}
+
+/* At startup: a path that cannot be appended to is a configuration error
+ * (OM_EINVAL, message naming --errors), not a surprise at the first
+ * failure. */
+static int errors_open(const char *path, errors_file_t **out, char *err,
+                       size_t errlen) {
+  errors_file_t *ef = calloc(1, sizeof *ef);
+  int fd;
+  if (ef == NULL || (ef->path = strdup(path)) == NULL) {
+    free(ef);
+    snprintf(err, errlen, "out of memory");
+    return OM_ENOMEM;
+  }
+  fd = errors_open_fd(path, &ef->dev, &ef->ino);
+  if (fd < 0) {
+    snprintf(err, errlen, "--errors %.300s: cannot open for appending: %s",
+             path, strerror(-fd));
+    free(ef->path);
+    free(ef);
+    return OM_EINVAL;
+  }
+  ef->fd = fd;
+  *out = ef;
+  return 0;
+}
+
+static void errors_failed(errors_file_t *ef, int op, int e) {
+  om_metric_inc(ef->m_fail[op]);
+  if (!ef->failing)
+    om_log(OM_LOG_ERROR, "errors_file_failed", "path", ef->path, "op",
+           op ? "reopen" : "write", "error", strerror(e), NULL);
+  ef->failing = 1;
+}
+
+/*
+ * Append one line. Synchronous on the loop thread on purpose: it is one
+ * write(2) of a short line to a local file on an uncommon path (a failed
+ * model call), and it makes the line durable in the file before the answer
+ * that carries its error_id goes out. When the path no longer names the
+ * open file it is opened again; when that fails the line still goes to the
+ * open descriptor (a renamed file keeps it) and the failure is counted.
+ */
+static void errors_append(errors_file_t *ef, const char *line, size_t len) {
+  struct stat st;
+  size_t off = 0;
+  int bad = 0;
+  if (stat(ef->path, &st) != 0 || st.st_dev != ef->dev ||
+      st.st_ino != ef->ino) {
+    dev_t dev;
+    ino_t ino;
+    int fd = errors_open_fd(ef->path, &dev, &ino);
+    if (fd >= 0) {
+      if (ef->fd >= 0)
+        close(ef->fd);
+      ef->fd = fd;
+      ef->dev = dev;
+      ef->ino = ino;
+    } else {
+      errors_failed(ef, 1, -fd);
+      bad = 1;
+    }
+  }
+  while (off < len) {
+    ssize_t n = ef->fd >= 0 ? write(ef->fd, line + off, len - off) : -1;
+    if (n < 0) {
+      if (ef->fd >= 0 && errno == EINTR)
+        continue;
+      errors_failed(ef, 0, ef->fd >= 0 ? errno : EBADF);
+      return;
+    }
+    off += (size_t)n;
+  }
+  if (ef->failing && !bad) {
+    om_log(OM_LOG_INFO, "errors_file_recovered", "path", ef->path, NULL);
+    ef->failing = 0;
+  }
+}
+
 /*
  * One JSON line per EgressError: attribution, the class, the full cause
  * and every attempt. The only place provider error text is kept.
@@ -187,8 +312,16 @@ static void track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
       "attempts", attempts_json(c));
   str = line ? json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
   if (str != NULL && s->errors != NULL) {
-    fprintf(s->errors, "%s\n", str);
-    fflush(s->errors);
+    size_t n = strlen(str);
+    char *nl = realloc(str, n + 2);
+    if (nl != NULL) {
+      str = nl;
+      str[n] = '\n';
+      str[n + 1] = '\0';
+      errors_append(s->errors, str, n + 1); /* one write: one whole line */
+    } else {
+      errors_failed(s->errors, 0, ENOMEM);
+    }
   }
   om_log(OM_LOG_WARN, "egress_error", "error_id", id, "kind", kind, "class",
          om_egress_error_class_name(cls), "agent", t ? t->agent : "", NULL);
@@ -253,6 +386,15 @@ static void chat_delta(void *ud, eg_call_t *c, const char *text, size_t len) {
     return;
   sse_write(ch->req,
             chunk(ch, c, json_pack("{s:s%}", "content", text, len), NULL),
+            NULL);
+}
+
+static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
+  chat_t *ch = ud;
+  if (ch->req == NULL)
+    return;
+  sse_write(ch->req,
+            chunk(ch, c, json_pack("{s:O}", "tool_calls", tool_calls), NULL),
             NULL);
 }
 
@@ -362,7 +504,10 @@ static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   json_t *body = parse_request(req, &why);
   chat_t *ch;
   eg_call_opts_t o;
-  eg_hooks_t hooks = {chat_commit, chat_delta, chat_done};
+  eg_hooks_t hooks = {.commit = chat_commit,
+                      .delta = chat_delta,
+                      .done = chat_done,
+                      .tool_delta = chat_tool_delta};
   int rc;
   if (body == NULL) {
     respond_error(req, 400, "invalid_request", why);
@@ -555,7 +700,7 @@ static void start_judge(turn_t *t) {
   om_egress_t *g = t->g;
   om_fallback_settings_t *s = &g->cfg->s;
   eg_call_opts_t o;
-  eg_hooks_t hooks = {NULL, NULL, judge_done};
+  eg_hooks_t hooks = {.done = judge_done};
   char *user;
   json_t *req;
   size_t n = strlen(t->candidate) + strlen(t->flags) + 128;
@@ -773,7 +918,7 @@ static void turn_call_done(void *ud, eg_call_t *c) {
 static void turn_cycle(turn_t *t) {
   om_egress_t *g = t->g;
   eg_call_opts_t o;
-  eg_hooks_t hooks = {NULL, NULL, turn_call_done};
+  eg_hooks_t hooks = {.done = turn_call_done};
   uint64_t now = eg_now_ns();
   int rc;
   if (t->final_delivered || t->state == T_DONE)
@@ -1259,6 +1404,18 @@ static void register_metrics(om_egress_t *g) {
                                    "Replies sent and marked for offline "
                                    "review.",
                                    "");
+  if (s->errors != NULL) {
+    s->errors->m_fail[0] = om_metrics_counter(
+        m, "openmesh_egress_errors_file_failures_total",
+        "Errors-file lines that could not be written, or reopens after a "
+        "rotation that failed.",
+        "op=\"write\"");
+    s->errors->m_fail[1] = om_metrics_counter(
+        m, "openmesh_egress_errors_file_failures_total",
+        "Errors-file lines that could not be written, or reopens after a "
+        "rotation that failed.",
+        "op=\"reopen\"");
+  }
   om_metrics_gauge_fn(m, "openmesh_egress_pending_turns",
                       "Async turns waiting for the next cycle.", "",
                       pending_gauge, g);
@@ -1271,8 +1428,7 @@ static void free_all(om_egress_t *g) {
       om_connector_close(s->channels[i].conn);
       free(s->channels[i].name);
     }
-    if (s->errors != NULL)
-      fclose(s->errors);
+    errors_close(s->errors);
     free(s->lib_dir);
     free(s);
   }
@@ -1329,12 +1485,8 @@ int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
   }
   if (rc == 0 && opts->channels_path != NULL)
     rc = load_channels(g, opts->channels_path, err, errlen);
-  if (rc == 0 && opts->errors_path != NULL &&
-      (g->srv->errors = fopen(opts->errors_path, "a")) == NULL) {
-    snprintf(err, errlen, "--errors %s: cannot open for appending",
-             opts->errors_path);
-    rc = OM_EIO;
-  }
+  if (rc == 0 && opts->errors_path != NULL)
+    rc = errors_open(opts->errors_path, &g->srv->errors, err, errlen);
   if (rc == 0 && om_curl_uv_new(loop, &g->curl) != 0) {
     snprintf(err, errlen, "out of memory");
     rc = OM_ENOMEM;

@@ -321,6 +321,68 @@ static void on_content(eg_call_t *c, const char *s, size_t n) {
     c->hooks.delta(c->ud, c, s, n);
 }
 
+/* Tool-call deltas count as first content: the stream commits on them. */
+static void on_tool_calls(eg_call_t *c, json_t *tool_calls) {
+  if (!c->committed) {
+    c->committed = 1;
+    if (c->hooks.commit)
+      c->hooks.commit(c->ud, c);
+  }
+  if (c->hooks.tool_delta)
+    c->hooks.tool_delta(c->ud, c, tool_calls);
+}
+
+/*
+ * Anthropic streaming tool use -> OpenAI tool_calls deltas. Anthropic
+ * (Messages API, "Streaming messages": content_block_start with a tool_use
+ * block, then content_block_delta events of type input_json_delta carrying
+ * partial_json) numbers content blocks, text included; OpenAI numbers tool
+ * calls only, the first delta of each carrying id, type and function.name,
+ * the next ones function.arguments fragments.
+ */
+static void anthropic_tool_start(eg_call_t *c, json_t *ev) {
+  json_t *cb = json_object_get(ev, "content_block"), *input, *arr;
+  json_int_t block = json_integer_value(json_object_get(ev, "index"));
+  char *args = NULL;
+  size_t ti;
+  if (c->n_tools == EG_MAX_STREAM_TOOLS) {
+    c->stream_done = -1; /* more tool calls than anyone asks for: broken */
+    return;
+  }
+  ti = c->n_tools++;
+  c->tool_block[ti] = (int)block;
+  input = json_object_get(cb, "input");
+  /* the input is normally {} here and arrives as partial_json; a provider
+   * that sends it whole gets it forwarded whole */
+  if (json_is_object(input) && json_object_size(input) > 0)
+    args = json_dumps(input, JSON_COMPACT);
+  arr = json_pack("[{s:I, s:O?, s:s, s:{s:O?, s:s}}]", "index", (json_int_t)ti,
+                  "id", json_object_get(cb, "id"), "type", "function",
+                  "function", "name", json_object_get(cb, "name"), "arguments",
+                  args ? args : "");
+  free(args);
+  if (arr != NULL)
+    on_tool_calls(c, arr);
+  json_decref(arr);
+}
+
+static void anthropic_tool_args(eg_call_t *c, json_t *ev, const char *frag) {
+  json_int_t block = json_integer_value(json_object_get(ev, "index"));
+  json_t *arr;
+  for (size_t ti = 0; ti < c->n_tools; ti++) {
+    if (c->tool_block[ti] != block)
+      continue;
+    if (*frag == '\0')
+      return; /* Anthropic opens with an empty fragment; OpenAI never */
+    arr = json_pack("[{s:I, s:{s:s}}]", "index", (json_int_t)ti, "function",
+                    "arguments", frag);
+    if (arr != NULL)
+      on_tool_calls(c, arr);
+    json_decref(arr);
+    return;
+  }
+}
+
 static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   eg_call_t *c = ud;
   json_t *j;
@@ -336,16 +398,29 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   if (is_anthropic(r)) {
     const char *type = json_string_value(json_object_get(j, "type"));
     if (type && strcmp(type, "content_block_delta") == 0) {
-      const char *t = json_string_value(
-          json_object_get(json_object_get(j, "delta"), "text"));
-      if (t)
+      json_t *d = json_object_get(j, "delta");
+      const char *dtype = json_string_value(json_object_get(d, "type"));
+      const char *frag = json_string_value(json_object_get(d, "partial_json"));
+      const char *t = json_string_value(json_object_get(d, "text"));
+      if (dtype && strcmp(dtype, "input_json_delta") == 0) {
+        if (frag)
+          anthropic_tool_args(c, j, frag);
+      } else if (t) {
         on_content(c, t, strlen(t));
+      }
+    } else if (type && strcmp(type, "content_block_start") == 0) {
+      const char *bt = json_string_value(
+          json_object_get(json_object_get(j, "content_block"), "type"));
+      if (bt && strcmp(bt, "tool_use") == 0)
+        anthropic_tool_start(c, j);
     } else if (type && strcmp(type, "message_delta") == 0) {
       const char *s = json_string_value(
           json_object_get(json_object_get(j, "delta"), "stop_reason"));
       if (s)
         snprintf(c->finish, sizeof c->finish, "%s",
-                 strcmp(s, "max_tokens") == 0 ? "length" : "stop");
+                 strcmp(s, "max_tokens") == 0 ? "length"
+                 : strcmp(s, "tool_use") == 0 ? "tool_calls"
+                                              : "stop");
     } else if (type && strcmp(type, "message_stop") == 0) {
       c->stream_done = 1;
     } else if (type && strcmp(type, "error") == 0) {
@@ -353,11 +428,16 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
     }
   } else {
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-    const char *t = json_string_value(
-        json_object_get(json_object_get(ch, "delta"), "content"));
+    json_t *delta = json_object_get(ch, "delta");
+    json_t *tools = json_object_get(delta, "tool_calls");
+    const char *t = json_string_value(json_object_get(delta, "content"));
     const char *f = json_string_value(json_object_get(ch, "finish_reason"));
     if (t)
       on_content(c, t, strlen(t));
+    /* passed through as the provider sent them (OpenAI chat completions
+     * streaming: choices[].delta.tool_calls) */
+    if (json_is_array(tools) && json_array_size(tools) > 0)
+      on_tool_calls(c, tools);
     if (f)
       snprintf(c->finish, sizeof c->finish, "%s", f);
     if (json_object_get(j, "error") != NULL)
@@ -498,9 +578,15 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                            int status) {
   eg_attempt_t *a;
   uint64_t now = eg_now_ns();
+  om_egress_cooldown_opts_t cool;
   c->n_attempts_total++;
   om_metric_inc(c->g->m_attempts[v->cls]);
-  om_egress_route_record(&c->cfg->state[c->cur], NULL, v, now);
+  /* the policy's cooldown (docs/POLICIES.md), defaults filled in by
+   * om_fallback_config */
+  cool.failures = c->cfg->s.cooldown_after_failures;
+  cool.base_ns = c->cfg->s.cooldown_ms * MS;
+  cool.max_ns = c->cfg->s.cooldown_max_ms * MS;
+  om_egress_route_record(&c->cfg->state[c->cur], &cool, v, now);
   if (c->n_attempts == EG_MAX_ATTEMPTS)
     return;
   a = &c->attempts[c->n_attempts++];
@@ -756,6 +842,7 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
                    (long)((budget + MS - 1) / MS ? (budget + MS - 1) / MS : 1));
   c->got_byte = 0;
   c->stream_done = 0;
+  c->n_tools = 0;
   c->finish[0] = '\0';
   c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
   rc = om_curl_uv_add(c->g->curl, c->easy, on_done, c);

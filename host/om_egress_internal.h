@@ -56,7 +56,16 @@ typedef struct eg_hooks_s {
   /* The call ended: c->ok, c->result (non-stream), c->text, the attempts.
    * The hook owns nothing; eg_call_free(c) after it is the caller's. */
   void (*done)(void *ud, eg_call_t *c);
+  /* Streaming only, after commit: tool-call deltas in the OpenAI shape
+   * (an array of {index, id?, type?, function: {name?, arguments?}}),
+   * borrowed for the call. A tool-call delta commits the stream like a
+   * content delta does. May be NULL (tool calls are then dropped). */
+  void (*tool_delta)(void *ud, eg_call_t *c, json_t *tool_calls);
 } eg_hooks_t;
+
+/* Tool calls one streamed Anthropic reply may carry (content blocks of
+ * type tool_use); more end the attempt as a broken stream. */
+#define EG_MAX_STREAM_TOOLS 64
 
 typedef struct eg_call_opts_s {
   json_t *request;     /* OpenAI chat request (borrowed; copied) */
@@ -98,6 +107,10 @@ struct eg_call_s {
   void *sse; /* om_sse_parser_t */
   int stream_done;
   char finish[32];
+  /* Anthropic stream: the content block index of each tool_use block, in
+   * order; its position is the OpenAI tool_calls index */
+  int tool_block[EG_MAX_STREAM_TOOLS];
+  size_t n_tools;
   /* results */
   int ok, committed;
   json_t *result; /* OpenAI chat.completion (non-stream) */

@@ -50,6 +50,15 @@ return {
   backoff_base_ms = 500,
   backoff_cap_ms = 8000,
 
+  -- A route that keeps failing cools down: after 3 consecutive failures
+  -- that count against its health (5xx, timeouts, resets; not the
+  -- request's own fault) it is skipped for 2 s, doubling per repeat up to
+  -- a minute, and trusted again at its first success. Cooling routes are
+  -- still tried when nothing else is left.
+  cooldown_after_failures = 3,
+  cooldown_ms = 2000,
+  cooldown_max_ms = 60000,
+
   -- Layer C. An async turn that failed stays pending and is retried every
   -- minute for at most an hour (nobody is waiting; a late answer is still
   -- useful). An interactive turn got a holding line: the gateway keeps

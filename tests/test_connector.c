@@ -493,6 +493,106 @@ static void file_appends_json_lines(void **state) {
   unlink(path);
 }
 
+static size_t count_lines(const char *path, const char *want_text) {
+  char line[4096];
+  size_t n = 0;
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    json_t *o = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
+    assert_non_null(o);
+    if (want_text == NULL || strcmp(jstr(o, "text"), want_text) == 0)
+      n++;
+    json_decref(o);
+  }
+  fclose(f);
+  return n;
+}
+
+/*
+ * Rotation: the file renamed away, then deleted, between deliveries. Each
+ * next delivery lands at the path (a new file), never in the moved or
+ * unlinked inode; when the path cannot be opened again the delivery fails
+ * (it did not reach the channel) and a later one recovers.
+ */
+static void file_follows_rotation(void **state) {
+  fx_t *fx = fx_new();
+  char dir[] = "/tmp/om_connector_rot_XXXXXX";
+  char path[128], rotated[128];
+  om_connector_opts_t o = {0};
+  char err[256];
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/channel.jsonl", dir);
+  snprintf(rotated, sizeof rotated, "%s/channel.jsonl.1", dir);
+  o.kind = "file";
+  o.target = path;
+  assert_int_equal(om_connector_new(&fx->loop, &o, &fx->conn, err, sizeof err),
+                   0);
+  assert_int_equal(deliver(fx, "one"), 0);
+  run_until_done(fx, 1);
+  assert_int_equal(fx->status[0], 0);
+  /* logrotate's move: the next line goes to a new file at the path */
+  assert_int_equal(rename(path, rotated), 0);
+  assert_int_equal(deliver(fx, "two"), 0);
+  run_until_done(fx, 2);
+  assert_int_equal(fx->status[1], 0);
+  assert_int_equal(count_lines(rotated, NULL), 1);
+  assert_int_equal(count_lines(rotated, "one"), 1);
+  assert_int_equal(count_lines(path, NULL), 1);
+  assert_int_equal(count_lines(path, "two"), 1);
+  /* deleted: recreated */
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(deliver(fx, "three"), 0);
+  run_until_done(fx, 3);
+  assert_int_equal(fx->status[2], 0);
+  assert_int_equal(count_lines(path, NULL), 1);
+  assert_int_equal(count_lines(path, "three"), 1);
+  /* the directory gone: the path cannot be opened, the part fails */
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(unlink(rotated), 0);
+  assert_int_equal(rmdir(dir), 0);
+  assert_int_equal(deliver(fx, "four"), 0);
+  run_until_done(fx, 4);
+  assert_int_equal(fx->status[3], OM_EIO);
+  assert_int_equal(fx->sent[3], 0);
+  assert_non_null(strstr(om_connector_last_error(fx->conn), "reopen"));
+  /* and it comes back with the directory */
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_int_equal(deliver(fx, "five"), 0);
+  run_until_done(fx, 5);
+  assert_int_equal(fx->status[4], 0);
+  assert_int_equal(count_lines(path, "five"), 1);
+  fx_free(fx);
+  unlink(path);
+  rmdir(dir);
+}
+
+/* A full disk (/dev/full: every write is ENOSPC) fails the delivery with
+ * the cause for the log; nothing crashes and the connector stays usable. */
+static void file_write_failure_is_reported(void **state) {
+  fx_t *fx = fx_new();
+  om_connector_opts_t o = {0};
+  char err[256];
+  (void)state;
+  if (access("/dev/full", W_OK) != 0) {
+    fx_free(fx);
+    skip();
+  }
+  o.kind = "file";
+  o.target = "/dev/full";
+  assert_int_equal(om_connector_new(&fx->loop, &o, &fx->conn, err, sizeof err),
+                   0);
+  assert_int_equal(deliver(fx, "lost"), 0);
+  assert_int_equal(deliver(fx, "lost too"), 0);
+  run_until_done(fx, 2);
+  assert_int_equal(fx->status[0], OM_EIO);
+  assert_int_equal(fx->status[1], OM_EIO);
+  assert_non_null(strstr(om_connector_last_error(fx->conn), "write:"));
+  fx_free(fx);
+}
+
 static void fault_injection(void **state) {
   char path[] = "/tmp/om_connector_fi_XXXXXX";
   int fd = mkstemp(path);
@@ -554,6 +654,8 @@ int main(void) {
       cmocka_unit_test(deliver_misuse),
       cmocka_unit_test(hostile_targets),
       cmocka_unit_test(file_appends_json_lines),
+      cmocka_unit_test(file_follows_rotation),
+      cmocka_unit_test(file_write_failure_is_reported),
       cmocka_unit_test(fault_injection),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -156,6 +156,17 @@ static void new_rejects_bad_configuration(void **state) {
   o.heuristics_path = fb; /* a fallback policy where heuristics belong */
   assert_true(om_egress_new(&loop, &o, &g, err, sizeof err) < 0);
   assert_int_equal(om_egress_new(&loop, NULL, &g, err, sizeof err), OM_EINVAL);
+  /* an errors file that cannot be appended to: invalid input naming the
+   * flag (the command exits 2) */
+  opts_for(&o, fb, he, ch, "channels.json");
+  o.errors_path = "/nonexistent-dir-om/errors.jsonl";
+  assert_int_equal(om_egress_new(&loop, &o, &g, err, sizeof err), OM_EINVAL);
+  assert_non_null(strstr(err, "--errors /nonexistent-dir-om/errors.jsonl"));
+  assert_non_null(strstr(err, "No such file or directory"));
+  o.errors_path = tmpdir; /* a directory */
+  assert_int_equal(om_egress_new(&loop, &o, &g, err, sizeof err), OM_EINVAL);
+  assert_non_null(strstr(err, "--errors"));
+  assert_null(g);
   uv_run(&loop, UV_RUN_NOWAIT);
 }
 
@@ -325,10 +336,123 @@ static void chat_and_turns_end_to_end(void **state) {
     uv_run(&loop, UV_RUN_ONCE);
 }
 
+static void get(om_curl_uv_t *cu, int port, const char *path, resp_t *out) {
+  char url[128];
+  om_curl_req_t req = {.url = url, .timeout_ms = 5000};
+  snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+  memset(out, 0, sizeof *out);
+  assert_int_equal(om_curl_uv_request(cu, &req, on_resp, out, NULL), 0);
+  while (!out->done)
+    uv_run(&loop, UV_RUN_ONCE);
+}
+
+/* One chat call whose every attempt fails: one EgressError line. */
+static void failing_chat(om_curl_uv_t *cu, int port) {
+  resp_t r;
+  script[0] = script[1] = script[2] = 500;
+  n_script = 3;
+  script_pos = 0;
+  post(cu, port, "/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+  assert_int_equal(r.status, 502);
+  assert_null(strstr(r.body, "upstream exploded"));
+}
+
+static int file_lines(const char *path, const char *must) {
+  char line[8192];
+  int n = 0;
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  while (fgets(line, sizeof line, f) != NULL) {
+    n++;
+    assert_non_null(strstr(line, "\"error_id\":\"err-"));
+    assert_non_null(strstr(line, must));
+  }
+  fclose(f);
+  return n;
+}
+
+/* The errors file follows its path: renamed away (logrotate) or deleted,
+ * the next line goes to a new file at the path; the gateway never writes
+ * into an inode nobody can find. */
+static void errors_file_follows_rotation(void **state) {
+  om_egress_opts_t o;
+  om_egress_t *g = NULL;
+  om_curl_uv_t *cu;
+  char fb[256], he[256], ch[256], err[512], errors[256], rotated[256];
+  int port, cdone = 0;
+  (void)state;
+  opts_for(&o, fb, he, ch, "channels.json");
+  path_of(errors, sizeof errors, "errors.jsonl");
+  path_of(rotated, sizeof rotated, "errors.jsonl.1");
+  o.errors_path = errors;
+  assert_int_equal(om_egress_new(&loop, &o, &g, err, sizeof err), 0);
+  assert_int_equal(om_egress_listen(g, "127.0.0.1", 0), 0);
+  port = om_egress_port(g);
+  assert_int_equal(om_curl_uv_new(&loop, &cu), 0);
+  failing_chat(cu, port);
+  assert_int_equal(file_lines(errors, "upstream exploded"), 1);
+  assert_int_equal(rename(errors, rotated), 0);
+  failing_chat(cu, port);
+  assert_int_equal(file_lines(rotated, "upstream exploded"), 1);
+  assert_int_equal(file_lines(errors, "upstream exploded"), 1);
+  assert_int_equal(unlink(errors), 0);
+  failing_chat(cu, port);
+  failing_chat(cu, port);
+  assert_int_equal(file_lines(errors, "upstream exploded"), 2);
+  assert_int_equal(file_lines(rotated, "upstream exploded"), 1);
+  unlink(errors);
+  unlink(rotated);
+  om_curl_uv_close(cu, curl_closed, &cdone);
+  close_gateway(g);
+  while (!cdone)
+    uv_run(&loop, UV_RUN_ONCE);
+}
+
+/* A write that fails (a full disk: /dev/full answers ENOSPC) is counted in
+ * a metric and never fails or stalls the call it tracks. */
+static void errors_file_write_failure_is_counted(void **state) {
+  om_egress_opts_t o;
+  om_egress_t *g = NULL;
+  om_curl_uv_t *cu;
+  char fb[256], he[256], ch[256], err[512];
+  resp_t r;
+  int port, cdone = 0;
+  (void)state;
+  if (access("/dev/full", W_OK) != 0)
+    skip();
+  opts_for(&o, fb, he, ch, "channels.json");
+  o.errors_path = "/dev/full";
+  assert_int_equal(om_egress_new(&loop, &o, &g, err, sizeof err), 0);
+  assert_int_equal(om_egress_listen(g, "127.0.0.1", 0), 0);
+  port = om_egress_port(g);
+  assert_int_equal(om_curl_uv_new(&loop, &cu), 0);
+  failing_chat(cu, port);
+  failing_chat(cu, port);
+  get(cu, port, "/metrics", &r);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(
+      r.body, "openmesh_egress_errors_file_failures_total{op=\"write\"} 2"));
+  assert_non_null(strstr(
+      r.body, "openmesh_egress_errors_file_failures_total{op=\"reopen\"} 0"));
+  /* and the gateway still answers */
+  n_script = 0;
+  post(cu, port, "/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+  assert_int_equal(r.status, 200);
+  om_curl_uv_close(cu, curl_closed, &cdone);
+  close_gateway(g);
+  while (!cdone)
+    uv_run(&loop, UV_RUN_ONCE);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(new_rejects_bad_configuration),
       cmocka_unit_test(chat_and_turns_end_to_end),
+      cmocka_unit_test(errors_file_follows_rotation),
+      cmocka_unit_test(errors_file_write_failure_is_counted),
       cmocka_unit_test(new_survives_allocation_failure),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -60,6 +60,9 @@ static void fallback_config_of_the_default(void **state) {
   assert_int_equal(s.commitment_ms, 120000);
   assert_string_equal(s.judge_route, "primary");
   assert_int_equal(s.judge_timeout_ms, 2000);
+  assert_int_equal(s.cooldown_after_failures, 3);
+  assert_int_equal(s.cooldown_ms, 2000);
+  assert_int_equal(s.cooldown_max_ms, 60000);
   assert_true(s.has_order);
   assert_true(om_fallback_gate_enabled(&s, "support"));
   assert_false(om_fallback_gate_enabled(&s, "sales"));
@@ -95,6 +98,40 @@ static void fallback_defaults_and_listed_order(void **state) {
   assert_int_equal(order[0], 0);
   assert_int_equal(order[1], 1);
   om_fallback_config_free(routes, 2, &s);
+  om_policy_free(p);
+}
+
+/* A policy's cooldown reaches C as given; a cap the policy lowered below
+ * the period after loading (it can mutate its own table) is raised to it. */
+static void fallback_cooldown_settings(void **state) {
+  om_policy_t *p = load_src(
+      "local P; P = { kind = 'fallback', routes = {"
+      " { name = 'a', provider = 'openai', base_url = 'http://x/', model = "
+      "'m' } }, cooldown_after_failures = 1, cooldown_ms = 0.5,"
+      " cooldown_max_ms = 250,"
+      " order = function(ctx) P.cooldown_max_ms = 0.1 return { 'a' } end }"
+      " return P");
+  om_route_t *routes = NULL;
+  om_fallback_settings_t s;
+  size_t n = 0;
+  uint32_t order[1];
+  om_fallback_ctx_t ctx = {.agent = "x", .context = "async"};
+  (void)state;
+  assert_int_equal(om_fallback_config(p, &routes, &n, &s, NULL, 0), 0);
+  assert_int_equal(s.cooldown_after_failures, 1);
+  assert_int_equal(s.cooldown_ms, 1); /* rounded up */
+  assert_int_equal(s.cooldown_max_ms, 250);
+  om_fallback_config_free(routes, n, &s);
+  n = 1;
+  {
+    char err[256] = "";
+    int rc = om_fallback_order(p, &ctx, order, &n, err, sizeof err);
+    if (rc != 0)
+      fail_msg("order: %d %s", rc, err);
+  }
+  assert_int_equal(om_fallback_config(p, &routes, &n, &s, NULL, 0), 0);
+  assert_int_equal(s.cooldown_max_ms, 1);
+  om_fallback_config_free(routes, n, &s);
   om_policy_free(p);
 }
 
@@ -429,6 +466,7 @@ static void sanitize_removes_thinking(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(fallback_config_of_the_default),
+      cmocka_unit_test(fallback_cooldown_settings),
       cmocka_unit_test(fallback_defaults_and_listed_order),
       cmocka_unit_test(fallback_order_of_the_default),
       cmocka_unit_test(fallback_hostile_order),

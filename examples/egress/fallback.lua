@@ -31,6 +31,9 @@ return {
   deadline_ms = 15000,
   backoff_base_ms = 500,
   backoff_cap_ms = 8000,
+  cooldown_after_failures = 3, -- then the route is skipped for 2 s, 4 s, ... 60 s
+  cooldown_ms = 2000,
+  cooldown_max_ms = 60000,
 
   pending_retry_interval_ms = 10000, -- async turns: next cycle
   pending_max_age_ms = 600000,

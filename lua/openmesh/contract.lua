@@ -1082,6 +1082,22 @@ local function gate_names_a_route(policy, _path)
     ("unknown route %s (routes: %s)"):format(quote(name), show_list(names)))
 end
 
+-- A cooldown cap below the first period would make the cap a lie.
+local function cooldown_cap_covers_period(policy, _path)
+  local base, cap = rawget(policy, "cooldown_ms"), rawget(policy, "cooldown_max_ms")
+  base = base or 2000
+  cap = cap or 60000
+  if cap < base then
+    return field_error("cooldown_max_ms",
+      ("%s is below cooldown_ms (%s)"):format(show(cap), show(base)))
+  end
+  return nil
+end
+
+local function fallback_rule(policy, path)
+  return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
+end
+
 local KIND_SPECS = {
   traffic = kind_spec(traffic_example, run_traffic_example, {
     { "subset", func, required = true },
@@ -1109,8 +1125,15 @@ local KIND_SPECS = {
     { "pending_retry_interval_ms", number_above(0) },
     { "pending_max_age_ms", number_above(0) },
     { "commitment_ms", number_above(0) },
+    -- Route cooldown: after this many consecutive health failures a route
+    -- is skipped for cooldown_ms, doubling per repeat up to cooldown_max_ms
+    -- (defaults 3, 2000, 60000: one outage should not cost every turn its
+    -- first attempt, and a recovered route should be back within a minute).
+    { "cooldown_after_failures", integer_at_least(1) },
+    { "cooldown_ms", number_above(0) },
+    { "cooldown_max_ms", number_above(0) },
     { "quality_gate", quality_gate },
-  }, gate_names_a_route),
+  }, fallback_rule),
   egress_heuristics = kind_spec(egress_example, run_egress_example, {
     { "checks", array_of(check, { unique = "name", what = "check name" }), required = true },
     { "holding_lines", function(v, path)

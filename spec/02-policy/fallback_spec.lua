@@ -56,6 +56,9 @@ describe("policies/fallback.lua", function()
         quality_gate = { agents = { "x" }, judge_route = "a", judge_timeout_ms = 500 },
       }))
       assert.is_true(contract.validate(policy { quality_gate = { judge_route = "a" } }))
+      assert.is_true(contract.validate(policy {
+        cooldown_after_failures = 1, cooldown_ms = 50, cooldown_max_ms = 50 }))
+      assert.is_true(contract.validate(policy { cooldown_ms = 100 }))
     end)
 
     it("refuses bad values, naming the field", function()
@@ -72,6 +75,14 @@ describe("policies/fallback.lua", function()
         { { quality_gate = { judge_route = "a", judge = "a" } },
           "unknown field 'quality_gate.judge'" },
         { { quality_gate = "on" }, "field 'quality_gate': table expected" },
+        { { cooldown_after_failures = 0 }, "field 'cooldown_after_failures': integer >= 1 expected, got 0" },
+        { { cooldown_after_failures = 2.5 }, "field 'cooldown_after_failures': integer >= 1 expected" },
+        { { cooldown_ms = 0 }, "field 'cooldown_ms': number > 0 expected, got 0" },
+        { { cooldown_ms = 0 / 0 }, "field 'cooldown_ms': number > 0 expected" },
+        { { cooldown_max_ms = "1m" }, "field 'cooldown_max_ms': number > 0 expected" },
+        { { cooldown_ms = 5000, cooldown_max_ms = 1000 }, "field 'cooldown_max_ms': 1000 is below cooldown_ms (5000)" },
+        { { cooldown_max_ms = 1000 }, "field 'cooldown_max_ms': 1000 is below cooldown_ms (2000)" },
+        { { cooldown = 5 }, "unknown field 'cooldown'" },
       }
       for _, c in ipairs(cases) do
         local ok, err = contract.validate(policy(c[1]))

@@ -44,12 +44,13 @@ return {
     if n then return { "t" .. n .. "_a", "t" .. n .. "_b" } end
     return { "t0_a", "t0_b" }
   end,
+  %s
   max_attempts = %d, per_wait_ceiling_ms = %d, deadline_ms = %d,
   backoff_base_ms = 20, backoff_cap_ms = 100,
   pending_retry_interval_ms = %d, pending_max_age_ms = %d, commitment_ms = %d,
   quality_gate = { agents = { "t30", "t31", "t32", "t33", "t34" }, judge_route = "judge", judge_timeout_ms = 400 },
 }
-]], table.concat(routes, "\n    "), fake, opts.max_attempts or 3, opts.ceiling or 300,
+]], table.concat(routes, "\n    "), fake, opts.extra or "", opts.max_attempts or 3, opts.ceiling or 300,
     opts.deadline or 4000, opts.pending_interval or 300, opts.max_age or 5000,
     opts.commitment or 2500)
 end
@@ -194,6 +195,62 @@ describe("openmesh egress, the real binary", function()
         H.q(H.bin), H.q(dir .. "/fallback_ok.lua"), H.q(dir .. "/heuristics.lua"), H.q(dir .. "/garbage.json")))
       assert.equals(2, rc)
       assert.matches("--channels", out, 1, true)
+    end)
+  end)
+
+  describe("the errors file", function()
+    local function run_with_errors(path)
+      H.writefile(dir .. "/fallback_errs.lua", fallback_policy(fake.url))
+      return H.sh(string.format("timeout 5 %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --errors %s 2>&1",
+        H.q(H.bin), H.q(dir .. "/fallback_errs.lua"), H.q(dir .. "/heuristics.lua"), H.q(path)))
+    end
+
+    it("refuses a path that cannot be appended to at start: exit 2 naming --errors", function()
+      local out, rc = run_with_errors(dir .. "/no-such-dir/errors.jsonl")
+      assert.equals(2, rc, out)
+      assert.matches("--errors " .. dir .. "/no-such-dir/errors.jsonl: cannot open for appending", out, 1, true)
+      out, rc = run_with_errors(dir) -- a directory
+      assert.equals(2, rc, out)
+      assert.matches("--errors", out, 1, true)
+    end)
+
+    it("follows rotation, and a failing write is counted and logged once, never failing the call", function()
+      local function failing_chat(g)
+        script("t28_a", { "500", "500", "500" })
+        script("t28_b", { "500", "500", "500" })
+        local st, body = H.request(dir, "POST", g.url .. "/v1/chat/completions",
+          { body = cjson.encode({ model = "x", messages = { { role = "user", content = "hi" } } }),
+            headers = { "x-openmesh-agent: t28_solo" }, max_time = 10 })
+        assert.equals(502, st, body)
+      end
+      local efile = dir .. "/errs_rot.jsonl"
+      local g = start_gateway(fallback_policy(fake.url, { max_attempts = 1 }), "--errors " .. H.q(efile))
+      failing_chat(g)
+      assert.equals(1, select(2, H.readfile(efile):gsub("\n", "")))
+      assert.is_true(os.rename(efile, efile .. ".1"))
+      failing_chat(g)
+      assert.equals(1, select(2, H.readfile(efile):gsub("\n", "")))
+      assert.equals(1, select(2, H.readfile(efile .. ".1"):gsub("\n", "")))
+      assert.is_true(os.remove(efile))
+      failing_chat(g)
+      assert.equals(1, select(2, H.readfile(efile):gsub("\n", "")))
+      H.stop(g)
+      local f = io.open("/dev/full", "w")
+      if not f then
+        pending("no /dev/full")
+        return
+      end
+      f:close()
+      g = start_gateway(fallback_policy(fake.url, { max_attempts = 1 }), "--errors /dev/full")
+      failing_chat(g)
+      failing_chat(g)
+      failing_chat(g)
+      local _, metrics = H.request(dir, "GET", g.url .. "/metrics")
+      assert.matches('openmesh_egress_errors_file_failures_total{op="write"} 3', metrics, 1, true)
+      local _, logged = H.readfile(g.out):gsub('"event":"errors_file_failed"', "")
+      assert.equals(1, logged)
+      assert.matches("No space left on device", H.readfile(g.out), 1, true)
+      H.stop(g)
     end)
   end)
 
@@ -410,6 +467,132 @@ describe("openmesh egress, the real binary", function()
       end
       assert.equals(1, counts().t20_a)
       assert.is_nil(counts().t20_b)
+    end)
+
+    -- The tool calls the caller rebuilt from the chunks (OpenAI streaming:
+    -- the first delta of a call has id, type, name; later ones argument
+    -- fragments), the content, the finish reason and whether [DONE] came.
+    local function rebuild(events)
+      local calls, text, finish, done = {}, {}, nil, false
+      for _, e in ipairs(events) do
+        if e.data == "[DONE]" then
+          done = true
+        elseif e.type == "message" then
+          local j = cjson.decode(e.data)
+          assert.equals("chat.completion.chunk", j.object)
+          local choice = j.choices[1]
+          local d = choice.delta
+          if type(d.content) == "string" then text[#text + 1] = d.content end
+          for _, tc in ipairs(d.tool_calls or {}) do
+            assert.is_number(tc.index)
+            local c = calls[tc.index + 1]
+            if not c then
+              -- the first delta of a call introduces it, in order
+              assert.equals(#calls, tc.index)
+              assert.is_string(tc.id)
+              assert.equals("function", tc.type)
+              assert.is_string(tc["function"].name)
+              c = { id = tc.id, name = tc["function"].name, args = {} }
+              calls[tc.index + 1] = c
+            else
+              assert.is_nil(tc.id)
+            end
+            if tc["function"] and type(tc["function"].arguments) == "string" then
+              c.args[#c.args + 1] = tc["function"].arguments
+            end
+          end
+          if type(choice.finish_reason) == "string" then finish = choice.finish_reason end
+        end
+      end
+      for _, c in ipairs(calls) do
+        c.pieces = #c.args
+        c.args = table.concat(c.args)
+      end
+      return calls, table.concat(text), finish, done
+    end
+
+    it("passes an OpenAI route's streamed tool calls through, chunk by chunk", function()
+      script("t35_a", { "tool" })
+      local events, raw = stream("t35")
+      local calls, text, finish, done = rebuild(events)
+      assert.is_true(done, raw)
+      assert.equals("tool_calls", finish)
+      assert.equals("", text)
+      assert.equals(2, #calls, raw)
+      assert.same({ "call_1", "lookup_order" }, { calls[1].id, calls[1].name })
+      assert.same({ order_id = 12 }, cjson.decode(calls[1].args))
+      assert.is_true(calls[1].pieces >= 2) -- fragments are forwarded, not buffered
+      assert.same({ "call_2", "get_status" }, { calls[2].id, calls[2].name })
+      assert.same({ ticket = "A-7" }, cjson.decode(calls[2].args))
+      assert.equals(1, counts().t35_a)
+    end)
+
+    it("translates an Anthropic route's tool_use stream into OpenAI tool_calls deltas", function()
+      script("t36_a", { "503", "503", "503" })
+      script("t36_b", { "tool" })
+      local events, raw = stream("t36")
+      local calls, text, finish, done = rebuild(events)
+      assert.is_true(done, raw)
+      assert.equals("tool_calls", finish) -- from stop_reason tool_use
+      assert.equals("Let me check.", text)
+      assert.equals(2, #calls, raw) -- content blocks 1 and 2 are tool calls 0 and 1
+      assert.same({ "toolu_1", "lookup_order" }, { calls[1].id, calls[1].name })
+      assert.same({ order_id = 12 }, cjson.decode(calls[1].args))
+      assert.same({ "toolu_2", "get_status" }, { calls[2].id, calls[2].name })
+      assert.same({ ticket = "A-7" }, cjson.decode(calls[2].args))
+      assert.is_nil(raw:find("input_json_delta", 1, true))
+      assert.is_nil(raw:find("content_block", 1, true))
+      assert.equals(1, counts().t36_b)
+    end)
+
+    it("a tool-call delta commits the stream: a failure after it is never replayed (both providers)", function()
+      script("t37_a", { "tool_die", "ok" })
+      local events, raw = stream("t37")
+      local calls, _, _, done = rebuild(events)
+      assert.is_false(done, raw)
+      assert.equals(1, #calls)
+      assert.equals("lookup_order", calls[1].name)
+      assert.equals("error", events[#events].type)
+      assert.equals("stream_interrupted", cjson.decode(events[#events].data).error.type)
+      assert.equals(1, counts().t37_a)
+      assert.is_nil(counts().t37_b)
+
+      script("t38_a", { "503", "503", "503" })
+      script("t38_b", { "tool_die", "ok" })
+      events, raw = stream("t38")
+      calls, _, _, done = rebuild(events)
+      assert.is_false(done, raw)
+      assert.equals(1, #calls)
+      assert.equals("toolu_1", calls[1].id)
+      assert.equals("error", events[#events].type)
+      assert.equals(1, counts().t38_b)
+    end)
+  end)
+
+  describe("route cooldown from the fallback policy", function()
+    it("a policy's shorter cooldown takes effect: one failure cools the route, 300 ms later it is tried again", function()
+      -- defaults (3 failures, 2 s) would try t27_a on the second call and
+      -- skip it on the third
+      local cgw = start_gateway(fallback_policy(fake.url, { max_attempts = 1,
+        extra = "cooldown_after_failures = 1, cooldown_ms = 300, cooldown_max_ms = 300," }))
+      local function call()
+        local st, body = H.request(dir, "POST", cgw.url .. "/v1/chat/completions",
+          { body = cjson.encode({ model = "x", messages = { { role = "user", content = "hi" } } }),
+            headers = { "x-openmesh-agent: t27" }, max_time = 10 })
+        assert.equals(200, st, body)
+        return H.json(body).choices[1].message.content
+      end
+      script("t27_a", { "503" })
+      assert.matches("from t27_b", call())
+      assert.equals(1, counts().t27_a)
+      assert.matches("from t27_b", call()) -- t27_a cooling after one failure
+      assert.equals(1, counts().t27_a)
+      local _, metrics = H.request(dir, "GET", cgw.url .. "/metrics")
+      assert.matches("openmesh_egress_cooldown_skips_total 1", metrics, 1, true)
+      H.sleep(0.5)
+      assert.matches("from t27_a", call()) -- the 300 ms are over
+      assert.equals(2, counts().t27_a)
+      H.stop(cgw)
     end)
   end)
 
