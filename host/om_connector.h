@@ -37,7 +37,8 @@
  * A new channel is one file: a const om_connector_kind_t with three
  * functions (see "Implementing a kind" below), listed in om_connector.c.
  *
- * Threading: everything runs on the loop thread.
+ * Threading: the API and every callback run on the loop thread (a kind may
+ * do blocking work on the libuv threadpool, as "file" does).
  */
 #ifndef OM_CONNECTOR_H
 #define OM_CONNECTOR_H
