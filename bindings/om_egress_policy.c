@@ -25,38 +25,12 @@
 #include <lauxlib.h>
 
 #include "om_errno.h"
+#include "om_lua.h"
 
 /* Registry keys (their addresses) in the policy's state. */
 static const char K_ROUTES, K_CHECKS, K_LINES;
 
 #define MS_MAX 1e12 /* ~31 years: larger values are clamped */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-/* The message on top of the stack, without a traceback. */
-static void lua_err(lua_State *L, char *err, size_t errlen,
-                    const char *prefix) {
-  size_t len;
-  const char *msg = lua_tolstring(L, -1, &len);
-  const char *tb;
-  if (msg == NULL) {
-    msg = "(no message)";
-    len = strlen(msg);
-  }
-  tb = strstr(msg, "\nstack traceback:");
-  if (tb != NULL)
-    len = (size_t)(tb - msg);
-  if (len > 1024)
-    len = 1024;
-  set_err(err, errlen, "%s%.*s", prefix, (int)len, msg);
-}
 
 static int rawfield(lua_State *L, int idx, const char *name) {
   idx = lua_absindex(L, idx);
@@ -319,10 +293,10 @@ int om_fallback_config(om_policy_t *p, om_route_t **routes, size_t *n,
                        om_fallback_settings_t *s, char *err, size_t errlen) {
   lua_State *L;
   config_t c;
-  set_err(err, errlen, "%s", "");
+  om_errbuf(err, errlen, "%s", "");
   if (p == NULL || routes == NULL || n == NULL || s == NULL ||
       om_policy_kind(p) != OM_POLICY_FALLBACK) {
-    set_err(err, errlen, "invalid arguments (a fallback policy expected)");
+    om_errbuf(err, errlen, "invalid arguments (a fallback policy expected)");
     return OM_EINVAL;
   }
   memset(&c, 0, sizeof c);
@@ -333,7 +307,7 @@ int om_fallback_config(om_policy_t *p, om_route_t **routes, size_t *n,
   lua_pushlightuserdata(L, &c);
   if (om_sandbox_call(om_policy_sandbox(p), 1, 0) != LUA_OK) {
     int rc = c.nomem ? OM_ENOMEM : OM_EPOLICY;
-    lua_err(L, err, errlen, "");
+    om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     om_fallback_config_free(c.routes, c.n, &c.s);
     return rc;
@@ -427,11 +401,11 @@ int om_fallback_order(om_policy_t *p, const om_fallback_ctx_t *ctx,
   lua_State *L;
   order_arg_t a = {p, ctx};
   lua_Unsigned len;
-  set_err(err, errlen, "%s", "");
+  om_errbuf(err, errlen, "%s", "");
   if (p == NULL || ctx == NULL || order == NULL || n == NULL ||
       (ctx->n_failed > 0 && ctx->failed == NULL) ||
       om_policy_kind(p) != OM_POLICY_FALLBACK) {
-    set_err(err, errlen, "invalid arguments (a fallback policy expected)");
+    om_errbuf(err, errlen, "invalid arguments (a fallback policy expected)");
     return OM_EINVAL;
   }
   L = om_sandbox_state(om_policy_sandbox(p));
@@ -439,7 +413,7 @@ int om_fallback_order(om_policy_t *p, const om_fallback_ctx_t *ctx,
   lua_pushcfunction(L, call_order);
   lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(om_policy_sandbox(p), 1, 3) != LUA_OK) {
-    lua_err(L, err, errlen, "order: ");
+    om_lua_errmsg(L, err, errlen, "order: ");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
@@ -447,18 +421,18 @@ int om_fallback_order(om_policy_t *p, const om_fallback_ctx_t *ctx,
    * against the current routes; check them against the snapshot. */
   if (lua_type(L, 2) != LUA_TTABLE) {
     if (lua_type(L, 3) == LUA_TSTRING)
-      lua_err(L, err, errlen, "");
+      om_lua_errmsg(L, err, errlen, "");
     else
-      set_err(err, errlen, "order returned no answer");
+      om_errbuf(err, errlen, "order returned no answer");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
   len = lua_rawlen(L, 2);
   if (len > lua_rawlen(L, 1) || len > *n) {
     int rc = len > lua_rawlen(L, 1) ? OM_EPOLICY : OM_EINVAL;
-    set_err(err, errlen, "order returned %llu routes, more than %s",
-            (unsigned long long)len,
-            rc == OM_EPOLICY ? "the policy has" : "order[] holds");
+    om_errbuf(err, errlen, "order returned %llu routes, more than %s",
+              (unsigned long long)len,
+              rc == OM_EPOLICY ? "the policy has" : "order[] holds");
     lua_settop(L, 0);
     return rc;
   }
@@ -466,8 +440,8 @@ int om_fallback_order(om_policy_t *p, const om_fallback_ctx_t *ctx,
     lua_Integer idx;
     int isnum = 0;
     if (lua_rawgeti(L, 2, (lua_Integer)i) != LUA_TSTRING) {
-      set_err(err, errlen, "order returned a non-name at [%llu]",
-              (unsigned long long)i);
+      om_errbuf(err, errlen, "order returned a non-name at [%llu]",
+                (unsigned long long)i);
       lua_settop(L, 0);
       return OM_EPOLICY;
     }
@@ -475,7 +449,7 @@ int om_fallback_order(om_policy_t *p, const om_fallback_ctx_t *ctx,
     idx = lua_tointegerx(L, -1, &isnum);
     lua_pop(L, 1);
     if (!isnum || idx < 0) {
-      set_err(err, errlen, "order returned a route unknown at load");
+      om_errbuf(err, errlen, "order returned a route unknown at load");
       lua_settop(L, 0);
       return OM_EPOLICY;
     }
@@ -537,14 +511,14 @@ int om_heuristics_run_overall(om_policy_t *p, const om_heuristics_input_t *in,
   lua_Unsigned len;
   size_t stored = 0;
   int verdict = 0;
-  set_err(err, errlen, "%s", "");
+  om_errbuf(err, errlen, "%s", "");
   if (p == NULL || in == NULL || (in->text == NULL && in->len > 0) ||
       (flags == NULL && max > 0) || n == NULL ||
       (in->system_prompt == NULL && in->system_prompt_len > 0) ||
       (in->question == NULL && in->question_len > 0) ||
       om_policy_kind(p) != OM_POLICY_EGRESS_HEURISTICS) {
-    set_err(err, errlen,
-            "invalid arguments (an egress_heuristics policy expected)");
+    om_errbuf(err, errlen,
+              "invalid arguments (an egress_heuristics policy expected)");
     return OM_EINVAL;
   }
   local = *in;
@@ -556,21 +530,21 @@ int om_heuristics_run_overall(om_policy_t *p, const om_heuristics_input_t *in,
   lua_pushcfunction(L, call_evaluate);
   lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(om_policy_sandbox(p), 1, 4) != LUA_OK) {
-    lua_err(L, err, errlen, "heuristics: ");
+    om_lua_errmsg(L, err, errlen, "heuristics: ");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
   /* [checks, lines, result | nil, msg] */
   if (lua_type(L, 3) != LUA_TTABLE) {
     if (lua_type(L, 4) == LUA_TSTRING)
-      lua_err(L, err, errlen, "heuristics: ");
+      om_lua_errmsg(L, err, errlen, "heuristics: ");
     else
-      set_err(err, errlen, "heuristics: evaluate returned no result");
+      om_errbuf(err, errlen, "heuristics: evaluate returned no result");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
   if (rawfield(L, 3, "checks") != LUA_TTABLE) { /* [.., checks names] */
-    set_err(err, errlen, "heuristics: evaluate returned no checks");
+    om_errbuf(err, errlen, "heuristics: evaluate returned no checks");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
@@ -579,7 +553,7 @@ int om_heuristics_run_overall(om_policy_t *p, const om_heuristics_input_t *in,
     const char *conf;
     om_flag_confidence_t c;
     if (lua_rawgeti(L, 5, (lua_Integer)i) != LUA_TSTRING) {
-      set_err(err, errlen, "heuristics: a matched check has no name");
+      om_errbuf(err, errlen, "heuristics: a matched check has no name");
       lua_settop(L, 0);
       return OM_EPOLICY;
     }
@@ -587,8 +561,8 @@ int om_heuristics_run_overall(om_policy_t *p, const om_heuristics_input_t *in,
     lua_rawget(L, 1); /* [.., name, confidence] */
     conf = lua_tostring(L, -1);
     if (conf == NULL) {
-      set_err(err, errlen, "heuristics: check '%s' is unknown",
-              lua_tostring(L, -2));
+      om_errbuf(err, errlen, "heuristics: check '%s' is unknown",
+                lua_tostring(L, -2));
       lua_settop(L, 0);
       return OM_EPOLICY;
     }

@@ -118,6 +118,13 @@ static inline lua_Number om__lua_ns_to_ms(uint64_t ns) {
  */
 int om_lua_pcall(lua_State *L, int nargs, int nresults);
 
+/*
+ * om_lua_errmsg: prefix + the error message on top of L's stack (left
+ * there), without the traceback om_lua_pcall appends, into err (see
+ * om_errbuf). "(no message)" when the value is not a string.
+ */
+void om_lua_errmsg(lua_State *L, char *err, size_t errlen, const char *prefix);
+
 /* The areas of the module, each in its own file. */
 void om__lua_open_errors(lua_State *L);
 void om__lua_open_selection(lua_State *L);  /* hash, rendezvous, p2c */

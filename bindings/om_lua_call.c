@@ -4,6 +4,10 @@
  */
 #include "om_lua.h"
 
+#include <string.h>
+
+#include "om_errno.h"
+
 static int msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) { /* error object is not a string */
@@ -28,4 +32,20 @@ int om_lua_pcall(lua_State *L, int nargs, int nresults) {
     lua_pushliteral(L, "not enough memory");
   }
   return status;
+}
+
+void om_lua_errmsg(lua_State *L, char *err, size_t errlen, const char *prefix) {
+  size_t len;
+  const char *msg = lua_tolstring(L, -1, &len);
+  const char *tb;
+  if (msg == NULL) {
+    msg = "(no message)";
+    len = strlen(msg);
+  }
+  tb = strstr(msg, "\nstack traceback:");
+  if (tb != NULL)
+    len = (size_t)(tb - msg);
+  if (len > (size_t)1 << 16) /* %.*s takes an int */
+    len = (size_t)1 << 16;
+  om_errbuf(err, errlen, "%s%.*s", prefix, (int)len, msg);
 }

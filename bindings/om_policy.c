@@ -50,33 +50,6 @@ struct om_policy_s {
   int has_key;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-/* The message on top of the stack without the traceback om_lua_pcall adds. */
-static void lua_err(lua_State *L, char *err, size_t errlen,
-                    const char *prefix) {
-  size_t len;
-  const char *msg = lua_tolstring(L, -1, &len);
-  const char *tb;
-  if (msg == NULL) {
-    msg = "(no message)";
-    len = strlen(msg);
-  }
-  tb = strstr(msg, "\nstack traceback:");
-  if (tb != NULL)
-    len = (size_t)(tb - msg);
-  if (len > (size_t)1 << 16)
-    len = (size_t)1 << 16;
-  set_err(err, errlen, "%s%.*s", prefix, (int)len, msg);
-}
-
 const char *om_policy_kind_name(om_policy_kind_t kind) {
   switch (kind) {
   case OM_POLICY_TRAFFIC:
@@ -217,10 +190,10 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
   lua_State *L;
   load_arg_t a;
   int rc;
-  set_err(err, errlen, "%s", "");
+  om_errbuf(err, errlen, "%s", "");
   if (opts == NULL || opts->lib_dir == NULL || name == NULL || src == NULL ||
       out == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   so = (om_sandbox_opts_t){.mem_limit = opts->mem_limit,
@@ -231,7 +204,7 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
   if (p == NULL || (p->name = display_name(name)) == NULL ||
       (rc = om_sandbox_new(&so, &p->sb)) != 0) {
     om_policy_free(p);
-    set_err(err, errlen, "%s: out of memory", name);
+    om_errbuf(err, errlen, "%s: out of memory", name);
     return OM_ENOMEM;
   }
   L = om_sandbox_state(p->sb);
@@ -244,12 +217,12 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
     char prefix[300] = "";
     if (msg != NULL && strncmp(msg, "budget:", 7) == 0)
       snprintf(prefix, sizeof prefix, "%s: ", name);
-    lua_err(L, err, errlen, prefix);
+    om_lua_errmsg(L, err, errlen, prefix);
     om_policy_free(p);
     return OM_EPOLICY;
   }
   if (p->kind == OM_POLICY_TRAFFIC && (rc = om_policy_set_peers(p, NULL, 0))) {
-    set_err(err, errlen, "%s: out of memory", name);
+    om_errbuf(err, errlen, "%s: out of memory", name);
     om_policy_free(p);
     return rc;
   }
@@ -264,12 +237,12 @@ int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
   size_t len = 0, cap = 0, n;
   int rc;
   if (path == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   f = fopen(path, "rb");
   if (f == NULL) {
-    set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    om_errbuf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     return OM_ENOTFOUND;
   }
   do {
@@ -279,7 +252,7 @@ int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
       if (nbuf == NULL) {
         free(buf);
         fclose(f);
-        set_err(err, errlen, "%s: file too large or out of memory", path);
+        om_errbuf(err, errlen, "%s: file too large or out of memory", path);
         return ncap <= ((size_t)64 << 20) ? OM_ENOMEM : OM_ETOOBIG;
       }
       buf = nbuf;
@@ -289,7 +262,7 @@ int om_policy_load_file(const om_policy_opts_t *opts, const char *path,
     len += n;
   } while (n > 0);
   if (ferror(f)) {
-    set_err(err, errlen, "%s: read error", path);
+    om_errbuf(err, errlen, "%s: read error", path);
     free(buf);
     fclose(f);
     return OM_EINVAL;
@@ -547,7 +520,7 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   int res;
   if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
       (out == NULL && p->n_peers > 0)) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   lua_settop(L, 0);
@@ -555,7 +528,7 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   lua_pushlightuserdata(L, (void *)req);
   lua_pushlightuserdata(L, p);
   if (om_sandbox_call(p->sb, 2, 2) != LUA_OK) {
-    lua_err(L, err, errlen, "");
+    om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     return OM_EPOLICY;
   }
@@ -564,14 +537,14 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;
   if (lua_type(L, res) != LUA_TTABLE) {
-    set_err(err, errlen, "subset returned a %s, expected an array of peers",
-            luaL_typename(L, res));
+    om_errbuf(err, errlen, "subset returned a %s, expected an array of peers",
+              luaL_typename(L, res));
     return OM_EPOLICY;
   }
   len = lua_rawlen(L, res);
   if (len > p->n_peers) {
-    set_err(err, errlen, "subset returned %llu peers out of %zu offered",
-            (unsigned long long)len, p->n_peers);
+    om_errbuf(err, errlen, "subset returned %llu peers out of %zu offered",
+              (unsigned long long)len, p->n_peers);
     return OM_EPOLICY;
   }
   if (++p->stamp == 0) { /* wrapped: start over */
@@ -581,23 +554,24 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   for (lua_Unsigned i = 1; i <= len; i++) {
     int64_t idx;
     if (lua_rawgeti(L, res, (lua_Integer)i) != LUA_TTABLE) {
-      set_err(err, errlen, "subset result [%llu] is a %s, not an offered peer",
-              (unsigned long long)i, luaL_typename(L, -1));
+      om_errbuf(err, errlen,
+                "subset result [%llu] is a %s, not an offered peer",
+                (unsigned long long)i, luaL_typename(L, -1));
       lua_settop(L, 2);
       return OM_EPOLICY;
     }
     idx = map_find(&p->map, lua_topointer(L, -1));
     lua_pop(L, 1);
     if (idx < 0) {
-      set_err(err, errlen,
-              "subset result [%llu] is not one of the offered peers",
-              (unsigned long long)i);
+      om_errbuf(err, errlen,
+                "subset result [%llu] is not one of the offered peers",
+                (unsigned long long)i);
       lua_settop(L, 2);
       return OM_EPOLICY;
     }
     if (p->seen[idx] == p->stamp) {
-      set_err(err, errlen, "subset result [%llu] repeats a peer",
-              (unsigned long long)i);
+      om_errbuf(err, errlen, "subset result [%llu] repeats a peer",
+                (unsigned long long)i);
       lua_settop(L, 2);
       return OM_EPOLICY;
     }

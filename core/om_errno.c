@@ -1,6 +1,9 @@
 /* om_errno.c: names and messages generated from OM_ERRNO_MAP. */
 #include "om_errno.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *om_err_name(int err) {
   switch (err) {
   case OM_OK:
@@ -27,4 +30,13 @@ const char *om_strerror(int err) {
   default:
     return "unknown error";
   }
+}
+
+void om_errbuf(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  if (err == NULL || errlen == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
 }

@@ -9,6 +9,8 @@
 #ifndef OM_ERRNO_H
 #define OM_ERRNO_H
 
+#include <stddef.h>
+
 /* XX(name, value, message) */
 #define OM_ERRNO_MAP(XX)                                                       \
   XX(EINVAL, -1, "invalid argument")                                           \
@@ -46,5 +48,14 @@ const char *om_err_name(int err);
  * the string is static.
  */
 const char *om_strerror(int err);
+
+/*
+ * om_errbuf: format a message into a caller's buffer: the way every
+ * function that takes `char *err, size_t errlen` reports why. err may be
+ * NULL or errlen 0 (nothing written); otherwise the result is always
+ * NUL-terminated, cut to fit.
+ */
+void om_errbuf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif /* OM_ERRNO_H */

@@ -54,17 +54,6 @@ struct om_connector_s {
   om_connector_stats_t stats;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 static void delivery_free(delivery_t *d) {
   if (d == NULL)
     return;
@@ -84,9 +73,9 @@ int om_connector_new(uv_loop_t *loop, const om_connector_opts_t *opts,
   om_connector_t *c;
   unsigned char rnd[8];
   int rc;
-  set_err(err, errlen, "%s", "");
+  om_errbuf(err, errlen, "%s", "");
   if (loop == NULL || opts == NULL || out == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   for (size_t i = 0; opts->kind != NULL && i < sizeof kinds / sizeof *kinds;
@@ -94,33 +83,34 @@ int om_connector_new(uv_loop_t *loop, const om_connector_opts_t *opts,
     if (strcmp(opts->kind, kinds[i]->name) == 0)
       kind = kinds[i];
   if (kind == NULL) {
-    set_err(err, errlen, "kind: unknown connector kind '%.64s' (webhook, file)",
-            opts->kind ? opts->kind : "(null)");
+    om_errbuf(err, errlen,
+              "kind: unknown connector kind '%.64s' (webhook, file)",
+              opts->kind ? opts->kind : "(null)");
     return OM_EINVAL;
   }
   if (opts->target == NULL || opts->target[0] == '\0') {
-    set_err(err, errlen, "target: required");
+    om_errbuf(err, errlen, "target: required");
     return OM_EINVAL;
   }
   if (opts->part_limit != 0 && (opts->part_limit < MIN_PART_LIMIT ||
                                 opts->part_limit > MAX_PART_LIMIT)) {
-    set_err(err, errlen, "part_limit: %zu out of range %d..%zu",
-            opts->part_limit, MIN_PART_LIMIT, MAX_PART_LIMIT);
+    om_errbuf(err, errlen, "part_limit: %zu out of range %d..%zu",
+              opts->part_limit, MIN_PART_LIMIT, MAX_PART_LIMIT);
     return OM_EINVAL;
   }
   if (opts->max_retries < 0 || opts->max_retries > OM_CONNECTOR_MAX_RETRIES) {
-    set_err(err, errlen, "max_retries: %d out of range 0..%d",
-            opts->max_retries, OM_CONNECTOR_MAX_RETRIES);
+    om_errbuf(err, errlen, "max_retries: %d out of range 0..%d",
+              opts->max_retries, OM_CONNECTOR_MAX_RETRIES);
     return OM_EINVAL;
   }
   if (opts->timeout_ms > 3600000u || opts->retry_base_ms > 60000u) {
-    set_err(err, errlen, "%s: too large",
-            opts->timeout_ms > 3600000u ? "timeout_ms" : "retry_base_ms");
+    om_errbuf(err, errlen, "%s: too large",
+              opts->timeout_ms > 3600000u ? "timeout_ms" : "retry_base_ms");
     return OM_EINVAL;
   }
   c = calloc(1, sizeof *c);
   if (c == NULL) {
-    set_err(err, errlen, "out of memory");
+    om_errbuf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
   c->loop = loop;

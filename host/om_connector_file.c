@@ -19,6 +19,7 @@
  * (uv_queue_work), so a slow disk never stalls the loop; the loop thread
  * touches the descriptor only when no write is in flight.
  */
+#include "om_appendfile.h"
 #include "om_connector.h"
 
 #include <errno.h>
@@ -35,9 +36,7 @@ typedef struct {
   om_connector_t *c;
   uv_loop_t *loop;
   char *path;
-  int fd;
-  dev_t dev; /* what fd is: compared with the path before each line */
-  ino_t ino;
+  om_appendfile_t file; /* follows path (om_appendfile.h) */
   uv_work_t work;
   char *line; /* the line being written */
   size_t len;
@@ -47,25 +46,6 @@ typedef struct {
   int reopen_err; /* 0 or a negative errno: the path could not be opened */
   void (*done)(om_connector_t *c);
 } file_t;
-
-/* O_NONBLOCK: a FIFO without a reader fails at once instead of blocking
- * (no effect on regular files). */
-#define FILE_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK)
-
-static int open_path(const char *path, dev_t *dev, ino_t *ino) {
-  struct stat st;
-  int fd = open(path, FILE_FLAGS, 0600);
-  if (fd < 0)
-    return -errno;
-  if (fstat(fd, &st) != 0) {
-    int e = -errno;
-    close(fd);
-    return e;
-  }
-  *dev = st.st_dev;
-  *ino = st.st_ino;
-  return fd;
-}
 
 static int fc_open(om_connector_t *c, uv_loop_t *loop,
                    const om_connector_opts_t *opts, void **state, char *err,
@@ -86,7 +66,7 @@ static int fc_open(om_connector_t *c, uv_loop_t *loop,
   }
   /* Synchronous on purpose: it runs once, at startup, and a path that
    * cannot be opened must fail the configuration, not the first reply. */
-  fd = open_path(opts->target, &f->dev, &f->ino);
+  fd = om_appendfile_open(&f->file, opts->target);
   if (fd < 0) {
     if (err != NULL && errlen > 0)
       snprintf(err, errlen, "target: cannot open '%.200s' for appending: %s",
@@ -97,14 +77,12 @@ static int fc_open(om_connector_t *c, uv_loop_t *loop,
   }
   f->c = c;
   f->loop = loop;
-  f->fd = fd;
   *state = f;
   return 0;
 }
 
 static void fc_free(file_t *f) {
-  if (f->fd >= 0)
-    close(f->fd);
+  om_appendfile_close(&f->file);
   free(f->line);
   free(f->path);
   free(f);
@@ -113,33 +91,11 @@ static void fc_free(file_t *f) {
 /* Threadpool: follow the path, then write the whole line. */
 static void write_work(uv_work_t *w) {
   file_t *f = w->data;
-  struct stat st;
-  size_t off = 0;
-  f->write_err = f->reopen_err = 0;
-  if (stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino) {
-    dev_t dev;
-    ino_t ino;
-    int fd = open_path(f->path, &dev, &ino);
-    if (fd < 0) {
-      f->reopen_err = fd;
-      return;
-    }
-    if (f->fd >= 0)
-      close(f->fd);
-    f->fd = fd;
-    f->dev = dev;
-    f->ino = ino;
-  }
-  while (off < f->len) {
-    ssize_t n = write(f->fd, f->line + off, f->len - off);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      f->write_err = -errno;
-      return;
-    }
-    off += (size_t)n; /* a short write (a full disk, a signal): the rest */
-  }
+  f->write_err = 0;
+  f->reopen_err = om_appendfile_follow(&f->file, f->path);
+  if (f->reopen_err != 0)
+    return; /* the part fails: the channel file is not where it was */
+  f->write_err = om_appendfile_write(&f->file, f->line, f->len);
 }
 
 static void after_write(uv_work_t *w, int status) {

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "om_appendfile.h"
 #include "om_connector.h"
 #include "om_egress_internal.h"
 #include "om_errno.h"
@@ -88,9 +89,7 @@ typedef struct chat_s {
  */
 typedef struct errors_file_s {
   char *path;
-  int fd; /* -1: closed */
-  dev_t dev;
-  ino_t ino;
+  om_appendfile_t file; /* follows path (om_appendfile.h) */
   int failing; /* the last write failed: logged once, until one succeeds */
   om_metric_t *m_fail[2]; /* op="write", op="reopen" */
 } errors_file_t;
@@ -172,30 +171,10 @@ static int valid_id(const char *s) {
 
 /* ---- error tracking ------------------------------------------------------ */
 
-/* O_NONBLOCK: a FIFO with no reader (or a full one) fails the write at once
- * instead of blocking the loop; no effect on regular files. */
-#define ERRORS_FLAGS (O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK)
-
-static int errors_open_fd(const char *path, dev_t *dev, ino_t *ino) {
-  struct stat st;
-  int fd = open(path, ERRORS_FLAGS, 0600);
-  if (fd < 0)
-    return -errno;
-  if (fstat(fd, &st) != 0) {
-    int e = -errno;
-    close(fd);
-    return e;
-  }
-  *dev = st.st_dev;
-  *ino = st.st_ino;
-  return fd;
-}
-
 static void errors_close(errors_file_t *ef) {
   if (ef == NULL)
     return;
-  if (ef->fd >= 0)
-    close(ef->fd);
+  om_appendfile_close(&ef->file);
   free(ef->path);
   free(ef);
 }
@@ -212,7 +191,7 @@ static int errors_open(const char *path, errors_file_t **out, char *err,
     snprintf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
-  fd = errors_open_fd(path, &ef->dev, &ef->ino);
+  fd = om_appendfile_open(&ef->file, path);
   if (fd < 0) {
     snprintf(err, errlen, "--errors %.300s: cannot open for appending: %s",
              path, strerror(-fd));
@@ -220,7 +199,6 @@ static int errors_open(const char *path, errors_file_t **out, char *err,
     free(ef);
     return OM_EINVAL;
   }
-  ef->fd = fd;
   *out = ef;
   return 0;
 }
@@ -242,34 +220,16 @@ static void errors_failed(errors_file_t *ef, int op, int e) {
  * open descriptor (a renamed file keeps it) and the failure is counted.
  */
 static void errors_append(errors_file_t *ef, const char *line, size_t len) {
-  struct stat st;
-  size_t off = 0;
-  int bad = 0;
-  if (stat(ef->path, &st) != 0 || st.st_dev != ef->dev ||
-      st.st_ino != ef->ino) {
-    dev_t dev;
-    ino_t ino;
-    int fd = errors_open_fd(ef->path, &dev, &ino);
-    if (fd >= 0) {
-      if (ef->fd >= 0)
-        close(ef->fd);
-      ef->fd = fd;
-      ef->dev = dev;
-      ef->ino = ino;
-    } else {
-      errors_failed(ef, 1, -fd);
-      bad = 1;
-    }
+  int rc, bad = 0;
+  rc = om_appendfile_follow(&ef->file, ef->path);
+  if (rc != 0) {
+    errors_failed(ef, 1, -rc);
+    bad = 1;
   }
-  while (off < len) {
-    ssize_t n = ef->fd >= 0 ? write(ef->fd, line + off, len - off) : -1;
-    if (n < 0) {
-      if (ef->fd >= 0 && errno == EINTR)
-        continue;
-      errors_failed(ef, 0, ef->fd >= 0 ? errno : EBADF);
-      return;
-    }
-    off += (size_t)n;
+  rc = om_appendfile_write(&ef->file, line, len);
+  if (rc != 0) {
+    errors_failed(ef, 0, -rc);
+    return;
   }
   if (ef->failing && !bad) {
     om_log(OM_LOG_INFO, "errors_file_recovered", "path", ef->path, NULL);

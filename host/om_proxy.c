@@ -36,18 +36,6 @@
 #define DEF_REPLAY ((size_t)1 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 static const char *const OUTCOME_NAMES[] = {
 #define OM__PROXY_OUTCOME_STR(name, str) str,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
@@ -498,7 +486,7 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
   wo.ud = s;
   rc = om_policy_watch_start(p->loop, &wo, &s->watch, perr, sizeof perr);
   if (rc != 0) {
-    set_err(err, errlen, "service '%s': %s", s->name, perr);
+    om_errbuf(err, errlen, "service '%s': %s", s->name, perr);
     service_free(s);
     return rc == OM_ENOMEM ? OM_ENOMEM : OM_EPOLICY;
   }
@@ -528,7 +516,7 @@ int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
   const char *name;
   size_t n;
   if (p == NULL || snap == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   name = om_snapshot_service(snap);
@@ -539,8 +527,8 @@ int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
     const char *prefix, *why = "invalid";
     size_t plen;
     if (peer_target(in->url, &t, &prefix, &plen, &why) != 0) {
-      set_err(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
-              in->id, in->url, why);
+      om_errbuf(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
+                in->id, in->url, why);
       return OM_EINVAL;
     }
   }
@@ -555,11 +543,11 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
   size_t n;
   int rc;
   if (p == NULL || snap == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   if (p->closing) {
-    set_err(err, errlen, "the proxy is closing");
+    om_errbuf(err, errlen, "the proxy is closing");
     return OM_ESTATE;
   }
   name = om_snapshot_service(snap);
@@ -570,10 +558,10 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
   if (s != NULL) {
     uint64_t cur = om_snapshot_revision(s->view->snap);
     if (om_snapshot_revision(snap) < cur) {
-      set_err(err, errlen,
-              "service '%s': revision %llu is older than the current %llu",
-              name, (unsigned long long)om_snapshot_revision(snap),
-              (unsigned long long)cur);
+      om_errbuf(err, errlen,
+                "service '%s': revision %llu is older than the current %llu",
+                name, (unsigned long long)om_snapshot_revision(snap),
+                (unsigned long long)cur);
       return OM_ESTATE;
     }
     if (om_snapshot_revision(snap) == cur)
@@ -583,14 +571,14 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
   if (rc != 0)
     return rc;
   if (scratch_reserve(p, n) != 0) {
-    set_err(err, errlen, "out of memory");
+    om_errbuf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
   if (s == NULL && p->n_services == p->cap_services) {
     size_t cap = p->cap_services ? 2 * p->cap_services : 4;
     om__proxy_service_t **x = realloc(p->services, cap * sizeof *x);
     if (x == NULL) {
-      set_err(err, errlen, "out of memory");
+      om_errbuf(err, errlen, "out of memory");
       return OM_ENOMEM;
     }
     p->services = x;
@@ -600,7 +588,7 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     rc = service_new(p, snap, err, errlen, &s);
     if (rc != 0) {
       if (rc == OM_ENOMEM)
-        set_err(err, errlen, "out of memory");
+        om_errbuf(err, errlen, "out of memory");
       return rc;
     }
     p->services[p->n_services++] = s;
@@ -611,7 +599,7 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
       v = NULL;
     }
     if (rc != 0) {
-      set_err(err, errlen, "service '%s': %s", name, om_strerror(rc));
+      om_errbuf(err, errlen, "service '%s': %s", name, om_strerror(rc));
       return rc;
     }
     view_install(s, v);
@@ -747,52 +735,53 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
   om_http_server_opts_t so;
   int bad = 0, rc;
   if (loop == NULL || opts == NULL || out == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   if (opts->policy_path == NULL) {
-    set_err(err, errlen, "a traffic policy file is required");
+    om_errbuf(err, errlen, "a traffic policy file is required");
     return OM_EINVAL;
   }
   for (size_t i = 0; i < opts->n_service_policies; i++) {
     const om_proxy_service_policy_t *sp = &opts->service_policies[i];
     if (sp->service == NULL || sp->path == NULL ||
         !om_valid_name(sp->service, strlen(sp->service))) {
-      set_err(err, errlen,
-              "service policy %zu: needs a valid service name "
-              "and a file",
-              i + 1);
+      om_errbuf(err, errlen,
+                "service policy %zu: needs a valid service name "
+                "and a file",
+                i + 1);
       return OM_EINVAL;
     }
     if (!readable(sp->path)) {
-      set_err(err, errlen, "%s: cannot read the policy file", sp->path);
+      om_errbuf(err, errlen, "%s: cannot read the policy file", sp->path);
       return OM_ENOTFOUND;
     }
   }
   if (!readable(opts->policy_path)) {
-    set_err(err, errlen, "%s: cannot read the policy file", opts->policy_path);
+    om_errbuf(err, errlen, "%s: cannot read the policy file",
+              opts->policy_path);
     return OM_ENOTFOUND;
   }
   if (opts->circuit != NULL) {
     om_circuit_t probe;
     if (om_circuit_init(&probe, opts->circuit) != 0) {
-      set_err(err, errlen, "invalid circuit options");
+      om_errbuf(err, errlen, "invalid circuit options");
       return OM_EINVAL;
     }
   }
   if (opts->budget != NULL) {
     om_retry_budget_t *b;
     if ((rc = om_retry_budget_new(opts->budget, &b)) != 0) {
-      set_err(err, errlen,
-              rc == OM_ENOMEM ? "out of memory"
-                              : "invalid retry budget options");
+      om_errbuf(err, errlen,
+                rc == OM_ENOMEM ? "out of memory"
+                                : "invalid retry budget options");
       return rc;
     }
     om_retry_budget_free(b);
   }
   p = calloc(1, sizeof *p);
   if (p == NULL) {
-    set_err(err, errlen, "out of memory");
+    om_errbuf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
   p->loop = loop;
@@ -851,7 +840,7 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
   p->opts.server = so;
   if (bad || (p->metrics = om_metrics_new()) == NULL) {
     proxy_free(p);
-    set_err(err, errlen, "out of memory");
+    om_errbuf(err, errlen, "out of memory");
     return OM_ENOMEM;
   }
   p->unknown_service = om_metrics_counter(
@@ -864,9 +853,9 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
   rc = om_upstream_pool_new(loop, &opts->upstream, &p->pool);
   if (rc != 0) {
     proxy_free(p);
-    set_err(err, errlen,
-            rc == OM_ENOMEM ? "out of memory"
-                            : "invalid upstream pool options");
+    om_errbuf(err, errlen,
+              rc == OM_ENOMEM ? "out of memory"
+                              : "invalid upstream pool options");
     return rc;
   }
   rc = om_http_server_new(loop, &so, om__proxy_on_request, p, &p->server);
@@ -875,8 +864,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
                             &p->admin);
   if (rc != 0) {
     /* close what was opened; once the loop has run, maybe_finish frees */
-    set_err(err, errlen,
-            rc == OM_ENOMEM ? "out of memory" : "invalid server options");
+    om_errbuf(err, errlen,
+              rc == OM_ENOMEM ? "out of memory" : "invalid server options");
     p->closing = 1;
     p->pool_open = 1;
     om_upstream_pool_close(p->pool, on_pool_closed, p);

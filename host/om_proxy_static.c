@@ -16,18 +16,6 @@
 #include "om_errno.h"
 #include "om_proxy.h"
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 void om_proxy_static_free(om_snapshot_t **snaps, size_t n) {
   if (snaps == NULL)
     return;
@@ -54,13 +42,13 @@ static int parse_instance(json_t *o, const char *path, om_instance_t *in,
   in->weight = 1.0;
   in->ttl_ms = 3600000u; /* no lease: static peers stay */
   if (!json_is_object(o)) {
-    set_err(err, errlen, "%s: must be an object", path);
+    om_errbuf(err, errlen, "%s: must be an object", path);
     return OM_EINVAL;
   }
   json_object_foreach(o, key, v) {
     if (strcmp(key, "id") == 0 || strcmp(key, "url") == 0) {
       if (!json_is_string(v)) {
-        set_err(err, errlen, "%s.%s: must be a string", path, key);
+        om_errbuf(err, errlen, "%s.%s: must be a string", path, key);
         return OM_EINVAL;
       }
       if (key[0] == 'i')
@@ -69,13 +57,13 @@ static int parse_instance(json_t *o, const char *path, om_instance_t *in,
         in->url = (char *)json_string_value(v);
     } else if (strcmp(key, "weight") == 0) {
       if (!json_is_number(v)) {
-        set_err(err, errlen, "%s.weight: must be a number", path);
+        om_errbuf(err, errlen, "%s.weight: must be a number", path);
         return OM_EINVAL;
       }
       in->weight = json_number_value(v);
     } else if (strcmp(key, "zone") == 0) {
       if (!json_is_string(v) && !json_is_null(v)) {
-        set_err(err, errlen, "%s.zone: must be a string or null", path);
+        om_errbuf(err, errlen, "%s.zone: must be a string or null", path);
         return OM_EINVAL;
       }
       in->zone = json_is_string(v) ? (char *)json_string_value(v) : NULL;
@@ -86,7 +74,8 @@ static int parse_instance(json_t *o, const char *path, om_instance_t *in,
       if (json_is_null(v))
         continue;
       if (!json_is_object(v)) {
-        set_err(err, errlen, "%s.metadata: must be an object of strings", path);
+        om_errbuf(err, errlen, "%s.metadata: must be an object of strings",
+                  path);
         return OM_EINVAL;
       }
       if (json_object_size(v) > 0) {
@@ -96,7 +85,7 @@ static int parse_instance(json_t *o, const char *path, om_instance_t *in,
       }
       json_object_foreach(v, mk, mv) {
         if (!json_is_string(mv)) {
-          set_err(err, errlen, "%s.metadata.%s: must be a string", path, mk);
+          om_errbuf(err, errlen, "%s.metadata.%s: must be a string", path, mk);
           return OM_EINVAL;
         }
         in->metadata[k].key = (char *)mk;
@@ -105,15 +94,15 @@ static int parse_instance(json_t *o, const char *path, om_instance_t *in,
       }
       in->n_metadata = k;
     } else {
-      set_err(err, errlen,
-              "%s.%s: unknown field (id, url, weight, zone, metadata)", path,
-              key);
+      om_errbuf(err, errlen,
+                "%s.%s: unknown field (id, url, weight, zone, metadata)", path,
+                key);
       return OM_EINVAL;
     }
   }
   if (in->id == NULL || in->url == NULL) {
-    set_err(err, errlen, "%s.%s: required", path,
-            in->id == NULL ? "id" : "url");
+    om_errbuf(err, errlen, "%s.%s: required", path,
+              in->id == NULL ? "id" : "url");
     return OM_EINVAL;
   }
   return 0;
@@ -131,37 +120,38 @@ static int parse_service(const char *name, json_t *o, om_snapshot_t **out,
   char path[256];
   int rc;
   if (!om_valid_name(name, strlen(name))) {
-    set_err(err, errlen,
-            "services.%s: not a valid service name ([A-Za-z0-9._-]{1,128})",
-            name);
+    om_errbuf(err, errlen,
+              "services.%s: not a valid service name ([A-Za-z0-9._-]{1,128})",
+              name);
     return OM_EINVAL;
   }
   if (!json_is_object(o)) {
-    set_err(err, errlen, "services.%s: must be an object", name);
+    om_errbuf(err, errlen, "services.%s: must be an object", name);
     return OM_EINVAL;
   }
   json_object_foreach(o, key, v) {
     if (strcmp(key, "revision") == 0) {
       if (!json_is_integer(v) || json_integer_value(v) < 1) {
-        set_err(err, errlen, "services.%s.revision: must be an integer >= 1",
-                name);
+        om_errbuf(err, errlen, "services.%s.revision: must be an integer >= 1",
+                  name);
         return OM_EINVAL;
       }
       revision = (uint64_t)json_integer_value(v);
     } else if (strcmp(key, "instances") == 0) {
       if (!json_is_array(v)) {
-        set_err(err, errlen, "services.%s.instances: must be an array", name);
+        om_errbuf(err, errlen, "services.%s.instances: must be an array", name);
         return OM_EINVAL;
       }
       insts = v;
     } else {
-      set_err(err, errlen,
-              "services.%s.%s: unknown field (revision, instances)", name, key);
+      om_errbuf(err, errlen,
+                "services.%s.%s: unknown field (revision, instances)", name,
+                key);
       return OM_EINVAL;
     }
   }
   if (insts == NULL) {
-    set_err(err, errlen, "services.%s.instances: required", name);
+    om_errbuf(err, errlen, "services.%s.instances: required", name);
     return OM_EINVAL;
   }
   n = json_array_size(insts);
@@ -180,14 +170,14 @@ static int parse_service(const char *name, json_t *o, om_snapshot_t **out,
     om_upstream_url_t u;
     const char *uwhy = NULL;
     if (om_instance_validate(&in[i], &field, &why) != 0) {
-      set_err(err, errlen, "services.%s.instances[%zu].%s: %s", name, i,
-              field ? field : "?", why ? why : "invalid");
+      om_errbuf(err, errlen, "services.%s.instances[%zu].%s: %s", name, i,
+                field ? field : "?", why ? why : "invalid");
       instances_clear(in, n);
       return OM_EINVAL;
     }
     if (om_upstream_parse_url(in[i].url, &u, &uwhy) != 0) {
-      set_err(err, errlen, "services.%s.instances[%zu].url: %s", name, i,
-              uwhy ? uwhy : "not a reachable URL");
+      om_errbuf(err, errlen, "services.%s.instances[%zu].url: %s", name, i,
+                uwhy ? uwhy : "not a reachable URL");
       instances_clear(in, n);
       return OM_EINVAL;
     }
@@ -195,11 +185,11 @@ static int parse_service(const char *name, json_t *o, om_snapshot_t **out,
   rc = om_snapshot_new(name, revision, in, n, out, &bad, &field, &why);
   instances_clear(in, n);
   if (rc == OM_EDUPLICATE)
-    set_err(err, errlen, "services.%s.instances[%zu].id: duplicate id", name,
-            bad);
+    om_errbuf(err, errlen, "services.%s.instances[%zu].id: duplicate id", name,
+              bad);
   else if (rc == OM_EINVAL)
-    set_err(err, errlen, "services.%s.instances[%zu].%s: %s", name, bad,
-            field ? field : "?", why ? why : "invalid");
+    om_errbuf(err, errlen, "services.%s.instances[%zu].%s: %s", name, bad,
+              field ? field : "?", why ? why : "invalid");
   return rc;
 }
 
@@ -212,33 +202,34 @@ int om_proxy_static_parse(const char *buf, size_t len, om_snapshot_t ***out,
   size_t n = 0;
   int rc = 0;
   if (buf == NULL || out == NULL || n_out == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
   if (root == NULL) {
     /* jansson reports allocation failure as a parse error too */
-    set_err(err, errlen, "invalid JSON at line %d, column %d: %s", jerr.line,
-            jerr.column, jerr.text);
+    om_errbuf(err, errlen, "invalid JSON at line %d, column %d: %s", jerr.line,
+              jerr.column, jerr.text);
     return strstr(jerr.text, "out of memory") ? OM_ENOMEM : OM_EPARSE;
   }
   if (!json_is_object(root)) {
-    set_err(err, errlen, "the document must be an object {\"services\": ...}");
+    om_errbuf(err, errlen,
+              "the document must be an object {\"services\": ...}");
     json_decref(root);
     return OM_EINVAL;
   }
   json_object_foreach(root, key, v) {
     if (strcmp(key, "services") != 0) {
-      set_err(err, errlen, "%s: unknown field (services)", key);
+      om_errbuf(err, errlen, "%s: unknown field (services)", key);
       json_decref(root);
       return OM_EINVAL;
     }
     services = v;
   }
   if (!json_is_object(services) || json_object_size(services) == 0) {
-    set_err(err, errlen,
-            "services: required, an object with at least one "
-            "service");
+    om_errbuf(err, errlen,
+              "services: required, an object with at least one "
+              "service");
     json_decref(root);
     return OM_EINVAL;
   }
@@ -256,7 +247,7 @@ int om_proxy_static_parse(const char *buf, size_t len, om_snapshot_t ***out,
   json_decref(root);
   if (rc != 0) {
     if (rc == OM_ENOMEM)
-      set_err(err, errlen, "out of memory");
+      om_errbuf(err, errlen, "out of memory");
     om_proxy_static_free(snaps, n);
     return rc;
   }
@@ -272,12 +263,12 @@ int om_proxy_static_load(const char *path, om_snapshot_t ***out, size_t *n,
   size_t len = 0, cap = 0;
   int rc;
   if (path == NULL) {
-    set_err(err, errlen, "invalid arguments");
+    om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   f = fopen(path, "rb");
   if (f == NULL) {
-    set_err(err, errlen, "%s: cannot open", path);
+    om_errbuf(err, errlen, "%s: cannot open", path);
     return OM_ENOTFOUND;
   }
   for (;;) {
@@ -288,9 +279,9 @@ int om_proxy_static_load(const char *path, om_snapshot_t ***out, size_t *n,
       if (cap > ((size_t)64 << 20) || (x = realloc(buf, cap)) == NULL) {
         fclose(f);
         free(buf);
-        set_err(err, errlen, "%s: %s", path,
-                cap > ((size_t)64 << 20) ? "larger than 64 MiB"
-                                         : "out of memory");
+        om_errbuf(err, errlen, "%s: %s", path,
+                  cap > ((size_t)64 << 20) ? "larger than 64 MiB"
+                                           : "out of memory");
         return cap > ((size_t)64 << 20) ? OM_ETOOBIG : OM_ENOMEM;
       }
       buf = x;
@@ -303,7 +294,7 @@ int om_proxy_static_load(const char *path, om_snapshot_t ***out, size_t *n,
   if (ferror(f)) {
     fclose(f);
     free(buf);
-    set_err(err, errlen, "%s: cannot read", path);
+    om_errbuf(err, errlen, "%s: cannot read", path);
     return OM_ENOTFOUND;
   }
   fclose(f);
@@ -312,7 +303,7 @@ int om_proxy_static_load(const char *path, om_snapshot_t ***out, size_t *n,
   if (rc != 0 && err != NULL && errlen > 0) {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", err);
-    set_err(err, errlen, "%s: %s", path, tmp);
+    om_errbuf(err, errlen, "%s: %s", path, tmp);
   }
   return rc;
 }
