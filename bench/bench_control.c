@@ -39,6 +39,20 @@
  *                                      after 5 warm-up ones (p99 of 50 is
  *                                      the nearest rank, i.e. the maximum)
  *
+ * With the Redis store (a redis-server this bench starts on a free loopback
+ * port, no persistence; skipped with a note when redis-server is missing):
+ *   control_redis_heartbeats_per_s    the same heartbeat load through one
+ *                                     control plane on the Redis store
+ *                                     (10,000 instances registered first)
+ *   control_redis_heartbeats_vs_memory  that rate / the memory store's
+ *                                     (bar: >= 0.25)
+ *   control_redis_propagation_p50_ms, _p99_ms
+ *                                     a registration PUT on control plane A
+ *                                     to the watcher on control plane B
+ *                                     (same Redis) holding the new snapshot
+ *                                     event; 100 rounds after 5 warm-up
+ *                                     (bar: p99 <= 50 ms)
+ *
  * Heap is glibc's mallinfo2 (bytes in use in every arena plus mmapped
  * chunks), read while the server is idle; the client allocates nothing
  * between the two readings, so the delta is the server's (sanitized
@@ -68,6 +82,10 @@
 #include "om_http_server.h"
 #include "om_log.h"
 #include "om_store_memory.h"
+#include "om_store_redis.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
 
 #define N_INSTANCES 10000
 #define N_CONNS 64
@@ -143,13 +161,35 @@ static void server_run(void *arg) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
 }
 
-static void server_start(server_t *s) {
+static void on_store_state(void *ud, int status) {
+  if (status == 0)
+    *(int *)ud = 1;
+}
+
+/* redis_url NULL: the memory store; else the Redis store, waited for. */
+static void server_start(server_t *s, const char *redis_url) {
   om_control_opts_t co;
   memset(s, 0, sizeof *s);
   memset(&co, 0, sizeof co);
-  if (uv_loop_init(&s->loop) != 0 ||
-      om_store_memory_new(&s->loop, NULL, &s->store) != 0)
-    die("cannot create the loop or the store");
+  if (uv_loop_init(&s->loop) != 0)
+    die("cannot create the loop");
+  if (redis_url != NULL) {
+    om_store_redis_opts_t ro;
+    int ready = 0;
+    uint64_t t0 = om_bench_now_ns();
+    memset(&ro, 0, sizeof ro);
+    ro.url = redis_url;
+    ro.on_state = on_store_state;
+    ro.state_ud = &ready;
+    if (om_store_redis_new(&s->loop, &ro, &s->store) != 0)
+      die("cannot create the redis store");
+    while (!ready && om_bench_now_ns() - t0 < 5000000000ull)
+      uv_run(&s->loop, UV_RUN_ONCE);
+    if (!ready)
+      die("redis at %s not ready", redis_url);
+  } else if (om_store_memory_new(&s->loop, NULL, &s->store) != 0) {
+    die("cannot create the store");
+  }
   co.store = s->store;
   /* No `: ping` while measuring: idle means idle. */
   co.ping_interval_ms = 3600000;
@@ -393,7 +433,7 @@ static void conns_close(conn_t *cs, int n) {
 /* ------------------------------------------------------------------ */
 /* heartbeats and memory per instance */
 
-static void bench_heartbeats(const server_t *s) {
+static double bench_heartbeats(const server_t *s) {
   static conn_t ctl[N_CONNS], bare[N_CONNS];
   double hb[HB_ROUNDS], base[HB_ROUNDS], reg, m0, m1;
   double hb_cpu[HB_ROUNDS], base_cpu[HB_ROUNDS];
@@ -445,6 +485,7 @@ static void bench_heartbeats(const server_t *s) {
                     om_bench_median(hb_cpu, HB_ROUNDS), "us");
     om_bench_report("control_heartbeat_baseline_server_cpu_us",
                     om_bench_median(base_cpu, HB_ROUNDS), "us");
+    return h;
   }
 }
 
@@ -684,8 +725,178 @@ static void bench_fanout(const server_t *s) {
   free(reg);
 }
 
+/* ------------------------------------------------------------------ */
+/* the Redis store: heartbeats, and propagation from one plane to another */
+
+static pid_t redis_pid = -1;
+static char redis_dir[64];
+
+static int redis_spawn(char *url, size_t cap) {
+  extern char **environ;
+  char port[16];
+  int p;
+  struct sockaddr_in a;
+  socklen_t l = sizeof a;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  char *argv[] = {"redis-server", "--port", port,      "--bind",
+                  "127.0.0.1",    "--save", "",        "--appendonly",
+                  "no",           "--dir",  redis_dir, "--loglevel",
+                  "warning",      NULL};
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &l) != 0)
+    die("no free port");
+  p = ntohs(a.sin_port);
+  close(fd);
+  snprintf(port, sizeof port, "%d", p);
+  snprintf(redis_dir, sizeof redis_dir, "/tmp/om_bench_redis_XXXXXX");
+  if (mkdtemp(redis_dir) == NULL)
+    return -1;
+  {
+    /* its start-up banner ignores --loglevel: keep our output clean */
+    posix_spawn_file_actions_t fa;
+    int rc;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    rc = posix_spawnp(&redis_pid, "redis-server", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+      return -1;
+  }
+  for (int i = 0; i < 300; i++) {
+    int c = socket(AF_INET, SOCK_STREAM, 0), ok;
+    a.sin_port = htons((uint16_t)p);
+    ok = connect(c, (struct sockaddr *)&a, sizeof a) == 0;
+    close(c);
+    if (ok) {
+      snprintf(url, cap, "redis://127.0.0.1:%d/0", p);
+      return 0;
+    }
+    sleep_ms(10);
+  }
+  return -1;
+}
+
+static void redis_kill(void) {
+  char cmd[128];
+  if (redis_pid > 0) {
+    kill(redis_pid, SIGKILL);
+    waitpid(redis_pid, NULL, 0);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", redis_dir);
+  if (redis_dir[0] != '\0' && system(cmd) != 0)
+    fprintf(stderr, "bench: could not remove %s\n", redis_dir);
+}
+
+static void bench_redis_heartbeats(const server_t *s, double memory_rate) {
+  static conn_t ctl[N_CONNS];
+  double hb[HB_ROUNDS];
+  unsigned next = 0;
+  conns_open(ctl, N_CONNS, s->ctl_port);
+  drive(ctl, N_CONNS, "hb", &next, N_INSTANCES, UINT64_MAX, "\"created\"",
+        NULL);
+  drive(ctl, N_CONNS, "hb", &next, UINT64_MAX, om_bench_now_ns() + HB_WARMUP_NS,
+        "\"renewed\"", NULL);
+  for (int r = 0; r < HB_ROUNDS; r++)
+    hb[r] = drive(ctl, N_CONNS, "hb", &next, UINT64_MAX,
+                  om_bench_now_ns() + HB_ROUND_NS, "\"renewed\"", NULL);
+  conns_close(ctl, N_CONNS);
+  {
+    double h = om_bench_median(hb, HB_ROUNDS);
+    om_bench_report("control_redis_heartbeats_per_s", h, "req/s");
+    om_bench_report("control_redis_heartbeats_vs_memory", h / memory_rate, "x");
+  }
+}
+
+#define PROP_WARMUP 5
+#define PROP_ROUNDS 100
+
+/* A registration on a (port pa) to the watcher on b (port pb). */
+static void bench_redis_propagation(int pa, int pb) {
+  static const char watch[] = "GET /v1/watch/services/prop HTTP/1.1\r\n"
+                              "Host: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+                              "\r\n";
+  watcher_t *ws = calloc(N_WATCHERS, sizeof *ws);
+  conn_t *reg = calloc(1, sizeof *reg);
+  double lat[PROP_ROUNDS];
+  char req[512];
+  int ep = epoll_create1(0), got;
+  struct epoll_event ev;
+  if (ws == NULL || reg == NULL || ep < 0)
+    die("out of memory");
+  reg->fd = dial(pa);
+  {
+    size_t k = put_request(req, sizeof req, "prop", 99999);
+    request(reg, req, k, "\"created\"", NULL);
+  }
+  ev.events = EPOLLIN;
+  ev.data.u32 = N_WATCHERS;
+  epoll_ctl(ep, EPOLL_CTL_ADD, reg->fd, &ev);
+  ws[0].fd = dial(pb);
+  ws[0].first_line = 1;
+  ev.data.u32 = 0;
+  epoll_ctl(ep, EPOLL_CTL_ADD, ws[0].fd, &ev);
+  send_all(ws[0].fd, watch, sizeof watch - 1);
+  for (got = 0; got < 1;) {
+    int dummy = 0;
+    got += watchers_poll(ep, ws, 1, STALL_MS, reg, &dummy);
+  }
+  for (int r = 0; r < PROP_WARMUP + PROP_ROUNDS; r++) {
+    uint64_t t0, t_last = 0, rev = 0;
+    int reg_done = 0;
+    size_t k = put_request(req, sizeof req, "prop", (unsigned)r);
+    t0 = om_bench_now_ns();
+    send_all(reg->fd, req, k);
+    for (got = 0; got < 1 || !reg_done;) {
+      int ready = 0;
+      got += watchers_poll(ep, ws, (uint64_t)r + 2, STALL_MS, reg, &ready);
+      if (got == 1 && t_last == 0)
+        t_last = om_bench_now_ns();
+      if (ready && !reg_done)
+        reg_done = take_response(reg, "\"created\"", &rev);
+    }
+    if (ws[0].events != (uint64_t)r + 2 || ws[0].last_id != rev)
+      die("watcher on B: %llu events, last id %llu, expected revision %llu",
+          (unsigned long long)ws[0].events, (unsigned long long)ws[0].last_id,
+          (unsigned long long)rev);
+    if (r >= PROP_WARMUP)
+      lat[r - PROP_WARMUP] = (double)(t_last - t0) / 1e6;
+  }
+  qsort(lat, PROP_ROUNDS, sizeof lat[0], cmp_double);
+  om_bench_report("control_redis_propagation_p50_ms",
+                  percentile(lat, PROP_ROUNDS, 50), "ms");
+  om_bench_report("control_redis_propagation_p99_ms",
+                  percentile(lat, PROP_ROUNDS, 99), "ms");
+  close(ws[0].fd);
+  close(reg->fd);
+  close(ep);
+  free(ws);
+  free(reg);
+}
+
+static void bench_redis(double memory_rate) {
+  char url[64];
+  server_t a, b;
+  if (redis_spawn(url, sizeof url) != 0) {
+    fprintf(stderr, "bench_control: redis-server not available: the Redis "
+                    "figures are skipped\n");
+    redis_kill();
+    return;
+  }
+  server_start(&a, url);
+  bench_redis_heartbeats(&a, memory_rate);
+  server_start(&b, url);
+  bench_redis_propagation(a.ctl_port, b.ctl_port);
+  server_stop(&b);
+  server_stop(&a);
+  redis_kill();
+}
+
 int main(void) {
   server_t s;
+  double memory_rate;
   struct rlimit rl;
   signal(SIGPIPE, SIG_IGN);
   /* 1,000 watchers are 2,000 descriptors in this one process. */
@@ -694,9 +905,10 @@ int main(void) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   om_log_set_level(OM_LOG_WARN); /* one line per registration otherwise */
-  server_start(&s);
-  bench_heartbeats(&s);
+  server_start(&s, NULL);
+  memory_rate = bench_heartbeats(&s);
   bench_fanout(&s);
   server_stop(&s);
+  bench_redis(memory_rate);
   return 0;
 }

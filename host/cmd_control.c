@@ -20,11 +20,15 @@
 #include "om_errno.h"
 #include "om_log.h"
 #include "om_store_memory.h"
+#include "om_store_redis.h"
 
 static void usage(FILE *out) {
   fprintf(
       out,
-      "usage: openmesh control [--listen HOST:PORT] [--store memory]\n"
+      "usage: openmesh control [--listen HOST:PORT]\n"
+      "                        [--store memory|redis://HOST:PORT/DB]\n"
+      "                        [--store-prefix PREFIX] [--store-wait "
+      "DURATION]\n"
       "                        [--tokens FILE] [--insecure]\n"
       "                        [--ping-interval DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
@@ -35,7 +39,13 @@ static void usage(FILE *out) {
       "127.0.0.1:7600);\n"
       "                            port 0 picks a free port (see the "
       "start log line)\n"
-      "  --store memory            the store (default memory; redis later)\n"
+      "  --store memory            the store: memory (default), or\n"
+      "  --store redis://HOST:PORT/DB  Redis, shared by every control plane\n"
+      "                            pointed at it (docs/STORE.md)\n"
+      "  --store-prefix PREFIX     Redis key prefix (default openmesh:)\n"
+      "  --store-wait DURATION     at start, retry Redis this long before "
+      "giving\n"
+      "                            up with exit 1 (default 10s)\n"
       "  --tokens FILE             bearer tokens: 'TOKEN ROLE[,ROLE]' per "
       "line,\n"
       "                            roles read, register, admin; re-read on "
@@ -55,8 +65,9 @@ static void usage(FILE *out) {
       "bytes, or\nwith K/KiB, M/MiB, G/GiB (powers of 1024).\n"
       "Signals: SIGTERM/SIGINT end watch streams cleanly and exit 0; "
       "SIGHUP\nre-reads --tokens (a bad file keeps the old tokens).\n\n"
-      "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
-      "usage\nor invalid input\n");
+      "exit: 0 stopped by a signal, 1 runtime failure (cannot listen, Redis "
+      "not\nreachable within --store-wait), 2 usage or invalid input "
+      "(a malformed\n--store URL)\n");
 }
 
 static int fail_usage(const char *fmt, const char *arg) {
@@ -110,7 +121,37 @@ typedef struct app_s {
   om_control_t *ctl;
   const char *tokens;
   int stopping;
+  int store_ready, wait_expired;
 } app_t;
+
+static void on_store_state(void *ud, int status) {
+  app_t *app = ud;
+  if (status == 0)
+    app->store_ready = 1;
+}
+
+static void on_wait_expired(uv_timer_t *t) {
+  app_t *app = t->data;
+  app->wait_expired = 1;
+}
+
+/*
+ * Redis at start: an operator starting a fleet expects the control plane
+ * to wait for Redis for a while (logging each retry) rather than die on
+ * the first refusal, and to fail clearly, not hang, when it never comes.
+ */
+static int wait_for_store(app_t *app, uint64_t wait_ms) {
+  uv_timer_t t;
+  uv_timer_init(&app->loop, &t);
+  t.data = app;
+  uv_timer_start(&t, on_wait_expired, wait_ms, 0);
+  while (!app->store_ready && !app->wait_expired)
+    uv_run(&app->loop, UV_RUN_ONCE);
+  uv_timer_stop(&t);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(&app->loop, UV_RUN_NOWAIT);
+  return app->store_ready ? 0 : -1;
+}
 
 static void on_store_closed(void *ud) {
   (void)ud;
@@ -152,6 +193,8 @@ int om_cmd_control(int argc, char **argv) {
   static const struct option longopts[] = {
       {"listen", required_argument, NULL, 'l'},
       {"store", required_argument, NULL, 's'},
+      {"store-prefix", required_argument, NULL, 'P'},
+      {"store-wait", required_argument, NULL, 'W'},
       {"tokens", required_argument, NULL, 't'},
       {"insecure", no_argument, NULL, 'I'},
       {"ping-interval", required_argument, NULL, 'p'},
@@ -162,6 +205,10 @@ int om_cmd_control(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7600", *store = "memory", *tokens = NULL;
+  const char *prefix = NULL;
+  uint64_t store_wait_ms = 10000;
+  om_store_redis_opts_t ro;
+  int use_redis = 0;
   char host[64], url[96], err[512];
   int port = 0, insecure = 0, c, rc;
   om_control_opts_t co;
@@ -170,6 +217,7 @@ int om_cmd_control(int argc, char **argv) {
   app_t *app;
   memset(&co, 0, sizeof co);
   memset(&so, 0, sizeof so);
+  memset(&ro, 0, sizeof ro);
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -178,6 +226,14 @@ int om_cmd_control(int argc, char **argv) {
       break;
     case 's':
       store = optarg;
+      break;
+    case 'P':
+      prefix = optarg;
+      break;
+    case 'W':
+      if (om_parse_duration_ms(optarg, &store_wait_ms) != 0)
+        return fail_usage("--store-wait: '%s' is not a duration like 10s",
+                          optarg);
       break;
     case 't':
       tokens = optarg;
@@ -225,13 +281,26 @@ int om_cmd_control(int argc, char **argv) {
   }
   if (optind != argc)
     return fail_usage("unexpected argument '%s'", argv[optind]);
-  if (strncmp(store, "redis://", 8) == 0 || strcmp(store, "redis") == 0) {
-    fprintf(stderr, "openmesh control: the redis store is not available yet; "
-                    "use --store memory\n");
-    return OM_EXIT_USAGE;
+  if (strncmp(store, "redis", 5) == 0) {
+    char rh[OM_STORE_REDIS_HOST_MAX + 1];
+    int rp, rdb;
+    const char *why = "malformed";
+    if (strlen(store) > 1024 ||
+        om_store_redis_parse_url(store, rh, sizeof rh, &rp, &rdb, &why) != 0) {
+      fprintf(stderr,
+              "openmesh control: --store: '%.200s' is not a Redis URL like "
+              "redis://127.0.0.1:6379/0: %s\n(see openmesh control --help)\n",
+              store, why);
+      return OM_EXIT_USAGE;
+    }
+    use_redis = 1;
+  } else if (strcmp(store, "memory") != 0) {
+    return fail_usage("--store: unknown store '%s' (memory or "
+                      "redis://HOST:PORT/DB)",
+                      store);
   }
-  if (strcmp(store, "memory") != 0)
-    return fail_usage("--store: unknown store '%s' (memory)", store);
+  if (prefix != NULL && !use_redis)
+    return fail_usage("--store-prefix: '%s' needs --store redis://...", prefix);
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);
@@ -261,7 +330,38 @@ int om_cmd_control(int argc, char **argv) {
     free(app);
     return OM_EXIT_FAILURE;
   }
-  rc = om_store_memory_new(&app->loop, &so, &app->store);
+  if (use_redis) {
+    ro.url = store;
+    ro.prefix = prefix;
+    ro.min_revision = so.min_revision;
+    ro.on_state = on_store_state;
+    ro.state_ud = app;
+    rc = om_store_redis_new(&app->loop, &ro, &app->store);
+    if (rc == OM_EINVAL) {
+      fprintf(stderr,
+              "openmesh control: --store-prefix: '%s' must be at most 64 "
+              "characters of [A-Za-z0-9:._{}-]\n",
+              prefix != NULL ? prefix : "");
+      om_auth_free(auth);
+      uv_loop_close(&app->loop);
+      free(app);
+      return OM_EXIT_USAGE;
+    }
+    if (rc == 0 && wait_for_store(app, store_wait_ms) != 0) {
+      fprintf(stderr,
+              "openmesh control: --store: cannot reach Redis at %s within "
+              "%" PRIu64 " ms\n",
+              store, store_wait_ms);
+      om_auth_free(auth);
+      app->store->ops->close(app->store, NULL, NULL);
+      uv_run(&app->loop, UV_RUN_DEFAULT);
+      uv_loop_close(&app->loop);
+      free(app);
+      return OM_EXIT_FAILURE;
+    }
+  } else {
+    rc = om_store_memory_new(&app->loop, &so, &app->store);
+  }
   if (rc == 0) {
     co.store = app->store;
     co.auth = auth;

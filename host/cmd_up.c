@@ -25,6 +25,7 @@
 #include "om_paths.h"
 #include "om_proxy.h"
 #include "om_store_memory.h"
+#include "om_store_redis.h"
 
 #define MAX_SERVICES 64
 
@@ -38,17 +39,43 @@ typedef struct {
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
   int stopping;
+  int store_ready, wait_expired;
 } up_t;
+
+/* The Redis store at start: wait (it logs each retry), then give up. */
+static void on_up_store_state(void *ud, int status) {
+  if (status == 0)
+    ((up_t *)ud)->store_ready = 1;
+}
+
+static void on_up_wait(uv_timer_t *t) {
+  ((up_t *)t->data)->wait_expired = 1;
+}
+
+static int up_wait_store(up_t *up, uint64_t ms) {
+  uv_timer_t t;
+  uv_timer_init(&up->loop, &t);
+  t.data = up;
+  uv_timer_start(&t, on_up_wait, ms, 0);
+  while (!up->store_ready && !up->wait_expired)
+    uv_run(&up->loop, UV_RUN_ONCE);
+  uv_timer_stop(&t);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(&up->loop, UV_RUN_NOWAIT);
+  return up->store_ready ? 0 : -1;
+}
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: openmesh up [DIR]\n\n"
+          "usage: openmesh up [--store memory|redis://HOST:PORT/DB] [DIR]\n\n"
           "Run the mesh on its embedded default: a control plane (memory\n"
-          "store) and the example services described in DIR/up.json\n"
-          "(default: examples/), each registered with a lease it renews.\n"
-          "Ctrl-C deregisters them, ends the watch streams and exits 0.\n\n"
+          "store, or Redis with --store) and the example services described\n"
+          "in DIR/up.json (default: examples/), each registered with a lease\n"
+          "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
+          "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
           "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
-          "in use), 2 usage or an invalid up.json\n");
+          "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
+          "an invalid up.json\n");
 }
 
 static void on_store_closed(void *ud) {
@@ -230,9 +257,9 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
 static void tour(up_t *up, const char *host, int port) {
   int pp = om_proxy_port(up->proxy), ap = om_proxy_admin_port(up->proxy);
   printf("\nOpenMesh is up.\n\n"
-         "  control plane   http://%s:%d   (memory store)\n"
+         "  control plane   http://%s:%d   (%s store)\n"
          "  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
-         host, port, host, pp, host, ap);
+         host, port, up->store->ops->name, host, pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
@@ -268,13 +295,38 @@ int om_cmd_up(int argc, char **argv) {
   int port, bad = 0, rc = OM_EXIT_OK;
   size_t i;
   up_t *up;
-  if (argc > 2 || (argc == 2 && (strcmp(argv[1], "--help") == 0 ||
-                                 strcmp(argv[1], "-h") == 0))) {
-    usage(argc == 2 ? stdout : stderr);
-    return argc == 2 ? OM_EXIT_OK : OM_EXIT_USAGE;
+  const char *store = "memory";
+  int have_dir = 0;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
+      usage(stdout);
+      return OM_EXIT_OK;
+    }
+    if (strcmp(argv[a], "--store") == 0 && a + 1 < argc) {
+      store = argv[++a];
+    } else if (strncmp(argv[a], "--store=", 8) == 0) {
+      store = argv[a] + 8;
+    } else if (argv[a][0] == '-' || have_dir) {
+      usage(stderr);
+      return OM_EXIT_USAGE;
+    } else {
+      dir = argv[a];
+      have_dir = 1;
+    }
   }
-  if (argc == 2)
-    dir = argv[1];
+  if (strcmp(store, "memory") != 0) {
+    char rh[OM_STORE_REDIS_HOST_MAX + 1];
+    int rp, rdb;
+    const char *why = "malformed";
+    if (strlen(store) > 1024 ||
+        om_store_redis_parse_url(store, rh, sizeof rh, &rp, &rdb, &why) != 0) {
+      fprintf(stderr,
+              "openmesh up: --store: '%.200s' is not memory or a Redis URL "
+              "like redis://127.0.0.1:6379/0: %s\n",
+              store, why);
+      return OM_EXIT_USAGE;
+    }
+  }
   snprintf(file, sizeof file, "%s/up.json", dir);
   conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
   if (conf == NULL) {
@@ -300,7 +352,24 @@ int om_cmd_up(int argc, char **argv) {
     json_decref(conf);
     return OM_EXIT_FAILURE;
   }
-  if (om_store_memory_new(&up->loop, NULL, &up->store) != 0) {
+  if (strcmp(store, "memory") != 0) {
+    om_store_redis_opts_t ro = {0};
+    ro.url = store;
+    ro.on_state = on_up_store_state;
+    ro.state_ud = up;
+    if (om_store_redis_new(&up->loop, &ro, &up->store) != 0) {
+      rc = OM_EXIT_FAILURE;
+      goto done;
+    }
+    if (up_wait_store(up, 10000) != 0) {
+      fprintf(stderr, "openmesh up: --store: cannot reach Redis at %s\n",
+              store);
+      up->store->ops->close(up->store, NULL, NULL);
+      uv_run(&up->loop, UV_RUN_DEFAULT);
+      rc = OM_EXIT_FAILURE;
+      goto done;
+    }
+  } else if (om_store_memory_new(&up->loop, NULL, &up->store) != 0) {
     rc = OM_EXIT_FAILURE;
     goto done;
   }

@@ -480,6 +480,19 @@ static void reply_store_error(ctx_t *x, int rc) {
   case OM_ESTATE:
     reply_error(x, 503, REJ_SHUTTING_DOWN, NULL, "the store is closing");
     return;
+  case OM_EIO: {
+    /* The Redis store while Redis is unreachable: reads still answer
+     * from the last good state, writes cannot be applied anywhere. The
+     * store reconnects within seconds: say when to come back (RFC 9110
+     * section 10.2.3). */
+    static const om_http_header_t retry[] = {{"Retry-After", "1", 0, 0}};
+    reply_error_h(x, 503, REJ_UNAVAILABLE, NULL, 0, retry, 1,
+                  "the %s store is unreachable: the change was not applied; "
+                  "retry later (reads serve the last known state, see "
+                  "/status)",
+                  x->c->store->ops->name);
+    return;
+  }
   default:
     reply_error(x, 503, REJ_UNAVAILABLE, NULL, "store: %s", om_strerror(rc));
     return;
@@ -995,6 +1008,11 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
   om_store_status_t st;
   int found;
   size_t i = mirror_pos(c, om_snapshot_service(snap), &found);
+  /* A store fed by several writers (Redis) must never make a watcher of
+   * every service see a service go back: anything not newer than what we
+   * passed on for that service is dropped here, once for every stream. */
+  if (found && rev <= om_snapshot_revision(c->mirror[i]))
+    return;
   if (rev > c->rev_max)
     c->rev_max = rev;
   memset(&st, 0, sizeof st);

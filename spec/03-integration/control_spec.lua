@@ -2,10 +2,15 @@
 -- driven with curl over loopback (spec/support/control_helper.lua). Every
 -- process a test starts is killed in its finally; every curl has --max-time
 -- and runs under timeout(1).
+--
+-- One suite, run once per store: memory, and redis (a redis-server of its
+-- own, spec/support/redis_helper.lua; each test gets its own key prefix so
+-- tests do not see each other's services).
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 package.path = here .. "../support/?.lua;" .. package.path
 
 local H = require "control_helper"
+local R = require "redis_helper"
 local cjson = require "cjson"
 
 local POLICY = [[
@@ -32,30 +37,75 @@ local function ids_of(snapshot)
   return ids
 end
 
-describe("openmesh control, the real binary", function()
+for _, store in ipairs { "memory", "redis" } do
+describe("openmesh control, the real binary (" .. store .. " store)", function()
   if not H.bin or H.bin == "" then
     it("runs against OPENMESH_BIN", function()
       pending("OPENMESH_BIN is not set (make check sets it to build/bin/openmesh)")
     end)
     return
   end
+  if store == "redis" and not R.available then
+    it("runs against a real redis-server", function()
+      pending("redis-server is not installed (scripts/deps installs it)")
+    end)
+    return
+  end
 
-  local dir
+  local dir, redis
+  local n_test = 0
   setup(function()
     dir = H.tmpdir()
+    if store == "redis" then
+      redis = R.start()
+    end
   end)
   teardown(function()
     H.kill_all()
+    R.stop_all()
     if dir then
       os.execute("rm -rf " .. H.q(dir))
     end
+    if redis then
+      os.execute("rm -rf " .. H.q(redis.dir))
+    end
   end)
+  before_each(function()
+    n_test = n_test + 1
+  end)
+
+  -- The control plane on this suite's store (a fresh key prefix per test).
+  local function start_control(d, args)
+    local extra = ""
+    if store == "redis" then
+      extra = string.format("--store %s --store-prefix t%d: ", redis.url, n_test)
+    end
+    return H.start_control(d, extra .. (args or ""))
+  end
 
   it("refuses bad command lines with exit 2 and says why", function()
     local bin = "timeout 5 " .. H.q(H.bin) -- never left running
-    local out, rc = H.sh(bin .. " control --store redis://127.0.0.1:6379/0 2>&1")
+    local out, rc = H.sh(bin .. " control --store redis://127.0.0.1:0/0 2>&1")
     assert.equal(2, rc)
-    assert.matches("the redis store is not available yet", out, 1, true)
+    assert.matches("--store: 'redis://127.0.0.1:0/0' is not a Redis URL", out, 1, true)
+    for _, bad in ipairs { "redis://", "redis://h:99999", "redis://u:p@h:1/0",
+      "redis://h:1/0?x", "rediss://h:1/0", "redis://h:1/abc", "mysql://h",
+      "redis://" .. string.rep("a", 5000) } do
+      out, rc = H.sh(bin .. " control --store " .. H.q(bad) .. " 2>&1")
+      assert.equal(2, rc, bad)
+      assert.matches("--store", out, 1, true)
+    end
+    out, rc = H.sh(bin .. " control --store memory --store-prefix x: 2>&1")
+    assert.equal(2, rc)
+    assert.matches("--store-prefix", out, 1, true)
+    out, rc = H.sh(bin .. " control --store redis://127.0.0.1:1/0 --store-prefix 'a b' 2>&1")
+    assert.equal(2, rc)
+    assert.matches("--store-prefix", out, 1, true)
+    -- Redis that never answers: retried with a log line, then exit 1
+    out, rc = H.sh(bin .. " control --listen 127.0.0.1:0 --store redis://127.0.0.1:1/0 --store-wait 300ms 2>&1")
+    assert.equal(1, rc)
+    assert.matches("cannot reach Redis at redis://127.0.0.1:1/0", out, 1, true)
+    assert.matches('"event":"store_unavailable"', out, 1, true)
     out, rc = H.sh(bin .. " control --listen 0.0.0.0:0 2>&1")
     assert.equal(2, rc)
     assert.matches("refusing to listen on 0.0.0.0 without authentication", out, 1, true)
@@ -75,7 +125,7 @@ describe("openmesh control, the real binary", function()
     assert.matches("usage: openmesh control", out, 1, true)
     -- a runtime failure is 1: the port is taken
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     out, rc = H.sh(bin .. " control --listen 127.0.0.1:" .. c.port .. " 2>&1")
     assert.equal(1, rc)
     assert.matches("cannot listen on 127.0.0.1:" .. c.port, out, 1, true)
@@ -84,7 +134,7 @@ describe("openmesh control, the real binary", function()
 
   it("registers, renews and serves discovery over HTTP", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     local r1 = H.register(dir, c.url, "web", "a",
       inst("http://10.0.0.1:8080", 10000, { zone = "z1", metadata = { version = "v1" } }))
     assert.equal("created", r1.change)
@@ -123,7 +173,8 @@ describe("openmesh control, the real binary", function()
     status, body = H.request(dir, "GET", c.url .. "/status")
     assert.equal(200, status)
     local st = H.json(body)
-    assert.equal("memory", st.store)
+    assert.equal(store, st.store)
+    assert.equal(false, st.stale)
     assert.equal(1, st.instances)
     assert.equal(r1.revision, st.revision)
     status, body = H.request(dir, "GET", c.url .. "/metrics")
@@ -140,7 +191,7 @@ describe("openmesh control, the real binary", function()
 
   it("streams the first snapshot and every change to curl -N, and ends streams cleanly on SIGTERM", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     local r1 = H.register(dir, c.url, "web", "a", inst("http://10.0.0.1:80"))
     local w = H.watch(dir, c.url .. "/v1/watch/services/web")
     local all = H.watch(dir, c.url .. "/v1/watch/services")
@@ -167,7 +218,7 @@ describe("openmesh control, the real binary", function()
 
   it("sends pings on idle streams", function()
     finally(H.kill_all)
-    local c = H.start_control(dir, "--ping-interval 100ms")
+    local c = start_control(dir, "--ping-interval 100ms")
     local w = H.watch(dir, c.url .. "/v1/watch/config/nothing-yet")
     local n = H.wait_for(function()
       local _, comments = H.events(w)
@@ -179,7 +230,7 @@ describe("openmesh control, the real binary", function()
 
   it("answers Last-Event-ID: no duplicate for the current revision, the snapshot for a stale one", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     H.register(dir, c.url, "web", "a", inst("http://10.0.0.1:80"))
     local r = H.register(dir, c.url, "web", "b", inst("http://10.0.0.2:80"))
     local url = c.url .. "/v1/watch/services/web"
@@ -208,7 +259,7 @@ describe("openmesh control, the real binary", function()
 
   it("removes an instance whose lease is not renewed within ttl + 1 s", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     H.register(dir, c.url, "lease", "keep", inst("http://10.0.0.1:80", 60000))
     local w = H.watch(dir, c.url .. "/v1/watch/services/lease")
     assert.equal(1, #H.wait_events(w, 1))
@@ -237,7 +288,7 @@ describe("openmesh control, the real binary", function()
       pending("openmesh register is not built yet")
       return
     end
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     local keeper = H.spawn(string.format(
       "%s register --control %s --service kept --id k1 --url http://127.0.0.1:9 --ttl 1s",
       H.q(H.bin), H.q(c.url)), dir, "keeper")
@@ -259,25 +310,32 @@ describe("openmesh control, the real binary", function()
 
   it("keeps revisions increasing across a restart", function()
     finally(H.kill_all)
-    local c1 = H.start_control(dir)
+    local c1 = start_control(dir)
     local r1 = H.register(dir, c1.url, "web", "a", inst("http://10.0.0.1:80"))
     assert.equal(0, H.stop(c1))
-    local c2 = H.start_control(dir)
+    local c2 = start_control(dir)
     local r2 = H.register(dir, c2.url, "web", "a", inst("http://10.0.0.1:80"))
-    assert.equal("created", r2.change) -- the memory store starts empty
+    if store == "memory" then
+      assert.equal("created", r2.change) -- the memory store starts empty
+    else
+      assert.equal("renewed", r2.change) -- Redis kept it: nothing changed
+      assert.equal(r1.revision, r2.revision)
+      r2 = H.register(dir, c2.url, "web", "a", inst("http://10.0.0.2:80"))
+      assert.equal("updated", r2.change)
+    end
     assert.is_true(r2.revision > r1.revision, r2.revision .. " <= " .. r1.revision)
     assert.equal(0, H.stop(c2))
     -- a persisted high-water mark far ahead of the clock is honoured
     local floor = r2.revision + 1000000000000
-    local c3 = H.start_control(dir, "--min-revision " .. H.rev(floor))
-    local r3 = H.register(dir, c3.url, "web", "a", inst("http://10.0.0.1:80"))
+    local c3 = start_control(dir, "--min-revision " .. H.rev(floor))
+    local r3 = H.register(dir, c3.url, "web", "a", inst("http://10.0.0.3:80"))
     assert.is_true(r3.revision > floor)
     assert.equal(0, H.stop(c3))
   end)
 
   it("pages through 1,000 instances while others register, never mixing revisions", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     -- 1,000 registrations on one keep-alive connection
     local cfg = {}
     for i = 0, 999 do
@@ -356,7 +414,7 @@ describe("openmesh control, the real binary", function()
 
   it("keeps the last accepted config when an invalid one is pushed", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     local lua = { "Content-Type: text/x-lua" }
     local status, body = H.request(dir, "PUT", c.url .. "/v1/config/traffic",
       { body = POLICY, headers = lua })
@@ -397,7 +455,7 @@ describe("openmesh control, the real binary", function()
 
   it("answers smuggling and garbage with an error or a close, and keeps serving others", function()
     finally(H.kill_all)
-    local c = H.start_control(dir)
+    local c = start_control(dir)
     local r = H.register(dir, c.url, "web", "a", inst("http://10.0.0.1:80"))
     local w = H.watch(dir, c.url .. "/v1/watch/services/web")
     assert.equal(1, #H.wait_events(w, 1))
@@ -439,7 +497,7 @@ describe("openmesh control, the real binary", function()
     finally(H.kill_all)
     local tokens = dir .. "/tokens"
     H.writefile(tokens, "reader-1 read\nreg-1 register\nadmin-1 admin\n")
-    local c = H.start_control(dir, "--tokens " .. H.q(tokens) .. " --cors-origin '*'")
+    local c = start_control(dir, "--tokens " .. H.q(tokens) .. " --cors-origin '*'")
     local function get(token)
       return (H.request(dir, "GET", c.url .. "/v1/services",
         { headers = token and { "Authorization: Bearer " .. token } or nil }))
@@ -483,3 +541,4 @@ describe("openmesh control, the real binary", function()
     assert.equal(0, H.stop(c))
   end)
 end)
+end
