@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "om_errno.h"
+#include "om_hash.h"
 #include "om_log.h"
 #include "om_metrics.h"
 #include "om_paths.h"
@@ -179,6 +180,13 @@ typedef struct metrics_s {
   om_metric_t *latency[L__COUNT];
 } metrics_t;
 
+/* The latest (service, revision) pairs logged one way (see below). */
+#define CHANGE_RING 128
+typedef struct {
+  uint64_t key[CHANGE_RING], rev[CHANGE_RING];
+  size_t next;
+} change_ring_t;
+
 struct om_control_s {
   uv_loop_t *loop;
   om_store_t *store;
@@ -200,6 +208,12 @@ struct om_control_s {
   om_config_doc_t **docs; /* each document's last version, by name */
   size_t n_docs, cap_docs;
   int writing; /* inside our own store write: changes are logged there */
+  /*
+   * With a store fed by several writers (Redis) our own change also comes
+   * back as an event, before or after the write's answer: each
+   * (service, revision) is logged once, by whichever sees it first. */
+  change_ring_t answered;  /* logged by a write's answer */
+  change_ring_t announced; /* logged from a store event */
   size_t watchers;
   uint64_t events_sent, pings_sent, dropped, rev_max, t_start;
   size_t pending_ops;
@@ -961,6 +975,24 @@ static size_t mirror_pos(const om_control_t *c, const char *name, int *found) {
   return sorted_pos(c, c->n_mirror, mirror_at, name, found);
 }
 
+static uint64_t ring_key(const char *service, uint64_t rev) {
+  return om_hash(service, strlen(service), rev);
+}
+
+static int ring_has(const change_ring_t *r, const char *service, uint64_t rev) {
+  uint64_t k = ring_key(service, rev);
+  for (size_t i = 0; i < CHANGE_RING; i++)
+    if (r->rev[i] == rev && r->key[i] == k)
+      return 1;
+  return 0;
+}
+
+static void ring_add(change_ring_t *r, const char *service, uint64_t rev) {
+  r->key[r->next] = ring_key(service, rev);
+  r->rev[r->next] = rev;
+  r->next = (r->next + 1) % CHANGE_RING;
+}
+
 static void log_change(const char *change, const char *service, const char *id,
                        uint64_t rev, const char *url, const char *remote) {
   char r[24];
@@ -1017,9 +1049,11 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
     c->rev_max = rev;
   memset(&st, 0, sizeof st);
   c->store->ops->status(c->store, &st);
-  if (!c->writing)
+  if (!c->writing && !ring_has(&c->answered, om_snapshot_service(snap), rev)) {
     log_store_change(found ? c->mirror[i] : NULL, snap,
                      st.deletions != c->seen_deletions ? "deleted" : "expired");
+    ring_add(&c->announced, om_snapshot_service(snap), rev);
+  }
   c->seen_deletions = st.deletions;
   if (found) {
     om_snapshot_unref(c->mirror[i]);
@@ -1150,9 +1184,12 @@ static void reply_change(op_t *op, int status, om_store_change_t change,
       reply_store_error(&op->x, status);
     return;
   }
-  if (change != OM_STORE_NOCHANGE)
+  if (change != OM_STORE_NOCHANGE &&
+      !ring_has(&op->x.c->announced, op->service, rev)) {
     log_change(om_store_change_name(change), op->service, op->id, rev, op->url,
                op->x.req->remote_ip);
+    ring_add(&op->x.c->answered, op->service, rev);
+  }
   k = snprintf(body, sizeof body,
                "{\"service\":\"%s\",\"id\":\"%s\",\"revision\":%" PRIu64
                ",\"change\":\"%s\"}",

@@ -71,6 +71,25 @@ describe("two control planes on one Redis", function()
     local evs = H.wait_events(w, 1)
     assert.equal(H.rev(r1.revision), evs[#evs].id)
     assert.same({ "keep" }, ids_of(H.json(evs[#evs].data)))
+    -- each plane logs the change once: A from the write's answer (with the
+    -- caller's address), B from the store's event; A's own change coming
+    -- back through pub/sub is not logged a second time
+    H.sleep(0.3)
+    local function registration_lines(p, id)
+      local lines = {}
+      for line in H.readfile(p.out):gmatch("[^\n]+") do
+        if line:find('"event":"registration"', 1, true) and line:find('"id":"' .. id .. '"', 1, true) then
+          lines[#lines + 1] = line
+        end
+      end
+      return lines
+    end
+    local la, lb = registration_lines(a, "keep"), registration_lines(b, "keep")
+    assert.equal(1, #la, table.concat(la, "\n"))
+    assert.equal(1, #lb, table.concat(lb, "\n"))
+    assert.matches('"change":"created"', la[1], 1, true)
+    assert.matches('"remote":"127.0.0.1"', la[1], 1, true)
+    assert.matches('"change":"created"', lb[1], 1, true)
     -- a lease registered on A expires once (one revision), seen by B's watcher
     local r2 = H.register(dir, a.url, "orders", "short", inst("http://10.0.0.2:80", 1000))
     evs = H.wait_events(w, 3, 5)
