@@ -48,6 +48,10 @@ struct om_policy_s {
   peer_map_t map;
   om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
   int has_key;
+  /* `vary` (traffic): the header names, and :method / :path */
+  char **vary;
+  size_t n_vary;
+  int vary_set, vary_method, vary_path;
 };
 
 const char *om_policy_kind_name(om_policy_kind_t kind) {
@@ -116,6 +120,30 @@ static int capture(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
   p->has_key = rawfield(L, 2, "key") == LUA_TFUNCTION;
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
+  if (rawfield(L, 2, "vary") == LUA_TTABLE && p->kind == OM_POLICY_TRAFFIC) {
+    /* validated: an array of distinct names */
+    lua_Unsigned n = lua_rawlen(L, -1);
+    p->vary = calloc(n > 0 ? n : 1, sizeof *p->vary);
+    if (p->vary == NULL)
+      return luaL_error(L, "not enough memory");
+    p->vary_set = 1;
+    for (lua_Unsigned i = 1; i <= n; i++) {
+      const char *name;
+      lua_rawgeti(L, -1, (lua_Integer)i);
+      name = lua_tostring(L, -1);
+      if (name != NULL && strcmp(name, ":method") == 0) {
+        p->vary_method = 1;
+      } else if (name != NULL && strcmp(name, ":path") == 0) {
+        p->vary_path = 1;
+      } else if (name != NULL) {
+        if ((p->vary[p->n_vary] = strdup(name)) == NULL)
+          return luaL_error(L, "not enough memory");
+        p->n_vary++;
+      }
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
   /* Most requests carry no caller metadata: they all share one empty,
    * read-only table instead of allocating one per call. */
   lua_newtable(L);
@@ -281,8 +309,22 @@ void om_policy_free(om_policy_t *p) {
   free(p->map.keys);
   free(p->map.index);
   free(p->view_md);
+  for (size_t i = 0; i < p->n_vary; i++)
+    free(p->vary[i]);
+  free(p->vary);
   free(p->name);
   free(p);
+}
+
+int om_policy_vary(const om_policy_t *p, const char *const **names, size_t *n,
+                   int *method, int *path) {
+  if (p == NULL || !p->vary_set)
+    return 0;
+  *names = (const char *const *)p->vary;
+  *n = p->n_vary;
+  *method = p->vary_method;
+  *path = p->vary_path;
+  return 1;
 }
 
 om_policy_kind_t om_policy_kind(const om_policy_t *p) {
@@ -477,6 +519,17 @@ nomem:
 }
 
 /* key(req) then subset(req, peers): returns key, result. Runs protected. */
+const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
+                                           const char *name) {
+  size_t nl = strlen(name);
+  const om_policy_kv_t *found = NULL;
+  for (size_t i = 0; i < req->n_headers; i++) /* the last one wins, as in */
+    if (req->headers[i].name_len == nl &&     /* the headers table */
+        memcmp(req->headers[i].name, name, nl) == 0)
+      found = &req->headers[i];
+  return found;
+}
+
 static int call_route(lua_State *L) {
   const om_policy_req_t *req = lua_touserdata(L, 1);
   const om_policy_t *p = lua_touserdata(L, 2);
@@ -484,6 +537,29 @@ static int call_route(lua_State *L) {
   lua_createtable(L, 0, 5); /* [req] */
   lua_pushstring(L, req->service != NULL ? req->service : "");
   lua_setfield(L, 1, "service");
+  if (p->vary_set) {
+    /* only what the policy declared (openmesh.contract.visible_req) */
+    if (p->vary_method) {
+      lua_pushstring(L, req->method != NULL ? req->method : "GET");
+      lua_setfield(L, 1, "method");
+    }
+    if (p->vary_path) {
+      lua_pushstring(L, req->path != NULL ? req->path : "/");
+      lua_setfield(L, 1, "path");
+    }
+    lua_createtable(L, 0, (int)p->n_vary);
+    for (size_t i = 0; i < p->n_vary; i++) {
+      const om_policy_kv_t *kv = om_policy_req_header(req, p->vary[i]);
+      if (kv == NULL)
+        continue;
+      lua_pushlstring(L, kv->value, kv->value_len);
+      lua_setfield(L, -2, p->vary[i]);
+    }
+    lua_setfield(L, 1, "headers");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
+    lua_setfield(L, 1, "metadata");
+    goto call;
+  }
   lua_pushstring(L, req->method != NULL ? req->method : "GET");
   lua_setfield(L, 1, "method");
   lua_pushstring(L, req->path != NULL ? req->path : "/");
@@ -495,6 +571,7 @@ static int call_route(lua_State *L) {
   else
     push_kv_table(L, req->metadata, req->n_metadata);
   lua_setfield(L, 1, "metadata");
+call:
   if (p->has_key) {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);
     lua_pushvalue(L, 1);

@@ -116,4 +116,20 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t *n_out, const char **key, size_t *key_len, char *err,
                     size_t errlen);
 
+/*
+ * om_policy_vary: 1 when the traffic policy declares `vary`, with its
+ * header names (lower-case; owned by the policy) and whether :method and
+ * :path are among them; 0 otherwise. Such a policy sees only the service
+ * and those fields (om_policy_route builds nothing else), so for one peer
+ * view its decision is a function of them: a caller may reuse it for
+ * every request that agrees on them (the proxy's decision cache).
+ */
+int om_policy_vary(const om_policy_t *p, const char *const **names, size_t *n,
+                   int *method, int *path);
+
+/* The value of header `name` (lower-case) in req: the last occurrence, as
+ * the policy's headers table has it; NULL when absent. */
+const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
+                                           const char *name);
+
 #endif /* OM_POLICY_H */

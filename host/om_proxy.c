@@ -214,6 +214,7 @@ static void view_install(om__proxy_service_t *s, om__proxy_view_t *v) {
   for (size_t i = 0; i < v->n; i++)
     v->peers[i]->index = (int64_t)i;
   s->view = v;
+  om__proxy_cache_invalidate(s);
   om__proxy_view_unref(old);
 }
 
@@ -381,6 +382,7 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   set.retry_429 = s->proxy->opts.retry_429; /* when the policy is silent */
   if (read_settings(next, &set) != 0 || policy_set_peers(next, s->view) != 0)
     return -1;
+  om__proxy_cache_invalidate(s);
   return apply_settings(s, &set) == 0 ? 0 : -1;
 }
 
@@ -439,6 +441,14 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
   s->m_budget = om_metrics_counter(
       p->metrics, "openmesh_proxy_retry_budget_exhausted_total",
       "Retries refused because the service's retry budget was spent.", labels);
+  s->m_cache_hits = om_metrics_counter(
+      p->metrics, "openmesh_proxy_policy_cache_hits_total",
+      "Calls routed by a cached decision of a traffic policy that declares "
+      "vary.",
+      labels);
+  s->m_cache_misses = om_metrics_counter(
+      p->metrics, "openmesh_proxy_policy_cache_misses_total",
+      "Calls of a traffic policy with vary that ran the policy.", labels);
   s->m_latency = om_metrics_histogram(
       p->metrics, "openmesh_proxy_upstream_latency_seconds",
       "Upstream attempt latency to the response head.", labels, bounds,
@@ -448,6 +458,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
 static void on_queue_timer_closed(uv_handle_t *h);
 
 static void service_free(om__proxy_service_t *s) {
+  om__proxy_cache_free(s);
   om__proxy_view_unref(s->view);
   om_admission_free(s->adm);
   om_limiter_free(s->limiter);
@@ -944,6 +955,8 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->queued = om_admission_queued(s->adm);
   out->limit = om_admission_limit(s->adm);
   out->peers = s->view->n;
+  out->policy_cache_hits = s->cache_hits;
+  out->policy_cache_misses = s->cache_misses;
   return 0;
 }
 

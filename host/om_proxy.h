@@ -175,11 +175,13 @@ typedef struct om_proxy_stats_s {
   uint64_t attempts; /* upstream attempts started */
   uint64_t retries;  /* attempts after the first */
   uint64_t budget_exhausted;
-  uint64_t paused;   /* upstream reads paused for a slow client */
-  uint32_t inflight; /* admitted calls */
-  uint32_t queued;   /* calls waiting for a slot */
-  uint32_t limit;    /* current in-flight limit */
-  size_t peers;      /* in the current snapshot */
+  uint64_t paused;            /* upstream reads paused for a slow client */
+  uint32_t inflight;          /* admitted calls */
+  uint32_t queued;            /* calls waiting for a slot */
+  uint32_t limit;             /* current in-flight limit */
+  size_t peers;               /* in the current snapshot */
+  uint64_t policy_cache_hits; /* decisions reused (a policy with `vary`) */
+  uint64_t policy_cache_misses;
 } om_proxy_stats_t;
 
 /* Returns 0 and fills *out; OM_ENOTFOUND for an unknown service. */

@@ -81,6 +81,25 @@ typedef enum {
 
 const char *om__proxy_outcome_name(om__proxy_outcome_t o);
 
+/*
+ * The decision cache, for a traffic policy that declares `vary`: such a
+ * policy sees only the service and the declared fields (om_policy_vary),
+ * so for one peer view and one policy version its subset and key are a
+ * function of those fields, and the answer for one request serves every
+ * request that agrees on them. Direct-mapped by a hash of the fields;
+ * a slot is valid for one generation (bumped on every view or policy
+ * change). Bounded: SLOTS entries per service, keys up to KEY_MAX bytes
+ * (longer ones are not cached), each slot one allocation.
+ */
+#define OM__PROXY_CACHE_SLOTS 256
+#define OM__PROXY_CACHE_KEY_MAX 1024
+typedef struct {
+  uint64_t gen, hash; /* gen 0: empty */
+  size_t key_len, pkey_len, n_subset, cap;
+  int has_pkey;
+  char *mem; /* the subset (uint32_t), the key bytes, the policy's key */
+} om__proxy_cache_slot_t;
+
 struct om__proxy_service_s {
   om_proxy_t *proxy;
   char *name;
@@ -97,7 +116,14 @@ struct om__proxy_service_s {
   uint64_t requests, attempts, retries, budget_exhausted, paused;
   om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
   om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
+  om__proxy_cache_slot_t *cache; /* NULL until a vary policy needs it */
+  uint64_t cache_gen, cache_hits, cache_misses;
+  om_metric_t *m_cache_hits, *m_cache_misses;
 };
+
+/* A view or policy change: every cached decision is void. */
+void om__proxy_cache_invalidate(om__proxy_service_t *s);
+void om__proxy_cache_free(om__proxy_service_t *s);
 
 struct om_proxy_s {
   uv_loop_t *loop;

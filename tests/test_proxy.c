@@ -1615,6 +1615,87 @@ static void policies_hot_reload_and_keep_the_last_good_one(void **state) {
   env_close(&e);
 }
 
+/*
+ * A policy that declares vary sees only the service and those fields, and
+ * its decision is reused for every request that agrees on them, until the
+ * peer view or the policy changes.
+ */
+static void
+vary_policies_are_cached_and_see_only_what_they_declare(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  om_proxy_stats_t st;
+  const char *pol;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  b = env_fx(&e, "b", FX_OK);
+  pol = policy_file(
+      "vary.lua",
+      "  vary = { 'x-group' },\n"
+      "  key = function(req) return req.headers['x-group'] end,\n"
+      "  subset = function(req, peers)\n"
+      "    if req.headers['x-other'] or req.method or req.path then\n"
+      "      return {} end -- undeclared: never visible\n"
+      "    local g = req.headers['x-group']\n"
+      "    if g == nil then return peers end\n"
+      "    for _, p in ipairs(peers) do\n"
+      "      if p.id == g then return {p} end end\n"
+      "    return {} end,\n");
+  env_proxy(&e, NULL, pol);
+  env_topology(&e, "orders", 1);
+  for (int i = 0; i < 5; i++) {
+    get(&e, "orders", "x-group: b\r\nx-other: 1\r\n", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.peer, "b");
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 1);
+  assert_int_equal(st.policy_cache_hits, 4);
+  /* another value, and no value at all: their own decisions */
+  get(&e, "orders", "x-group: a\r\n", &r);
+  assert_string_equal(r.peer, "a");
+  get(&e, "orders", "x-group: zz\r\n", &r);
+  assert_int_equal(r.status, 503);
+  assert_string_equal(r.reason, "no_peers");
+  get(&e, "orders", NULL, &r);
+  assert_int_equal(r.status, 200);
+  get(&e, "orders", "x-group: zz\r\n", &r); /* cached: still no peer */
+  assert_string_equal(r.reason, "no_peers");
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 4);
+  assert_int_equal(st.policy_cache_hits, 5);
+  /* a new view (b left): the cached {b} is void, the policy runs again */
+  e.nfx = 1;
+  env_topology(&e, "orders", 2);
+  get(&e, "orders", "x-group: b\r\n", &r);
+  assert_int_equal(r.status, 503);
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 5);
+  e.nfx = 2;
+  env_topology(&e, "orders", 3);
+  get(&e, "orders", "x-group: b\r\n", &r);
+  assert_string_equal(r.peer, "b");
+  /* a new policy version: void too */
+  write_file(pol, "return { kind = \"traffic\", vary = {},\n"
+                  "  subset = function(_, peers)\n"
+                  "    for _, p in ipairs(peers) do\n"
+                  "      if p.id == 'a' then return {p} end end\n"
+                  "    return {} end }\n");
+  assert_int_equal(om_proxy_reload_policies(e.proxy), 0);
+  get(&e, "orders", "x-group: b\r\n", &r);
+  assert_string_equal(r.peer, "a");
+  get(&e, "orders", "x-group: b\r\n", &r);
+  assert_string_equal(r.peer, "a");
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 7);
+  assert_int_equal(st.policy_cache_hits, 6);
+  assert_true(b->requests >= 6);
+  assert_true(a->requests >= 3);
+  env_close(&e);
+}
+
 /* ------------------------------------------------------------------ */
 /* admin and shutdown */
 
@@ -1795,6 +1876,7 @@ int main(void) {
       cmocka_unit_test(slow_reader_pauses_the_upstream),
       cmocka_unit_test(policy_error_never_widens),
       cmocka_unit_test(policies_hot_reload_and_keep_the_last_good_one),
+      cmocka_unit_test(vary_policies_are_cached_and_see_only_what_they_declare),
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),

@@ -26,6 +26,11 @@ return {
   -- Sticky: each user keeps going to the same peer on its side.
   key = user,
 
+  -- The decision depends on these headers only: the policy sees nothing
+  -- else of a request, and the proxy reuses its answer for every request
+  -- that carries the same values (no Lua runs for those).
+  vary = { "x-user", "cookie" },
+
   examples = {
     { description = "no user: stable peers only",
       peers = { { id = "v1-a" }, { id = "v2-a", metadata = { version = "v2" } } },

@@ -425,6 +425,36 @@ local function array_of(elem, opts)
   end
 end
 
+-- `vary`: the request fields a traffic policy's decision depends on, as
+-- HTTP's Vary names them: lower-case header names (RFC 9110 5.1: field
+-- names are tokens; the proxy gives them lower-case), ":method" and
+-- ":path" (HTTP/2's pseudo-header spelling). Each at most once.
+local function vary_list(v, path)
+  if type(v) ~= "table" then
+    return expected(path, "array of header names", v)
+  end
+  local n, why = sequence_length(v)
+  if not n then
+    return field_error(path, "array expected, got a table with " .. why)
+  end
+  local seen = {}
+  for i = 1, n do
+    local name = rawget(v, i)
+    local at = join(path, i)
+    if type(name) ~= "string" then
+      return expected(at, "header name", name)
+    end
+    if name ~= ":method" and name ~= ":path" and
+      (name == "" or name:find("[^%l%d!#$%%&'*+%-.^_`|~]")) then
+      return field_error(at, ("%s is not a lower-case header name, \":method\" or \":path\""):format(quote(name)))
+    end
+    if seen[name] then
+      return field_error(at, ("duplicate name %s"):format(quote(name)))
+    end
+    seen[name] = true
+  end
+end
+
 -- A table with non-empty string keys (each also passing `key_rule`, which
 -- returns nil or a message) and values accepted by `value`.
 local function map_of(value, key_rule)
@@ -636,7 +666,32 @@ end
 -- Calls policy.subset and accepts its answer only if it is an array of the
 -- very peer tables it was given, without duplicates (an empty array is
 -- fine). Never widens: any other answer is an error for this request.
+-- contract.visible_req(policy, req) -> what the policy sees of req. A
+-- policy that declares `vary` sees only those fields (and the service):
+-- its decision is then a function of them, so the proxy may reuse it for
+-- every request that agrees on them. Without `vary`: req itself.
+function contract.visible_req(policy, req)
+  local vary = rawget(policy, "vary")
+  if vary == nil or type(req) ~= "table" then
+    return req
+  end
+  local headers, seen = {}, req.headers or {}
+  local out = { service = req.service, headers = headers, metadata = {} }
+  for i = 1, rawlen(vary) do
+    local name = rawget(vary, i)
+    if name == ":method" then
+      out.method = req.method
+    elseif name == ":path" then
+      out.path = req.path
+    else
+      headers[name] = seen[name]
+    end
+  end
+  return out
+end
+
 function contract.subset(policy, req, peers)
+  req = contract.visible_req(policy, req)
   local ok, result = pcall(rawget(policy, "subset"), req, peers)
   if not ok then
     return nil, raised("subset", result)
@@ -655,7 +710,7 @@ function contract.key(policy, req)
   if fn == nil then
     return nil
   end
-  local ok, key = pcall(fn, req)
+  local ok, key = pcall(fn, contract.visible_req(policy, req))
   if not ok then
     return nil, raised("key", key)
   end
@@ -904,7 +959,8 @@ local function run_traffic_example(policy, ex)
     end
     local ids = ids_of(got)
     if not same_set(ids, ex.expect) then
-      return ("subset returned %s, expected %s"):format(show_list(ids), show_list(ex.expect))
+      return ("subset returned %s, expected %s%s"):format(show_list(ids), show_list(ex.expect),
+        rawget(policy, "vary") and " (the policy declares vary: it sees only the service and those fields)" or "")
     end
   end
   if ex.expect_key ~= nil then
@@ -1110,6 +1166,7 @@ local KIND_SPECS = {
     { "retries", integer_at_least(0) },
     { "retry_non_idempotent", boolean },
     { "retry_429", boolean },
+    { "vary", vary_list },
   }),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },

@@ -148,6 +148,35 @@ describe("contract.validate", function()
       rejects(traffic { retry_429 = "yes" }, "field 'retry_429': boolean expected, got 'yes'")
       accepts(traffic { retry_429 = true })
     end)
+
+    it("checks vary, and runs examples on what a vary policy sees", function()
+      accepts(traffic { vary = {} })
+      accepts(traffic { vary = { "x-user", "cookie", ":method", ":path" } })
+      rejects(traffic { vary = "x-user" }, "field 'vary': array of header names expected, got 'x-user'")
+      rejects(traffic { vary = { "X-User" } },
+        "field 'vary[1]': 'X-User' is not a lower-case header name, \":method\" or \":path\"")
+      rejects(traffic { vary = { ":authority" } },
+        "field 'vary[1]': ':authority' is not a lower-case header name, \":method\" or \":path\"")
+      rejects(traffic { vary = { "a b" } },
+        "field 'vary[1]': 'a b' is not a lower-case header name, \":method\" or \":path\"")
+      rejects(traffic { vary = { "x", "x" } }, "field 'vary[2]': duplicate name 'x'")
+      rejects(traffic { vary = { 1 } }, "field 'vary[1]': header name expected, got 1")
+      -- the example's x-b header is invisible to a policy that varies on x-a only
+      local reads_b = function(req, peers)
+        if req.headers["x-b"] or req.method or req.path then
+          return {}
+        end
+        return peers
+      end
+      local ex = { { req = { method = "POST", path = "/x", headers = { ["x-b"] = "1" } },
+        peers = { { id = "a" } }, expect = {} } }
+      accepts(traffic { subset = reads_b, examples = ex })
+      rejects(traffic { subset = reads_b, vary = { "x-a" }, examples = ex },
+        "example 1: subset returned {a}, expected {} (the policy declares vary: it sees only the service and those fields)")
+      local seen = contract.visible_req({ vary = { "x-a", ":path" } },
+        { service = "s", method = "GET", path = "/p", headers = { ["x-a"] = "1", ["x-b"] = "2" } })
+      assert.same({ service = "s", path = "/p", headers = { ["x-a"] = "1" }, metadata = {} }, seen)
+    end)
   end)
 
   describe("fallback", function()
