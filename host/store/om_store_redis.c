@@ -465,96 +465,58 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
 
 /* ---- the replica: services and documents by name ---- */
 
-static size_t svc_pos(rstore_t *r, const char *name, int *found) {
-  size_t lo = 0, hi = r->n_svcs;
-  *found = 0;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(r->svcs[mid]->name, name);
-    if (c == 0) {
-      *found = 1;
-      return mid;
-    }
-    if (c < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
+/*
+ * Services and documents are arrays of pointers sorted by name (each
+ * struct's first member): pos (binary search), find, and get (find, or
+ * insert an empty entry; NULL when memory runs out), for each, generated
+ * from one definition.
+ */
+#define NAMED_TABLE(pre, type, arr, n, cap)                                    \
+  static size_t pre##_pos(rstore_t *r, const char *name, int *found) {         \
+    size_t lo = 0, hi = r->n;                                                  \
+    *found = 0;                                                                \
+    while (lo < hi) {                                                          \
+      size_t mid = lo + (hi - lo) / 2;                                         \
+      int c = strcmp(r->arr[mid]->name, name);                                 \
+      if (c == 0) {                                                            \
+        *found = 1;                                                            \
+        return mid;                                                            \
+      }                                                                        \
+      if (c < 0)                                                               \
+        lo = mid + 1;                                                          \
+      else                                                                     \
+        hi = mid;                                                              \
+    }                                                                          \
+    return lo;                                                                 \
+  }                                                                            \
+  static type *pre##_find(rstore_t *r, const char *name) {                     \
+    int found;                                                                 \
+    size_t i = pre##_pos(r, name, &found);                                     \
+    return found ? r->arr[i] : NULL;                                           \
+  }                                                                            \
+  static type *pre##_get(rstore_t *r, const char *name) {                      \
+    int found;                                                                 \
+    size_t i = pre##_pos(r, name, &found);                                     \
+    type *e, **a;                                                              \
+    if (found)                                                                 \
+      return r->arr[i];                                                        \
+    a = grow(r->arr, &r->cap, r->n + 1, sizeof *a);                            \
+    if (a == NULL)                                                             \
+      return NULL;                                                             \
+    r->arr = a;                                                                \
+    e = calloc(1, sizeof *e);                                                  \
+    if (e == NULL || (e->name = dup_str(name)) == NULL) {                      \
+      free(e);                                                                 \
+      return NULL;                                                             \
+    }                                                                          \
+    memmove(a + i + 1, a + i, (r->n - i) * sizeof *a);                         \
+    a[i] = e;                                                                  \
+    r->n++;                                                                    \
+    return e;                                                                  \
   }
-  return lo;
-}
 
-static rsvc_t *svc_find(rstore_t *r, const char *name) {
-  int found;
-  size_t i = svc_pos(r, name, &found);
-  return found ? r->svcs[i] : NULL;
-}
-
-/* The replica entry of name, created empty; NULL when memory runs out. */
-static rsvc_t *svc_get(rstore_t *r, const char *name) {
-  int found;
-  size_t i = svc_pos(r, name, &found);
-  rsvc_t *s, **arr;
-  if (found)
-    return r->svcs[i];
-  arr = grow(r->svcs, &r->cap_svcs, r->n_svcs + 1, sizeof *arr);
-  if (arr == NULL)
-    return NULL;
-  r->svcs = arr;
-  s = calloc(1, sizeof *s);
-  if (s == NULL || (s->name = dup_str(name)) == NULL) {
-    free(s);
-    return NULL;
-  }
-  memmove(arr + i + 1, arr + i, (r->n_svcs - i) * sizeof *arr);
-  arr[i] = s;
-  r->n_svcs++;
-  return s;
-}
-
-static size_t cfg_pos(rstore_t *r, const char *name, int *found) {
-  size_t lo = 0, hi = r->n_cfgs;
-  *found = 0;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(r->cfgs[mid]->name, name);
-    if (c == 0) {
-      *found = 1;
-      return mid;
-    }
-    if (c < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-static rcfg_t *cfg_find(rstore_t *r, const char *name) {
-  int found;
-  size_t i = cfg_pos(r, name, &found);
-  return found ? r->cfgs[i] : NULL;
-}
-
-static rcfg_t *cfg_get(rstore_t *r, const char *name) {
-  int found;
-  size_t i = cfg_pos(r, name, &found);
-  rcfg_t *c, **arr;
-  if (found)
-    return r->cfgs[i];
-  arr = grow(r->cfgs, &r->cap_cfgs, r->n_cfgs + 1, sizeof *arr);
-  if (arr == NULL)
-    return NULL;
-  r->cfgs = arr;
-  c = calloc(1, sizeof *c);
-  if (c == NULL || (c->name = dup_str(name)) == NULL) {
-    free(c);
-    return NULL;
-  }
-  memmove(arr + i + 1, arr + i, (r->n_cfgs - i) * sizeof *arr);
-  arr[i] = c;
-  r->n_cfgs++;
-  return c;
-}
+NAMED_TABLE(svc, rsvc_t, svcs, n_svcs, cap_svcs)
+NAMED_TABLE(cfg, rcfg_t, cfgs, n_cfgs, cap_cfgs)
 
 /* ---- delivery ---- */
 
