@@ -121,37 +121,7 @@ typedef struct app_s {
   om_control_t *ctl;
   const char *tokens;
   int stopping;
-  int store_ready, wait_expired;
 } app_t;
-
-static void on_store_state(void *ud, int status) {
-  app_t *app = ud;
-  if (status == 0)
-    app->store_ready = 1;
-}
-
-static void on_wait_expired(uv_timer_t *t) {
-  app_t *app = t->data;
-  app->wait_expired = 1;
-}
-
-/*
- * Redis at start: an operator starting a fleet expects the control plane
- * to wait for Redis for a while (logging each retry) rather than die on
- * the first refusal, and to fail clearly, not hang, when it never comes.
- */
-static int wait_for_store(app_t *app, uint64_t wait_ms) {
-  uv_timer_t t;
-  uv_timer_init(&app->loop, &t);
-  t.data = app;
-  uv_timer_start(&t, on_wait_expired, wait_ms, 0);
-  while (!app->store_ready && !app->wait_expired)
-    uv_run(&app->loop, UV_RUN_ONCE);
-  uv_timer_stop(&t);
-  uv_close((uv_handle_t *)&t, NULL);
-  uv_run(&app->loop, UV_RUN_NOWAIT);
-  return app->store_ready ? 0 : -1;
-}
 
 static void on_store_closed(void *ud) {
   (void)ud;
@@ -334,8 +304,6 @@ int om_cmd_control(int argc, char **argv) {
     ro.url = store;
     ro.prefix = prefix;
     ro.min_revision = so.min_revision;
-    ro.on_state = on_store_state;
-    ro.state_ud = app;
     rc = om_store_redis_new(&app->loop, &ro, &app->store);
     if (rc == OM_EINVAL) {
       fprintf(stderr,
@@ -347,7 +315,11 @@ int om_cmd_control(int argc, char **argv) {
       free(app);
       return OM_EXIT_USAGE;
     }
-    if (rc == 0 && wait_for_store(app, store_wait_ms) != 0) {
+    /* An operator starting a fleet expects the control plane to wait for
+     * Redis a while (the store logs each retry) rather than die on the
+     * first refusal, and to fail clearly, not hang, when it never comes. */
+    if (rc == 0 &&
+        om_store_redis_wait_ready(&app->loop, app->store, store_wait_ms) != 0) {
       fprintf(stderr,
               "openmesh control: --store: cannot reach Redis at %s within "
               "%" PRIu64 " ms\n",

@@ -39,31 +39,7 @@ typedef struct {
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
   int stopping;
-  int store_ready, wait_expired;
 } up_t;
-
-/* The Redis store at start: wait (it logs each retry), then give up. */
-static void on_up_store_state(void *ud, int status) {
-  if (status == 0)
-    ((up_t *)ud)->store_ready = 1;
-}
-
-static void on_up_wait(uv_timer_t *t) {
-  ((up_t *)t->data)->wait_expired = 1;
-}
-
-static int up_wait_store(up_t *up, uint64_t ms) {
-  uv_timer_t t;
-  uv_timer_init(&up->loop, &t);
-  t.data = up;
-  uv_timer_start(&t, on_up_wait, ms, 0);
-  while (!up->store_ready && !up->wait_expired)
-    uv_run(&up->loop, UV_RUN_ONCE);
-  uv_timer_stop(&t);
-  uv_close((uv_handle_t *)&t, NULL);
-  uv_run(&up->loop, UV_RUN_NOWAIT);
-  return up->store_ready ? 0 : -1;
-}
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -355,13 +331,12 @@ int om_cmd_up(int argc, char **argv) {
   if (strcmp(store, "memory") != 0) {
     om_store_redis_opts_t ro = {0};
     ro.url = store;
-    ro.on_state = on_up_store_state;
-    ro.state_ud = up;
     if (om_store_redis_new(&up->loop, &ro, &up->store) != 0) {
       rc = OM_EXIT_FAILURE;
       goto done;
     }
-    if (up_wait_store(up, 10000) != 0) {
+    /* start-up waits for Redis (it logs each retry), then gives up */
+    if (om_store_redis_wait_ready(&up->loop, up->store, 10000) != 0) {
       fprintf(stderr, "openmesh up: --store: cannot reach Redis at %s\n",
               store);
       up->store->ops->close(up->store, NULL, NULL);

@@ -1968,6 +1968,25 @@ int om_store_redis_ready(const om_store_t *s) {
          ((const rstore_t *)s)->state == S_UP;
 }
 
+static void on_wait_expired(uv_timer_t *t) {
+  *(int *)t->data = 1;
+}
+
+int om_store_redis_wait_ready(uv_loop_t *loop, const om_store_t *s,
+                              uint64_t wait_ms) {
+  uv_timer_t t;
+  int expired = 0;
+  uv_timer_init(loop, &t);
+  t.data = &expired;
+  uv_timer_start(&t, on_wait_expired, wait_ms, 0);
+  while (!om_store_redis_ready(s) && !expired)
+    uv_run(loop, UV_RUN_ONCE);
+  uv_timer_stop(&t);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(loop, UV_RUN_NOWAIT); /* the timer's close, before t goes away */
+  return om_store_redis_ready(s) ? 0 : OM_EDEADLINE;
+}
+
 static const om_store_ops_t redis_ops = {
     .name = "redis",
     .put_instance = r_put_instance,

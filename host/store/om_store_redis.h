@@ -97,4 +97,13 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
  */
 int om_store_redis_ready(const om_store_t *s);
 
+/*
+ * om_store_redis_wait_ready: at start-up, run loop until s is ready or
+ * wait_ms pass (the store logs each failed attempt). 0 when ready, else
+ * OM_EDEADLINE. It runs the loop: call it before anything else is on it
+ * that must not run yet.
+ */
+int om_store_redis_wait_ready(uv_loop_t *loop, const om_store_t *s,
+                              uint64_t wait_ms);
+
 #endif /* OM_STORE_REDIS_H */
