@@ -1056,7 +1056,10 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
   om_metric_inc(s->m_cache_misses);
   rc = om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
                        errlen);
-  if (rc == 0) /* errors are not cached: each one is logged and counted */
+  /* Errors are not cached (each one is logged and counted), nor answers
+   * too big for a slot's bound. */
+  if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
+      (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
     cache_store(slot, s->cache_gen, hash, kb, kl, p->scratch, *n_subset, *key,
                 *key != NULL ? *key_len : 0);
   return rc;

@@ -88,11 +88,13 @@ const char *om__proxy_outcome_name(om__proxy_outcome_t o);
  * function of those fields, and the answer for one request serves every
  * request that agrees on them. Direct-mapped by a hash of the fields;
  * a slot is valid for one generation (bumped on every view or policy
- * change). Bounded: SLOTS entries per service, keys up to KEY_MAX bytes
- * (longer ones are not cached), each slot one allocation.
+ * change). Bounded: SLOTS entries per service, each one allocation of at
+ * most KEY_MAX bytes of request fields, KEY_MAX of the policy's key and
+ * SUBSET_MAX peers (a larger answer is not cached): under 24 KiB a slot.
  */
 #define OM__PROXY_CACHE_SLOTS 256
-#define OM__PROXY_CACHE_KEY_MAX 1024
+#define OM__PROXY_CACHE_KEY_MAX 1024    /* request fields, policy key */
+#define OM__PROXY_CACHE_SUBSET_MAX 4096 /* peers in a cached subset */
 typedef struct {
   uint64_t gen, hash; /* gen 0: empty */
   size_t key_len, pkey_len, n_subset, cap;

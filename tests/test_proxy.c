@@ -1696,6 +1696,31 @@ vary_policies_are_cached_and_see_only_what_they_declare(void **state) {
   env_close(&e);
 }
 
+/* An answer too big for a cache slot (here the policy's key) is not
+ * cached: memory stays bounded whatever a policy returns. */
+static void vary_cache_is_bounded(void **state) {
+  env_t e;
+  res_t r;
+  om_proxy_stats_t st;
+  (void)state;
+  env_init(&e);
+  env_fx(&e, "a", FX_OK);
+  env_proxy(
+      &e, NULL,
+      policy_file("bigkey.lua",
+                  "  vary = {},\n"
+                  "  key = function() return string.rep('k', 5000) end,\n"));
+  env_topology(&e, "orders", 1);
+  for (int i = 0; i < 3; i++) {
+    get(&e, "orders", NULL, &r);
+    assert_int_equal(r.status, 200);
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 3);
+  assert_int_equal(st.policy_cache_hits, 0);
+  env_close(&e);
+}
+
 /* ------------------------------------------------------------------ */
 /* admin and shutdown */
 
@@ -1877,6 +1902,7 @@ int main(void) {
       cmocka_unit_test(policy_error_never_widens),
       cmocka_unit_test(policies_hot_reload_and_keep_the_last_good_one),
       cmocka_unit_test(vary_policies_are_cached_and_see_only_what_they_declare),
+      cmocka_unit_test(vary_cache_is_bounded),
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),
