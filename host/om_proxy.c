@@ -93,6 +93,7 @@ static int peer_target(const char *url, om_upstream_target_t *t,
 }
 
 static om__proxy_peer_t *peer_new(const om_proxy_t *p,
+                                  const om_circuit_opts_t *co,
                                   const om_instance_t *in) {
   om__proxy_peer_t *peer = calloc(1, sizeof *peer);
   const char *prefix, *why;
@@ -112,7 +113,7 @@ static om__proxy_peer_t *peer_new(const om_proxy_t *p,
   peer->prefix[plen] = '\0';
   peer->prefix_len = plen;
   peer->weight = in->weight;
-  om_circuit_init(&peer->circuit, &p->circuit); /* checked in om_proxy_new */
+  om_circuit_init(&peer->circuit, co); /* checked before it is used */
   peer->refs = 1;
   peer->index = -1;
   return peer;
@@ -123,8 +124,9 @@ static om__proxy_peer_t *peer_new(const om_proxy_t *p,
  * taken over (a reference more), others are new. Both lists are in id
  * order (snapshots sort by id), so one merge pass pairs them.
  */
-static int view_build(const om_proxy_t *p, const om__proxy_view_t *old,
-                      om_snapshot_t *snap, om__proxy_view_t **out) {
+static int view_build(const om_proxy_t *p, const om_circuit_opts_t *co,
+                      const om__proxy_view_t *old, om_snapshot_t *snap,
+                      om__proxy_view_t **out) {
   size_t n = om_snapshot_count(snap), j = 0;
   om__proxy_view_t *v = calloc(1, sizeof *v);
   om_rendezvous_peer_t *rp = NULL;
@@ -146,7 +148,7 @@ static int view_build(const om_proxy_t *p, const om__proxy_view_t *old,
         strcmp(old->peers[j]->url, in->url) == 0) {
       peer = old->peers[j];
       peer->refs++;
-    } else if ((peer = peer_new(p, in)) == NULL) {
+    } else if ((peer = peer_new(p, co, in)) == NULL) {
       goto fail;
     }
     peer->weight = in->weight;
@@ -311,6 +313,20 @@ static int read_settings_l(lua_State *L) {
   set->deadline_ns = ms_to_ns(num_field(L, t, "deadline_ms", DEF_DEADLINE_MS));
   set->per_try_ns =
       ms_to_ns(num_field(L, t, "per_try_timeout_ms", DEF_PER_TRY_MS));
+  lua_pushstring(L, "circuit");
+  if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
+    int c = lua_gettop(L);
+    om_circuit_opts_t *co = &set->circuit;
+    co->failures =
+        clamp_u32(num_field(L, c, "failures", co->failures), 1, UINT32_MAX / 2);
+    co->cooldown_ns =
+        ms_to_ns(num_field(L, c, "cooldown_ms", (double)co->cooldown_ns / 1e6));
+    co->max_cooldown_ns = ms_to_ns(
+        num_field(L, c, "max_cooldown_ms", (double)co->max_cooldown_ns / 1e6));
+    if (co->max_cooldown_ns < co->cooldown_ns) /* only one of them given */
+      co->max_cooldown_ns = co->cooldown_ns;
+  }
+  lua_pop(L, 1);
   return 0;
 }
 
@@ -371,6 +387,26 @@ static int apply_settings(om__proxy_service_t *s,
 }
 
 /*
+ * The policy's circuit settings, on every peer of the view. Changed
+ * settings start every circuit afresh (closed, no history): a policy edit
+ * is a decision about how to judge the peers from now on.
+ */
+static void apply_circuits(om__proxy_service_t *s) {
+  const om_circuit_opts_t *co = &s->set.circuit, *was = &s->circuit_applied;
+  if (co->failures == was->failures && co->cooldown_ns == was->cooldown_ns &&
+      co->max_cooldown_ns == was->max_cooldown_ns &&
+      co->window_ns == was->window_ns &&
+      co->min_requests == was->min_requests &&
+      co->failure_ratio == was->failure_ratio &&
+      co->reset_ns == was->reset_ns &&
+      co->probe_timeout_ns == was->probe_timeout_ns)
+    return;
+  for (size_t i = 0; i < s->view->n; i++)
+    om_circuit_init(&s->view->peers[i]->circuit, co);
+  s->circuit_applied = *co;
+}
+
+/*
  * A new policy version passed validation: give it the current peers and
  * take its settings. Non-zero keeps the previous version.
  */
@@ -378,12 +414,19 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   om__proxy_service_t *s = ud;
   om__proxy_settings_t set;
   (void)prev;
+  om_circuit_t probe;
   memset(&set, 0, sizeof set);
   set.retry_429 = s->proxy->opts.retry_429; /* when the policy is silent */
+  set.circuit = s->proxy->circuit;
   if (read_settings(next, &set) != 0 || policy_set_peers(next, s->view) != 0)
     return -1;
+  if (om_circuit_init(&probe, &set.circuit) != 0)
+    return -1; /* the contract keeps these valid: be safe anyway */
   om__proxy_cache_invalidate(s);
-  return apply_settings(s, &set) == 0 ? 0 : -1;
+  if (apply_settings(s, &set) != 0)
+    return -1;
+  apply_circuits(s);
+  return 0;
 }
 
 om_policy_t *om__proxy_policy(const om__proxy_service_t *s) {
@@ -483,7 +526,9 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
     service_free(s);
     return OM_ENOMEM;
   }
-  if ((rc = view_build(p, NULL, snap, &s->view)) != 0) {
+  /* the proxy's circuit settings until the policy's are read */
+  s->set.circuit = s->circuit_applied = p->circuit;
+  if ((rc = view_build(p, &p->circuit, NULL, snap, &s->view)) != 0) {
     service_free(s);
     return rc;
   }
@@ -604,7 +649,7 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     }
     p->services[p->n_services++] = s;
   } else {
-    rc = view_build(p, s->view, snap, &v);
+    rc = view_build(p, &s->circuit_applied, s->view, snap, &v);
     if (rc == 0 && (rc = policy_set_peers(om__proxy_policy(s), v)) != 0) {
       om__proxy_view_unref(v);
       v = NULL;

@@ -57,6 +57,7 @@ typedef struct om__proxy_settings_s {
   uint32_t max_inflight, max_queue, retries;
   int adaptive, retry_non_idempotent;
   int retry_429; /* the policy's retry_429, else the proxy's --retry-429 */
+  om_circuit_opts_t circuit; /* the proxy's, with the policy's circuit = */
   uint64_t deadline_ns, per_try_ns;
 } om__proxy_settings_t;
 
@@ -118,7 +119,8 @@ struct om__proxy_service_s {
   uint64_t requests, attempts, retries, budget_exhausted, paused;
   om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
   om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
-  om__proxy_cache_slot_t *cache; /* NULL until a vary policy needs it */
+  om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
+  om__proxy_cache_slot_t *cache;     /* NULL until a vary policy needs it */
   uint64_t cache_gen, cache_hits, cache_misses;
   om_metric_t *m_cache_hits, *m_cache_misses;
 };

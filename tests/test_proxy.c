@@ -1469,6 +1469,49 @@ static void failing_peer_is_bypassed_until_cooldown_then_probed(void **state) {
 /* ------------------------------------------------------------------ */
 /* streams */
 
+/* The policy's circuit settings replace the proxy's for its service. */
+static void policy_sets_the_circuits(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  om_circuit_state_t cs;
+  char key[32], extra[64];
+  const char *pol;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  pol = policy_file("circuit.lua",
+                    "  circuit = { failures = 2, cooldown_ms = 200 },\n");
+  env_proxy(&e, NULL, pol); /* the proxy's default: 5 failures, 30 s */
+  env_topology(&e, "orders", 1);
+  key_owned_by("a", key, sizeof key);
+  snprintf(extra, sizeof extra, "x-openmesh-key: %s\r\n", key);
+  for (int i = 0; i < 6; i++) {
+    get(&e, "orders", extra, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.peer, "b");
+  }
+  assert_int_equal(a->requests, 2); /* the policy's 2, not the default 5 */
+  assert_int_equal(om_proxy_peer_circuit(e.proxy, "orders", "a", &cs), 0);
+  assert_int_equal(cs, OM_CIRCUIT_OPEN);
+  spin(&e, 230); /* the policy's 200 ms cooldown, not 30 s */
+  assert_int_equal(om_proxy_peer_circuit(e.proxy, "orders", "a", &cs), 0);
+  assert_int_equal(cs, OM_CIRCUIT_HALF_OPEN);
+  assert_int_equal(b->requests, 6);
+  /* an edit that changes them starts every circuit afresh */
+  write_file(pol, "return { kind = \"traffic\",\n"
+                  "  circuit = { failures = 3, cooldown_ms = 200 },\n"
+                  "  subset = function(_, peers) return peers end }\n");
+  assert_int_equal(om_proxy_reload_policies(e.proxy), 0);
+  assert_int_equal(om_proxy_peer_circuit(e.proxy, "orders", "a", &cs), 0);
+  assert_int_equal(cs, OM_CIRCUIT_CLOSED);
+  for (int i = 0; i < 6; i++)
+    get(&e, "orders", extra, &r);
+  assert_int_equal(a->requests, 5); /* 2, then 3 more before it opened */
+  env_close(&e);
+}
+
 static void stream_cut_after_headers_is_an_error_never_replayed(void **state) {
   env_t e;
   fx_t *a, *b;
@@ -1897,6 +1940,7 @@ int main(void) {
       cmocka_unit_test(keyed_retry_walks_the_rank_and_429_waits_retry_after),
       cmocka_unit_test(policy_opts_in_to_429_retries),
       cmocka_unit_test(failing_peer_is_bypassed_until_cooldown_then_probed),
+      cmocka_unit_test(policy_sets_the_circuits),
       cmocka_unit_test(stream_cut_after_headers_is_an_error_never_replayed),
       cmocka_unit_test(slow_reader_pauses_the_upstream),
       cmocka_unit_test(policy_error_never_widens),

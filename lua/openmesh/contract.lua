@@ -1167,6 +1167,17 @@ local KIND_SPECS = {
     { "retry_non_idempotent", boolean },
     { "retry_429", boolean },
     { "vary", vary_list },
+    { "circuit", record({
+      { "failures", integer_at_least(1) },
+      { "cooldown_ms", number_above(0) },
+      { "max_cooldown_ms", number_above(0) },
+    }, function(v, path)
+      local cd, max = rawget(v, "cooldown_ms"), rawget(v, "max_cooldown_ms")
+      if cd and max and max < cd then
+        return field_error(join(path, "max_cooldown_ms"),
+          ("must be >= cooldown_ms (%s), got %s"):format(show(cd), show(max)))
+      end
+    end) },
   }),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },

@@ -149,6 +149,17 @@ describe("contract.validate", function()
       accepts(traffic { retry_429 = true })
     end)
 
+    it("checks circuit settings", function()
+      accepts(traffic { circuit = {} })
+      accepts(traffic { circuit = { failures = 3, cooldown_ms = 500, max_cooldown_ms = 60000 } })
+      rejects(traffic { circuit = 5 }, "field 'circuit': table expected, got 5")
+      rejects(traffic { circuit = { failures = 0 } }, "field 'circuit.failures': integer >= 1 expected, got 0")
+      rejects(traffic { circuit = { cooldown_ms = -1 } }, "field 'circuit.cooldown_ms': number > 0 expected, got -1")
+      rejects(traffic { circuit = { cooldown_ms = 500, max_cooldown_ms = 100 } },
+        "field 'circuit.max_cooldown_ms': must be >= cooldown_ms (500), got 100")
+      rejects(traffic { circuit = { failure = 3 } }, "unknown field 'circuit.failure' (did you mean 'failures'?)")
+    end)
+
     it("checks vary, and runs examples on what a vary policy sees", function()
       accepts(traffic { vary = {} })
       accepts(traffic { vary = { "x-user", "cookie", ":method", ":path" } })
