@@ -1005,9 +1005,10 @@ static void log_change(const char *change, const char *service, const char *id,
  * A change we did not make (lease expiry, or a write by another holder of
  * the store, such as `openmesh up`'s example services): one log line per
  * instance, by comparing the service's previous snapshot with the new one
- * (both sorted by id). A removal is "deleted" when the store counted a
- * deletion since the last event (each write is its own event), else
- * "expired".
+ * (both sorted by id). A removal is what the store says it was
+ * (om_store_status_t.last_removal); when it cannot say, "deleted" if it
+ * counted a deletion since the last event (each write is its own event),
+ * else "expired".
  */
 static void log_store_change(const om_snapshot_t *prev,
                              const om_snapshot_t *next, const char *removed) {
@@ -1051,7 +1052,10 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
   c->store->ops->status(c->store, &st);
   if (!c->writing && !ring_has(&c->answered, om_snapshot_service(snap), rev)) {
     log_store_change(found ? c->mirror[i] : NULL, snap,
-                     st.deletions != c->seen_deletions ? "deleted" : "expired");
+                     st.last_removal == OM_STORE_DELETED   ? "deleted"
+                     : st.last_removal == OM_STORE_EXPIRED ? "expired"
+                     : st.deletions != c->seen_deletions   ? "deleted"
+                                                           : "expired");
     ring_add(&c->announced, om_snapshot_service(snap), rev);
   }
   c->seen_deletions = st.deletions;

@@ -91,6 +91,13 @@ typedef void (*om_store_config_watch_cb)(void *ud, om_config_doc_t *doc);
 
 typedef struct om_store_status_s {
   int stale; /* serving last known state: backend unreachable */
+  /*
+   * Inside a watch callback: why instances left in the change being
+   * delivered, when the store knows (OM_STORE_DELETED or _EXPIRED; a
+   * store shared by several writers learns it with each change);
+   * OM_STORE_NOCHANGE when it does not. Read it for logs only.
+   */
+  om_store_change_t last_removal;
   uint64_t registrations, renewals, deletions, expiries;
   size_t services, instances;
 } om_store_status_t;

@@ -179,7 +179,7 @@ static const char lua_delete[] = LUA_BUMP
     "if redis.call('HDEL', KEYS[3], ARGV[2]) == 0 then return {-1, prev} end\n"
     "local r = bump(tonumber(ARGV[3]), tonumber(prev))\n"
     "redis.call('HSET', KEYS[2], ARGV[1], r)\n"
-    "redis.call('PUBLISH', ARGV[4], r .. ' ' .. prev .. ' r ' .. ARGV[1] .. "
+    "redis.call('PUBLISH', ARGV[4], r .. ' ' .. prev .. ' d ' .. ARGV[1] .. "
     "' ' .. ARGV[2])\n"
     "return {3, r}\n";
 
@@ -206,7 +206,7 @@ static const char lua_sweep[] = LUA_BUMP
     "  local prev = redis.call('HGET', KEYS[2], svc) or '0'\n"
     "  local r = bump(tonumber(ARGV[1]), tonumber(prev))\n"
     "  redis.call('HSET', KEYS[2], svc, r)\n"
-    "  redis.call('PUBLISH', ARGV[2], r .. ' ' .. prev .. ' r ' .. svc .. ' ' "
+    "  redis.call('PUBLISH', ARGV[2], r .. ' ' .. prev .. ' x ' .. svc .. ' ' "
     ".. table.concat(by[svc], ' '))\n"
     "  n = n + #by[svc]\n"
     "end\n"
@@ -806,7 +806,8 @@ static void on_change_msg(rstore_t *r, const char *msg, size_t len) {
     fetch_config(r, c);
     return;
   }
-  if (op != 'p' && op != 'r')
+  /* p: put; d: deleted; x: expired; r: removed (a resync's touch) */
+  if (op != 'p' && op != 'd' && op != 'x' && op != 'r')
     goto bad;
   svc = svc_get(r, buf);
   if (svc == NULL) {
@@ -875,7 +876,11 @@ static void on_change_msg(rstore_t *r, const char *msg, size_t len) {
   }
   if (rc != 0)
     goto refetch;
+  r->st.last_removal = op == 'd'   ? OM_STORE_DELETED
+                       : op == 'x' ? OM_STORE_EXPIRED
+                                   : OM_STORE_NOCHANGE;
   replica_set(r, svc, snap);
+  r->st.last_removal = OM_STORE_NOCHANGE;
   return;
 refetch:
   if (rev > svc->want)

@@ -110,6 +110,10 @@ describe("two control planes on one Redis", function()
     assert.equal(200, status)
     _, sa = get(a, "orders")
     assert.same({}, ids_of(sa))
+    -- ... and logged on A as the deletion it was (the message says why)
+    H.sleep(0.3)
+    assert.matches('"change":"deleted","service":"orders","id":"keep"', H.readfile(a.out), 1, true)
+    assert.is_nil(H.readfile(a.out):find('"change":"expired","service":"orders","id":"keep"', 1, true))
     -- page tokens minted on A are valid on B at the same revision
     for i = 1, 7 do
       H.register(dir, (i % 2 == 0) and a.url or b.url, "pages", string.format("p%02d", i),
