@@ -735,7 +735,9 @@ static void start_attempt(call_t *c) {
   ur.connect_timeout_ms = ceil_ms(attempt_ns);
   ur.first_byte_timeout_ms = ceil_ms(attempt_ns);
   ur.timeout_ms = ceil_ms(remaining); /* the deadline bounds the stream too */
-  uv_update_time(p->loop); /* the client's timers start from loop time */
+  /* the caller's fields passed om_http_server's RFC 9112 checks; ours are
+   * built from ids, numbers and an address */
+  ur.headers_valid = 1;
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];

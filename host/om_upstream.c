@@ -1969,11 +1969,13 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
     size_t j;
     if (h[i].name == NULL || h[i].value == NULL || nl == 0)
       return OM_EINVAL;
-    for (j = 0; j < nl; j++)
-      if (!om__http_is_tchar((unsigned char)h[i].name[j]))
+    if (!q->headers_valid) {
+      for (j = 0; j < nl; j++)
+        if (!om__http_is_tchar((unsigned char)h[i].name[j]))
+          return OM_EINVAL;
+      if (!valid_value(h[i].value, vl))
         return OM_EINVAL;
-    if (!valid_value(h[i].value, vl))
-      return OM_EINVAL;
+    }
     if (field_kind(h[i].name, nl) == F_CONNECTION) {
       conn_opts_t co = {0, 0};
       if (conn_walk(h[i].value, vl, conn_opt, &co) != 0)

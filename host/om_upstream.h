@@ -266,6 +266,10 @@ typedef struct om_upstream_request_s {
   uint64_t connect_timeout_ms;
   uint64_t first_byte_timeout_ms;
   uint64_t timeout_ms;
+  /* The caller vouches that every header name is a token and every value
+   * field-content (they were parsed by om_http_server, or built by the
+   * caller): the per-byte checks are skipped, the hop-by-hop rules kept. */
+  int headers_valid;
 } om_upstream_request_t;
 
 /*
