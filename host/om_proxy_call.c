@@ -715,9 +715,12 @@ static void start_attempt(call_t *c) {
   attempt_ns = om_deadline_attempt_timeout(c->deadline, now, c->set.per_try_ns);
   c->deadline_limited = attempt_ns == remaining;
   c->n_fwd = c->n_fwd_fixed;
-  c->fwd[c->n_fwd++] =
-      (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18,
-                         u64_dec(c->attempt_buf, c->attempts)};
+  /* only a retry says which attempt it is: the first (nearly every call)
+   * costs the upstream no extra field */
+  if (c->attempts > 1)
+    c->fwd[c->n_fwd++] =
+        (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18,
+                           u64_dec(c->attempt_buf, c->attempts)};
   if (remaining != OM_DEADLINE_NEVER) {
     c->fwd[c->n_fwd++] =
         (om_http_header_t){"x-openmesh-deadline-ms", c->deadline_buf, 22,

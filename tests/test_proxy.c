@@ -862,7 +862,8 @@ static void forwards_with_headers_and_relays_the_response(void **state) {
   assert_string_equal(a->last_foo, "bar");
   assert_string_equal(a->last_hop, ""); /* named in Connection: hop-by-hop */
   assert_string_equal(a->last_xff, "10.0.0.1, 127.0.0.1");
-  assert_string_equal(a->last_attempt, "1");
+  assert_string_equal(a->last_attempt, ""); /* the caller's 9 dropped; a
+                                                first attempt says none */
   assert_string_equal(a->last_host, "orders:7601");
   assert_string_equal(a->last_via, "1.1 openmesh");
   assert_int_equal(strlen(a->last_rid), 32); /* generated */
@@ -1359,6 +1360,8 @@ static void keyed_retry_walks_the_rank_and_429_waits_retry_after(void **state) {
   assert_int_equal(r.status, 200);
   assert_string_equal(r.peer, "b");
   assert_int_equal(a->requests, 3);
+  assert_string_equal(a->last_attempt, "");  /* the first */
+  assert_string_equal(b->last_attempt, "2"); /* the retry says so */
   env_close(&e);
 }
 
