@@ -1033,14 +1033,17 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
   char kb[OM__PROXY_CACHE_KEY_MAX];
   uint64_t hash;
   om__proxy_cache_slot_t *slot;
-  if (!om_policy_vary(pol, &names, &n_names, &method, &path) ||
-      vary_key(preq, names, n_names, method, path, kb, &kl) != 0)
+  if (!om_policy_vary(pol, &names, &n_names, &method, &path))
     return om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
                            errlen);
-  if (s->cache == NULL &&
-      (s->cache = calloc(OM__PROXY_CACHE_SLOTS, sizeof *s->cache)) == NULL)
+  if (vary_key(preq, names, n_names, method, path, kb, &kl) != 0 ||
+      (s->cache == NULL &&
+       (s->cache = calloc(OM__PROXY_CACHE_SLOTS, sizeof *s->cache)) == NULL)) {
+    s->cache_misses++; /* too long to cache (or no memory): the policy runs */
+    om_metric_inc(s->m_cache_misses);
     return om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
                            errlen);
+  }
   if (s->cache_gen == 0)
     s->cache_gen = 1;
   hash = om_hash(kb, kl, 0);

@@ -1765,6 +1765,25 @@ static void vary_cache_is_bounded(void **state) {
   assert_int_equal(st.policy_cache_misses, 3);
   assert_int_equal(st.policy_cache_hits, 0);
   env_close(&e);
+  /* so are request fields over 1 KiB: the policy runs for each */
+  env_init(&e);
+  env_fx(&e, "a", FX_OK);
+  env_proxy(&e, NULL, policy_file("bigvalue.lua", "  vary = { 'x-big' },\n"));
+  env_topology(&e, "orders", 1);
+  {
+    char extra[2100];
+    memcpy(extra, "x-big: ", 7);
+    memset(extra + 7, 'v', 2000);
+    memcpy(extra + 2007, "\r\n", 3);
+    for (int i = 0; i < 3; i++) {
+      get(&e, "orders", extra, &r);
+      assert_int_equal(r.status, 200);
+    }
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  assert_int_equal(st.policy_cache_misses, 3);
+  assert_int_equal(st.policy_cache_hits, 0);
+  env_close(&e);
 }
 
 /* ------------------------------------------------------------------ */
