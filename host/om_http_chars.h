@@ -105,4 +105,23 @@ static inline int om__http_ci_eq(const char *a, size_t n, const char *lit) {
   return lit[n] == 0;
 }
 
+/*
+ * v in decimal (1*DIGIT: a status code, a Content-Length, a field value
+ * such as an attempt count) into buf, which holds at least 21 bytes;
+ * NUL-terminated; returns the length. The hot paths format a few numbers
+ * per request, where snprintf costs more than the rest of the head.
+ */
+static inline size_t om__http_u64_dec(char *buf, unsigned long long v) {
+  char tmp[20];
+  size_t n = 0, i;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  for (i = 0; i < n; i++)
+    buf[i] = tmp[n - 1 - i];
+  buf[n] = '\0';
+  return n;
+}
+
 #endif /* OM_HTTP_CHARS_H */

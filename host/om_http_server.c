@@ -538,8 +538,7 @@ static void sb_puts(sb_t *b, const char *s) {
 
 static void sb_u64(sb_t *b, uint64_t v) {
   char t[24];
-  int k = snprintf(t, sizeof t, "%" PRIu64, v);
-  sb_put(b, t, (size_t)k);
+  sb_put(b, t, om__http_u64_dec(t, v));
 }
 
 static const char *reason_phrase(int status) {

@@ -26,6 +26,7 @@
 #include "om_backoff.h"
 #include "om_errno.h"
 #include "om_hash.h"
+#include "om_http_chars.h"
 #include "om_log.h"
 #include "om_policy.h"
 #include "om_proxy_internal.h"
@@ -86,22 +87,6 @@ static void start_attempt(call_t *c);
 
 static inline int bit(const uint64_t *b, size_t i) {
   return (int)((b[i / 64] >> (i % 64)) & 1u);
-}
-
-/* v in decimal into buf (at least 21 bytes), NUL-terminated; its length.
- * The hot path formats a few numbers per call: snprintf costs more than
- * the rest of building the upstream head. */
-static size_t u64_dec(char *buf, uint64_t v) {
-  char tmp[20];
-  size_t n = 0, i;
-  do {
-    tmp[n++] = (char)('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  for (i = 0; i < n; i++)
-    buf[i] = tmp[n - 1 - i];
-  buf[n] = '\0';
-  return n;
 }
 
 static uint64_t ceil_ms(uint64_t ns) {
@@ -525,7 +510,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
       continue;
     h[n++] = *f;
   }
-  att_len = u64_dec(att, c->attempts);
+  att_len = om__http_u64_dec(att, c->attempts);
   h[n++] = (om_http_header_t){"x-openmesh-peer", peer->id, 15, 0};
   h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, att_len};
   rc = om_http_response_start(c->req, r->status, h, n);
@@ -720,11 +705,11 @@ static void start_attempt(call_t *c) {
   if (c->attempts > 1)
     c->fwd[c->n_fwd++] =
         (om_http_header_t){"x-openmesh-attempt", c->attempt_buf, 18,
-                           u64_dec(c->attempt_buf, c->attempts)};
+                           om__http_u64_dec(c->attempt_buf, c->attempts)};
   if (remaining != OM_DEADLINE_NEVER) {
-    c->fwd[c->n_fwd++] =
-        (om_http_header_t){"x-openmesh-deadline-ms", c->deadline_buf, 22,
-                           u64_dec(c->deadline_buf, remaining / NS_PER_MS)};
+    c->fwd[c->n_fwd++] = (om_http_header_t){
+        "x-openmesh-deadline-ms", c->deadline_buf, 22,
+        om__http_u64_dec(c->deadline_buf, remaining / NS_PER_MS)};
   }
   build_target(c, peer);
   memset(&ur, 0, sizeof ur);

@@ -1986,7 +1986,7 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
   }
   want_cl = q->body_len > 0 || method_is(m, ml, "POST") ||
             method_is(m, ml, "PUT") || method_is(m, ml, "PATCH");
-  cll = want_cl ? snprintf(clbuf, sizeof clbuf, "%zu", q->body_len) : 0;
+  cll = want_cl ? (int)om__http_u64_dec(clbuf, q->body_len) : 0;
   need += 6 + al + 2 + 16 + (size_t)cll + 2;
   if (need > r->head_cap) {
     char *nh = realloc(r->head, need);
