@@ -6,6 +6,9 @@
  * With -DOM_COMPILE_OK this file makes the valid call (an agent message)
  * and compiles; without it, it makes the same call with an
  * om_egress_error_t * and no cast, and the compiler must refuse it.
+ * CTest asserts both (CMakeLists.txt, "Compile-failure tests"): the test
+ * compile_ok_deliver_error must compile, compile_fail_deliver_error must
+ * fail with a diagnostic matching the expect line below.
  */
 /* expect: incompatible[ -]pointer[ -]type */
 #include "om_connector.h"
