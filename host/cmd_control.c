@@ -116,7 +116,7 @@ static int is_loopback(const char *host) {
 
 typedef struct app_s {
   uv_loop_t loop;
-  uv_signal_t sig_term, sig_int, sig_hup;
+  om_cli_signals_t sigs;
   om_store_t *store;
   om_control_t *ctl;
   const char *tokens;
@@ -131,9 +131,7 @@ static void on_control_closed(void *ud) {
   app_t *app = ud;
   app->ctl = NULL;
   app->store->ops->close(app->store, on_store_closed, app);
-  uv_close((uv_handle_t *)&app->sig_term, NULL);
-  uv_close((uv_handle_t *)&app->sig_int, NULL);
-  uv_close((uv_handle_t *)&app->sig_hup, NULL);
+  om_cli_signals_close(&app->sigs);
 }
 
 static void on_stop(uv_signal_t *h, int signum) {
@@ -370,13 +368,7 @@ int om_cmd_control(int argc, char **argv) {
     om_log(OM_LOG_INFO, "control_listening", "url", url, "store",
            app->store->ops->name, "auth", auth != NULL ? "bearer" : "off",
            NULL);
-    uv_signal_init(&app->loop, &app->sig_term);
-    uv_signal_init(&app->loop, &app->sig_int);
-    uv_signal_init(&app->loop, &app->sig_hup);
-    app->sig_term.data = app->sig_int.data = app->sig_hup.data = app;
-    uv_signal_start(&app->sig_term, on_stop, SIGTERM);
-    uv_signal_start(&app->sig_int, on_stop, SIGINT);
-    uv_signal_start(&app->sig_hup, on_hup, SIGHUP);
+    om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   } else {
     fprintf(stderr, "openmesh control: cannot listen on %s: %s\n", listen,
             om_strerror(rc));

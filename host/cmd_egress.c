@@ -62,20 +62,15 @@ static int fail_usage(const char *fmt, const char *arg) {
 
 typedef struct app_s {
   uv_loop_t loop;
-  uv_signal_t sig_term, sig_int, sig_hup;
+  om_cli_signals_t sigs;
   om_egress_t *g;
-  int signals, stopping;
+  int stopping;
 } app_t;
 
 static void on_closed(void *ud) {
   app_t *app = ud;
   app->g = NULL;
-  if (app->signals) {
-    uv_close((uv_handle_t *)&app->sig_term, NULL);
-    uv_close((uv_handle_t *)&app->sig_int, NULL);
-    uv_close((uv_handle_t *)&app->sig_hup, NULL);
-    app->signals = 0;
-  }
+  om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "egress_stopped", NULL);
 }
 
@@ -214,14 +209,7 @@ int om_cmd_egress(int argc, char **argv) {
          o.fallback_path, "heuristics", o.heuristics_path, "channels",
          o.channels_path ? o.channels_path : "", "errors",
          o.errors_path ? o.errors_path : "", NULL);
-  uv_signal_init(&app->loop, &app->sig_term);
-  uv_signal_init(&app->loop, &app->sig_int);
-  uv_signal_init(&app->loop, &app->sig_hup);
-  app->sig_term.data = app->sig_int.data = app->sig_hup.data = app;
-  app->signals = 1;
-  uv_signal_start(&app->sig_term, on_stop, SIGTERM);
-  uv_signal_start(&app->sig_int, on_stop, SIGINT);
-  uv_signal_start(&app->sig_hup, on_hup, SIGHUP);
+  om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
   free(app);

@@ -83,12 +83,12 @@ static int fail_usage(const char *fmt, const char *arg) {
 
 typedef struct app_s {
   uv_loop_t loop;
-  uv_signal_t sig_term, sig_int, sig_hup;
+  om_cli_signals_t sigs;
   om_proxy_t *proxy;
   om_curl_uv_t *curl; /* --control: the watches' transport */
   om_watch_t *watches[MAX_WATCHES];
   size_t n_watches, watches_open;
-  int signals, stopping;
+  int stopping;
 } app_t;
 
 /*
@@ -145,12 +145,7 @@ static void close_watches(app_t *app) {
 static void on_proxy_closed(void *ud) {
   app_t *app = ud;
   app->proxy = NULL;
-  if (app->signals) {
-    uv_close((uv_handle_t *)&app->sig_term, NULL);
-    uv_close((uv_handle_t *)&app->sig_int, NULL);
-    uv_close((uv_handle_t *)&app->sig_hup, NULL);
-    app->signals = 0;
-  }
+  om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "proxy_stopped", NULL);
 }
 
@@ -435,14 +430,7 @@ int om_cmd_proxy(int argc, char **argv) {
            ahost, om_proxy_admin_port(app->proxy));
   om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
          o.policy_path, "topology", static_file ? static_file : control, NULL);
-  uv_signal_init(&app->loop, &app->sig_term);
-  uv_signal_init(&app->loop, &app->sig_int);
-  uv_signal_init(&app->loop, &app->sig_hup);
-  app->sig_term.data = app->sig_int.data = app->sig_hup.data = app;
-  app->signals = 1;
-  uv_signal_start(&app->sig_term, on_stop, SIGTERM);
-  uv_signal_start(&app->sig_int, on_stop, SIGINT);
-  uv_signal_start(&app->sig_hup, on_hup, SIGHUP);
+  om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
   free(app);

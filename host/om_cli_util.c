@@ -1,6 +1,7 @@
-/* om_cli_util.c: flag parsing for the subcommands (see om_cli_util.h). */
+/* om_cli_util.c: see om_cli_util.h. */
 #include "om_cli_util.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,4 +163,26 @@ int om_parse_listen(const char *s, char *host, size_t cap, int *port) {
     return -1;
   *port = (int)p;
   return 0;
+}
+
+void om_cli_signals_start(uv_loop_t *loop, om_cli_signals_t *s,
+                          uv_signal_cb on_stop, uv_signal_cb on_hup,
+                          void *data) {
+  uv_signal_init(loop, &s->term);
+  uv_signal_init(loop, &s->intr);
+  uv_signal_init(loop, &s->hup);
+  s->term.data = s->intr.data = s->hup.data = data;
+  s->open = 1;
+  uv_signal_start(&s->term, on_stop, SIGTERM);
+  uv_signal_start(&s->intr, on_stop, SIGINT);
+  uv_signal_start(&s->hup, on_hup, SIGHUP);
+}
+
+void om_cli_signals_close(om_cli_signals_t *s) {
+  if (!s->open)
+    return;
+  s->open = 0;
+  uv_close((uv_handle_t *)&s->term, NULL);
+  uv_close((uv_handle_t *)&s->intr, NULL);
+  uv_close((uv_handle_t *)&s->hup, NULL);
 }

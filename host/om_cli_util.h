@@ -1,9 +1,12 @@
-/* om_cli_util.h: parsing shared by the `openmesh` subcommands' flags. */
+/* om_cli_util.h: what the `openmesh` subcommands share: flag parsing and
+ * the signals of a long-running server. */
 #ifndef OM_CLI_UTIL_H
 #define OM_CLI_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <uv.h>
 
 /*
  * om_parse_duration_ms: a duration flag ("500ms", "10s", "2m", "1h") to
@@ -44,5 +47,21 @@ int om_read_token_file(const char *path, char *out, size_t cap,
  * address.
  */
 int om_parse_listen(const char *s, char *host, size_t cap, int *port);
+
+/*
+ * The signals of a server command (control, proxy, egress): SIGTERM and
+ * SIGINT drain and stop (on_stop), SIGHUP reloads (on_hup). Each handle's
+ * data is `data`. om_cli_signals_close closes the three handles (their
+ * closes complete on the loop); it is idempotent and a no-op before start.
+ */
+typedef struct om_cli_signals_s {
+  uv_signal_t term, intr, hup;
+  int open;
+} om_cli_signals_t;
+
+void om_cli_signals_start(uv_loop_t *loop, om_cli_signals_t *s,
+                          uv_signal_cb on_stop, uv_signal_cb on_hup,
+                          void *data);
+void om_cli_signals_close(om_cli_signals_t *s);
 
 #endif /* OM_CLI_UTIL_H */
