@@ -331,6 +331,19 @@ int om_http_response_start(om_http_request_t *req, int status,
                            const om_http_header_t *headers, size_t n);
 
 /*
+ * om_http_response_start_checked: om_http_response_start for fields whose
+ * bytes the caller has already held to the same rules (names are tokens,
+ * values field-content), as om_upstream does for a response head it
+ * delivers: the proxy relays them without a second pass over every byte.
+ * The framing fields (Content-Length, Transfer-Encoding, Connection) are
+ * examined and refused as by om_http_response_start. Passing fields that
+ * were not checked this way can split the response: never do it with
+ * fields from anywhere else.
+ */
+int om_http_response_start_checked(om_http_request_t *req, int status,
+                                   const om_http_header_t *headers, size_t n);
+
+/*
  * om_http_response_write: append len bytes to a started response (copied
  * if they cannot be written at once; len 0 does nothing). Returns 0,
  * OM_ESTATE when not started or the client is gone, OM_EINVAL when the

@@ -513,7 +513,10 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   att_len = om__http_u64_dec(att, c->attempts);
   h[n++] = (om_http_header_t){"x-openmesh-peer", peer->id, 15, 0};
   h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, att_len};
-  rc = om_http_response_start(c->req, r->status, h, n);
+  /* om_upstream refused a head whose names are not tokens or whose values
+   * are not field-content; ours are a peer id (a snapshot name) and a
+   * number: no second pass over the bytes */
+  rc = om_http_response_start_checked(c->req, r->status, h, n);
   if (h != stack)
     free(h);
   if (rc == OM_EINVAL) {

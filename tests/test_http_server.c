@@ -35,7 +35,7 @@ typedef struct fx_s {
   int on_close_calls, on_close_end_rc;
   om_http_request_t *later;
   int later_rc;
-  int misuse[12];
+  int misuse[15];
   size_t pending_after_write;
   int big_rc;
 } fx_t;
@@ -96,6 +96,10 @@ static void misuse(fx_t *fx, om_http_request_t *req) {
   fx->misuse[4] = om_http_respond(req, 99, NULL, 0, NULL, 0);
   fx->misuse[5] = om_http_response_start(req, 200, te, 1);
   fx->misuse[6] = om_http_respond(req, 200, conn, 1, NULL, 0);
+  /* fields the caller vouches for: the framing ones are still ours */
+  fx->misuse[12] = om_http_response_start_checked(req, 200, te, 1);
+  fx->misuse[13] = om_http_response_start_checked(req, 200, conn, 1);
+  fx->misuse[14] = om_http_response_start_checked(req, 204, cl, 1);
   fx->misuse[7] = om_http_response_write(req, "x", 1); /* not started */
   fx->misuse[8] = om_http_response_start(req, 200, cl, 1);
   fx->misuse[9] = om_http_response_write(req, "abcd", 4); /* > CL */
@@ -1399,6 +1403,9 @@ static void response_api_misuse_is_refused(void **state) {
   assert_int_equal(fx->misuse[4], OM_EINVAL); /* status */
   assert_int_equal(fx->misuse[5], OM_EINVAL); /* Transfer-Encoding */
   assert_int_equal(fx->misuse[6], OM_EINVAL); /* Connection other than close */
+  assert_int_equal(fx->misuse[12], OM_EINVAL); /* checked: Transfer-Encoding */
+  assert_int_equal(fx->misuse[13], OM_EINVAL); /* checked: Connection */
+  assert_int_equal(fx->misuse[14], OM_EINVAL); /* checked: 204 with a length */
   assert_int_equal(fx->misuse[7], OM_ESTATE); /* write before start */
   assert_int_equal(fx->misuse[8], 0);
   assert_int_equal(fx->misuse[9], OM_EINVAL); /* past Content-Length */
