@@ -14,6 +14,7 @@
 
 #include "http_test_client.h"
 #include "om_errno.h"
+#include "om_http_chars.h"
 #include "om_http_server.h"
 #include "om_rng.h"
 
@@ -1390,6 +1391,33 @@ static void client_close_mid_stream_runs_on_close(void **state) {
   fx_free(fx);
 }
 
+/* The byte-class table of om_http_chars.h, entry by entry, against the
+ * grammar written out as RFC 9110 states it (5.6.2 tchar, 5.5
+ * field-vchar, 5.6.3 OWS). */
+static void byte_classes_follow_the_grammar(void **state) {
+  static const char tspecial_ok[] = "!#$%&'*+-.^_`|~";
+  (void)state;
+  for (unsigned c = 0; c < 300; c++) {
+    int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    int digit = c >= '0' && c <= '9';
+    int tchar = c < 256 && (alpha || digit ||
+                            (c != 0 && strchr(tspecial_ok, (int)c) != NULL));
+    int vchar = c < 256 && ((c >= 0x21 && c <= 0x7e) || c >= 0x80);
+    int ows = c == ' ' || c == '\t';
+    if (!!om__http_is_tchar(c) != tchar || !!om__http_is_fvchar(c) != vchar ||
+        !!om__http_is_ows(c) != ows)
+      fail_msg("byte 0x%02x: tchar %d/%d vchar %d/%d ows %d/%d", c,
+               !!om__http_is_tchar(c), tchar, !!om__http_is_fvchar(c), vchar,
+               !!om__http_is_ows(c), ows);
+  }
+  /* the length-first compare: equal, other case, shorter, longer */
+  assert_true(om__http_ci_eq("Content-Length", 14, "content-length"));
+  assert_false(om__http_ci_eq("Content-Lengt", 13, "content-length"));
+  assert_false(om__http_ci_eq("content-lengths", 15, "content-length"));
+  assert_false(om__http_ci_eq("content_length", 14, "content-length"));
+  assert_false(om__http_ci_eq("\x0dontent-length", 14, "content-length"));
+}
+
 static void response_api_misuse_is_refused(void **state) {
   fx_t *fx = fx_new(NULL);
   htc_t *c = htc_new("127.0.0.1", fx->port);
@@ -1589,6 +1617,7 @@ int main(void) {
       cmocka_unit_test(random_garbage_is_refused_and_the_server_lives),
       cmocka_unit_test(streaming_responses),
       cmocka_unit_test(client_close_mid_stream_runs_on_close),
+      cmocka_unit_test(byte_classes_follow_the_grammar),
       cmocka_unit_test(response_api_misuse_is_refused),
       cmocka_unit_test(connection_close_from_client_and_handler),
       cmocka_unit_test(close_drains_in_flight_then_cuts),
