@@ -18,7 +18,7 @@
 # haproxy, then haproxy nginx proxy), after a 1 s warm-up run of each.
 # CPU per request: the contender's utime+stime (/proc/PID/stat, every thread
 # and child process) over a throughput run, divided by the requests wrk
-# counted. Added latency: wrk -t1 -c1 (3 s per run, 3 rounds, interleaved
+# counted. Added latency: wrk -t1 -c1 (3 s per run, 5 rounds, interleaved
 # direct proxy nginx / nginx proxy direct): the median p50 (p99) through a
 # proxy minus the median p50 (p99) straight to the upstream. Then all of it
 # again with every process (upstream, proxies, wrk) pinned to CPU 0
@@ -30,12 +30,12 @@
 # go to stderr. Exits non-zero when a contender fails to start or answers
 # anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+5 (default
 # 19480), a temp dir for every config and log; the EXIT trap stops
-# everything it started (by pid) and removes the temp dir. About 2 minutes.
+# everything it started (by pid) and removes the temp dir. About 5 minutes.
 #
 # Environment: OM_BENCH_DURATION seconds per throughput run (default 5; the
-# issue asks 10, 5 keeps `make bench` near 3 minutes), OM_BENCH_ROUNDS (2),
+# issue asks 10, 5 keeps this script near 5 minutes), OM_BENCH_ROUNDS (2),
 # OM_BENCH_LAT_DURATION seconds per latency run (3), OM_BENCH_LAT_ROUNDS
-# (3), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
+# (5), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
 # proxy's traffic policy, default examples/policies/canary.lua; another one
 # tells what the policy costs), OM_BENCH_PERF (a perf.data path: profile
@@ -54,7 +54,7 @@ policy=${OM_BENCH_POLICY:-$here/../examples/policies/canary.lua}
 duration=${OM_BENCH_DURATION:-5}
 rounds=${OM_BENCH_ROUNDS:-2}
 lat_duration=${OM_BENCH_LAT_DURATION:-3}
-lat_rounds=${OM_BENCH_LAT_ROUNDS:-3}
+lat_rounds=${OM_BENCH_LAT_ROUNDS:-5}
 conns=${OM_BENCH_CONNECTIONS:-50}
 base=${OM_BENCH_PORT_BASE:-19480}
 pinned_pass=${OM_BENCH_PINNED:-1}
