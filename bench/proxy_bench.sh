@@ -30,10 +30,10 @@
 # go to stderr. Exits non-zero when a contender fails to start or answers
 # anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+5 (default
 # 19480), a temp dir for every config and log; the EXIT trap stops
-# everything it started (by pid) and removes the temp dir. About 5 minutes.
+# everything it started (by pid) and removes the temp dir. About 3 minutes.
 #
 # Environment: OM_BENCH_DURATION seconds per throughput run (default 5; the
-# issue asks 10, 5 keeps this script near 5 minutes), OM_BENCH_ROUNDS (2),
+# issue asks 10, 5 keeps this script near 3 minutes), OM_BENCH_ROUNDS (2),
 # OM_BENCH_LAT_DURATION seconds per latency run (3), OM_BENCH_LAT_ROUNDS
 # (5), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
