@@ -19,6 +19,8 @@
 
 /* Registry keys (their addresses) in the policy's state. */
 static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_EMPTY;
+/* a policy that declares vary: the metatables of its view of a request */
+static const char K_VARY_HEADERS, K_VARY_REQ, K_VARY_METADATA;
 
 /* __newindex of the shared empty req.metadata: requests are read-only. */
 static int readonly_metadata(lua_State *L) {
@@ -53,6 +55,83 @@ struct om_policy_s {
   size_t n_vary;
   int vary_set, vary_method, vary_path;
 };
+
+/*
+ * The view of a request for a policy that declares vary (as
+ * openmesh.contract.visible_req, with the same messages): reading a field
+ * it did not declare raises, since a decision that depended on it would be
+ * reused for requests that differ in it. A declared header the request
+ * lacks reads as nil.
+ */
+static int vary_header_index(lua_State *L) { /* (headers, k); up: declared */
+  char lower[256];
+  size_t n = 0;
+  const char *k =
+      lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : NULL;
+  if (k != NULL && n < sizeof lower) {
+    for (size_t i = 0; i < n; i++)
+      lower[i] = (char)((unsigned)(k[i] - 'A') < 26u ? k[i] | 0x20 : k[i]);
+    if (lua_getfield(L, lua_upvalueindex(1), (lower[n] = 0, lower)) != LUA_TNIL)
+      return 0; /* declared, not in the request: nil */
+    return luaL_error(L,
+                      "reads header '%s', which its vary does not name "
+                      "(add \"%s\" to vary)",
+                      k, lower);
+  }
+  return luaL_error(L, "reads header '%s', which its vary does not name",
+                    luaL_tolstring(L, 2, NULL));
+}
+
+static int vary_req_index(lua_State *L) { /* (req, k); up: method, path */
+  const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : "";
+  if (strcmp(k, "method") == 0 && !lua_toboolean(L, lua_upvalueindex(1)))
+    return luaL_error(L, "reads req.method, which its vary does not name "
+                         "(add \":method\" to vary)");
+  if (strcmp(k, "path") == 0 && !lua_toboolean(L, lua_upvalueindex(2)))
+    return luaL_error(L, "reads req.path, which its vary does not name "
+                         "(add \":path\" to vary)");
+  return 0;
+}
+
+static int vary_metadata_index(lua_State *L) {
+  return luaL_error(L,
+                    "reads req.metadata.%s, which its vary does not name (a "
+                    "policy that declares vary sees no metadata)",
+                    luaL_tolstring(L, 2, NULL));
+}
+
+/* The three metatables, into the registry, for the vary just read. */
+static void vary_views(lua_State *L, const om_policy_t *p) {
+  lua_createtable(L, 0, 2); /* headers' */
+  lua_createtable(L, 0, (int)p->n_vary);
+  for (size_t i = 0; i < p->n_vary; i++) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, p->vary[i]);
+  }
+  lua_pushcclosure(L, vary_header_index, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_HEADERS);
+  lua_createtable(L, 0, 2); /* req's */
+  lua_pushboolean(L, p->vary_method);
+  lua_pushboolean(L, p->vary_path);
+  lua_pushcclosure(L, vary_req_index, 2);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
+  lua_newtable(L); /* metadata: one table, nothing to read in it */
+  lua_createtable(L, 0, 3);
+  lua_pushcfunction(L, vary_metadata_index);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, readonly_metadata);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_METADATA);
+}
 
 const char *om_policy_kind_name(om_policy_kind_t kind) {
   switch (kind) {
@@ -142,6 +221,7 @@ static int capture(lua_State *L) {
       }
       lua_pop(L, 1);
     }
+    vary_views(L, p);
   }
   lua_pop(L, 1);
   /* Most requests carry no caller metadata: they all share one empty,
@@ -555,9 +635,13 @@ static int call_route(lua_State *L) {
       lua_pushlstring(L, kv->value, kv->value_len);
       lua_setfield(L, -2, p->vary[i]);
     }
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_HEADERS);
+    lua_setmetatable(L, -2);
     lua_setfield(L, 1, "headers");
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_METADATA);
     lua_setfield(L, 1, "metadata");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
+    lua_setmetatable(L, 1);
     goto call;
   }
   lua_pushstring(L, req->method != NULL ? req->method : "GET");

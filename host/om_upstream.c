@@ -1409,8 +1409,7 @@ static int step_head(conn_t *c) {
         c->hp.http_minor != h.minor ||
         (frame == FRAME_NONE) != (c->hp_complete != 0) ||
         (c->hp.flags & F_CHUNKED) == 0)
-      return malformed(c, OM_EPARSE,
-                       "http-parser disagrees about the framing");
+      return malformed(c, OM_EPARSE, "http-parser disagrees about the framing");
   }
   if (h.status < 200) {
     /* an interim response: skip it, the final one follows (RFC 9110

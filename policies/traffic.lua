@@ -13,6 +13,10 @@ return {
     return peers
   end,
 
+  -- The decision depends on the peers only: the proxy makes it once per
+  -- change of the peers or of this file, not per request.
+  vary = {},
+
   max_inflight = 256, -- concurrent requests to the service from this proxy
   max_queue = 1024, -- requests waiting for a slot (FIFO), beyond: overloaded
   adaptive = false, -- fixed limit; true lets the limiter move below it

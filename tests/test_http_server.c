@@ -1424,17 +1424,17 @@ static void response_api_misuse_is_refused(void **state) {
   (void)state;
   assert_int_equal(htc_sends(&fx->loop, c, GET("/misuse") GET("/next")), 0);
   assert_int_equal(wait_responses(fx, c, NULL, 2, 2000), 2);
-  assert_int_equal(fx->misuse[0], OM_EINVAL); /* CRLF in a value */
-  assert_int_equal(fx->misuse[1], OM_EINVAL); /* name not a token */
-  assert_int_equal(fx->misuse[2], OM_EINVAL); /* Content-Length is ours */
-  assert_int_equal(fx->misuse[3], OM_EINVAL); /* 204 with a body */
-  assert_int_equal(fx->misuse[4], OM_EINVAL); /* status */
-  assert_int_equal(fx->misuse[5], OM_EINVAL); /* Transfer-Encoding */
-  assert_int_equal(fx->misuse[6], OM_EINVAL); /* Connection other than close */
+  assert_int_equal(fx->misuse[0], OM_EINVAL);  /* CRLF in a value */
+  assert_int_equal(fx->misuse[1], OM_EINVAL);  /* name not a token */
+  assert_int_equal(fx->misuse[2], OM_EINVAL);  /* Content-Length is ours */
+  assert_int_equal(fx->misuse[3], OM_EINVAL);  /* 204 with a body */
+  assert_int_equal(fx->misuse[4], OM_EINVAL);  /* status */
+  assert_int_equal(fx->misuse[5], OM_EINVAL);  /* Transfer-Encoding */
+  assert_int_equal(fx->misuse[6], OM_EINVAL);  /* Connection other than close */
   assert_int_equal(fx->misuse[12], OM_EINVAL); /* checked: Transfer-Encoding */
   assert_int_equal(fx->misuse[13], OM_EINVAL); /* checked: Connection */
   assert_int_equal(fx->misuse[14], OM_EINVAL); /* checked: 204 with a length */
-  assert_int_equal(fx->misuse[7], OM_ESTATE); /* write before start */
+  assert_int_equal(fx->misuse[7], OM_ESTATE);  /* write before start */
   assert_int_equal(fx->misuse[8], 0);
   assert_int_equal(fx->misuse[9], OM_EINVAL); /* past Content-Length */
   assert_int_equal(fx->misuse[10], 0);

@@ -1682,8 +1682,8 @@ vary_policies_are_cached_and_see_only_what_they_declare(void **state) {
       "  vary = { 'x-group' },\n"
       "  key = function(req) return req.headers['x-group'] end,\n"
       "  subset = function(req, peers)\n"
-      "    if req.headers['x-other'] or req.method or req.path then\n"
-      "      return {} end -- undeclared: never visible\n"
+      "    if rawget(req.headers, 'x-other') or rawget(req, 'method')\n"
+      "      or rawget(req, 'path') then return {} end -- not in the view\n"
       "    local g = req.headers['x-group']\n"
       "    if g == nil then return peers end\n"
       "    for _, p in ipairs(peers) do\n"
@@ -1739,6 +1739,40 @@ vary_policies_are_cached_and_see_only_what_they_declare(void **state) {
   assert_int_equal(st.policy_cache_hits, 6);
   assert_true(b->requests >= 6);
   assert_true(a->requests >= 3);
+  /* reading what vary does not name fails the call, never reads nil: a
+   * decision that depended on it would be reused for other values */
+  write_file(pol, "return { kind = \"traffic\", vary = { 'x-group' },\n"
+                  "  subset = function(req, peers)\n"
+                  "    if req.headers['x-group'] then return peers end\n"
+                  "    if req.headers['x-other'] then return {} end\n"
+                  "    return peers end }\n");
+  assert_int_equal(om_proxy_reload_policies(e.proxy), 0);
+  get(&e, "orders", "x-group: b\r\n", &r); /* declared, present */
+  assert_int_equal(r.status, 200);
+  get(&e, "orders", "x-other: 1\r\n", &r);
+  assert_int_equal(r.status, 500);
+  assert_string_equal(r.reason, "policy_error");
+  assert_non_null(strstr(r.body,
+                         "reads header 'x-other', which its vary "
+                         "does not name (add \\\"x-other\\\" to vary)"));
+  write_file(pol, "return { kind = \"traffic\", vary = { 'x-group' },\n"
+                  "  subset = function(req, peers)\n"
+                  "    if req.headers['X-Group'] == nil and req.method then\n"
+                  "      return {} end\n"
+                  "    return peers end }\n");
+  assert_int_equal(om_proxy_reload_policies(e.proxy), 0);
+  get(&e, "orders", NULL, &r); /* X-Group: declared, absent: nil */
+  assert_int_equal(r.status, 500);
+  assert_non_null(strstr(r.body, "reads req.method, which its vary does not "
+                                 "name (add \\\":method\\\" to vary)"));
+  write_file(pol, "return { kind = \"traffic\", vary = {},\n"
+                  "  subset = function(req, peers)\n"
+                  "    if req.metadata.zone then return {} end\n"
+                  "    return peers end }\n");
+  assert_int_equal(om_proxy_reload_policies(e.proxy), 0);
+  get(&e, "orders", NULL, &r);
+  assert_int_equal(r.status, 500);
+  assert_non_null(strstr(r.body, "reads req.metadata.zone"));
   env_close(&e);
 }
 

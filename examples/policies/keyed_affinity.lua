@@ -16,6 +16,10 @@ return {
     return policy.header(req, "x-session") or policy.cookie(req, "session")
   end,
 
+  -- The decision depends on these headers only: the proxy reuses it for
+  -- every request that carries the same values.
+  vary = { "x-session", "cookie" },
+
   examples = {
     { req = { headers = { ["x-session"] = "s-42" } },
       peers = { { id = "a" }, { id = "b" } },

@@ -15,6 +15,10 @@ return {
     return policy.exclude_metadata(peers, "version", "v2")
   end,
 
+  -- The decision depends on this header only: the proxy reuses it for
+  -- every request that carries the same value.
+  vary = { "x-version" },
+
   examples = {
     { description = "asked for v2",
       req = { headers = { ["x-version"] = "v2" } },

@@ -669,25 +669,68 @@ end
 -- contract.visible_req(policy, req) -> what the policy sees of req. A
 -- policy that declares `vary` sees only those fields (and the service):
 -- its decision is then a function of them, so the proxy may reuse it for
--- every request that agrees on them. Without `vary`: req itself.
+-- every request that agrees on them. Reading anything else is an error
+-- (contract.undeclared_read), not a quiet nil: a decision that depended on
+-- it would be reused for requests that differ in it. A declared header the
+-- request lacks reads as nil. Without `vary`: req itself.
+-- bindings/om_policy.c builds the same view in the proxy, with the same
+-- messages.
+local function undeclared(what, fix)
+  error(("reads %s, which its vary does not name%s"):format(what, fix), 0)
+end
+
+local function vary_headers_index(declared)
+  return function(_, k)
+    if type(k) == "string" and declared[k:lower()] then
+      return nil
+    end
+    undeclared(("header '%s'"):format(tostring(k)),
+      type(k) == "string" and (' (add "%s" to vary)'):format(k:lower()) or "")
+  end
+end
+
+local vary_metadata_mt = {
+  __index = function(_, k)
+    undeclared(("req.metadata.%s"):format(tostring(k)),
+      " (a policy that declares vary sees no metadata)")
+  end,
+  __newindex = function()
+    error("req.metadata is read-only", 0)
+  end,
+  __metatable = false,
+}
+
 function contract.visible_req(policy, req)
   local vary = rawget(policy, "vary")
   if vary == nil or type(req) ~= "table" then
     return req
   end
-  local headers, seen = {}, req.headers or {}
-  local out = { service = req.service, headers = headers, metadata = {} }
+  local headers, seen, declared = {}, req.headers or {}, {}
+  local method, path = false, false
+  local out = { service = req.service, headers = headers,
+    metadata = setmetatable({}, vary_metadata_mt) }
   for i = 1, rawlen(vary) do
     local name = rawget(vary, i)
     if name == ":method" then
-      out.method = req.method
+      out.method, method = req.method, true
     elseif name == ":path" then
-      out.path = req.path
+      out.path, path = req.path, true
     else
-      headers[name] = seen[name]
+      headers[name], declared[name] = seen[name], true
     end
   end
-  return out
+  setmetatable(headers, { __index = vary_headers_index(declared), __metatable = false })
+  return setmetatable(out, {
+    __index = function(_, k)
+      if k == "method" and not method then
+        undeclared("req.method", ' (add ":method" to vary)')
+      elseif k == "path" and not path then
+        undeclared("req.path", ' (add ":path" to vary)')
+      end
+      return nil
+    end,
+    __metatable = false,
+  })
 end
 
 function contract.subset(policy, req, peers)

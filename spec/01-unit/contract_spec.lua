@@ -182,7 +182,33 @@ describe("contract.validate", function()
       local ex = { { req = { method = "POST", path = "/x", headers = { ["x-b"] = "1" } },
         peers = { { id = "a" } }, expect = {} } }
       accepts(traffic { subset = reads_b, examples = ex })
+      -- reading what vary does not name is an error, never a quiet nil
       rejects(traffic { subset = reads_b, vary = { "x-a" }, examples = ex },
+        'example 1: subset raised: reads header \'x-b\', which its vary does not name (add "x-b" to vary)')
+      rejects(traffic { subset = reads_b, vary = { "x-a", "X-B" }, examples = ex },
+        "field 'vary[2]': 'X-B' is not a lower-case header name, \":method\" or \":path\"")
+      rejects(traffic { subset = reads_b, vary = { "x-b" }, examples = {
+        { req = { method = "POST" }, peers = { { id = "a" } }, expect = {} } } },
+        'example 1: subset raised: reads req.method, which its vary does not name (add ":method" to vary)')
+      local reads_path = function(req, peers)
+        return req.path == "/x" and {} or peers
+      end
+      rejects(traffic { subset = reads_path, vary = { ":method" }, examples = ex },
+        'example 1: subset raised: reads req.path, which its vary does not name (add ":path" to vary)')
+      accepts(traffic { subset = reads_b, vary = { "x-b", ":method", ":path" }, examples = ex })
+      local zone = function(req, peers)
+        return req.metadata.zone and {} or peers
+      end
+      rejects(traffic { subset = zone, vary = {}, examples = { { peers = { { id = "a" } }, expect = { "a" } } } },
+        "example 1: subset raised: reads req.metadata.zone, which its vary does not name (a policy that declares vary sees no metadata)")
+      -- a declared header the request lacks reads as nil, in any case
+      local absent = function(req, peers)
+        return (req.headers["x-a"] or req.headers["X-A"]) and {} or peers
+      end
+      accepts(traffic { subset = absent, vary = { "x-a" }, examples = { { peers = { { id = "a" } }, expect = { "a" } } } })
+      -- a mismatch that is not a read of an undeclared field keeps its hint
+      rejects(traffic { subset = function(_, peers) return peers end, vary = { "x-a" },
+          examples = { { peers = { { id = "a" } }, expect = {} } } },
         "example 1: subset returned {a}, expected {} (the policy declares vary: it sees only the service and those fields)")
       local seen = contract.visible_req({ vary = { "x-a", ":path" } },
         { service = "s", method = "GET", path = "/p", headers = { ["x-a"] = "1", ["x-b"] = "2" } })
