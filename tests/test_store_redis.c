@@ -164,13 +164,11 @@ static void on_state(void *ud, int status) {
     s->lost++;
 }
 
-static om_store_t *open_store(uv_loop_t *loop, const char *prefix, int port,
-                              state_t *st, int wait) {
+static om_store_t *open_store_url(uv_loop_t *loop, const char *prefix,
+                                  const char *url, state_t *st, int wait) {
   om_store_redis_opts_t o;
-  char url[64];
   om_store_t *s = NULL;
   memset(&o, 0, sizeof o);
-  snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
   o.url = url;
   o.prefix = prefix;
   o.sweep_ms = 50;
@@ -183,6 +181,13 @@ static om_store_t *open_store(uv_loop_t *loop, const char *prefix, int port,
   if (wait)
     assert_true(run_until(loop, &st->ready, 3000));
   return s;
+}
+
+static om_store_t *open_store(uv_loop_t *loop, const char *prefix, int port,
+                              state_t *st, int wait) {
+  char url[64];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
+  return open_store_url(loop, prefix, url, st, wait);
 }
 
 static void on_closed(void *ud) {
@@ -715,6 +720,47 @@ static void unreachable_redis(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* A host name is looked up off the loop (libuv's thread pool), then
+ * connected by address; a name that does not resolve is an unavailable
+ * store that keeps retrying; closing while a lookup is pending waits for
+ * it (ASan would see the store freed under the callback). */
+static void host_names_resolve_off_the_loop(void **state) {
+  uv_loop_t loop;
+  state_t st = {0}, sx = {0}, sc = {0};
+  char prefix[32], url[64];
+  om_store_t *s, *x, *c;
+  om_store_status_t ss;
+  wres_t w;
+  wres_t wx = {0};
+  (void)state;
+  new_prefix(prefix, sizeof prefix);
+  uv_loop_init(&loop);
+  snprintf(url, sizeof url, "redis://localhost:%d/0", g_port);
+  s = open_store_url(&loop, prefix, url, &st, 1);
+  w = put(&loop, s, "orders", "a", "http://h:1", 5000);
+  assert_int_equal(w.status, 0);
+  /* RFC 6761 6.4: .invalid never resolves */
+  x = open_store_url(&loop, prefix, "redis://no-such-host.invalid:6379/0", &sx,
+                     0);
+  sleep_loop(&loop, 300);
+  x->ops->status(x, &ss);
+  assert_int_equal(ss.stale, 1);
+  assert_int_equal(om_store_redis_ready(x), 0);
+  assert_int_equal(sx.ready, 0);
+  {
+    om_instance_t in = inst("b", "http://h:1", 5000);
+    assert_int_equal(x->ops->put_instance(x, "orders", &in, on_write, &wx), 0);
+    assert_int_equal(wx.status, OM_EIO);
+  }
+  /* the store that resolved is untouched by the one that did not */
+  assert_int_equal(om_store_redis_ready(s), 1);
+  c = open_store_url(&loop, prefix, url, &sc, 0);
+  close_store(&loop, c); /* its lookup is still pending */
+  close_store(&loop, x);
+  close_store(&loop, s);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 /* What someone else with access to Redis could write: garbage on the
  * channel, entries that are not registrations. Nothing crashes, bad
  * entries are skipped (and logged), good ones still served. */
@@ -940,6 +986,7 @@ int main(void) {
       cmocka_unit_test(expiry_once_for_two_planes),
       cmocka_unit_test(config_documents),
       cmocka_unit_test(unreachable_redis),
+      cmocka_unit_test(host_names_resolve_off_the_loop),
       cmocka_unit_test(fault_injection),
       cmocka_unit_test(close_with_commands_in_flight),
       cmocka_unit_test(hostile_redis_content),

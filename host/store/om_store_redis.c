@@ -28,6 +28,7 @@
  */
 #include "om_store_redis.h"
 
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -306,6 +307,14 @@ typedef struct rstore_s {
   om_store_redis_opts_t opts;
   char host[OM_STORE_REDIS_HOST_MAX + 1];
   int port, db;
+  /* A host name is resolved on libuv's thread pool before each connect
+   * (hiredis would resolve it with a blocking getaddrinfo on the loop);
+   * addr is the numeric address hiredis is given: the lookup's answers in
+   * turn, one per attempt, so a name with an address nobody listens on
+   * (localhost as ::1 with Redis bound to 127.0.0.1) still connects. */
+  char addr[OM_STORE_REDIS_HOST_MAX + 1];
+  int numeric, resolving;
+  uv_getaddrinfo_t gai;
   char prefix[PREFIX_MAX + 1];
   char k_rev[PREFIX_MAX + 8], k_services[PREFIX_MAX + 16];
   char k_leases[PREFIX_MAX + 16], k_configs[PREFIX_MAX + 16];
@@ -1164,7 +1173,7 @@ static void ev_del_write(void *d) {
 }
 
 static redisAsyncContext *connect_one(rstore_t *r) {
-  redisAsyncContext *ac = redisAsyncConnect(r->host, r->port);
+  redisAsyncContext *ac = redisAsyncConnect(r->addr, r->port);
   if (ac == NULL)
     return NULL;
   if (ac->err != 0 || redisLibuvAttach(ac, r->loop) != REDIS_OK) {
@@ -1183,12 +1192,83 @@ static redisAsyncContext *connect_one(rstore_t *r) {
   return ac;
 }
 
+static void connect_pair(rstore_t *r);
+static void release(rstore_t *r);
+
+static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res) {
+  rstore_t *r = g->data;
+  char why[OM_STORE_REDIS_HOST_MAX + 128];
+  int rc = status;
+  r->resolving = 0;
+  if (rc == 0) {
+    const struct addrinfo *a, *pick = NULL;
+    uint64_t n = 0;
+    for (a = res; a != NULL; a = a->ai_next)
+      if (a->ai_family == AF_INET || a->ai_family == AF_INET6)
+        n++;
+    if (n > 0) {
+      uint64_t k = (r->attempts - 1) % n;
+      for (a = res; pick == NULL; a = a->ai_next)
+        if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) && k-- == 0)
+          pick = a;
+    }
+    if (pick == NULL)
+      rc = UV_EAI_NONAME;
+    else if (pick->ai_family == AF_INET6)
+      rc = uv_ip6_name((const struct sockaddr_in6 *)pick->ai_addr, r->addr,
+                       sizeof r->addr);
+    else
+      rc = uv_ip4_name((const struct sockaddr_in *)pick->ai_addr, r->addr,
+                       sizeof r->addr);
+  }
+  uv_freeaddrinfo(res);
+  if (r->closing) {
+    release(r);
+    return;
+  }
+  release(r);
+  if (r->state != S_CONNECTING)
+    return; /* timed out meanwhile: the retry timer owns what comes next */
+  if (rc != 0) {
+    snprintf(why, sizeof why, "cannot resolve '%s': %s", r->host,
+             uv_strerror(rc));
+    session_fail(r, why);
+    return;
+  }
+  connect_pair(r);
+}
+
 static void session_connect(rstore_t *r) {
   r->state = S_CONNECTING;
   r->session_ms = uv_now(r->loop);
   r->cmd_ok = r->sub_ok = r->subscribed = r->epoch_done = r->listed = 0;
   r->sweeping = 0;
   r->attempts++;
+  if (r->numeric) {
+    connect_pair(r);
+    return;
+  }
+  if (!r->resolving) { /* else the pending answer connects this session */
+    struct addrinfo hints;
+    int rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    r->gai.data = r;
+    rc = uv_getaddrinfo(r->loop, &r->gai, on_resolved, r->host, NULL, &hints);
+    if (rc != 0) {
+      char why[OM_STORE_REDIS_HOST_MAX + 128];
+      snprintf(why, sizeof why, "cannot resolve '%s': %s", r->host,
+               uv_strerror(rc));
+      session_fail(r, why);
+      return;
+    }
+    r->resolving = 1;
+    r->handles_open++; /* close waits for the answer */
+  }
+}
+
+static void connect_pair(rstore_t *r) {
   r->cmd = connect_one(r);
   if (r->cmd == NULL) {
     session_fail(r, "cannot create a connection");
@@ -1941,17 +2021,22 @@ static void free_all(rstore_t *r) {
   free(r);
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-  rstore_t *r = h->data;
+/* One of the handles (or the pending name lookup) is done with r; the last
+ * one frees it once the store is closing. */
+static void release(rstore_t *r) {
   void (*done)(void *);
   void *ud;
-  if (--r->handles_open > 0)
+  if (--r->handles_open > 0 || !r->closing)
     return;
   done = r->done;
   ud = r->done_ud;
   free_all(r);
   if (done != NULL)
     done(ud);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  release(h->data);
 }
 
 static void r_close(om_store_t *s, void (*done)(void *ud), void *ud) {
@@ -1962,6 +2047,8 @@ static void r_close(om_store_t *s, void (*done)(void *ud), void *ud) {
   r->done = done;
   r->done_ud = ud;
   drop_connections(r);
+  if (r->resolving) /* its callback still runs (UV_ECANCELED or done) */
+    uv_cancel((uv_req_t *)&r->gai);
   uv_timer_stop(&r->sweep);
   uv_timer_stop(&r->retry);
   uv_close((uv_handle_t *)&r->sweep, on_handle_closed);
@@ -2125,6 +2212,13 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
     free(r);
     return OM_EINVAL;
   }
+  {
+    unsigned char buf[sizeof(struct in6_addr)];
+    r->numeric = inet_pton(AF_INET, r->host, buf) == 1 ||
+                 inet_pton(AF_INET6, r->host, buf) == 1;
+    if (r->numeric)
+      snprintf(r->addr, sizeof r->addr, "%s", r->host);
+  }
   if (opts != NULL)
     r->opts = *opts;
   r->opts.url = NULL; /* not kept: the caller owns it */
@@ -2160,6 +2254,7 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
   if (uv_timer_init(loop, &r->retry) != 0) {
     /* an initialised handle must be closed before its memory goes */
     r->handles_open = 1;
+    r->closing = 1;
     r->sweep.data = r;
     uv_close((uv_handle_t *)&r->sweep, on_handle_closed);
     return OM_ENOMEM;
