@@ -63,6 +63,16 @@ struct om_policy_s {
  * reused for requests that differ in it. A declared header the request
  * lacks reads as nil.
  */
+/* The message alone, as openmesh.contract raises it (error(msg, 0)): it
+ * names the field; a position would point into openmesh.policy's helpers. */
+static int vary_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
 static int vary_header_index(lua_State *L) { /* (headers, k); up: declared */
   char lower[256];
   size_t n = 0;
@@ -73,28 +83,28 @@ static int vary_header_index(lua_State *L) { /* (headers, k); up: declared */
       lower[i] = (char)((unsigned)(k[i] - 'A') < 26u ? k[i] | 0x20 : k[i]);
     if (lua_getfield(L, lua_upvalueindex(1), (lower[n] = 0, lower)) != LUA_TNIL)
       return 0; /* declared, not in the request: nil */
-    return luaL_error(L,
+    return vary_error(L,
                       "reads header '%s', which its vary does not name "
                       "(add \"%s\" to vary)",
                       k, lower);
   }
-  return luaL_error(L, "reads header '%s', which its vary does not name",
+  return vary_error(L, "reads header '%s', which its vary does not name",
                     luaL_tolstring(L, 2, NULL));
 }
 
 static int vary_req_index(lua_State *L) { /* (req, k); up: method, path */
   const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : "";
   if (strcmp(k, "method") == 0 && !lua_toboolean(L, lua_upvalueindex(1)))
-    return luaL_error(L, "reads req.method, which its vary does not name "
+    return vary_error(L, "reads req.method, which its vary does not name "
                          "(add \":method\" to vary)");
   if (strcmp(k, "path") == 0 && !lua_toboolean(L, lua_upvalueindex(2)))
-    return luaL_error(L, "reads req.path, which its vary does not name "
+    return vary_error(L, "reads req.path, which its vary does not name "
                          "(add \":path\" to vary)");
   return 0;
 }
 
 static int vary_metadata_index(lua_State *L) {
-  return luaL_error(L,
+  return vary_error(L,
                     "reads req.metadata.%s, which its vary does not name (a "
                     "policy that declares vary sees no metadata)",
                     luaL_tolstring(L, 2, NULL));
@@ -256,6 +266,38 @@ typedef struct {
  * the budgets, so an allocation failure or a hostile policy can only end in
  * an error message, never in a panic.
  */
+/* What a policy that declares vary calls instead of chance or the clock:
+ * its decisions are reused for every request that agrees on the declared
+ * fields, so nothing else may be among their inputs. */
+static int vary_not_available(lua_State *L) {
+  luaL_where(L, 1);
+  lua_pushfstring(L,
+                  "%s is not available to a policy that declares vary (its "
+                  "decisions are reused: they may depend only on the "
+                  "declared fields and the peers)",
+                  lua_tostring(L, lua_upvalueindex(1)));
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* Before its examples run: the policy's own _ENV loses them. */
+static void vary_seal_env(lua_State *L, om_sandbox_t *sb) {
+  static const char *const gone[][2] = {{"math", "random"},
+                                        {"math", "randomseed"},
+                                        {"os", "time"},
+                                        {"os", "clock"}};
+  om_sandbox_push_env(sb); /* [env] */
+  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+    if (lua_getfield(L, -1, gone[i][0]) == LUA_TTABLE) { /* [env, lib] */
+      lua_pushfstring(L, "%s.%s", gone[i][0], gone[i][1]);
+      lua_pushcclosure(L, vary_not_available, 1);
+      lua_setfield(L, -2, gone[i][1]);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
 static int load_and_validate(lua_State *L) {
   const load_arg_t *a = lua_touserdata(L, 1);
   om_sandbox_t *sb = a->p->sb;
@@ -271,6 +313,9 @@ static int load_and_validate(lua_State *L) {
   if (lua_type(L, -1) != LUA_TTABLE)
     return luaL_error(L, "%s: a policy must return a table, got %s", a->name,
                       luaL_typename(L, -1));
+  if (rawfield(L, -1, "vary") == LUA_TTABLE)
+    vary_seal_env(L, sb);
+  lua_pop(L, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_POLICY);
   lua_settop(L, 0);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);

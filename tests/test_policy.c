@@ -14,9 +14,8 @@
 
 /* A generous wall clock: the instruction budget must be what trips, even
  * under ASan on a loaded machine. */
-static const om_policy_opts_t opts = {.lib_dir = LIB_DIR,
-                                      .instr_limit = 1000000,
-                                      .wall_limit_ns = 20000000000u};
+static const om_policy_opts_t opts = {
+    .lib_dir = LIB_DIR, .instr_limit = 1000000, .wall_limit_ns = 20000000000u};
 
 static om_policy_t *load_ok(const char *name, const char *src) {
   char err[1024];
@@ -199,6 +198,56 @@ static void route_never_widens(void **state) {
   om_policy_free(p);
 }
 
+/* A policy that declares vary has its decisions reused, so chance and the
+ * clock are gone from its functions (its examples and the proxy alike);
+ * its top level may still use them, and a policy without vary keeps them. */
+static void vary_policies_lose_chance_and_the_clock(void **state) {
+  static const char *const gone[] = {"math.random()", "math.randomseed(1)",
+                                     "os.time()", "os.clock()"};
+  char src[512], want[64];
+  om_policy_t *p;
+  const om_policy_peer_t peers[] = {{"a", NULL, NULL, 1, NULL, 0}};
+  uint32_t out[1];
+  size_t n = 0;
+  char err[512];
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  (void)state;
+  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+    snprintf(
+        src, sizeof src,
+        "return { kind = 'traffic', vary = {},\n"
+        "  subset = function(_, peers) local _ = %s return peers end,\n"
+        "  examples = { { peers = { { id = 'a' } }, expect = { 'a' } } } }",
+        gone[i]);
+    snprintf(want, sizeof want, "v.lua:2: %.*s is not available",
+             (int)(strchr(gone[i], '(') - gone[i]), gone[i]);
+    expect_rejected("v.lua", src, want);
+    /* without vary: allowed */
+    snprintf(
+        src, sizeof src,
+        "return { kind = 'traffic',\n"
+        "  subset = function(_, peers) local _ = %s return peers end,\n"
+        "  examples = { { peers = { { id = 'a' } }, expect = { 'a' } } } }",
+        gone[i]);
+    om_policy_free(load_ok("plain.lua", src));
+  }
+  /* at the top level, before vary is known: allowed; in the call path
+   * (no example reached it): that request fails */
+  p = load_ok("late.lua",
+              "local t0 = os.time() + math.random()\n"
+              "return { kind = 'traffic', vary = {},\n"
+              "  subset = function(_, peers)\n"
+              "    if #peers > 0 then return { peers[1], os.time() } end\n"
+              "    return peers end }");
+  assert_int_equal(om_policy_set_peers(p, peers, 1), 0);
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err),
+      OM_EPOLICY);
+  assert_non_null(strstr(err, "late.lua:4: os.time is not available to a "
+                              "policy that declares vary"));
+  om_policy_free(p);
+}
+
 /* om.select_metadata answers from the C copy of the view's metadata: it
  * must agree with a plain Lua filter over the same peers. */
 static void select_metadata_fast_path_agrees(void **state) {
@@ -293,6 +342,7 @@ int main(void) {
       cmocka_unit_test(route_returns_subset_indices),
       cmocka_unit_test(route_never_widens),
       cmocka_unit_test(select_metadata_fast_path_agrees),
+      cmocka_unit_test(vary_policies_lose_chance_and_the_clock),
       cmocka_unit_test(key_must_be_a_string),
       cmocka_unit_test(load_survives_allocation_failures),
   };
