@@ -296,6 +296,8 @@ static int sbuf_grow(sbuf_t *b, size_t need, size_t limit) {
  * over all of them. Every buffer keeps one spare byte for a NUL.
  */
 static int append(om_sse_parser_t *p, sbuf_t *b, const void *src, size_t n) {
+  /* The standard sets no bound; this one (om_sse.h, max_event_bytes) is
+   * the implementation's, and is checked before anything grows. */
   size_t total = p->data.len + p->type.len + p->idv.len;
   if (n > p->max - total)
     return OM_ETOOBIG;
@@ -466,7 +468,11 @@ static int dispatch(om_sse_parser_t *p, om_sse_event_cb cb, void *ud,
   return r;
 }
 
-/* A colon ended the field name: pick the field (names are case-sensitive). */
+/*
+ * A colon ended the field name: pick the field. 9.2.6: "Field names must
+ * be compared literally, with no case folding performed"; any other name
+ * is "Otherwise: The field is ignored."
+ */
 static void begin_value(om_sse_parser_t *p) {
   const char *n = p->name;
   uint8_t f = F_NONE;
@@ -490,7 +496,7 @@ static void begin_value(om_sse_parser_t *p) {
   }
   p->field = f;
   if (f == F_EVENT)
-    p->type.len = 0; /* "set the event type buffer to the field value" */
+    p->type.len = 0; /* "Set the event type buffer to field value." */
   else if (f == F_ID)
     p->idv.len = 0;
   else if (f == F_RETRY) {
@@ -504,6 +510,8 @@ static void begin_value(om_sse_parser_t *p) {
 static int end_value(om_sse_parser_t *p) {
   int rc;
   sbuf_t *b = value_buf(p);
+  /* Defensive: value_bytes settles a sequence the chunk end cut before it
+   * stops at a line end, so this does not happen today. */
   if (p->u8_need != 0) { /* a sequence cut by the line end: one error */
     b->len -= p->u8_seen;
     p->u8_need = 0;
@@ -512,6 +520,8 @@ static int end_value(om_sse_parser_t *p) {
       return rc;
   }
   if (p->field == F_DATA) {
+    /* "Append the field value to the data buffer, then append a single
+     * U+000A LINE FEED (LF) character to the data buffer." */
     if (p->data.len + p->type.len + p->idv.len < p->max &&
         b->len + 2 <= b->cap) { /* the common case, without memcpy */
       b->p[b->len++] = '\n';
@@ -533,7 +543,8 @@ static int end_value(om_sse_parser_t *p) {
   return 0;
 }
 
-/* A field name with no colon: the value is the empty string. */
+/* 9.2.6: a line that "is not empty but does not contain a U+003A COLON
+ * character (:)": the whole line is the name, the value is empty. */
 static int field_without_value(om_sse_parser_t *p) {
   p->field = F_NONE;
   if (p->name_len == 4 && memcmp(p->name, "data", 4) == 0)
@@ -642,14 +653,21 @@ static int run(om_sse_parser_t *p, const uchar *s, const uchar *end,
     }
     case ST_LINE: {
       uchar c = *s;
-      if (p->after_cr) { /* CRLF is one line end, even across chunks */
+      /* 9.2.6: a line ends with CRLF, "a single U+000A LINE FEED (LF)
+       * character not preceded by a U+000D CARRIAGE RETURN (CR)
+       * character", or "a single U+000D CARRIAGE RETURN (CR) character not
+       * followed by a U+000A LINE FEED (LF) character". The line ended at
+       * the CR already; an LF right after it (maybe in the next chunk) is
+       * the rest of that CRLF, not a blank line. */
+      if (p->after_cr) {
         p->after_cr = 0;
         if (c == '\n') {
           s++;
           break;
         }
       }
-      if (is_eol(c)) { /* a blank line */
+      if (is_eol(c)) { /* "If the line is empty (a blank line): Dispatch
+                          the event" */
         s++;
         p->after_cr = c == '\r';
         p->work++;
@@ -657,7 +675,8 @@ static int run(om_sse_parser_t *p, const uchar *s, const uchar *end,
           return rc;
         break;
       }
-      if (c == ':') { /* a comment */
+      if (c == ':') { /* "If the line starts with a U+003A COLON character
+                         (:): Ignore the line." */
         s++;
         p->state = ST_SKIP;
         break;
@@ -695,7 +714,8 @@ static int run(om_sse_parser_t *p, const uchar *s, const uchar *end,
       }
       break;
     case ST_VALUE_SP:
-      /* "If value starts with a U+0020 SPACE character, remove it" */
+      /* 9.2.6: "If value starts with a U+0020 SPACE character, remove it
+       * from value." One U+0020 only: not a tab, not a second space. */
       if (*s == ' ')
         s++;
       p->state = p->field == F_RETRY ? ST_RETRY : ST_VALUE;

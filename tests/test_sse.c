@@ -542,6 +542,105 @@ static void bad_arguments(void **state) {
   om_sse_parser_free(NULL);
 }
 
+/* ---- reset and the stream state the callback sees ----------------------- */
+
+static void feed_ok(om_sse_parser_t *p, const char *s, size_t n, out_t *o) {
+  assert_int_equal(om_sse_parser_feed(p, s, n, record, o), 0);
+}
+
+#define FEED(p, lit, o) feed_ok(p, lit, sizeof(lit) - 1, o)
+
+/*
+ * A reset is a new stream (9.2.6: a stream's buffers start empty, and the
+ * UTF-8 decode strips a leading BOM): nothing half-read in the old one
+ * (a CR awaiting its LF, a cut BOM or UTF-8 sequence, a field name, a
+ * value, pending buffers) leaks into it.
+ */
+static void reset_starts_a_clean_stream(void **state) {
+  static out_t o;
+  om_sse_parser_t *p;
+  (void)state;
+  o.len = 0;
+  o.buf[0] = '\0';
+  assert_int_equal(om_sse_parser_new(NULL, &p), 0);
+  /* A pending CR: the new stream's first LF is a blank line of its own,
+   * so the (empty) last event ID buffer is copied into the string. */
+  FEED(p, "retry:9\nid:1\n\ndata:a\r", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  assert_string_equal(om_sse_parser_last_event_id(p, NULL), "1");
+  FEED(p, "\n", &o);
+  assert_string_equal(om_sse_parser_last_event_id(p, NULL), "");
+  assert_int_equal(o.len, 0); /* "data:a" was dropped with its stream */
+  /* A cut BOM (at a stream start): the next stream starts at BF, which
+   * is not a BOM. */
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p, "\xEF\xBB", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p,
+       "\xBF"
+       "data:x\n\n",
+       &o);
+  assert_int_equal(o.len, 0);
+  /* A cut UTF-8 sequence: nothing of it carries over into a value. */
+  FEED(p, "data:\xE2\x82", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p, "data:x\n\n", &o);
+  assert_string_equal(o.buf, "[message|x|]");
+  o.len = 0;
+  o.buf[0] = '\0';
+  /* A cut name, a cut retry value, pending type and data. */
+  FEED(p, "da", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p, "ta:x\n\n", &o);
+  FEED(p, "retry:12", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p, "3\n", &o);
+  FEED(p, "event:t\ndata:a\n", &o);
+  assert_int_equal(om_sse_parser_reset(p), 0);
+  FEED(p, "data:b\n\n", &o);
+  assert_string_equal(o.buf, "[message|b|]");
+  /* The event source's reconnection time was kept throughout. */
+  assert_int_equal(om_sse_parser_retry_ms(p), 9);
+  om_sse_parser_free(p);
+}
+
+typedef struct {
+  om_sse_parser_t *p;
+  int64_t retry[4];
+  int n;
+} seen_t;
+
+static int see_state(void *ud, const om_sse_event_t *ev) {
+  seen_t *s = ud;
+  size_t len;
+  const char *id = om_sse_parser_last_event_id(s->p, &len);
+  /* The event's id is the last event ID string as of this dispatch. */
+  assert_int_equal(len, ev->id_len);
+  assert_memory_equal(id, ev->id, len);
+  if (s->n < 4)
+    s->retry[s->n] = om_sse_parser_retry_ms(s->p);
+  s->n++;
+  return 0;
+}
+
+/* A retry line takes effect at its own line end, before the event after
+ * it in the same chunk is dispatched; the getters are usable from the
+ * callback. */
+static void callback_sees_stream_state(void **state) {
+  static const char in[] = "retry:5\nid:9\ndata:x\n\nretry:7\ndata:y\n\n"
+                           "retry:x\nid\ndata:z\n\n";
+  seen_t s = {NULL, {0}, 0};
+  (void)state;
+  assert_int_equal(om_sse_parser_new(NULL, &s.p), 0);
+  assert_int_equal(om_sse_parser_feed(s.p, in, sizeof in - 1, see_state, &s),
+                   0);
+  assert_int_equal(s.n, 3);
+  assert_int_equal(s.retry[0], 5);
+  assert_int_equal(s.retry[1], 7);
+  assert_int_equal(s.retry[2], 7);
+  om_sse_parser_free(s.p);
+}
+
 /* ---- a reference: 9.2.6 read literally, on the whole stream at once ---- */
 
 typedef struct {
@@ -1279,6 +1378,8 @@ int main(void) {
       cmocka_unit_test(callback_can_stop),
       cmocka_unit_test(callback_cannot_reenter),
       cmocka_unit_test(bad_arguments),
+      cmocka_unit_test(reset_starts_a_clean_stream),
+      cmocka_unit_test(callback_sees_stream_state),
       cmocka_unit_test(matches_reference_on_random_streams),
       cmocka_unit_test(chunking_invariance),
       cmocka_unit_test(sixteen_mib_in_64_byte_chunks),
