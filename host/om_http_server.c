@@ -46,6 +46,8 @@
 #define DEF_MAX_CONNECTIONS 10000u
 #define DEF_MAX_PIPELINED 16u
 
+/* longer than any method http-parser knows (UNSUBSCRIBE, 11) */
+#define METHOD_MAX 16u
 #define CHUNK_LINE_MAX 4096u /* chunk-size + chunk-ext bytes in one line */
 /* framing bytes allowed in one chunked body */
 #define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
@@ -149,8 +151,6 @@ typedef struct {
   size_t tr_bytes, tr_fields;
   size_t seen;     /* raw body bytes consumed */
   size_t overhead; /* chunk lines and trailers: framing, not data */
-  char tname[20];
-  size_t tname_len;
 } dec_t;
 
 /* What http-parser saw, for the cross-check. */
@@ -223,7 +223,8 @@ struct om_http_conn_s {
   om_http_reject_t err;
   unsigned has_err : 1, err_sent : 1, err_head : 1, fresh : 1, hstart_set : 1,
       eof : 1, closing : 1, failed : 1, shutting : 1, lingering : 1,
-      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1, dirty : 1;
+      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1, dirty : 1,
+      no_more : 1;
   char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
   size_t ob_len;
   conn_t *dprev, *dnext; /* the server's list of corked connections */
@@ -882,6 +883,11 @@ static int scan_head(conn_t *c, const unsigned char *b, size_t len,
       } else if (!om__http_is_tchar(ch)) {
         *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
         return SCAN_ERROR;
+      } else if (s->pos - s->rl_start >= METHOD_MAX) {
+        /* RFC 9112 3: a method longer than any implemented SHOULD get
+         * 501, at once rather than 431 once the limit is reached */
+        *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
+        return SCAN_ERROR;
       }
       break;
     case S_TARGET0: /* exactly one SP between the parts (RFC 9112 3) */
@@ -1083,7 +1089,9 @@ static int valid_authority(const char *a, size_t n, int require_host) {
 
 typedef struct {
   size_t path_off, path_len, query_off, query_len;
-  int has_query, root; /* root: absolute-form with an empty path */
+  size_t auth_off, auth_len; /* absolute-form: the authority */
+  int has_query, root;       /* root: absolute-form with an empty path */
+  int absolute;
 } target_t;
 
 static int parse_target(const char *m, size_t ml, const char *t, size_t n,
@@ -1116,6 +1124,9 @@ static int parse_target(const char *m, size_t ml, const char *t, size_t n,
       i++;
     if (!valid_authority(t + a, i - a, 1))
       return -1;
+    out->absolute = 1;
+    out->auth_off = a;
+    out->auth_len = i - a;
   }
   out->path_off = i;
   while (i < n && t[i] != '?')
@@ -1278,7 +1289,7 @@ static void expect_opt(const char *e, size_t n, void *arg) {
 /* What the header section says, once it passed every check. */
 typedef struct {
   target_t tg;
-  int minor, chunked, has_cl, is_head;
+  int minor, wire_minor, chunked, has_cl, has_host, is_head;
   uint64_t cl;
   conn_opts_t co;
   expect_t ex;
@@ -1293,12 +1304,16 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
   memset(h, 0, sizeof *h);
   memset(&te, 0, sizeof te);
   h->is_head = ml == 4 && memcmp(m, "HEAD", 4) == 0;
-  /* RFC 9110 6.2 / 15.6.6: only HTTP/1.0 and HTTP/1.1 */
-  if (v[5] != '1' || (v[7] != '0' && v[7] != '1')) {
+  /* RFC 9110 15.6.6: 505 for a major version other than 1. RFC 9110 6.2:
+   * a higher minor version than ours (HTTP/1.2 .. HTTP/1.9) SHOULD be
+   * processed as the highest minor we conform to, 1.1; the version is
+   * only a statement of capability, framing stays that of HTTP/1.1. */
+  if (v[5] != '1') {
     *why = OM_HTTP_REJECT_VERSION_NOT_SUPPORTED;
     return -1;
   }
-  h->minor = v[7] - '0';
+  h->wire_minor = v[7] - '0';
+  h->minor = h->wire_minor > 1 ? 1 : h->wire_minor;
   /* CONNECT would turn the connection into a tunnel: not offered here. */
   if (ml == 7 && memcmp(m, "CONNECT", 7) == 0) {
     *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
@@ -1350,6 +1365,7 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
       list_walk(val, vl, expect_opt, &h->ex);
     }
   }
+  h->has_host = n_host > 0;
   /* RFC 9112 3.2: HTTP/1.1 needs exactly one Host */
   if (h->minor == 1 && n_host != 1) {
     *why = OM_HTTP_REJECT_BAD_HOST;
@@ -1570,7 +1586,7 @@ static int hx_check_head(conn_t *c, const char *b, size_t len, const head_t *h,
     return -1;
   if (x->url_off != s->target_start ||
       x->url_len != s->target_end - s->target_start || x->nf != s->n_fields ||
-      x->major != 1 || (int)x->minor != h->minor)
+      x->major != 1 || (int)x->minor != h->wire_minor)
     return -1;
   if (!!(x->flags & F_CHUNKED) != h->chunked ||
       !!(x->flags & F_CONTENTLENGTH) != h->has_cl ||
@@ -1621,25 +1637,38 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
   size_t ml = s->method_end - s->rl_start;
   size_t tl = s->target_end - s->target_start;
   const char *t = b + s->target_start;
-  size_t nf = s->n_fields, text, i;
+  size_t nf = s->n_fields, text, i, n_out;
+  /* RFC 9112 3.2.2: with an absolute-form target the server MUST ignore
+   * Host and use the target's authority instead. The handler (the proxy
+   * routes on Host) sees the authority as the Host value, so no reader
+   * of the request can pick the other name; an HTTP/1.0 request without
+   * Host gets one (appended last). */
+  int add_host = h->tg.absolute && !h->has_host;
   om_http_header_t *hd;
   req_t *r;
   char *p;
+  n_out = nf + (add_host ? 1 : 0);
   text = ml + 1 + tl + 1 + h->tg.path_len + 2 + h->tg.query_len + 1;
   for (i = 0; i < nf; i++)
     text += (size_t)c->fields[i].name_len + c->fields[i].value_len + 2;
-  r = malloc(sizeof *r + nf * sizeof *hd + text);
+  if (h->tg.absolute) /* "host" and the authority, in place of the value */
+    text += 5 + h->tg.auth_len + 1;
+  r = malloc(sizeof *r + n_out * sizeof *hd + text);
   if (r == NULL)
     return NULL;
   memset(r, 0, sizeof *r);
   hd = (om_http_header_t *)(r + 1);
-  p = (char *)(hd + nf);
+  p = (char *)(hd + n_out);
   r->pub.method = put_str(&p, b + s->rl_start, ml);
   r->pub.method_len = ml;
   r->pub.target = put_str(&p, t, tl);
   r->pub.target_len = tl;
   if (h->tg.root) {
-    r->pub.path = put_str(&p, "/", 1);
+    /* RFC 9112 3.2.4: OPTIONS http://host (empty path, no query) asks
+     * about the server as a whole: the origin-form of that is "*" */
+    int star = !h->tg.has_query && ml == 7 &&
+               memcmp(b + s->rl_start, "OPTIONS", 7) == 0;
+    r->pub.path = put_str(&p, star ? "*" : "/", 1);
     r->pub.path_len = 1;
   } else {
     r->pub.path = put_str(&p, t + h->tg.path_off, h->tg.path_len);
@@ -1658,11 +1687,22 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
         name[j] = (char)(name[j] | 0x20);
     hd[i].name = name;
     hd[i].name_len = f->name_len;
-    hd[i].value = put_str(&p, b + f->value_off, f->value_len);
-    hd[i].value_len = f->value_len;
+    if (h->tg.absolute && f->name_len == 4 && memcmp(name, "host", 4) == 0) {
+      hd[i].value = put_str(&p, t + h->tg.auth_off, h->tg.auth_len);
+      hd[i].value_len = h->tg.auth_len;
+    } else {
+      hd[i].value = put_str(&p, b + f->value_off, f->value_len);
+      hd[i].value_len = f->value_len;
+    }
+  }
+  if (add_host) {
+    hd[nf].name = put_str(&p, "host", 4);
+    hd[nf].name_len = 4;
+    hd[nf].value = put_str(&p, t + h->tg.auth_off, h->tg.auth_len);
+    hd[nf].value_len = h->tg.auth_len;
   }
   r->pub.headers = hd;
-  r->pub.n_headers = nf;
+  r->pub.n_headers = n_out;
   r->pub.body = "";
   r->pub.version_major = 1;
   r->pub.version_minor = h->minor;
@@ -1687,6 +1727,14 @@ static void enqueue(conn_t *c, req_t *r) {
     c->q_head = r;
   c->q_tail = r;
   c->q_len++;
+  /* RFC 9112 9.6: after a request with "close" (or an HTTP/1.0 one
+   * without keep-alive) the server MUST NOT process further requests on
+   * the connection: what follows is dropped unparsed, read only to see
+   * the client's EOF and keep our FIN from turning into a reset. */
+  if (!r->keep_alive) {
+    c->no_more = 1;
+    c->in_off = c->in_len;
+  }
 }
 
 static int body_append(conn_t *c, req_t *r, const char *p, size_t k) {
@@ -1778,6 +1826,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       }
       continue;
     }
+    *used = i; /* on an error: the bytes before the one refused */
     ch = (unsigned char)data[i++];
     /* many tiny chunks with long extensions must not stretch a body
      * limit into gigabytes on the wire */
@@ -1801,18 +1850,27 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
         return DEC_ERROR;
       d->size = (uint64_t)om__http_hex_val(ch);
       d->st = D_SIZE;
-      break;
-    case D_SIZE:
-      if (om__http_hex_val(ch) >= 0) {
-        if (d->size > (UINT64_MAX >> 4)) /* does not fit in 64 bits */
-          return DEC_ERROR;
-        d->size = (d->size << 4) | (uint64_t)om__http_hex_val(ch);
-        break;
-      }
-      /* the size is complete: refuse what cannot fit before reading it */
       if (d->size > maxb - r->pub.body_len) {
         *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
         return DEC_ERROR;
+      }
+      break;
+    case D_SIZE:
+      if (om__http_hex_val(ch) >= 0) {
+        /* more digits only make it bigger: past the body limit (or past
+         * 64 bits) it is refused at this digit, wherever the line was
+         * split into reads, and long before http-parser would overflow
+         * (it refuses sizes over 2^60 as an invalid length) */
+        if (d->size > (UINT64_MAX >> 4)) {
+          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
+          return DEC_ERROR;
+        }
+        d->size = (d->size << 4) | (uint64_t)om__http_hex_val(ch);
+        if (d->size > maxb - r->pub.body_len) {
+          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
+          return DEC_ERROR;
+        }
+        break;
       }
       if (ch == ';')
         d->st = D_EXT_NAME0;
@@ -1931,8 +1989,6 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
           *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
           return DEC_ERROR;
         }
-        d->tname[0] = (char)ch;
-        d->tname_len = 1;
         d->st = D_TR_NAME;
       } else {
         if (om__http_is_ows(ch) && d->tr_fields > 0)
@@ -1941,22 +1997,15 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
       }
       break;
     case D_TR_NAME:
+      /* Every trailer field is dropped (RFC 9112 7.1.2 allows it), so one
+       * that cannot be a trailer (Content-Length, Transfer-Encoding, Host:
+       * RFC 9110 6.5.1) is never applied, and the message it ends is
+       * valid as sent. */
       *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == ':') {
-        /* RFC 9110 6.5.1: framing fields cannot be trailers */
-        size_t tl = d->tname_len;
-        if (tl <= sizeof d->tname &&
-            (om__http_ci_eq(d->tname, tl, "content-length") ||
-             om__http_ci_eq(d->tname, tl, "transfer-encoding")))
-          return DEC_ERROR;
+      if (ch == ':')
         d->st = D_TR_VALUE;
-      } else if (om__http_is_tchar(ch)) {
-        if (d->tname_len < sizeof d->tname)
-          d->tname[d->tname_len] = (char)ch;
-        d->tname_len++;
-      } else {
+      else if (!om__http_is_tchar(ch))
         return DEC_ERROR;
-      }
       break;
     case D_TR_VALUE:
       *why = OM_HTTP_REJECT_BAD_HEADER;
@@ -1996,7 +2045,7 @@ static int scan_method_is_head(const conn_t *c) {
 
 static void conn_parse(conn_t *c) {
   om_http_server_t *s = c->srv;
-  while (!c->closing && !c->failed && c->ps != P_DEAD &&
+  while (!c->closing && !c->failed && c->ps != P_DEAD && !c->no_more &&
          c->q_len < s->o.max_pipelined) {
     size_t avail = c->in_len - c->in_off;
     om_http_reject_t why = OM_HTTP_REJECT_BAD_REQUEST;
@@ -2032,6 +2081,13 @@ static void conn_parse(conn_t *c) {
         return;
       }
       if (rc == DEC_ERROR) {
+        /* http-parser reads the bytes before the refused one, as it would
+         * have had they come in an earlier read: whichever parser refuses
+         * first, in byte order, names the reason, so the answer does not
+         * depend on how the client's bytes were split into reads */
+        om_http_reject_t hwhy;
+        if (hx_feed_body(c, p, used, 0, &hwhy) != 0)
+          why = hwhy;
         reject(c, why);
         return;
       }
@@ -2135,7 +2191,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   om_http_server_t *s = c->srv;
   size_t maxcap = s->o.max_header_bytes + READ_SLACK;
   (void)suggested;
-  if (c->ps == P_DEAD || c->lingering || c->shutting) {
+  if (c->ps == P_DEAD || c->lingering || c->shutting || c->no_more) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
   }
@@ -2170,7 +2226,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     c->t_read = now_ms(c);
     if (buf->base == s->scratch) { /* dead: read and drop */
       c->discarded += (size_t)nread;
-      if (c->discarded > DISCARD_MAX)
+      /* bytes after a refusal are cut off at some point; bytes after a
+       * last request are not: its response may still be on its way, and
+       * lingering bounds the rest */
+      if (c->discarded > DISCARD_MAX && !c->no_more)
         conn_close(c, 0);
       return;
     }
@@ -2281,7 +2340,7 @@ static void conn_update(conn_t *c) {
     return;
   if (c->failed || c->eof)
     want = 0;
-  else if (c->lingering || c->shutting || c->ps == P_DEAD)
+  else if (c->lingering || c->shutting || c->ps == P_DEAD || c->no_more)
     want = 1; /* read and drop: see EOF, keep the peer from a reset */
   else
     want = c->q_len < s->o.max_pipelined &&

@@ -15,7 +15,19 @@
  * http-parser (2.9.x, which Debian builds with HTTP_PARSER_STRICT=0 and is
  * lenient about bare LF, obs-fold, whitespace before the colon, chunk-data
  * CRLF, ...) must agree with it on method, target, every field, version
- * and body framing; any disagreement is a 400.
+ * and body framing; any disagreement is a 400. Where the two refuse a
+ * body at different bytes, the one that refuses first in byte order
+ * names the reason, so the answer never depends on how the client's
+ * bytes were split into reads.
+ *
+ * Deliberate choices where RFC 9112 leaves one: a bare LF is never a line
+ * terminator (2.2 says MAY), anywhere: request line, field lines, chunk
+ * lines, trailers; a bare CR is refused (2.2); obs-fold is refused
+ * (5.2), as is whitespace before the first field line (2.2); a message
+ * with both Content-Length and Transfer-Encoding is refused (6.1), and
+ * so is a repeated Content-Length (RFC 9110 8.6 allows merging equal
+ * values). After a request that ends the connection ("close", or HTTP/1.0
+ * without keep-alive) no further byte is parsed (9.6).
  *
  * Threading: everything runs on the loop thread; no function here may be
  * called from another thread. The process must ignore SIGPIPE (libuv
@@ -45,12 +57,13 @@ typedef struct om_http_server_s om_http_server_t;
  *   fragment, userinfo (RFC 9112 3.2, RFC 9110 4.2.4).
  * - TARGET_TOO_LONG: the limit max_header_bytes was reached inside the
  *   request-target (RFC 9112 3: 414).
- * - VERSION_NOT_SUPPORTED: a well-formed version other than HTTP/1.0 and
- *   HTTP/1.1 (RFC 9110 15.6.6: 505).
+ * - VERSION_NOT_SUPPORTED: a well-formed version whose major is not 1
+ *   (RFC 9110 15.6.6: 505). HTTP/1.2 .. HTTP/1.9 are processed as
+ *   HTTP/1.1 (RFC 9110 6.2).
  * - BAD_HEADER: a field name that is not a token, whitespace between the
  *   name and the colon (RFC 9112 5.1), a CTL, NUL, DEL or bare CR/LF in a
  *   value (RFC 9110 5.5, RFC 9112 2.2), whitespace before the first field
- *   line (RFC 9112 2.2), a framing field in the trailer section.
+ *   line (RFC 9112 2.2); the same in a trailer field line.
  * - OBS_FOLD: a field line continued on the next line (RFC 9112 5.2).
  * - BAD_HOST: HTTP/1.1 without Host, more than one Host, or a Host value
  *   that is not uri-host [":" port] (RFC 9112 3.2, RFC 9110 7.2).
@@ -65,12 +78,13 @@ typedef struct om_http_server_s om_http_server_t;
  *   Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1).
  * - UNSUPPORTED_TRANSFER_CODING: a coding other than chunked before the
  *   final chunked (RFC 9112 6.1: 501).
- * - BAD_CHUNK: chunk-size not 1*HEXDIG or over 64 bits, malformed
+ * - BAD_CHUNK: chunk-size not 1*HEXDIG, malformed
  *   chunk-ext, a chunk line over 4 KiB, more framing bytes (chunk lines,
  *   trailers) than max(64 KiB, max_body_bytes), no CRLF after chunk-data,
  *   no CRLF ending the message (RFC 9112 7.1).
  * - METHOD_NOT_IMPLEMENTED: CONNECT, or a method token that http-parser
- *   does not know (RFC 9110 9.1: 501).
+ *   does not know (RFC 9110 9.1: 501), answered as soon as the method
+ *   passes 16 bytes, longer than any known one (RFC 9112 3).
  * - EXPECTATION_FAILED: an Expect member other than 100-continue in an
  *   HTTP/1.1 request (RFC 9110 10.1.1: 417).
  * - HEADERS_TOO_LARGE: the header section (request line included, leading
@@ -78,7 +92,8 @@ typedef struct om_http_server_s om_http_server_t;
  *   or has more than max_headers fields (RFC 6585 5: 431).
  * - BODY_TOO_LARGE: Content-Length or the sum of chunk sizes exceeds
  *   max_body_bytes (RFC 9110 15.5.14: 413), answered before the body is
- *   read.
+ *   read: a chunk-size at the hex digit that takes it past the limit, a
+ *   value too big for 64 bits included, as for Content-Length.
  * - REQUEST_TIMEOUT: the header section did not complete within
  *   header_timeout_ms of its first byte, or the body stalled for
  *   idle_timeout_ms (RFC 9110 15.5.9: 408).
@@ -87,7 +102,11 @@ typedef struct om_http_server_s om_http_server_t;
  *   the part it refused instead: it refuses HTAB after a Content-Length or
  *   Transfer-Encoding value and HTAB before a chunk-ext (valid BWS/OWS), so
  *   those are answered 400 bad_content_length / bad_transfer_encoding /
- *   bad_chunk; it does not know every method token (501).
+ *   bad_chunk; it refuses empty elements in a Transfer-Encoding list
+ *   ("chunked," and ", chunked", which RFC 9110 5.6.1.2 would have a
+ *   recipient skip): bad_transfer_encoding; it checks a Content-Length in
+ *   the trailer section as if it were a header (one, 1*DIGIT):
+ *   bad_content_length; it does not know every method token (501).
  */
 #define OM_HTTP_REJECT_MAP(XX)                                                 \
   XX(BAD_REQUEST_LINE, 400, "bad_request_line")                                \
@@ -211,17 +230,24 @@ typedef struct om_http_request_s {
   /* The path as sent, NOT percent-decoded (decode per segment after
    * routing, so an encoded "/" stays data): the part of the target before
    * '?'; for absolute-form the path of the URI ("/" when empty); "*" for
-   * OPTIONS *. */
+   * OPTIONS *, and for OPTIONS with an absolute-form target with neither
+   * path nor query (RFC 9112 3.2.4). */
   const char *path;
   size_t path_len;
   const char *query; /* after '?', raw; NULL when the target has no '?' */
   size_t query_len;
-  int version_major;               /* 1 */
-  int version_minor;               /* 0 or 1 */
-  const om_http_header_t *headers; /* in arrival order, duplicates kept */
+  int version_major; /* 1 */
+  int version_minor; /* 0 or 1 (1.2 .. 1.9 are read as 1.1) */
+  /* In arrival order, duplicates kept. With an absolute-form target the
+   * host field's value is the target's authority, whatever Host said
+   * (RFC 9112 3.2.2: the server MUST ignore Host then), and an HTTP/1.0
+   * request without Host gets a host field with it, last. */
+  const om_http_header_t *headers;
   size_t n_headers;
   /* decoded (de-chunked), NUL-terminated; "" if none. Trailer fields are
-   * checked like header fields and dropped (RFC 9112 7.1.2 allows it). */
+   * checked like header fields and dropped (RFC 9112 7.1.2 allows it):
+   * one that cannot be a trailer (Content-Length, Transfer-Encoding,
+   * Host: RFC 9110 6.5.1) is never applied. */
   const char *body;
   size_t body_len;
   struct sockaddr_storage remote;
