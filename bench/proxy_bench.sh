@@ -18,9 +18,11 @@
 # haproxy, then haproxy nginx proxy), after a 1 s warm-up run of each.
 # CPU per request: the contender's utime+stime (/proc/PID/stat, every thread
 # and child process) over a throughput run, divided by the requests wrk
-# counted. Added latency: wrk -t1 -c1 (3 s per run, 5 rounds, interleaved
-# direct proxy nginx / nginx proxy direct): the median p50 (p99) through a
-# proxy minus the median p50 (p99) straight to the upstream. Then all of it
+# counted. Added latency: wrk -t1 -c1 (3 s per run, 9 rounds, interleaved
+# direct proxy nginx / nginx proxy direct): per round, the p50 (p99) through
+# a proxy minus the p50 (p99) straight to the upstream in that round, so a
+# drift of the machine between rounds cancels; the figure is the median of
+# those differences. Then all of it
 # again with every process (upstream, proxies, wrk) pinned to CPU 0
 # (`taskset -c 0`), since this 2-core machine is noisy: the `_pinned`
 # figures. A figure is the median over its rounds; a ratio is the median of
@@ -30,12 +32,12 @@
 # go to stderr. Exits non-zero when a contender fails to start or answers
 # anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+5 (default
 # 19480), a temp dir for every config and log; the EXIT trap stops
-# everything it started (by pid) and removes the temp dir. About 3 minutes.
+# everything it started (by pid) and removes the temp dir. About 4 minutes.
 #
 # Environment: OM_BENCH_DURATION seconds per throughput run (default 5; the
-# issue asks 10, 5 keeps this script near 3 minutes), OM_BENCH_ROUNDS (2),
+# issue asks 10, 5 keeps this script near 4 minutes), OM_BENCH_ROUNDS (2),
 # OM_BENCH_LAT_DURATION seconds per latency run (3), OM_BENCH_LAT_ROUNDS
-# (5), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
+# (9), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
 # proxy's traffic policy, default examples/policies/canary.lua; another one
 # tells what the policy costs), OM_BENCH_PERF (a perf.data path: profile
@@ -54,7 +56,7 @@ policy=${OM_BENCH_POLICY:-$here/../examples/policies/canary.lua}
 duration=${OM_BENCH_DURATION:-5}
 rounds=${OM_BENCH_ROUNDS:-2}
 lat_duration=${OM_BENCH_LAT_DURATION:-3}
-lat_rounds=${OM_BENCH_LAT_ROUNDS:-5}
+lat_rounds=${OM_BENCH_LAT_ROUNDS:-9}
 conns=${OM_BENCH_CONNECTIONS:-50}
 base=${OM_BENCH_PORT_BASE:-19480}
 pinned_pass=${OM_BENCH_PINNED:-1}
@@ -333,7 +335,7 @@ report() { printf '%s %s %s\n' "$1" "$2" "$3"; }
 pass() {
   local sfx=$1 r name order
   local -a p_rps=() n_rps=() h_rps=() pn=() ph=() p_cpu=() n_cpu=() h_cpu=()
-  local -a p50s=() p99s=() n50s=() n99s=() d50s=() d99s=()
+  local -a d50s=() d99s=() pa50=() pa99=() na50=() na99=()
   declare -A got
   for r in $(seq "$rounds"); do
     if [ $((r % 2)) -eq 1 ]; then order="proxy nginx haproxy"; else
@@ -357,12 +359,15 @@ pass() {
       order="nginx proxy direct"; fi
     for name in $order; do
       run "$name" 1 "$lat_duration"
-      case $name in
-      direct) d50s+=("$p50") d99s+=("$p99") ;;
-      proxy) p50s+=("$p50") p99s+=("$p99") ;;
-      nginx) n50s+=("$p50") n99s+=("$p99") ;;
-      esac
+      got[$name.p50]=$p50
+      got[$name.p99]=$p99
     done
+    d50s+=("${got[direct.p50]}") d99s+=("${got[direct.p99]}")
+    # added: each contender against the direct run of its own round
+    pa50+=("$(sub_ "${got[proxy.p50]}" "${got[direct.p50]}")")
+    pa99+=("$(sub_ "${got[proxy.p99]}" "${got[direct.p99]}")")
+    na50+=("$(sub_ "${got[nginx.p50]}" "${got[direct.p50]}")")
+    na99+=("$(sub_ "${got[nginx.p99]}" "${got[direct.p99]}")")
   done
   local d50 d99
   d50=$(median "${d50s[@]}")
@@ -372,10 +377,10 @@ pass() {
   report "haproxy_req_per_s$sfx" "$(median "${h_rps[@]}")" req/s
   report "proxy_vs_nginx$sfx" "$(median "${pn[@]}")" ratio
   report "proxy_vs_haproxy$sfx" "$(median "${ph[@]}")" ratio
-  report "proxy_added_p50_us$sfx" "$(sub_ "$(median "${p50s[@]}")" "$d50")" us
-  report "proxy_added_p99_us$sfx" "$(sub_ "$(median "${p99s[@]}")" "$d99")" us
-  report "nginx_added_p50_us$sfx" "$(sub_ "$(median "${n50s[@]}")" "$d50")" us
-  report "nginx_added_p99_us$sfx" "$(sub_ "$(median "${n99s[@]}")" "$d99")" us
+  report "proxy_added_p50_us$sfx" "$(median "${pa50[@]}")" us
+  report "proxy_added_p99_us$sfx" "$(median "${pa99[@]}")" us
+  report "nginx_added_p50_us$sfx" "$(median "${na50[@]}")" us
+  report "nginx_added_p99_us$sfx" "$(median "${na99[@]}")" us
   report "direct_p50_us$sfx" "$d50" us
   report "direct_p99_us$sfx" "$d99" us
   report "proxy_cpu_per_request_us$sfx" "$(median "${p_cpu[@]}")" us
