@@ -61,10 +61,10 @@ struct om_policy_s {
  * openmesh.contract.visible_req, with the same messages): reading a field
  * it did not declare raises, since a decision that depended on it would be
  * reused for requests that differ in it. A declared header the request
- * lacks reads as nil.
+ * lacks reads as nil. The message comes alone, as openmesh.contract raises
+ * it (error(msg, 0)): it names the field, where a position would point
+ * into openmesh.policy's helpers.
  */
-/* The message alone, as openmesh.contract raises it (error(msg, 0)): it
- * names the field; a position would point into openmesh.policy's helpers. */
 static int vary_error(lua_State *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -261,11 +261,6 @@ typedef struct {
   size_t len;
 } load_arg_t;
 
-/*
- * Everything that touches the new state runs here, protected and under
- * the budgets, so an allocation failure or a hostile policy can only end in
- * an error message, never in a panic.
- */
 /* What a policy that declares vary calls instead of chance or the clock:
  * its decisions are reused for every request that agrees on the declared
  * fields, so nothing else may be among their inputs. */
@@ -298,6 +293,11 @@ static void vary_seal_env(lua_State *L, om_sandbox_t *sb) {
   lua_pop(L, 1);
 }
 
+/*
+ * Everything that touches the new state runs here, protected and under
+ * the budgets, so an allocation failure or a hostile policy can only end in
+ * an error message, never in a panic.
+ */
 static int load_and_validate(lua_State *L) {
   const load_arg_t *a = lua_touserdata(L, 1);
   om_sandbox_t *sb = a->p->sb;
