@@ -1195,10 +1195,16 @@ static redisAsyncContext *connect_one(rstore_t *r) {
 static void connect_pair(rstore_t *r);
 static void release(rstore_t *r);
 
+static void resolve_failed(rstore_t *r, int rc) {
+  char why[OM_STORE_REDIS_HOST_MAX + 128];
+  snprintf(why, sizeof why, "cannot resolve '%s': %s", r->host,
+           uv_strerror(rc));
+  session_fail(r, why);
+}
+
 static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res) {
   rstore_t *r = g->data;
-  char why[OM_STORE_REDIS_HOST_MAX + 128];
-  int rc = status;
+  int rc = status, closing = r->closing;
   r->resolving = 0;
   if (rc == 0) {
     const struct addrinfo *a, *pick = NULL;
@@ -1222,20 +1228,13 @@ static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res) {
                        sizeof r->addr);
   }
   uv_freeaddrinfo(res);
-  if (r->closing) {
-    release(r);
-    return;
-  }
-  release(r);
-  if (r->state != S_CONNECTING)
+  release(r); /* frees r when it was the last thing a close waited for */
+  if (closing || r->state != S_CONNECTING)
     return; /* timed out meanwhile: the retry timer owns what comes next */
-  if (rc != 0) {
-    snprintf(why, sizeof why, "cannot resolve '%s': %s", r->host,
-             uv_strerror(rc));
-    session_fail(r, why);
-    return;
-  }
-  connect_pair(r);
+  if (rc != 0)
+    resolve_failed(r, rc);
+  else
+    connect_pair(r);
 }
 
 static void session_connect(rstore_t *r) {
@@ -1257,10 +1256,7 @@ static void session_connect(rstore_t *r) {
     r->gai.data = r;
     rc = uv_getaddrinfo(r->loop, &r->gai, on_resolved, r->host, NULL, &hints);
     if (rc != 0) {
-      char why[OM_STORE_REDIS_HOST_MAX + 128];
-      snprintf(why, sizeof why, "cannot resolve '%s': %s", r->host,
-               uv_strerror(rc));
-      session_fail(r, why);
+      resolve_failed(r, rc);
       return;
     }
     r->resolving = 1;
