@@ -34,6 +34,34 @@ describe("policies/traffic.lua", function()
     assert.same({}, testing.subset(p, testing.req {}, {}))
   end)
 
+  it("depends on the peers only (vary = {}): an edit that reads the request must say so", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    local function load_edit(body)
+      local path = dir .. "/traffic.lua"
+      local f = assert(io.open(path, "w"))
+      f:write("return { kind = 'traffic', vary = {},\n", body, "\n}\n")
+      f:close()
+      return testing.load(path)
+    end
+    -- a header read without naming it in vary: refused, the field named
+    local q, err = load_edit([[subset = function(req, peers)
+        if req.headers["x-user"] == "u1" then return {} end
+        return peers end,
+      examples = { { req = { headers = { ["x-user"] = "u1" } }, peers = { { id = "a" } }, expect = {} } },]])
+    assert.is_nil(q)
+    assert.matches([[reads header 'x-user', which its vary does not name (add "x-user" to vary)]], err, 1, true)
+    -- chance in a decision that is reused: refused
+    q, err = load_edit([[subset = function(_, peers)
+        if math.random() < 0.5 then return {} end
+        return peers end,
+      examples = { { peers = { { id = "a" } }, expect = { "a" } } },]])
+    assert.is_nil(q)
+    assert.matches("math.random is not available to a policy that declares vary", err, 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("leaves the key to the proxy (x-openmesh-key)", function()
     assert.is_nil(testing.key(p, testing.req { headers = { ["x-openmesh-key"] = "k", ["x-user"] = "u" } }))
   end)
