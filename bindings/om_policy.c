@@ -27,6 +27,22 @@ static int readonly_metadata(lua_State *L) {
   return luaL_error(L, "req.metadata is read-only");
 }
 
+/* An empty req.metadata, read-only, its metatable out of the policy's
+ * reach; index (or NULL) answers every read. */
+static void push_metadata_table(lua_State *L, lua_CFunction index) {
+  lua_newtable(L);
+  lua_createtable(L, 0, 3);
+  if (index != NULL) {
+    lua_pushcfunction(L, index);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pushcfunction(L, readonly_metadata);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+}
+
 /*
  * Which peer a table returned by subset() is: an open-addressing map from
  * the peer table's address (Lua's collector never moves objects, and the
@@ -131,15 +147,7 @@ static void vary_views(lua_State *L, const om_policy_t *p) {
   lua_pushboolean(L, 0);
   lua_setfield(L, -2, "__metatable");
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
-  lua_newtable(L); /* metadata: one table, nothing to read in it */
-  lua_createtable(L, 0, 3);
-  lua_pushcfunction(L, vary_metadata_index);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, readonly_metadata);
-  lua_setfield(L, -2, "__newindex");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, -2);
+  push_metadata_table(L, vary_metadata_index); /* nothing to read in it */
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_METADATA);
 }
 
@@ -236,13 +244,7 @@ static int capture(lua_State *L) {
   lua_pop(L, 1);
   /* Most requests carry no caller metadata: they all share one empty,
    * read-only table instead of allocating one per call. */
-  lua_newtable(L);
-  lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, readonly_metadata);
-  lua_setfield(L, -2, "__newindex");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, -2);
+  push_metadata_table(L, NULL);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
   /* Create the view's registry fields now, so that replacing them per
    * revision (build_peers) never allocates and cannot fail half-way. */

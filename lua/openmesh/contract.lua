@@ -670,7 +670,7 @@ end
 -- policy that declares `vary` sees only those fields (and the service):
 -- its decision is then a function of them, so the proxy may reuse it for
 -- every request that agrees on them. Reading anything else is an error
--- (contract.undeclared_read), not a quiet nil: a decision that depended on
+-- (undeclared, below), not a quiet nil: a decision that depended on
 -- it would be reused for requests that differ in it. A declared header the
 -- request lacks reads as nil. Without `vary`: req itself.
 -- bindings/om_policy.c builds the same view in the proxy, with the same
