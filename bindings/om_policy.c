@@ -21,6 +21,8 @@
 static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_EMPTY;
 /* a policy that declares vary: the metatables of its view of a request */
 static const char K_VARY_HEADERS, K_VARY_REQ, K_VARY_METADATA;
+/* set (true) once a policy that declares vary has run its top level */
+static const char K_SEALED;
 
 /* __newindex of the shared empty req.metadata: requests are read-only. */
 static int readonly_metadata(lua_State *L) {
@@ -277,20 +279,44 @@ static int vary_not_available(lua_State *L) {
   return lua_error(L);
 }
 
-/* Before its examples run: the policy's own _ENV loses them. */
-static void vary_seal_env(lua_State *L, om_sandbox_t *sb) {
-  static const char *const gone[][2] = {{"math", "random"},
-                                        {"math", "randomseed"},
-                                        {"os", "time"},
-                                        {"os", "clock"}};
+/*
+ * Chance and the clock in the policy's own _ENV are guards, put there
+ * before its top level runs: a guard calls the function it stands for
+ * (upvalue 2) until the policy is sealed, then raises. Sealing is a flag,
+ * not a swap of the table entries, so a top-level capture
+ * (`local r = math.random`) holds a guard and is sealed with the rest.
+ */
+static int vary_guard(lua_State *L) {
+  int sealed = lua_rawgetp(L, LUA_REGISTRYINDEX, &K_SEALED) != LUA_TNIL;
+  lua_pop(L, 1);
+  if (sealed)
+    return vary_not_available(L);
+  lua_pushvalue(L, lua_upvalueindex(2));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+static void vary_guard_env(lua_State *L, om_sandbox_t *sb) {
+  static const char *const guarded[][2] = {{"math", "random"},
+                                           {"math", "randomseed"},
+                                           {"os", "time"},
+                                           {"os", "clock"}};
   om_sandbox_push_env(sb); /* [env] */
-  for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
-    if (lua_getfield(L, -1, gone[i][0]) == LUA_TTABLE) { /* [env, lib] */
-      lua_pushfstring(L, "%s.%s", gone[i][0], gone[i][1]);
-      lua_pushcclosure(L, vary_not_available, 1);
-      lua_setfield(L, -2, gone[i][1]);
+  for (size_t i = 0; i < sizeof guarded / sizeof guarded[0]; i++) {
+    if (lua_getfield(L, -1, guarded[i][0]) != LUA_TTABLE) { /* [env, lib] */
+      lua_pop(L, 1);
+      continue;
     }
-    lua_pop(L, 1);
+    if (lua_getfield(L, -1, guarded[i][1]) == LUA_TFUNCTION) { /* [.., f] */
+      lua_pushfstring(L, "%s.%s", guarded[i][0], guarded[i][1]);
+      lua_insert(L, -2);
+      lua_pushcclosure(L, vary_guard, 2); /* [env, lib, guard] */
+      lua_setfield(L, -2, guarded[i][1]);
+    } else {
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1); /* [env] */
   }
   lua_pop(L, 1);
 }
@@ -309,14 +335,17 @@ static int load_and_validate(lua_State *L) {
     return luaL_error(L, "cannot load openmesh.contract: %s",
                       lua_tostring(L, -1));
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_CONTRACT);
+  vary_guard_env(L, sb);
   lua_pushfstring(L, "@%s", a->name);
   if (om_sandbox_load(sb, lua_tostring(L, -1), a->src, a->len) != LUA_OK)
     return lua_error(L); /* "name:line: message" */
   if (lua_type(L, -1) != LUA_TTABLE)
     return luaL_error(L, "%s: a policy must return a table, got %s", a->name,
                       luaL_typename(L, -1));
-  if (rawfield(L, -1, "vary") == LUA_TTABLE)
-    vary_seal_env(L, sb);
+  if (rawfield(L, -1, "vary") == LUA_TTABLE) { /* before its examples */
+    lua_pushboolean(L, 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SEALED);
+  }
   lua_pop(L, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_POLICY);
   lua_settop(L, 0);

@@ -246,6 +246,37 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
   assert_non_null(strstr(err, "late.lua:4: os.time is not available to a "
                               "policy that declares vary"));
   om_policy_free(p);
+  /* captured at the top level, by value or through the library table: the
+   * capture is sealed too; the top level itself still drew its numbers */
+  p = load_ok("capture.lua",
+              "local r, m, t = math.random, math, os.time\n"
+              "local seed = r(1000) + t()\n"
+              "return { kind = 'traffic', vary = { 'x-a' },\n"
+              "  subset = function(req, peers)\n"
+              "    if req.headers['x-a'] == 'r' then return { peers[r(#peers)] } end\n"
+              "    if req.headers['x-a'] == 'm' then return { peers[m.random(1)] } end\n"
+              "    if req.headers['x-a'] == 't' then return { peers[t() % 1 + 1] } end\n"
+              "    return peers end }");
+  assert_int_equal(om_policy_set_peers(p, peers, 1), 0);
+  {
+    static const char *const how[][2] = {{"r", "capture.lua:5: math.random"},
+                                         {"m", "capture.lua:6: math.random"},
+                                         {"t", "capture.lua:7: os.time"}};
+    for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
+      om_policy_kv_t h = {"x-a", 3, how[i][0], 1};
+      om_policy_req_t hreq = {"svc", "GET", "/", &h, 1, NULL, 0};
+      assert_int_equal(
+          om_policy_route(p, &hreq, out, &n, NULL, NULL, err, sizeof err),
+          OM_EPOLICY);
+      assert_non_null(strstr(err, how[i][1]));
+      assert_non_null(strstr(err, "is not available to a policy that "
+                                  "declares vary"));
+    }
+  }
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err), 0);
+  assert_int_equal(n, 1);
+  om_policy_free(p);
 }
 
 /* om.select_metadata answers from the C copy of the view's metadata: it

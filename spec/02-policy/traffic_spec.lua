@@ -59,6 +59,18 @@ describe("policies/traffic.lua", function()
       examples = { { peers = { { id = "a" } }, expect = { "a" } } },]])
     assert.is_nil(q)
     assert.matches("math.random is not available to a policy that declares vary", err, 1, true)
+    -- kept in a local by the top level, which may draw: refused all the same
+    local f = assert(io.open(dir .. "/captured.lua", "w"))
+    f:write([[local r = math.random
+local seed = r(100)
+return { kind = 'traffic', vary = {},
+  subset = function(_, peers) if r() < 0.5 then return {} end return peers end,
+  examples = { { peers = { { id = "a" } }, expect = { "a" } } } }
+]])
+    f:close()
+    q, err = testing.load(dir .. "/captured.lua")
+    assert.is_nil(q)
+    assert.matches("captured.lua:4: math.random is not available to a policy that declares vary", err, 1, true)
     os.execute("rm -rf " .. dir)
   end)
 
