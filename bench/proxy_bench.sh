@@ -19,10 +19,14 @@
 # CPU per request: the contender's utime+stime (/proc/PID/stat, every thread
 # and child process) over a throughput run, divided by the requests wrk
 # counted. Added latency: wrk -t1 -c1 (3 s per run, 9 rounds, interleaved
-# direct proxy nginx / nginx proxy direct): per round, the p50 (p99) through
-# a proxy minus the p50 (p99) straight to the upstream in that round, so a
-# drift of the machine between rounds cancels; the figure is the median of
-# those differences. Then all of it
+# direct proxy nginx / nginx proxy direct); every run writes its quantile
+# function (wrk's percentile at every 0.01 %) through a wrk done() script,
+# the runs of one contender are pooled into one distribution (each run
+# weighted by its requests), and the figure is the pooled p50 (p99) through
+# a proxy minus the pooled p50 (p99) straight to the upstream: the p99 of
+# every call measured, over rounds spread across the whole pass, so a
+# drift of the machine reaches every contender alike. How often the
+# proxy's own p99 was below nginx's in a round goes to stderr. Then all of it
 # again with every process (upstream, proxies, wrk) pinned to CPU 0
 # (`taskset -c 0`), since this 2-core machine is noisy: the `_pinned`
 # figures. A figure is the median over its rounds; a ratio is the median of
@@ -285,14 +289,52 @@ to_us() {
     printf "%.2f", n * m }'
 }
 
+# The quantile function of one run: wrk's percentile at p = 0.01 ... 100 %
+# in steps of 0.01 (whole microseconds), after the run's request count, to
+# the file named by OM_BENCH_QFILE. Pooling these reconstructs the
+# distribution of all the runs to within 0.01 % of each run's calls.
+cat >"$tmp/quantiles.lua" <<'EOF'
+done = function(summary, latency, requests)
+  local f = assert(io.open(os.getenv("OM_BENCH_QFILE"), "w"))
+  f:write("n ", summary.requests, "\n")
+  for k = 1, 10000 do
+    f:write(latency:percentile(k / 100), "\n")
+  end
+  f:close()
+end
+EOF
+
+# pooled P FILES...: the P-th percentile (us) of the runs' pooled
+# distribution; each line of a run's quantile function stands for 1/10000
+# of its requests
+pooled() {
+  local p=$1
+  shift
+  awk -v p="$p" '
+    FNR == 1 { n = $2; total += n; next }
+    { v = $1 + 0; mass[v] += n / 10000; if (v > max) max = v }
+    END {
+      if (total == 0) { print "nan"; exit }
+      want = p / 100 * total
+      for (v = 0; v <= max; v++) {
+        if (v in mass) { acc += mass[v]; if (acc >= want - 1e-9) break }
+      }
+      printf "%.2f", v
+    }' "$@"
+}
+
 pin=""
-# run NAME CONNS SECONDS: one wrk run against NAME; sets rps, reqs, p50,
-# p99 (us) and cpu_us (the contender's CPU per request, us; "" for direct)
+# run NAME CONNS SECONDS [QFILE]: one wrk run against NAME; sets rps, reqs,
+# p50, p99 (us) and cpu_us (the contender's CPU per request, us; "" for
+# direct); with QFILE, the run's quantile function is written there
 run() {
-  local name=$1 c=$2 secs=$3 out c0=0 c1=0 errs non2xx
+  local name=$1 c=$2 secs=$3 qfile=${4:-} out c0=0 c1=0 errs non2xx
+  local -a script=()
   out="$tmp/wrk.out"
+  [ -z "$qfile" ] || script=(-s "$tmp/quantiles.lua")
   [ "$name" = direct ] || c0=$(cpu_ticks "${pid_of[$name]}")
-  $pin wrk -t1 -c"$c" -d"${secs}s" --latency -H "Host: bench" \
+  OM_BENCH_QFILE=$qfile $pin wrk -t1 -c"$c" -d"${secs}s" --latency \
+    "${script[@]}" -H "Host: bench" \
     "http://127.0.0.1:${port_of[$name]}/" >"$out" 2>&1 || {
     log "wrk against $name failed:"
     cat "$out" >&2
@@ -335,7 +377,7 @@ report() { printf '%s %s %s\n' "$1" "$2" "$3"; }
 pass() {
   local sfx=$1 r name order
   local -a p_rps=() n_rps=() h_rps=() pn=() ph=() p_cpu=() n_cpu=() h_cpu=()
-  local -a d50s=() d99s=() pa50=() pa99=() na50=() na99=()
+  local below=0
   declare -A got
   for r in $(seq "$rounds"); do
     if [ $((r % 2)) -eq 1 ]; then order="proxy nginx haproxy"; else
@@ -358,29 +400,30 @@ pass() {
     if [ $((r % 2)) -eq 1 ]; then order="direct proxy nginx"; else
       order="nginx proxy direct"; fi
     for name in $order; do
-      run "$name" 1 "$lat_duration"
-      got[$name.p50]=$p50
+      run "$name" 1 "$lat_duration" "$tmp/q$sfx.$name.$r"
       got[$name.p99]=$p99
     done
-    d50s+=("${got[direct.p50]}") d99s+=("${got[direct.p99]}")
-    # added: each contender against the direct run of its own round
-    pa50+=("$(sub_ "${got[proxy.p50]}" "${got[direct.p50]}")")
-    pa99+=("$(sub_ "${got[proxy.p99]}" "${got[direct.p99]}")")
-    na50+=("$(sub_ "${got[nginx.p50]}" "${got[direct.p50]}")")
-    na99+=("$(sub_ "${got[nginx.p99]}" "${got[direct.p99]}")")
+    if awk -v a="${got[proxy.p99]}" -v b="${got[nginx.p99]}" \
+      'BEGIN { exit !(a < b) }'; then below=$((below + 1)); fi
   done
-  local d50 d99
-  d50=$(median "${d50s[@]}")
-  d99=$(median "${d99s[@]}")
+  log "proxy p99 below nginx's in $below of $lat_rounds rounds${sfx:+ (pinned)}"
+  local d50 d99 p50_ p99_ n50 n99
+  d50=$(pooled 50 "$tmp/q$sfx".direct.*)
+  d99=$(pooled 99 "$tmp/q$sfx".direct.*)
+  p50_=$(pooled 50 "$tmp/q$sfx".proxy.*)
+  p99_=$(pooled 99 "$tmp/q$sfx".proxy.*)
+  n50=$(pooled 50 "$tmp/q$sfx".nginx.*)
+  n99=$(pooled 99 "$tmp/q$sfx".nginx.*)
+  log "pooled over $lat_rounds rounds${sfx:+ (pinned)}: p50/p99 direct $d50/$d99, proxy $p50_/$p99_, nginx $n50/$n99 us"
   report "proxy_req_per_s$sfx" "$(median "${p_rps[@]}")" req/s
   report "nginx_req_per_s$sfx" "$(median "${n_rps[@]}")" req/s
   report "haproxy_req_per_s$sfx" "$(median "${h_rps[@]}")" req/s
   report "proxy_vs_nginx$sfx" "$(median "${pn[@]}")" ratio
   report "proxy_vs_haproxy$sfx" "$(median "${ph[@]}")" ratio
-  report "proxy_added_p50_us$sfx" "$(median "${pa50[@]}")" us
-  report "proxy_added_p99_us$sfx" "$(median "${pa99[@]}")" us
-  report "nginx_added_p50_us$sfx" "$(median "${na50[@]}")" us
-  report "nginx_added_p99_us$sfx" "$(median "${na99[@]}")" us
+  report "proxy_added_p50_us$sfx" "$(sub_ "$p50_" "$d50")" us
+  report "proxy_added_p99_us$sfx" "$(sub_ "$p99_" "$d99")" us
+  report "nginx_added_p50_us$sfx" "$(sub_ "$n50" "$d50")" us
+  report "nginx_added_p99_us$sfx" "$(sub_ "$n99" "$d99")" us
   report "direct_p50_us$sfx" "$d50" us
   report "direct_p99_us$sfx" "$d99" us
   report "proxy_cpu_per_request_us$sfx" "$(median "${p_cpu[@]}")" us
