@@ -757,6 +757,7 @@ static void conn_finish(conn_t *c, int no_linger) {
     return;
   c->ps = P_DEAD;
   c->shutting = 1;
+  c->discarded = 0; /* what lingering may drop before the cut */
   c->no_linger = no_linger ? 1 : 0;
   c->shut.data = c;
   if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
@@ -2227,10 +2228,15 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     if (buf->base == s->scratch) { /* dead: read and drop */
       c->discarded += (size_t)nread;
       /* bytes after a refusal are cut off at some point; bytes after a
-       * last request are not: its response may still be on its way, and
-       * lingering bounds the rest */
-      if (c->discarded > DISCARD_MAX && !c->no_more)
-        conn_close(c, 0);
+       * last request whose response is still on its way stop being read
+       * there (conn_update), so TCP holds the client back until the
+       * response is done; lingering bounds the rest */
+      if (c->discarded > DISCARD_MAX) {
+        if (c->no_more && c->ps != P_DEAD)
+          conn_update(c);
+        else
+          conn_close(c, 0);
+      }
       return;
     }
     c->in_len += (size_t)nread;
@@ -2340,8 +2346,10 @@ static void conn_update(conn_t *c) {
     return;
   if (c->failed || c->eof)
     want = 0;
-  else if (c->lingering || c->shutting || c->ps == P_DEAD || c->no_more)
+  else if (c->lingering || c->shutting || c->ps == P_DEAD)
     want = 1; /* read and drop: see EOF, keep the peer from a reset */
+  else if (c->no_more) /* the same while the last response is on its way, */
+    want = c->discarded <= DISCARD_MAX; /* up to a point */
   else
     want = c->q_len < s->o.max_pipelined &&
            c->in_len - c->in_off < s->o.max_header_bytes + READ_SLACK;

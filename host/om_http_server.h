@@ -27,7 +27,9 @@
  * with both Content-Length and Transfer-Encoding is refused (6.1), and
  * so is a repeated Content-Length (RFC 9110 8.6 allows merging equal
  * values). After a request that ends the connection ("close", or HTTP/1.0
- * without keep-alive) no further byte is parsed (9.6).
+ * without keep-alive) no further byte is parsed (9.6); while its response
+ * is on its way, what follows is read and dropped up to 1 MiB, then no
+ * longer read (TCP holds the client back) until the response is done.
  *
  * Threading: everything runs on the loop thread; no function here may be
  * called from another thread. The process must ignore SIGPIPE (libuv

@@ -1449,6 +1449,63 @@ static void connection_close_from_client_and_handler(void **state) {
   fx_free(fx);
 }
 
+/* After a request that ends the connection (RFC 9112 9.6) nothing is
+ * parsed; what the client sends while that response is still on its way
+ * is read and dropped up to a point, then no longer read, so TCP holds the
+ * client back (memory and our CPU stay bounded) and the response is still
+ * delivered whole. */
+static void bytes_after_a_last_request_stop_being_read(void **state) {
+  static char junk[1 << 16];
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  size_t sent = 0;
+  uint64_t t0, progress;
+  (void)state;
+  memset(junk, 'j', sizeof junk);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /hold HTTP/1.1\r\nHost: t\r\n"
+                             "Connection: close\r\n\r\n"),
+                   0);
+  t0 = htc_now_ms();
+  while (fx->n_held < 1 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, c, 1);
+  assert_int_equal(fx->n_held, 1);
+  /* push as much as the server takes: up to 256 MiB, or until it has
+   * taken nothing for 300 ms */
+  t0 = progress = htc_now_ms();
+  while (sent < (256u << 20) && htc_now_ms() - progress < 300 &&
+         htc_now_ms() - t0 < 20000) {
+    ssize_t k = write(c->fd, junk, sizeof junk);
+    if (k > 0) {
+      sent += (size_t)k;
+      progress = htc_now_ms();
+    } else {
+      assert_true(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+      htc_step(&fx->loop, c, 1);
+    }
+  }
+  /* more than the drop budget (1 MiB) went in, then only what the two
+   * sockets' buffers hold */
+  assert_true(sent > (1u << 20));
+  assert_true(sent < (32u << 20));
+  assert_false(c->eof);
+  /* the response is still whole: end it, and the client reads its end */
+  assert_int_equal(om_http_response_write(fx->held[0], "data: y\n\n", 9), 0);
+  fx->in_flight--;
+  assert_int_equal(om_http_response_end(fx->held[0]), 0);
+  fx->n_held = 0;
+  t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < 5000)
+    htc_step(&fx->loop, c, 1);
+  assert_true(c->eof);
+  assert_int_equal(htc_responses(c, NULL, R, 8), 1);
+  assert_int_equal(R[0].status, 200);
+  assert_int_equal(R[0].close, 1);
+  assert_string_equal(R[0].body, "data: x\n\ndata: y\n\n");
+  htc_free(c);
+  fx_free(fx);
+}
+
 /* ------------------------------------------------------------------ */
 /* shutdown */
 
@@ -1600,6 +1657,7 @@ int main(void) {
       cmocka_unit_test(byte_classes_follow_the_grammar),
       cmocka_unit_test(response_api_misuse_is_refused),
       cmocka_unit_test(connection_close_from_client_and_handler),
+      cmocka_unit_test(bytes_after_a_last_request_stop_being_read),
       cmocka_unit_test(close_drains_in_flight_then_cuts),
       cmocka_unit_test(allocation_failures_while_serving),
   };
