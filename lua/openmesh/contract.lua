@@ -733,9 +733,43 @@ function contract.visible_req(policy, req)
   })
 end
 
+-- vary_pcall(policy, fn, ...) -> pcall(fn, ...), with chance and the clock
+-- (math.random, math.randomseed, os.time, os.clock) raising for the length
+-- of the call when the policy declares vary, as bindings/om_policy.c seals
+-- them in the host (same message). There the policy's own _ENV is sealed
+-- already and this reaches only the library's copies; in a plain Lua that
+-- loaded the policy table itself (openmesh.testing on a table), these are
+-- the tables the policy calls through.
+local sealed = { { "math", "random" }, { "math", "randomseed" }, { "os", "time" }, { "os", "clock" } }
+
+local function vary_pcall(policy, fn, ...)
+  if type(rawget(policy, "vary")) ~= "table" then
+    return pcall(fn, ...)
+  end
+  local saved = {}
+  for i, f in ipairs(sealed) do
+    local lib = _ENV[f[1]]
+    if type(lib) == "table" then
+      saved[i] = rawget(lib, f[2])
+      rawset(lib, f[2], function()
+        error(("%s.%s is not available to a policy that declares vary (its decisions are reused: "
+          .. "they may depend only on the declared fields and the peers)"):format(f[1], f[2]), 2)
+      end)
+    end
+  end
+  local res = table.pack(pcall(fn, ...))
+  for i, f in ipairs(sealed) do
+    local lib = _ENV[f[1]]
+    if type(lib) == "table" then
+      rawset(lib, f[2], saved[i])
+    end
+  end
+  return table.unpack(res, 1, res.n)
+end
+
 function contract.subset(policy, req, peers)
   req = contract.visible_req(policy, req)
-  local ok, result = pcall(rawget(policy, "subset"), req, peers)
+  local ok, result = vary_pcall(policy, rawget(policy, "subset"), req, peers)
   if not ok then
     return nil, raised("subset", result)
   end
@@ -753,7 +787,7 @@ function contract.key(policy, req)
   if fn == nil then
     return nil
   end
-  local ok, key = pcall(fn, contract.visible_req(policy, req))
+  local ok, key = vary_pcall(policy, fn, contract.visible_req(policy, req))
   if not ok then
     return nil, raised("key", key)
   end

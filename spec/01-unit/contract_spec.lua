@@ -618,6 +618,38 @@ describe("contract.subset", function()
     return { kind = "traffic", subset = fn }
   end
 
+  it("runs a vary policy without chance or the clock, and gives them back after", function()
+    local random, randomseed, time, clock = math.random, math.randomseed, os.time, os.clock
+    local draws = {
+      random = function() return math.random() end,
+      randomseed = function() return math.randomseed(1) end,
+      time = function() return os.time() end,
+      clock = function() return os.clock() end,
+    }
+    for name, draw in pairs(draws) do
+      local got, err = contract.subset({ kind = "traffic", vary = {}, subset = function(_, p)
+        draw()
+        return p
+      end }, {}, peers())
+      assert.is_nil(got)
+      assert.matches("is not available to a policy that declares vary", err, 1, true)
+      assert.matches(name, err, 1, true)
+      -- without vary, the same policy draws
+      assert.equal(3, #assert(contract.subset(policy(function(_, p)
+        draw()
+        return p
+      end), {}, peers())))
+    end
+    local key, kerr = contract.key({ kind = "traffic", vary = {}, subset = all_peers,
+      key = function() return tostring(os.time()) end }, {})
+    assert.is_nil(key)
+    assert.matches("os.time is not available to a policy that declares vary", kerr, 1, true)
+    assert.equal(random, math.random)
+    assert.equal(randomseed, math.randomseed)
+    assert.equal(time, os.time)
+    assert.equal(clock, os.clock)
+  end)
+
   it("accepts the peers themselves, any sub-array of them, and the empty array", function()
     local ps = peers()
     assert.equal(ps, contract.subset(policy(all_peers), {}, ps))
