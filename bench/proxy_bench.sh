@@ -29,8 +29,9 @@
 # proxy's own p99 was below nginx's in a round goes to stderr. Then all of it
 # again with every process (upstream, proxies, wrk) pinned to CPU 0
 # (`taskset -c 0`), since this 2-core machine is noisy: the `_pinned`
-# figures. A figure is the median over its rounds; a ratio is the median of
-# the per-round ratios, each from runs next to each other.
+# figures. Throughput and CPU figures are the median over their rounds; a
+# ratio is the median of the per-round ratios, each from runs next to each
+# other; latency figures come from the pooled distributions above.
 #
 # Prints `name value unit` lines (as the C benches do); each run's details
 # go to stderr. Exits non-zero when a contender fails to start or answers
