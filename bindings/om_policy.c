@@ -293,7 +293,16 @@ static int vary_guard(lua_State *L) {
     return vary_not_available(L);
   lua_pushvalue(L, lua_upvalueindex(2));
   lua_insert(L, 1);
-  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  if (lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0) != LUA_OK) {
+    /* its own error ("bad argument #1 to 'math.random' ..."), at the
+     * policy's line as if the policy had called it directly */
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      luaL_where(L, 1);
+      lua_insert(L, -2);
+      lua_concat(L, 2);
+    }
+    return lua_error(L);
+  }
   return lua_gettop(L);
 }
 

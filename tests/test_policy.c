@@ -246,6 +246,13 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
   assert_non_null(strstr(err, "late.lua:4: os.time is not available to a "
                               "policy that declares vary"));
   om_policy_free(p);
+  /* a guard keeps the guarded function's own errors, at the policy's line */
+  expect_rejected("argerr.lua",
+                  "local x = math.random(2, 1)\n"
+                  "return { kind = 'traffic', vary = {},\n"
+                  "  subset = function(_, peers) return peers end }",
+                  "argerr.lua:1: bad argument #1 to 'math.random' (interval "
+                  "is empty)");
   /* captured at the top level, by value or through the library table: the
    * capture is sealed too; the top level itself still drew its numbers */
   p = load_ok("capture.lua",
