@@ -287,16 +287,20 @@ static int vary_not_available(lua_State *L) {
  * (`local r = math.random`) holds a guard and is sealed with the rest.
  */
 static int vary_guard(lua_State *L) {
-  int sealed = lua_rawgetp(L, LUA_REGISTRYINDEX, &K_SEALED) != LUA_TNIL;
+  int status, sealed = lua_rawgetp(L, LUA_REGISTRYINDEX, &K_SEALED) != LUA_TNIL;
   lua_pop(L, 1);
   if (sealed)
     return vary_not_available(L);
   lua_pushvalue(L, lua_upvalueindex(2));
   lua_insert(L, 1);
-  if (lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0) != LUA_OK) {
+  status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  if (status != LUA_OK) {
     /* its own error ("bad argument #1 to 'math.random' ..."), at the
-     * policy's line as if the policy had called it directly */
-    if (lua_type(L, -1) == LUA_TSTRING) {
+     * policy's line as if the policy had called it directly; any other
+     * error object is raised again as it is (a memory error then arrives
+     * as a runtime one, but these functions allocate only to build such a
+     * message) */
+    if (status == LUA_ERRRUN && lua_type(L, -1) == LUA_TSTRING) {
       luaL_where(L, 1);
       lua_insert(L, -2);
       lua_concat(L, 2);
