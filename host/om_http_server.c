@@ -160,6 +160,7 @@ typedef struct {
   const char *base; /* request start in the connection buffer */
   int last, mismatch, in_body, headers_done, done, have_field;
   size_t url_off, url_len, nf, f_off, f_len, v_off, v_len;
+  size_t sp_off; /* where the HTAB fed as hx_sp is (hx_execute) */
   unsigned flags, method, major, minor;
   uint64_t cl, body;
 } hx_t;
@@ -1407,9 +1408,27 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
 /* ------------------------------------------------------------------ */
 /* http-parser, the second opinion */
 
+/*
+ * http-parser 2.9 refuses HTAB in three places where RFC 9110 allows it
+ * and it allows SP: trailing OWS after a Content-Length or
+ * Transfer-Encoding value (5.6.3, 8.6, 9112 6.1) and BWS before a
+ * chunk-ext (9112 7.1.1). So every HTAB is fed to it as a SP: the two are
+ * the same whitespace wherever the grammar allows whitespace, and where
+ * it does not (a request-target, a field name, a chunk-size) our scanner
+ * has already refused the HTAB, and a SP there is refused by http-parser
+ * as well. In chunk data and field values it changes nothing the
+ * cross-check looks at (lengths and offsets). A callback's pointer into
+ * the SP stands for the HTAB's offset.
+ */
+static const char hx_sp[1] = {' '};
+
+static size_t hx_off(const hx_t *x, const char *at) {
+  return at == hx_sp ? x->sp_off : (size_t)(at - x->base);
+}
+
 static int hx_url(http_parser *p, const char *at, size_t n) {
   hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = (size_t)(at - x->base);
+  size_t off = hx_off(x, at);
   if (x->in_body)
     return 0;
   if (x->last == HX_URL && off == x->url_off + x->url_len)
@@ -1447,7 +1466,7 @@ static void hx_end_field(conn_t *c) {
 static int hx_field(http_parser *p, const char *at, size_t n) {
   conn_t *c = p->data;
   hx_t *x = &c->hx;
-  size_t off = (size_t)(at - x->base);
+  size_t off = hx_off(x, at);
   if (x->in_body)
     return 0;
   if (x->last == HX_FIELD) {
@@ -1470,7 +1489,7 @@ static int hx_field(http_parser *p, const char *at, size_t n) {
 
 static int hx_value(http_parser *p, const char *at, size_t n) {
   hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = (size_t)(at - x->base);
+  size_t off = hx_off(x, at);
   if (x->in_body)
     return 0;
   if (x->last == HX_VALUE) {
@@ -1525,10 +1544,36 @@ static const http_parser_settings hx_settings = {
     .on_message_complete = hx_message_complete,
 };
 
+/* http_parser_execute over p[0..n) with each HTAB fed as a SP; returns the
+ * bytes it took, as http_parser_execute does (fewer on an error or a
+ * pause). Never feeds 0 bytes: that reads as EOF. */
+static size_t hx_execute(conn_t *c, const char *p, size_t n) {
+  size_t done = 0, seg, k;
+  while (done < n) {
+    const char *tab = memchr(p + done, '\t', n - done);
+    seg = tab != NULL ? (size_t)(tab - (p + done)) : n - done;
+    if (seg > 0) {
+      k = http_parser_execute(&c->hp, &hx_settings, p + done, seg);
+      done += k;
+      if (k != seg || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
+        break;
+    }
+    if (tab == NULL)
+      break;
+    if (!c->hx.in_body) /* body bytes are not in the head's buffer */
+      c->hx.sp_off = (size_t)(tab - c->hx.base);
+    k = http_parser_execute(&c->hp, &hx_settings, hx_sp, 1);
+    done += k;
+    if (k != 1 || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
+      break;
+  }
+  return done;
+}
+
 /*
  * When http-parser refuses what we accepted (it is stricter in a few
- * places, e.g. HTAB after a Content-Length or Transfer-Encoding value,
- * HTAB before a chunk-ext), name the part it refused.
+ * places, e.g. empty elements in a Transfer-Encoding list, a
+ * Content-Length in the trailer section), name the part it refused.
  */
 static om_http_reject_t hx_reason(enum http_errno err) {
   switch (err) {
@@ -1570,7 +1615,7 @@ static int hx_check_head(conn_t *c, const char *b, size_t len, const head_t *h,
   c->hp.data = c;
   memset(x, 0, sizeof *x);
   x->base = b;
-  n = http_parser_execute(&c->hp, &hx_settings, b + s->rl_start, feed);
+  n = hx_execute(c, b + s->rl_start, feed);
   err = HTTP_PARSER_ERRNO(&c->hp);
   if (err != HPE_OK && err != HPE_PAUSED) {
     *why = hx_reason(err);
@@ -1607,7 +1652,7 @@ static int hx_feed_body(conn_t *c, const char *p, size_t k, int complete,
   *why = OM_HTTP_REJECT_BAD_REQUEST;
   if (k == 0) /* http-parser reads len 0 as EOF */
     return complete ? -1 : 0;
-  n = http_parser_execute(&c->hp, &hx_settings, p, k);
+  n = hx_execute(c, p, k);
   err = HTTP_PARSER_ERRNO(&c->hp);
   if (err != HPE_OK && err != HPE_PAUSED) {
     *why = hx_reason(err);

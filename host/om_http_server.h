@@ -101,10 +101,11 @@ typedef struct om_http_server_s om_http_server_t;
  *   idle_timeout_ms (RFC 9110 15.5.9: 408).
  * - BAD_REQUEST: http-parser and our scanner disagree about the message.
  *   Where http-parser refuses what the scanner accepted, the reason names
- *   the part it refused instead: it refuses HTAB after a Content-Length or
- *   Transfer-Encoding value and HTAB before a chunk-ext (valid BWS/OWS), so
- *   those are answered 400 bad_content_length / bad_transfer_encoding /
- *   bad_chunk; it refuses empty elements in a Transfer-Encoding list
+ *   the part it refused instead. It is fed each HTAB as a SP, since it
+ *   refuses HTAB (not SP) after a Content-Length or Transfer-Encoding value
+ *   and before a chunk-ext, where RFC 9110 5.6.3 and 9112 7.1.1 allow
+ *   either; where no whitespace may be, the scanner has refused the HTAB
+ *   already. It refuses empty elements in a Transfer-Encoding list
  *   ("chunked," and ", chunked", which RFC 9110 5.6.1.2 would have a
  *   recipient skip): bad_transfer_encoding; it checks a Content-Length in
  *   the trailer section as if it were a header (one, 1*DIGIT):

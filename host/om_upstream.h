@@ -22,7 +22,9 @@
  * whose head has Transfer-Encoding is read twice: http-parser 2.9 (lenient
  * as Debian builds it) must agree with the scanner on the status, the
  * version, the chunked framing, every chunk line, chunk end and trailer,
- * and where the message ends. A head without it is framed by one
+ * and where the message ends (it is fed each HTAB as a SP: it refuses
+ * HTAB as OWS after the coding and as BWS before a chunk-ext, which RFC
+ * 9110 5.6.3 and 9112 7.1.1 allow). A head without it is framed by one
  * Content-Length (1*DIGIT, at most one, checked below) or by the close;
  * reading those twice cost a fifth of the proxy's instructions per call
  * and decided nothing the scanner had not.
