@@ -10,7 +10,11 @@
 #            requests carry no user, so every call takes the policy's
 #            no-user path to the stable peers;
 #   nginx    proxy_pass to an upstream block with a keepalive pool;
-#   haproxy  one thread, `http-reuse always`.
+#   haproxy  one thread, `http-reuse always`;
+#   nginx_b  a second nginx with nginx's config, in the latency pass only:
+#            the run's A/A control. Two identical proxies differ at p99 by
+#            the machine's noise alone, so the gap between nginx and
+#            nginx_b is the resolution of this run's p99 comparison.
 # Every contender is one process (one thread) doing the proxying: nginx has
 # one worker, HAProxy one thread, as the openmesh proxy has one loop.
 #
@@ -18,15 +22,17 @@
 # haproxy, then haproxy nginx proxy), after a 1 s warm-up run of each.
 # CPU per request: the contender's utime+stime (/proc/PID/stat, every thread
 # and child process) over a throughput run, divided by the requests wrk
-# counted. Added latency: wrk -t1 -c1 (3 s per run, 9 rounds, interleaved
-# direct proxy nginx / nginx proxy direct); every run writes its quantile
+# counted. Added latency: wrk -t1 -c1 (2 s per run, 16 rounds; the order
+# of direct, proxy, nginx and nginx_b turns over a Latin square, so each
+# takes every place once in four rounds); every run writes its quantile
 # function (wrk's percentile at every 0.01 %) through a wrk done() script,
 # the runs of one contender are pooled into one distribution (each run
 # weighted by its requests), and the figure is the pooled p50 (p99) through
 # a proxy minus the pooled p50 (p99) straight to the upstream: the p99 of
 # every call measured, over rounds spread across the whole pass, so a
 # drift of the machine reaches every contender alike. How often the
-# proxy's own p99 was below nginx's in a round goes to stderr. Then all of it
+# proxy's own p99 was below nginx's in a round goes to stderr, beside how
+# often nginx_b's was (for equals, about half the rounds). Then all of it
 # again with every process (upstream, proxies, wrk) pinned to CPU 0
 # (`taskset -c 0`), since this 2-core machine is noisy: the `_pinned`
 # figures. Throughput and CPU figures are the median over their rounds; a
@@ -35,14 +41,14 @@
 #
 # Prints `name value unit` lines (as the C benches do); each run's details
 # go to stderr. Exits non-zero when a contender fails to start or answers
-# anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+5 (default
+# anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+6 (default
 # 19480), a temp dir for every config and log; the EXIT trap stops
-# everything it started (by pid) and removes the temp dir. About 5 minutes.
+# everything it started (by pid) and removes the temp dir. About 8 minutes.
 #
 # Environment: OM_BENCH_DURATION seconds per throughput run (default 10,
 # as the issue asks), OM_BENCH_ROUNDS (2),
-# OM_BENCH_LAT_DURATION seconds per latency run (3), OM_BENCH_LAT_ROUNDS
-# (9), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
+# OM_BENCH_LAT_DURATION seconds per latency run (2), OM_BENCH_LAT_ROUNDS
+# (16), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
 # proxy's traffic policy, default examples/policies/canary.lua; another one
 # tells what the policy costs), OM_BENCH_PERF (a perf.data path: profile
@@ -60,8 +66,8 @@ policy=${OM_BENCH_POLICY:-$here/../examples/policies/canary.lua}
 
 duration=${OM_BENCH_DURATION:-10}
 rounds=${OM_BENCH_ROUNDS:-2}
-lat_duration=${OM_BENCH_LAT_DURATION:-3}
-lat_rounds=${OM_BENCH_LAT_ROUNDS:-9}
+lat_duration=${OM_BENCH_LAT_DURATION:-2}
+lat_rounds=${OM_BENCH_LAT_ROUNDS:-16}
 conns=${OM_BENCH_CONNECTIONS:-50}
 base=${OM_BENCH_PORT_BASE:-19480}
 pinned_pass=${OM_BENCH_PINNED:-1}
@@ -81,6 +87,7 @@ proxy_port=$((base + 2))
 admin_port=$((base + 3))
 nginx_port=$((base + 4))
 haproxy_port=$((base + 5))
+nginx_b_port=$((base + 6))
 
 log() { echo "proxy_bench: $*" >&2; }
 
@@ -108,7 +115,8 @@ trap 'exit 143' TERM
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-for p in $up_a $up_b $proxy_port $admin_port $nginx_port $haproxy_port; do
+for p in $up_a $up_b $proxy_port $admin_port $nginx_port $haproxy_port \
+  $nginx_b_port; do
   if port_busy "$p"; then
     log "port $p on 127.0.0.1 is taken; set OM_BENCH_PORT_BASE"
     exit 1
@@ -167,10 +175,11 @@ EOF
 EOF
 } >"$tmp/upstream.conf"
 
-{
-  nginx_common nginx
+# nginx_conf NAME PORT: the nginx proxy (nginx, and nginx_b, its A/A twin)
+nginx_conf() {
+  nginx_common "$1"
   echo "http {"
-  nginx_http_common nginx
+  nginx_http_common "$1"
   cat <<EOF
   upstream bench {
     server 127.0.0.1:$up_a;
@@ -180,7 +189,7 @@ EOF
     keepalive_timeout 300s;
   }
   server {
-    listen 127.0.0.1:$nginx_port;
+    listen 127.0.0.1:$2;
     location / {
       proxy_pass http://bench;
       proxy_http_version 1.1;
@@ -189,7 +198,9 @@ EOF
   }
 }
 EOF
-} >"$tmp/nginx.conf"
+}
+nginx_conf nginx "$nginx_port" >"$tmp/nginx.conf"
+nginx_conf nginx_b "$nginx_b_port" >"$tmp/nginx_b.conf"
 
 cat >"$tmp/haproxy.cfg" <<EOF
 global
@@ -235,13 +246,15 @@ start proxy "$proxy_port" "$bin" proxy --listen "127.0.0.1:$proxy_port" \
   --static "$tmp/static.json" --log-level warn
 start nginx "$nginx_port" nginx -p "$tmp" -e "$tmp/nginx.log" \
   -c "$tmp/nginx.conf" -g "daemon off;"
+start nginx_b "$nginx_b_port" nginx -p "$tmp" -e "$tmp/nginx_b.log" \
+  -c "$tmp/nginx_b.conf" -g "daemon off;"
 start haproxy "$haproxy_port" haproxy -db -f "$tmp/haproxy.cfg"
 
 declare -A port_of=([direct]=$up_a [proxy]=$proxy_port [nginx]=$nginx_port
-  [haproxy]=$haproxy_port)
+  [haproxy]=$haproxy_port [nginx_b]=$nginx_b_port)
 
 # A sanity call through each: 200 "ok", the proxy's through a stable peer.
-for name in direct proxy nginx haproxy; do
+for name in direct proxy nginx haproxy nginx_b; do
   if ! curl -sS -D "$tmp/head" -o "$tmp/body" -H "Host: bench" \
     "http://127.0.0.1:${port_of[$name]}/" ||
     ! head -1 "$tmp/head" | grep -q " 200" ||
@@ -378,7 +391,7 @@ report() { printf '%s %s %s\n' "$1" "$2" "$3"; }
 pass() {
   local sfx=$1 r name order
   local -a p_rps=() n_rps=() h_rps=() pn=() ph=() p_cpu=() n_cpu=() h_cpu=()
-  local below=0
+  local below=0 below_b=0
   declare -A got
   for r in $(seq "$rounds"); do
     if [ $((r % 2)) -eq 1 ]; then order="proxy nginx haproxy"; else
@@ -398,24 +411,32 @@ pass() {
     h_cpu+=("${got[haproxy.cpu]}")
   done
   for r in $(seq "$lat_rounds"); do
-    if [ $((r % 2)) -eq 1 ]; then order="direct proxy nginx"; else
-      order="nginx proxy direct"; fi
+    case $((r % 4)) in
+    1) order="direct proxy nginx nginx_b" ;;
+    2) order="nginx_b nginx proxy direct" ;;
+    3) order="nginx nginx_b direct proxy" ;;
+    0) order="proxy direct nginx_b nginx" ;;
+    esac
     for name in $order; do
       run "$name" 1 "$lat_duration" "$tmp/q$sfx.$name.$r"
       got[$name.p99]=$p99
     done
     if awk -v a="${got[proxy.p99]}" -v b="${got[nginx.p99]}" \
       'BEGIN { exit !(a < b) }'; then below=$((below + 1)); fi
+    if awk -v a="${got[nginx_b.p99]}" -v b="${got[nginx.p99]}" \
+      'BEGIN { exit !(a < b) }'; then below_b=$((below_b + 1)); fi
   done
-  log "proxy p99 below nginx's in $below of $lat_rounds rounds${sfx:+ (pinned)}"
-  local d50 d99 p50_ p99_ n50 n99
+  log "p99 below nginx's in a round, of $lat_rounds${sfx:+ (pinned)}: proxy $below, nginx_b (A/A) $below_b"
+  local d50 d99 p50_ p99_ n50 n99 b50 b99
   d50=$(pooled 50 "$tmp/q$sfx".direct.*)
   d99=$(pooled 99 "$tmp/q$sfx".direct.*)
   p50_=$(pooled 50 "$tmp/q$sfx".proxy.*)
   p99_=$(pooled 99 "$tmp/q$sfx".proxy.*)
   n50=$(pooled 50 "$tmp/q$sfx".nginx.*)
   n99=$(pooled 99 "$tmp/q$sfx".nginx.*)
-  log "pooled over $lat_rounds rounds${sfx:+ (pinned)}: p50/p99 direct $d50/$d99, proxy $p50_/$p99_, nginx $n50/$n99 us"
+  b50=$(pooled 50 "$tmp/q$sfx".nginx_b.*)
+  b99=$(pooled 99 "$tmp/q$sfx".nginx_b.*)
+  log "pooled over $lat_rounds rounds${sfx:+ (pinned)}: p50/p99 direct $d50/$d99, proxy $p50_/$p99_, nginx $n50/$n99, nginx_b $b50/$b99 us"
   report "proxy_req_per_s$sfx" "$(median "${p_rps[@]}")" req/s
   report "nginx_req_per_s$sfx" "$(median "${n_rps[@]}")" req/s
   report "haproxy_req_per_s$sfx" "$(median "${h_rps[@]}")" req/s
@@ -425,6 +446,9 @@ pass() {
   report "proxy_added_p99_us$sfx" "$(sub_ "$p99_" "$d99")" us
   report "nginx_added_p50_us$sfx" "$(sub_ "$n50" "$d50")" us
   report "nginx_added_p99_us$sfx" "$(sub_ "$n99" "$d99")" us
+  report "nginx_b_added_p50_us$sfx" "$(sub_ "$b50" "$d50")" us
+  report "nginx_b_added_p99_us$sfx" "$(sub_ "$b99" "$d99")" us
+  report "nginx_aa_p99_gap_us$sfx" "$(sub_ "$b99" "$n99" | tr -d -)" us
   report "direct_p50_us$sfx" "$d50" us
   report "direct_p99_us$sfx" "$d99" us
   report "proxy_cpu_per_request_us$sfx" "$(median "${p_cpu[@]}")" us
@@ -434,7 +458,7 @@ pass() {
 
 log "wrk -t1 -c$conns ${duration}s x $rounds rounds, -c1 ${lat_duration}s x $lat_rounds rounds; temp dir $tmp"
 # warm-up: pools filled, pages touched, caches warm
-for name in proxy nginx haproxy; do run "$name" "$conns" 1 >/dev/null; done
+for name in proxy nginx nginx_b haproxy; do run "$name" "$conns" 1 >/dev/null; done
 
 # OM_BENCH_PERF=FILE: first a profile of the proxy (perf record -g on its
 # pid) over one extra throughput run, not counted in the figures.
@@ -451,12 +475,14 @@ pass ""
 
 if [ "$pinned_pass" = 1 ]; then
   log "pinned: every process on CPU 0"
-  for name in upstream proxy nginx haproxy; do
+  for name in upstream proxy nginx nginx_b haproxy; do
     for p in $(tree "${pid_of[$name]}"); do
       taskset -a -p -c 0 "$p" >/dev/null
     done
   done
   pin="taskset -c 0"
-  for name in proxy nginx haproxy; do run "$name" "$conns" 1 >/dev/null; done
+  for name in proxy nginx nginx_b haproxy; do
+    run "$name" "$conns" 1 >/dev/null
+  done
   pass _pinned
 fi
