@@ -51,7 +51,8 @@
 # (16), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
 # proxy's traffic policy, default examples/policies/canary.lua; another one
-# tells what the policy costs), OM_BENCH_PERF (a perf.data path: profile
+# tells what the policy costs), OM_BENCH_QDIR (a directory to keep every
+# latency run's quantile function in), OM_BENCH_PERF (a perf.data path: profile
 # the proxy first, see below).
 set -euo pipefail
 
@@ -107,6 +108,12 @@ cleanup() {
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
+  # OM_BENCH_QDIR: keep every latency run's quantile function there
+  # (q[_pinned].CONTENDER.ROUND), e.g. to pool several runs
+  if [ -n "${OM_BENCH_QDIR:-}" ]; then
+    mkdir -p "$OM_BENCH_QDIR" && cp "$tmp"/q[._]* "$OM_BENCH_QDIR"/ 2>/dev/null ||
+      true
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
