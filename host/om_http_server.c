@@ -160,7 +160,8 @@ typedef struct {
   const char *base; /* request start in the connection buffer */
   int last, mismatch, in_body, headers_done, done, have_field;
   size_t url_off, url_len, nf, f_off, f_len, v_off, v_len;
-  size_t sp_off; /* where the HTAB fed as hx_sp is (hx_execute) */
+  const char *copy; /* the slice hx_execute is feeding, HTAB as SP */
+  size_t copy_len, copy_off; /* its length, and its offset from base */
   unsigned flags, method, major, minor;
   uint64_t cl, body;
 } hx_t;
@@ -1418,12 +1419,14 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
  * has already refused the HTAB, and a SP there is refused by http-parser
  * as well. In chunk data and field values it changes nothing the
  * cross-check looks at (lengths and offsets). A callback's pointer into
- * the SP stands for the HTAB's offset.
+ * the copy stands for the same offset in the original.
  */
-static const char hx_sp[1] = {' '};
+#define HX_SLICE 4096
 
 static size_t hx_off(const hx_t *x, const char *at) {
-  return at == hx_sp ? x->sp_off : (size_t)(at - x->base);
+  if (x->copy != NULL && (uintptr_t)at - (uintptr_t)x->copy < x->copy_len)
+    return x->copy_off + (size_t)(at - x->copy);
+  return (size_t)(at - x->base);
 }
 
 static int hx_url(http_parser *p, const char *at, size_t n) {
@@ -1546,27 +1549,37 @@ static const http_parser_settings hx_settings = {
 
 /* http_parser_execute over p[0..n) with each HTAB fed as a SP; returns the
  * bytes it took, as http_parser_execute does (fewer on an error or a
- * pause). Never feeds 0 bytes: that reads as EOF. */
+ * pause). From the first HTAB on, the bytes go through a copy on the
+ * stack, a slice at a time: a few calls however many HTABs there are. */
 static size_t hx_execute(conn_t *c, const char *p, size_t n) {
-  size_t done = 0, seg, k;
+  char sp[HX_SLICE];
+  hx_t *x = &c->hx;
+  const char *tab = memchr(p, '\t', n);
+  size_t done, len, i, k;
+  if (tab == NULL)
+    return http_parser_execute(&c->hp, &hx_settings, p, n);
+  done = (size_t)(tab - p);
+  /* never 0 bytes: http-parser reads that as EOF */
+  if (done > 0) {
+    k = http_parser_execute(&c->hp, &hx_settings, p, done);
+    if (k != done || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
+      return k;
+  }
   while (done < n) {
-    const char *tab = memchr(p + done, '\t', n - done);
-    seg = tab != NULL ? (size_t)(tab - (p + done)) : n - done;
-    if (seg > 0) {
-      k = http_parser_execute(&c->hp, &hx_settings, p + done, seg);
-      done += k;
-      if (k != seg || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
-        break;
-    }
-    if (tab == NULL)
-      break;
-    if (!c->hx.in_body) /* body bytes are not in the head's buffer */
-      c->hx.sp_off = (size_t)(tab - c->hx.base);
-    k = http_parser_execute(&c->hp, &hx_settings, hx_sp, 1);
+    len = n - done < sizeof sp ? n - done : sizeof sp;
+    for (i = 0; i < len; i++)
+      sp[i] = p[done + i] == '\t' ? ' ' : p[done + i];
+    x->copy = sp;
+    x->copy_len = len;
+    /* body bytes are not in the head's buffer; no callback needs their
+     * offset */
+    x->copy_off = x->in_body ? 0 : (size_t)(p + done - x->base);
+    k = http_parser_execute(&c->hp, &hx_settings, sp, len);
     done += k;
-    if (k != 1 || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
+    if (k != len || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
       break;
   }
+  x->copy = NULL;
   return done;
 }
 

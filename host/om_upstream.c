@@ -1050,26 +1050,35 @@ static const http_parser_settings hp_settings = {
 static int hp_feed(conn_t *c, const char *p, size_t n, uint64_t body) {
   /* http-parser 2.9 refuses HTAB as trailing OWS after a
    * Transfer-Encoding value and as BWS before a chunk-ext, where RFC 9110
-   * 5.6.3 and 9112 7.1.1 allow it and it allows SP; so each HTAB is fed
-   * as a SP (as om_http_server.c does; our scanner has already refused a
-   * HTAB where no whitespace may be, and a SP there fails here too) */
-  static const char sp[1] = {' '};
-  size_t done = 0, seg, k;
+   * 5.6.3 and 9112 7.1.1 allow it and it allows SP; so it is fed each
+   * HTAB as a SP (as om_http_server.c does; our scanner has already
+   * refused a HTAB where no whitespace may be, and a SP there fails here
+   * too). From the first HTAB on, through a copy on the stack, a slice at
+   * a time. */
+  char sp[4096];
+  const char *tab;
+  size_t done = 0, len, i, k;
   if (!c->hp_on)
     return 0;
   c->hp_body = 0;
-  while (done < n) {
-    const char *tab = memchr(p + done, '\t', n - done);
-    seg = tab != NULL ? (size_t)(tab - (p + done)) : n - done;
+  tab = memchr(p, '\t', n);
+  if (tab == NULL) {
+    done = http_parser_execute(&c->hp, &hp_settings, p, n);
+  } else {
+    done = (size_t)(tab - p);
     /* never 0 bytes: http-parser reads that as EOF */
-    k = seg > 0 ? http_parser_execute(&c->hp, &hp_settings, p + done, seg) : 0;
-    if (k != seg || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK || tab == NULL) {
+    if (done > 0 &&
+        http_parser_execute(&c->hp, &hp_settings, p, done) != done)
+      return -1;
+    while (done < n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK) {
+      len = n - done < sizeof sp ? n - done : sizeof sp;
+      for (i = 0; i < len; i++)
+        sp[i] = p[done + i] == '\t' ? ' ' : p[done + i];
+      k = http_parser_execute(&c->hp, &hp_settings, sp, len);
       done += k;
-      break;
+      if (k != len)
+        break;
     }
-    done += k + http_parser_execute(&c->hp, &hp_settings, sp, 1);
-    if (done != (size_t)(tab - p) + 1 || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
-      break;
   }
   return done == n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK && c->hp_body == body
              ? 0

@@ -554,6 +554,43 @@ static void head_and_no_content(void **state) {
   fx_free(fx);
 }
 
+/* http-parser (the cross-check) is fed each HTAB as a SP through a copy,
+ * 4 KiB at a time: a value and a chunked body with thousands of HTABs,
+ * each across slices, are read whole and as they were sent. */
+static void many_htabs_across_slices(void **state) {
+  static char req[16384], want[16384];
+  char *w = req, *x = want;
+  size_t i;
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  w += sprintf(w, "POST /t HTTP/1.1\r\nHost: t\r\nX-V:\t");
+  x += sprintf(x, "POST /t /t - 1.1 3 6000 [");
+  for (i = 0; i < 3000; i++) {
+    memcpy(w, "a\t", 2);
+    memcpy(x, "a\t", 2);
+    w += 2;
+    x += 2;
+  }
+  w += sprintf(w, "z\t\r\nTransfer-Encoding:\tchunked\t\r\n\r\n1770\t;e=f\r\n");
+  x += sprintf(x, "z] host\n");
+  for (i = 0; i < 3000; i++) {
+    memcpy(w, "\tb", 2);
+    memcpy(x, "\tb", 2);
+    w += 2;
+    x += 2;
+  }
+  w += sprintf(w, "\r\n0\r\n\r\n");
+  *x = 0;
+  assert_int_equal(htc_send(&fx->loop, c, req, (size_t)(w - req)), 0);
+  assert_int_equal(wait_responses(fx, c, NULL, 1, 2000), 1);
+  assert_int_equal(R[0].status, 200);
+  assert_string_equal(R[0].body, want);
+  assert_int_equal(M(fx)->requests, 1);
+  htc_free(c);
+  fx_free(fx);
+}
+
 /* ------------------------------------------------------------------ */
 /* rejections */
 
@@ -1626,6 +1663,7 @@ int main(void) {
       cmocka_unit_test(listen_errors),
       cmocka_unit_test(reject_names_and_statuses),
       cmocka_unit_test(keep_alive_and_request_fields),
+      cmocka_unit_test(many_htabs_across_slices),
       cmocka_unit_test(pipelined_requests_answered_in_order),
       cmocka_unit_test(valid_edge_cases_are_accepted),
       cmocka_unit_test(pipeline_limit_pauses_reading),
