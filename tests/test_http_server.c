@@ -554,32 +554,31 @@ static void head_and_no_content(void **state) {
   fx_free(fx);
 }
 
+/* Append the two bytes of pair n times to the request (*w) and to what
+ * the handler must echo (*x). */
+static void put_pairs(char **w, char **x, const char *pair, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++, *w += 2, *x += 2) {
+    memcpy(*w, pair, 2);
+    memcpy(*x, pair, 2);
+  }
+}
+
 /* http-parser (the cross-check) is fed each HTAB as a SP through a copy,
  * 4 KiB at a time: a value and a chunked body with thousands of HTABs,
  * each across slices, are read whole and as they were sent. */
 static void many_htabs_across_slices(void **state) {
   static char req[16384], want[16384];
   char *w = req, *x = want;
-  size_t i;
   fx_t *fx = fx_new(NULL);
   htc_t *c = htc_new("127.0.0.1", fx->port);
   (void)state;
   w += sprintf(w, "POST /t HTTP/1.1\r\nHost: t\r\nX-V:\t");
   x += sprintf(x, "POST /t /t - 1.1 3 6000 [");
-  for (i = 0; i < 3000; i++) {
-    memcpy(w, "a\t", 2);
-    memcpy(x, "a\t", 2);
-    w += 2;
-    x += 2;
-  }
+  put_pairs(&w, &x, "a\t", 3000);
   w += sprintf(w, "z\t\r\nTransfer-Encoding:\tchunked\t\r\n\r\n1770\t;e=f\r\n");
   x += sprintf(x, "z] host\n");
-  for (i = 0; i < 3000; i++) {
-    memcpy(w, "\tb", 2);
-    memcpy(x, "\tb", 2);
-    w += 2;
-    x += 2;
-  }
+  put_pairs(&w, &x, "\tb", 3000);
   w += sprintf(w, "\r\n0\r\n\r\n");
   *x = 0;
   assert_int_equal(htc_send(&fx->loop, c, req, (size_t)(w - req)), 0);
