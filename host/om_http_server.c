@@ -30,6 +30,7 @@
 
 #include "om_errno.h"
 #include "om_http_chars.h"
+#include "om_http_detab.h"
 #include "om_log.h"
 
 /* ------------------------------------------------------------------ */
@@ -1409,20 +1410,9 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
 /* ------------------------------------------------------------------ */
 /* http-parser, the second opinion */
 
-/*
- * http-parser 2.9 refuses HTAB in three places where RFC 9110 allows it
- * and it allows SP: trailing OWS after a Content-Length or
- * Transfer-Encoding value (5.6.3, 8.6, 9112 6.1) and BWS before a
- * chunk-ext (9112 7.1.1). So every HTAB is fed to it as a SP: the two are
- * the same whitespace wherever the grammar allows whitespace, and where
- * it does not (a request-target, a field name, a chunk-size) our scanner
- * has already refused the HTAB, and a SP there is refused by http-parser
- * as well. In chunk data and field values it changes nothing the
- * cross-check looks at (lengths and offsets). A callback's pointer into
- * the copy stands for the same offset in the original.
- */
-#define HX_SLICE 4096
-
+/* http-parser is fed each HTAB as a SP (om_http_detab.h), through a copy:
+ * a callback's pointer into the copy stands for the same offset in the
+ * original. */
 static size_t hx_off(const hx_t *x, const char *at) {
   if (x->copy != NULL && (uintptr_t)at - (uintptr_t)x->copy < x->copy_len)
     return x->copy_off + (size_t)(at - x->copy);
@@ -1547,40 +1537,21 @@ static const http_parser_settings hx_settings = {
     .on_message_complete = hx_message_complete,
 };
 
-/* http_parser_execute over p[0..n) with each HTAB fed as a SP; returns the
- * bytes it took, as http_parser_execute does (fewer on an error or a
- * pause). From the first HTAB on, the bytes go through a copy on the
- * stack, a slice at a time: a few calls however many HTABs there are. */
+static void hx_slice(void *arg, const char *copy, const char *orig,
+                     size_t len) {
+  hx_t *x = arg;
+  x->copy = copy;
+  x->copy_len = len;
+  /* body bytes are not in the head's buffer; no callback needs their
+   * offset */
+  x->copy_off = x->in_body ? 0 : (size_t)(orig - x->base);
+}
+
 static size_t hx_execute(conn_t *c, const char *p, size_t n) {
-  char sp[HX_SLICE];
-  hx_t *x = &c->hx;
-  const char *tab = memchr(p, '\t', n);
-  size_t done, len, i, k;
-  if (tab == NULL)
-    return http_parser_execute(&c->hp, &hx_settings, p, n);
-  done = (size_t)(tab - p);
-  /* never 0 bytes: http-parser reads that as EOF */
-  if (done > 0) {
-    k = http_parser_execute(&c->hp, &hx_settings, p, done);
-    if (k != done || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
-      return k;
-  }
-  while (done < n) {
-    len = n - done < sizeof sp ? n - done : sizeof sp;
-    for (i = 0; i < len; i++)
-      sp[i] = p[done + i] == '\t' ? ' ' : p[done + i];
-    x->copy = sp;
-    x->copy_len = len;
-    /* body bytes are not in the head's buffer; no callback needs their
-     * offset */
-    x->copy_off = x->in_body ? 0 : (size_t)(p + done - x->base);
-    k = http_parser_execute(&c->hp, &hx_settings, sp, len);
-    done += k;
-    if (k != len || HTTP_PARSER_ERRNO(&c->hp) != HPE_OK)
-      break;
-  }
-  x->copy = NULL;
-  return done;
+  size_t k = om_http_detab_execute(&c->hp, &hx_settings, p, n, hx_slice,
+                                   &c->hx);
+  c->hx.copy = NULL;
+  return k;
 }
 
 /*

@@ -27,6 +27,7 @@
 
 #include "om_errno.h"
 #include "om_http_chars.h"
+#include "om_http_detab.h"
 
 #define DEF_MAX_IDLE 32u
 #define DEF_IDLE_TIMEOUT_MS 60000u
@@ -1048,39 +1049,13 @@ static const http_parser_settings hp_settings = {
  * all without error and see exactly `body` body bytes in them. Without a
  * second opinion for this response (hp_on 0), nothing to do. */
 static int hp_feed(conn_t *c, const char *p, size_t n, uint64_t body) {
-  /* http-parser 2.9 refuses HTAB as trailing OWS after a
-   * Transfer-Encoding value and as BWS before a chunk-ext, where RFC 9110
-   * 5.6.3 and 9112 7.1.1 allow it and it allows SP; so it is fed each
-   * HTAB as a SP (as om_http_server.c does; our scanner has already
-   * refused a HTAB where no whitespace may be, and a SP there fails here
-   * too). From the first HTAB on, through a copy on the stack, a slice at
-   * a time. */
-  char sp[4096];
-  const char *tab;
-  size_t done = 0, len, i, k;
+  size_t k;
   if (!c->hp_on)
     return 0;
   c->hp_body = 0;
-  tab = memchr(p, '\t', n);
-  if (tab == NULL) {
-    done = http_parser_execute(&c->hp, &hp_settings, p, n);
-  } else {
-    done = (size_t)(tab - p);
-    /* never 0 bytes: http-parser reads that as EOF */
-    if (done > 0 &&
-        http_parser_execute(&c->hp, &hp_settings, p, done) != done)
-      return -1;
-    while (done < n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK) {
-      len = n - done < sizeof sp ? n - done : sizeof sp;
-      for (i = 0; i < len; i++)
-        sp[i] = p[done + i] == '\t' ? ' ' : p[done + i];
-      k = http_parser_execute(&c->hp, &hp_settings, sp, len);
-      done += k;
-      if (k != len)
-        break;
-    }
-  }
-  return done == n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK && c->hp_body == body
+  /* each HTAB as a SP, where RFC 9110 allows either (om_http_detab.h) */
+  k = om_http_detab_execute(&c->hp, &hp_settings, p, n, NULL, NULL);
+  return k == n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK && c->hp_body == body
              ? 0
              : -1;
 }
