@@ -43,7 +43,7 @@
 # go to stderr. Exits non-zero when a contender fails to start or answers
 # anything but 2xx. Loopback only, ports OM_BENCH_PORT_BASE..+6 (default
 # 19480), a temp dir for every config and log; the EXIT trap stops
-# everything it started (by pid) and removes the temp dir. About 8 minutes.
+# everything it started (by pid) and removes the temp dir. About 7 minutes.
 #
 # Environment: OM_BENCH_DURATION seconds per throughput run (default 10,
 # as the issue asks), OM_BENCH_ROUNDS (2),
