@@ -7,9 +7,9 @@
  *
  * Sends `GET / HTTP/1.1` with `Host: bench` to 127.0.0.1:PORT, waits for
  * the whole response (a head, then a Content-Length body), and sends the
- * next: blocking read and write, no event loop, so the client adds two
- * syscalls to a call where wrk's loop adds five (epoll_wait twice,
- * epoll_ctl twice, and its own timers). Each call's latency is taken with
+ * next: blocking read and write, no event loop, so the client makes two
+ * syscalls per call where wrk makes six (a write, a read, and epoll_wait
+ * and epoll_ctl twice each: `strace -c`). Each call's latency is taken with
  * CLOCK_MONOTONIC from before the write to after the read that completes
  * the response.
  *

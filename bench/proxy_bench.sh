@@ -55,9 +55,9 @@
 # latency run's quantile function in), OM_BENCH_PERF (a perf.data path: profile
 # the proxy first, see below), OM_BENCH_CLIENT (wrk; c1 takes the latency
 # runs with bench/c1_client.c instead, a blocking closed-loop client built
-# beside the benches: it adds two syscalls to a call where wrk's event loop
-# adds five, so its percentiles show more of the contender and less of the
-# client; the throughput runs stay wrk's).
+# beside the benches: it makes two syscalls per call where wrk makes six,
+# so its percentiles show more of the contender and less of the client;
+# the throughput runs stay wrk's).
 set -euo pipefail
 
 bin=${1:-}
