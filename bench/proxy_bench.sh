@@ -465,8 +465,10 @@ pass() {
     h_cpu+=("${got[haproxy.cpu]}")
   done
   # The run before the first round is the one the cycle ends with, so the
-  # first round's first run follows what it follows in the cycle.
-  run "$(lat_order "$lat_rounds" | awk '{ print $NF }')" 1 1 >/dev/null
+  # first round's first run follows what it follows in the cycle (taken by
+  # the latency client; its quantiles are not pooled).
+  run "$(lat_order "$lat_rounds" | awk '{ print $NF }')" 1 1 \
+    "$tmp/lead-in.q" >/dev/null
   for r in $(seq "$lat_rounds"); do
     for name in $(lat_order "$r"); do
       run "$name" 1 "$lat_duration" "$tmp/q$sfx.$name.$r"
