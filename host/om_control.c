@@ -214,6 +214,10 @@ struct om_control_s {
    * (service, revision) is logged once, by whichever sees it first. */
   change_ring_t answered;  /* logged by a write's answer */
   change_ring_t announced; /* logged from a store event */
+  /* Our instance writes still waiting for the store's answer: a change
+   * that comes back as an event first is logged with its caller's
+   * address (struct op_s, write_remote). */
+  struct op_s *writes;
   size_t watchers;
   uint64_t events_sent, pings_sent, dropped, rev_max, t_start;
   size_t pending_ops;
@@ -239,6 +243,9 @@ typedef struct op_s {
   char service[OM_NAME_MAX + 1];
   char id[OM_NAME_MAX + 1];
   char *url; /* registrations: for the log line */
+  /* a PUT or DELETE of an instance, in c->writes until freed */
+  struct op_s *wprev, *wnext;
+  int in_writes, deleting;
   int paged;
   size_t page_size;
   char token[OM_PAGE_TOKEN_LEN + 1];
@@ -529,10 +536,30 @@ static op_t *op_new(ctx_t *x) {
 
 static void op_free(op_t *op) {
   om_control_t *c = op->x.c;
+  if (op->in_writes) {
+    if (op->wprev != NULL)
+      op->wprev->wnext = op->wnext;
+    else
+      c->writes = op->wnext;
+    if (op->wnext != NULL)
+      op->wnext->wprev = op->wprev;
+  }
   free(op->url);
   free(op);
   c->pending_ops--;
   maybe_finish(c);
+}
+
+/* op writes an instance (a PUT, or a DELETE: deleting) until it is freed. */
+static void op_writing(op_t *op, int deleting) {
+  om_control_t *c = op->x.c;
+  op->in_writes = 1;
+  op->deleting = deleting;
+  op->wprev = NULL;
+  op->wnext = c->writes;
+  if (c->writes != NULL)
+    c->writes->wprev = op;
+  c->writes = op;
 }
 
 /* The store refused to start the operation: answer and drop it. */
@@ -1010,7 +1037,24 @@ static void log_change(const char *change, const char *service, const char *id,
  * counted a deletion since the last event (each write is its own event),
  * else "expired".
  */
-static void log_store_change(const om_snapshot_t *prev,
+/*
+ * The caller's address of our own write that made this change, when its
+ * answer has not come yet (with Redis the change's event often comes
+ * first: the two connections are not ordered): a PUT of that instance
+ * with that URL (url), or a DELETE of it (url NULL); else NULL, a change
+ * we did not make.
+ */
+static const char *write_remote(const om_control_t *c, const char *svc,
+                                const char *id, const char *url) {
+  for (const op_t *op = c->writes; op != NULL; op = op->wnext)
+    if (op->deleting == (url == NULL) && strcmp(op->id, id) == 0 &&
+        strcmp(op->service, svc) == 0 &&
+        (url == NULL || (op->url != NULL && strcmp(op->url, url) == 0)))
+      return op->x.req->remote_ip;
+  return NULL;
+}
+
+static void log_store_change(const om_control_t *c, const om_snapshot_t *prev,
                              const om_snapshot_t *next, const char *removed) {
   size_t np = prev != NULL ? om_snapshot_count(prev) : 0;
   size_t nn = om_snapshot_count(next), i = 0, j = 0;
@@ -1021,14 +1065,19 @@ static void log_store_change(const om_snapshot_t *prev,
     const om_instance_t *b = j < nn ? om_snapshot_instance(next, j) : NULL;
     int r = a == NULL ? 1 : b == NULL ? -1 : strcmp(a->id, b->id);
     if (r < 0) {
-      log_change(removed, svc, a->id, rev, a->url, NULL);
+      log_change(removed, svc, a->id, rev, a->url,
+                 strcmp(removed, "deleted") == 0
+                     ? write_remote(c, svc, a->id, NULL)
+                     : NULL);
       i++;
     } else if (r > 0) {
-      log_change("created", svc, b->id, rev, b->url, NULL);
+      log_change("created", svc, b->id, rev, b->url,
+                 write_remote(c, svc, b->id, b->url));
       j++;
     } else {
       if (a != b && !om_instance_equal(a, b))
-        log_change("updated", svc, b->id, rev, b->url, NULL);
+        log_change("updated", svc, b->id, rev, b->url,
+                   write_remote(c, svc, b->id, b->url));
       i++;
       j++;
     }
@@ -1051,7 +1100,7 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
   memset(&st, 0, sizeof st);
   c->store->ops->status(c->store, &st);
   if (!c->writing && !ring_has(&c->answered, om_snapshot_service(snap), rev)) {
-    log_store_change(found ? c->mirror[i] : NULL, snap,
+    log_store_change(c, found ? c->mirror[i] : NULL, snap,
                      st.last_removal == OM_STORE_DELETED   ? "deleted"
                      : st.last_removal == OM_STORE_EXPIRED ? "expired"
                      : st.deletions != c->seen_deletions   ? "deleted"
@@ -1243,6 +1292,7 @@ static void h_put_instance(ctx_t *x, const char *svc, const char *id) {
   }
   snprintf(op->service, sizeof op->service, "%s", svc);
   snprintf(op->id, sizeof op->id, "%s", id);
+  op_writing(op, 0);
   c->writing++;
   rc = c->store->ops->put_instance(c->store, svc, &in, on_write_done, op);
   c->writing--;
@@ -1262,6 +1312,8 @@ static void h_instance_op(ctx_t *x, const char *svc, const char *id,
   }
   snprintf(op->service, sizeof op->service, "%s", svc);
   snprintf(op->id, sizeof op->id, "%s", id);
+  if (!heartbeat)
+    op_writing(op, 1);
   c->writing++;
   if (heartbeat)
     rc = c->store->ops->renew(c->store, svc, id, on_write_done, op);
