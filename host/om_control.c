@@ -1029,17 +1029,8 @@ static void log_change(const char *change, const char *service, const char *id,
 }
 
 /*
- * A change we did not make (lease expiry, or a write by another holder of
- * the store, such as `openmesh up`'s example services): one log line per
- * instance, by comparing the service's previous snapshot with the new one
- * (both sorted by id). A removal is what the store says it was
- * (om_store_status_t.last_removal); when it cannot say, "deleted" if it
- * counted a deletion since the last event (each write is its own event),
- * else "expired".
- */
-/*
  * The caller's address of our own write that made this change, when its
- * answer has not come yet (with Redis the change's event often comes
+ * answer has not come yet (with Redis the change's event can come
  * first: the two connections are not ordered): a PUT of that instance
  * with that URL (url), or a DELETE of it (url NULL); else NULL, a change
  * we did not make.
@@ -1054,6 +1045,17 @@ static const char *write_remote(const om_control_t *c, const char *svc,
   return NULL;
 }
 
+/*
+ * A change seen as a store event before any answer of ours logged it: a
+ * lease expiry, a write by another holder of the store (such as `openmesh
+ * up`'s example services), or our own write whose event came before its
+ * answer (then with the caller's address, write_remote). One log line per
+ * instance, by comparing the service's previous snapshot with the new one
+ * (both sorted by id). A removal is what the store says it was
+ * (om_store_status_t.last_removal); when it cannot say, "deleted" if it
+ * counted a deletion since the last event (each write is its own event),
+ * else "expired".
+ */
 static void log_store_change(const om_control_t *c, const om_snapshot_t *prev,
                              const om_snapshot_t *next, const char *removed) {
   size_t np = prev != NULL ? om_snapshot_count(prev) : 0;
