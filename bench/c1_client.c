@@ -111,6 +111,13 @@ int main(int argc, char **argv) {
   double secs;
   int fd, one = 1, status = 0;
   FILE *q;
+  if (argc == 2 && strcmp(argv[1], "--help") == 0) {
+    printf("usage: c1_client PORT SECONDS QFILE\n"
+           "One keep-alive connection to 127.0.0.1:PORT, GET / with Host: "
+           "bench in a closed loop\nfor SECONDS; the latency quantiles go "
+           "to QFILE (bench/proxy_bench.sh, OM_BENCH_CLIENT=c1).\n");
+    return 0;
+  }
   if (argc != 4 || (port = strtol(argv[1], &end, 10)) <= 0 || port > 65535 ||
       *end != '\0' || (secs = strtod(argv[2], &end)) <= 0 || *end != '\0') {
     fprintf(stderr, "usage: c1_client PORT SECONDS QFILE\n");

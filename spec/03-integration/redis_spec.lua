@@ -52,6 +52,21 @@ describe("two control planes on one Redis", function()
       redis.url, prefix, args or ""))
   end
 
+  -- the registration log lines of a plane that contain every needle
+  local function registration_lines(p, ...)
+    local needles, lines = { '"event":"registration"', ... }, {}
+    for line in H.readfile(p.out):gmatch("[^\n]+") do
+      local all = true
+      for _, s in ipairs(needles) do
+        all = all and line:find(s, 1, true) ~= nil
+      end
+      if all then
+        lines[#lines + 1] = line
+      end
+    end
+    return lines
+  end
+
   local function get(c, service, query)
     local status, body = H.request(dir, "GET",
       c.url .. "/v1/services/" .. service .. (query or ""))
@@ -76,16 +91,7 @@ describe("two control planes on one Redis", function()
     -- back through pub/sub, never both, and with the caller's address
     -- either way
     H.sleep(0.3)
-    local function registration_lines(p, id)
-      local lines = {}
-      for line in H.readfile(p.out):gmatch("[^\n]+") do
-        if line:find('"event":"registration"', 1, true) and line:find('"id":"' .. id .. '"', 1, true) then
-          lines[#lines + 1] = line
-        end
-      end
-      return lines
-    end
-    local la, lb = registration_lines(a, "keep"), registration_lines(b, "keep")
+    local la, lb = registration_lines(a, '"id":"keep"'), registration_lines(b, '"id":"keep"')
     assert.equal(1, #la, table.concat(la, "\n"))
     assert.equal(1, #lb, table.concat(lb, "\n"))
     assert.matches('"change":"created"', la[1], 1, true)
@@ -160,13 +166,7 @@ describe("two control planes on one Redis", function()
     end
     local want = N + 20
     local function lines(p)
-      local out = {}
-      for line in H.readfile(p.out):gmatch("[^\n]+") do
-        if line:find('"event":"registration"', 1, true) and line:find('"service":"audit"', 1, true) then
-          out[#out + 1] = line
-        end
-      end
-      return out
+      return registration_lines(p, '"service":"audit"')
     end
     assert.is_true(H.wait_for(function() return #lines(a) >= want and #lines(b) >= want end, 5))
     H.sleep(0.3) -- nothing logged twice comes late
