@@ -53,7 +53,7 @@ typedef struct om_fallback_settings_s {
   char *judge_route;         /* a route name; NULL when no gate is configured */
   uint64_t judge_timeout_ms; /* default 2000 */
   int has_order;             /* the policy has an order(ctx) function */
-  /* route cooldown (core/om_egress.h om_egress_cooldown_opts_t): after
+  /* route cooldown (core/om_egress_rules.h om_egress_cooldown_opts_t): after
    * cooldown_after_failures consecutive health failures a route is skipped
    * for cooldown_ms, doubling per repeat up to cooldown_max_ms */
   uint32_t cooldown_after_failures; /* default 3 */

@@ -1,8 +1,8 @@
 /*
- * om_egress.c: Layer A classification, the deadline rule and route cooldown
- * (see om_egress.h for the rules and why).
+ * om_egress_rules.c: Layer A classification, the deadline rule and route cooldown
+ * (see om_egress_rules.h for the rules and why).
  */
-#include "om_egress.h"
+#include "om_egress_rules.h"
 
 #include <string.h>
 

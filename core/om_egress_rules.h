@@ -1,5 +1,5 @@
 /*
- * om_egress.h: Layer A of the egress gateway, pure: what one model-call
+ * om_egress_rules.h: Layer A of the egress gateway, pure: what one model-call
  * attempt's outcome means (classification), what to do next (retry the same
  * route after a wait, move to the next route now, or stop), and per-route
  * cooldown (docs/EGRESS.md, DESIGN.md "Egress").
@@ -35,8 +35,8 @@
  * - The server's wait: `retry-after-ms` first, then `Retry-After` (RFC 9110
  *   section 10.2.3, seconds or HTTP-date); malformed values are absent.
  */
-#ifndef OM_EGRESS_H
-#define OM_EGRESS_H
+#ifndef OM_EGRESS_RULES_H
+#define OM_EGRESS_RULES_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -224,4 +224,4 @@ void om_egress_route_record(om_egress_route_state_t *st,
 int om_egress_route_available(const om_egress_route_state_t *st,
                               uint64_t now_ns);
 
-#endif /* OM_EGRESS_H */
+#endif /* OM_EGRESS_RULES_H */

@@ -1,4 +1,4 @@
-/* test_cli_util.c: duration flags and token files (host/om_cli_util.h). */
+/* test_cli_util.c: duration flags and token files (host/cli/om_cli_util.h). */
 #include "om_test.h"
 
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
- * test_curl_uv.c: libcurl multi on libuv (host/om_curl_uv.h) against a
- * real HTTP server (host/om_http_server.h) on loopback, both on one loop
+ * test_curl_uv.c: libcurl multi on libuv (host/net/om_curl_uv.h) against a
+ * real HTTP server (host/net/om_http_server.h) on loopback, both on one loop
  * in this thread.
  */
 #include "om_test.h"

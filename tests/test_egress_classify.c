@@ -1,9 +1,9 @@
-/* test_egress_classify.c: Layer A rules (core/om_egress.h), one by one. */
+/* test_egress_classify.c: Layer A rules (core/om_egress_rules.h), one by one. */
 #include "om_test.h"
 
 #include <string.h>
 
-#include "om_egress.h"
+#include "om_egress_rules.h"
 #include "om_errno.h"
 
 #define MS UINT64_C(1000000)

@@ -1,6 +1,6 @@
 /*
  * test_http_smuggling.c: request framing and request-smuggling cases for
- * the HTTP/1.1 server (host/om_http_server.c), checked against RFC 9112
+ * the HTTP/1.1 server (host/net/om_http_server.c), checked against RFC 9112
  * (message syntax and framing) and RFC 9110 (semantics).
  *
  * Each case is raw bytes sent over a real loopback socket to a real

@@ -7,7 +7,7 @@
  *   fake control plane (om_http_server, SSE written step by step)
  *     -> om_watch (om_curl_uv on the same loop)
  *     -> on_snapshot -> om_proxy_set_snapshot, wired exactly as
- *        `openmesh proxy --control` does (host/cmd_proxy.c)
+ *        `openmesh proxy --control` does (host/cli/cmd_proxy.c)
  *     -> om_proxy (policies/traffic.lua) -> upstreams A and B
  *
  * Every bad event is sent alone and the test waits until the watch has
@@ -109,7 +109,7 @@ static void cp_closed(om_http_server_t *srv, void *ud) {
 }
 
 /* ------------------------------------------------------------------ */
-/* the process under test, wired as host/cmd_proxy.c wires it */
+/* the process under test, wired as host/cli/cmd_proxy.c wires it */
 
 typedef struct app_s {
   uv_loop_t loop;

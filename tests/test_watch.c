@@ -1,5 +1,5 @@
 /*
- * test_watch.c: the topology watch client (host/om_watch.h) on real
+ * test_watch.c: the topology watch client (host/proxy/om_watch.h) on real
  * loopback sockets, everything on one libuv loop in this thread: the real
  * control plane (om_control + the memory store) for the happy paths and
  * restarts, and a scripted fake control plane (om_http_server) for the

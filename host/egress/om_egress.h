@@ -1,9 +1,9 @@
 /*
  * om_egress.h: the egress gateway (`openmesh egress`, docs/EGRESS.md).
  *
- * Layer A (classify, retry, fall back: core/om_egress.h) for every model
+ * Layer A (classify, retry, fall back: core/om_egress_rules.h) for every model
  * call; for agent turns the quality gate (opt-in per agent), delivery
- * through the channel's connector (Layer B: host/om_connector.h, only an
+ * through the channel's connector (Layer B: host/egress/om_connector.h, only an
  * om_agent_message_t can be delivered) and degradation (Layer C: async
  * turns stay silent and are retried on the next cycle; interactive turns get
  * the policy's holding line, background retries within a commitment, then
@@ -29,8 +29,7 @@
 #include <uv.h>
 
 #include "om_http_server.h"
-/* core/om_egress.h (Layer A, pure) shares this file name: reach it by path */
-#include "../core/om_egress.h"
+#include "om_egress_rules.h"
 
 typedef struct om_egress_s om_egress_t;
 

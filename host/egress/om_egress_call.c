@@ -2,7 +2,7 @@
  * om_egress_call.c: Layer A for one request (see om_egress_internal.h):
  * attempts over libcurl on the loop, both provider kinds translated to and
  * from the OpenAI chat shape, classification and the deadline rule of
- * core/om_egress.h, cooldown, the tool-call repair and the streaming hold.
+ * core/om_egress_rules.h, cooldown, the tool-call repair and the streaming hold.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -602,7 +602,7 @@ static void on_wait_done(uv_timer_t *t) {
   start_attempt(c);
 }
 
-/* Decide what follows a failed attempt (core/om_egress.h). */
+/* Decide what follows a failed attempt (core/om_egress_rules.h). */
 static void after_failure(eg_call_t *c, const om_egress_verdict_t *v) {
   om_egress_limits_t lim;
   om_egress_step_t st;

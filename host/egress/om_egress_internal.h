@@ -3,7 +3,7 @@
  *
  * om_egress_call.c runs Layer A for one request: the route order from the
  * fallback policy, attempts over libcurl (both provider kinds, JSON and
- * SSE), classification and the deadline rule from core/om_egress.h, route
+ * SSE), classification and the deadline rule from core/om_egress_rules.h, route
  * cooldown, the in-attempt tool-call repair, and the streaming hold.
  * om_egress.c is the server: /v1/chat/completions, /v1/turns (Layer C, the
  * quality gate, delivery through connectors), /v1/pending, /metrics,
@@ -19,7 +19,7 @@
 #include <uv.h>
 
 #include "om_curl_uv.h"
-#include "om_egress.h" /* host/, which includes core/om_egress.h */
+#include "om_egress.h"
 #include "om_egress_policy.h"
 #include "om_metrics.h"
 #include "om_policy_watch.h"

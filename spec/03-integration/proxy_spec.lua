@@ -1,6 +1,6 @@
 -- proxy_spec.lua: the real `openmesh proxy` binary as a child process, in
 -- front of real upstream processes: `openmesh up` runs the example services
--- (fast, slow, flaky; host/om_example_service.h) from a temporary up.json,
+-- (fast, slow, flaky; host/cli/om_example_service.h) from a temporary up.json,
 -- and the proxy routes to them from a --static topology. Driven with curl
 -- over loopback (spec/support/control_helper.lua). The thorough properties
 -- (deadlines within 10%, circuits, canary under failure, streams cut after
