@@ -22,7 +22,7 @@ LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -pri
            ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
-.PHONY: all build deps check test-c test-lua bench format clean up
+.PHONY: all build deps check format-check test-c test-lua bench format clean up
 
 all: build
 
@@ -42,6 +42,7 @@ up: deps
 	$(BUILD)/bin/openmesh up examples
 
 check: deps
+	$(MAKE) --no-print-directory format-check
 	$(MAKE) build
 	@c=0; l=0; \
 	$(MAKE) --no-print-directory test-c || c=1; \
@@ -70,6 +71,11 @@ bench: deps
 
 format:
 	git ls-files '*.c' '*.h' | xargs clang-format -i
+
+# The tree is kept in .clang-format's style: `make format` fixes what this
+# finds.
+format-check:
+	git ls-files '*.c' '*.h' | xargs clang-format --dry-run -Werror
 
 clean:
 	rm -rf build build-ci $(BENCH_BUILD)

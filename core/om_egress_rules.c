@@ -1,6 +1,6 @@
 /*
- * om_egress_rules.c: Layer A classification, the deadline rule and route cooldown
- * (see om_egress_rules.h for the rules and why).
+ * om_egress_rules.c: Layer A classification, the deadline rule and route
+ * cooldown (see om_egress_rules.h for the rules and why).
  */
 #include "om_egress_rules.h"
 

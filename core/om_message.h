@@ -3,10 +3,10 @@
  *
  * An agent's reply and a failure to produce one are different types on
  * purpose. om_agent_message_t is the only thing a connector can deliver to a
- * user channel (host/egress/om_connector.h); om_egress_error_t carries the internal
- * cause, the attempts and the attribution to error tracking and can never be
- * handed to a connector: the deliver function takes a pointer to the first
- * type, so passing the second is a compile error, not a review comment
+ * user channel (host/egress/om_connector.h); om_egress_error_t carries the
+ * internal cause, the attempts and the attribution to error tracking and can
+ * never be handed to a connector: the deliver function takes a pointer to the
+ * first type, so passing the second is a compile error, not a review comment
  * (tests/compile_fail/deliver_error.c proves it).
  *
  * Both are opaque, immutable after construction except for the explicit

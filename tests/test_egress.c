@@ -1,6 +1,6 @@
 /*
- * test_egress.c: the gateway engine (host/egress/om_egress.h) in-process: a fake
- * provider on an om_http_server on the same loop, the gateway in front of
+ * test_egress.c: the gateway engine (host/egress/om_egress.h) in-process: a
+ * fake provider on an om_http_server on the same loop, the gateway in front of
  * it, requests through om_curl_uv. The end-to-end rules (every fault of the
  * issue, the fault campaign) are in spec/03-integration/egress_spec.lua
  * against the real binary; this file covers construction errors, allocation

@@ -1,4 +1,5 @@
-/* test_egress_classify.c: Layer A rules (core/om_egress_rules.h), one by one. */
+/* test_egress_classify.c: Layer A rules (core/om_egress_rules.h), one by one.
+ */
 #include "om_test.h"
 
 #include <string.h>

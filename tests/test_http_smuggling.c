@@ -225,23 +225,24 @@ static const case_t cases[] = {
     KEEP("cl + trailing htab",
          "POST /c" H11 "Content-Length: 5\t\r\n\r\nhello" NEXT,
          V_HELLO "|" V_NEXT, 200, 200),
-    KEEP("chunk ext BWS htab",
-         CH "5\t;a=b\r\nhello\r\n0\r\n\r\n" NEXT, V_HELLO "|" V_NEXT, 200,
-         200),
+    KEEP("chunk ext BWS htab", CH "5\t;a=b\r\nhello\r\n0\r\n\r\n" NEXT,
+         V_HELLO "|" V_NEXT, 200, 200),
     KEEP("chunk ext BWS htab and sp, around = too",
          CH "5 \t; a\t=\tb\r\nhello\r\n0\r\n\r\n", V_HELLO, 200),
-    KEEP("htab in chunk data is data",
-         CH "5\r\nh\t\t\tj\r\n0\r\n\r\n", "POST /c 1.1 5:h\t\t\tj@t", 200),
+    KEEP("htab in chunk data is data", CH "5\r\nh\t\t\tj\r\n0\r\n\r\n",
+         "POST /c 1.1 5:h\t\t\tj@t", 200),
     /* where no whitespace may be, a HTAB is still refused */
-    BAD("htab inside a chunk-size", CH "1\t0\r\n" "0123456789abcdef\r\n0\r\n\r\n",
+    BAD("htab inside a chunk-size",
+        CH "1\t0\r\n"
+           "0123456789abcdef\r\n0\r\n\r\n",
         400, "bad_chunk"),
     BAD("htab inside a content-length",
         "POST /c" H11 "Content-Length: 1\t0\r\n\r\n0123456789", 400,
         "bad_content_length"),
     BAD("htab before a field's colon",
         "POST /c" H11 "Content-Length\t: 5\r\n\r\nhello", 400, "bad_header"),
-    BAD("htab before a chunk's CRLF",
-        CH "5\r\nhello\t\r\n0\r\n\r\n", 400, "bad_chunk"),
+    BAD("htab before a chunk's CRLF", CH "5\r\nhello\t\r\n0\r\n\r\n", 400,
+        "bad_chunk"),
     /* Stricter than the RFC, because http-parser 2.9 (the cross-check)
      * refuses them and a message the two parsers read differently is
      * refused (om_http_server.h): empty elements in the Transfer-Encoding

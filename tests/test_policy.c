@@ -255,15 +255,18 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
                   "is empty)");
   /* captured at the top level, by value or through the library table: the
    * capture is sealed too; the top level itself still drew its numbers */
-  p = load_ok("capture.lua",
-              "local r, m, t = math.random, math, os.time\n"
-              "local seed = r(1000) + t()\n"
-              "return { kind = 'traffic', vary = { 'x-a' },\n"
-              "  subset = function(req, peers)\n"
-              "    if req.headers['x-a'] == 'r' then return { peers[r(#peers)] } end\n"
-              "    if req.headers['x-a'] == 'm' then return { peers[m.random(1)] } end\n"
-              "    if req.headers['x-a'] == 't' then return { peers[t() % 1 + 1] } end\n"
-              "    return peers end }");
+  p = load_ok(
+      "capture.lua",
+      "local r, m, t = math.random, math, os.time\n"
+      "local seed = r(1000) + t()\n"
+      "return { kind = 'traffic', vary = { 'x-a' },\n"
+      "  subset = function(req, peers)\n"
+      "    if req.headers['x-a'] == 'r' then return { peers[r(#peers)] } end\n"
+      "    if req.headers['x-a'] == 'm' then return { peers[m.random(1)] } "
+      "end\n"
+      "    if req.headers['x-a'] == 't' then return { peers[t() % 1 + 1] } "
+      "end\n"
+      "    return peers end }");
   assert_int_equal(om_policy_set_peers(p, peers, 1), 0);
   {
     static const char *const how[][2] = {{"r", "capture.lua:5: math.random"},

@@ -2,7 +2,8 @@
  * om_egress_call.c: Layer A for one request (see om_egress_internal.h):
  * attempts over libcurl on the loop, both provider kinds translated to and
  * from the OpenAI chat shape, classification and the deadline rule of
- * core/om_egress_rules.h, cooldown, the tool-call repair and the streaming hold.
+ * core/om_egress_rules.h, cooldown, the tool-call repair and the streaming
+ * hold.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -161,7 +161,7 @@ typedef struct {
   const char *base; /* request start in the connection buffer */
   int last, mismatch, in_body, headers_done, done, have_field;
   size_t url_off, url_len, nf, f_off, f_len, v_off, v_len;
-  const char *copy; /* the slice hx_execute is feeding, HTAB as SP */
+  const char *copy;          /* the slice hx_execute is feeding, HTAB as SP */
   size_t copy_len, copy_off; /* its length, and its offset from base */
   unsigned flags, method, major, minor;
   uint64_t cl, body;
@@ -1548,8 +1548,8 @@ static void hx_slice(void *arg, const char *copy, const char *orig,
 }
 
 static size_t hx_execute(conn_t *c, const char *p, size_t n) {
-  size_t k = om_http_detab_execute(&c->hp, &hx_settings, p, n, hx_slice,
-                                   &c->hx);
+  size_t k =
+      om_http_detab_execute(&c->hp, &hx_settings, p, n, hx_slice, &c->hx);
   c->hx.copy = NULL;
   return k;
 }
@@ -2376,7 +2376,7 @@ static void conn_update(conn_t *c) {
   if (c->failed || c->eof)
     want = 0;
   else if (c->lingering || c->shutting || c->ps == P_DEAD)
-    want = 1; /* read and drop: see EOF, keep the peer from a reset */
+    want = 1;          /* read and drop: see EOF, keep the peer from a reset */
   else if (c->no_more) /* the same while the last response is on its way, */
     want = c->discarded <= DISCARD_MAX; /* up to a point */
   else

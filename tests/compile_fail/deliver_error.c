@@ -1,5 +1,6 @@
 /*
- * deliver_error.c: the typed boundary of egress (host/egress/om_connector.h) holds.
+ * deliver_error.c: the typed boundary of egress (host/egress/om_connector.h)
+ * holds.
  *
  * Handing an egress error (its internal cause, never meant for a person) to
  * a connector must be a compile error, not something a review catches.

@@ -50,4 +50,22 @@ long om_test_alloc_failures(void);
       fail_msg("%s = %g, want %g +- %g", #got, om__g, om__w, om__t);           \
   } while (0)
 
+/*
+ * Assert `a op b` for numbers (op is one of < <= > >= == !=), printing both
+ * sides on failure, as libuv's ASSERT_GT does:
+ *
+ *   OM_ASSERT_CMP(n, >, 0)  ->  n > 0: n = 0, 0 = 0
+ *
+ * Both sides are compared as long double, which holds every int64_t and
+ * uint64_t exactly, so a signed and an unsigned side compare by value (no
+ * -1 > 0u surprise). Pointers are not numbers here: use assert_ptr_*.
+ */
+#define OM_ASSERT_CMP(a, op, b)                                                \
+  do {                                                                         \
+    long double om__a = (long double)(a), om__b = (long double)(b);            \
+    if (!(om__a op om__b))                                                     \
+      fail_msg("%s %s %s: %s = %.20Lg, %s = %.20Lg", #a, #op, #b, #a, om__a,   \
+               #b, om__b);                                                     \
+  } while (0)
+
 #endif /* OM_TEST_H */
