@@ -20,10 +20,8 @@ struct om_admission_s {
   uint32_t max_queue;
   uint32_t inflight;
   uint32_t queued;
-  waiter_t *head; /* FIFO: oldest */
-  waiter_t *tail; /* FIFO: newest */
-  waiter_t *heap_root;
-  uint32_t heap_n; /* waiters in the heap (those with a deadline) */
+  om_list_t fifo; /* the queued waiters, oldest first */
+  om_heap_t heap; /* those of them with a deadline, earliest first */
   uint64_t seq;
   uint64_t admitted;
   uint64_t rejected;
@@ -31,135 +29,23 @@ struct om_admission_s {
   uint64_t cancelled;
 };
 
-/* ---- deadline heap (after libuv src/heap-inl.h, see om_admission.h) ---- */
+/* ---- deadline heap (core/om_heap.h, see om_admission.h) ---- */
+
+#define WAITER_OF_HEAP(n) OM_HEAP_ENTRY(n, waiter_t, om__heap)
 
 /* Earlier deadline first; equal deadlines in arrival order, so expiry is
  * deterministic and FIFO among equals (libuv src/timer.c timer_less_than). */
-static int heap_less(const waiter_t *x, const waiter_t *y) {
+static int heap_less(const om_heap_node_t *hx, const om_heap_node_t *hy) {
+  const waiter_t *x = WAITER_OF_HEAP(hx), *y = WAITER_OF_HEAP(hy);
   if (x->om__deadline_ns != y->om__deadline_ns)
     return x->om__deadline_ns < y->om__deadline_ns;
   return x->om__seq < y->om__seq;
 }
 
-/*
- * The node at 1-based position pos (1 <= pos <= heap_n) of the complete
- * tree: the bits of pos below its leading 1, read from the top, are the
- * path from the root (0 left, 1 right).
- */
-static waiter_t *heap_at(const om_admission_t *a, uint64_t pos) {
-  waiter_t *x = a->heap_root;
-  int shift = 0;
-  while ((pos >> shift) > 1)
-    shift++;
-  while (shift-- > 0)
-    x = ((pos >> shift) & 1) ? x->om__right : x->om__left;
-  return x;
-}
-
-/* Exchange parent p with its child c: c moves up one level, p down. */
-static void heap_swap(om_admission_t *a, waiter_t *p, waiter_t *c) {
-  waiter_t *pp = p->om__parent;
-  waiter_t *cl = c->om__left, *cr = c->om__right;
-  waiter_t *sib;
-
-  if (p->om__left == c) {
-    sib = p->om__right;
-    c->om__left = p;
-    c->om__right = sib;
-  } else {
-    sib = p->om__left;
-    c->om__left = sib;
-    c->om__right = p;
-  }
-  if (sib != NULL)
-    sib->om__parent = c;
-
-  c->om__parent = pp;
-  if (pp == NULL)
-    a->heap_root = c;
-  else if (pp->om__left == p)
-    pp->om__left = c;
-  else
-    pp->om__right = c;
-
-  p->om__parent = c;
-  p->om__left = cl;
-  p->om__right = cr;
-  if (cl != NULL)
-    cl->om__parent = p;
-  if (cr != NULL)
-    cr->om__parent = p;
-}
-
-static void heap_sift_up(om_admission_t *a, waiter_t *x) {
-  while (x->om__parent != NULL && heap_less(x, x->om__parent))
-    heap_swap(a, x->om__parent, x);
-}
-
-static void heap_sift_down(om_admission_t *a, waiter_t *x) {
-  for (;;) {
-    waiter_t *m = x;
-    if (x->om__left != NULL && heap_less(x->om__left, m))
-      m = x->om__left;
-    if (x->om__right != NULL && heap_less(x->om__right, m))
-      m = x->om__right;
-    if (m == x)
-      return;
-    heap_swap(a, x, m);
-  }
-}
-
-static void heap_insert(om_admission_t *a, waiter_t *w) {
-  uint64_t pos = (uint64_t)a->heap_n + 1;
-  w->om__left = w->om__right = NULL;
-  if (pos == 1) {
-    w->om__parent = NULL;
-    a->heap_root = w;
-  } else {
-    waiter_t *p = heap_at(a, pos / 2);
-    if (pos & 1)
-      p->om__right = w;
-    else
-      p->om__left = w;
-    w->om__parent = p;
-  }
-  a->heap_n++;
-  heap_sift_up(a, w);
-}
-
-static void heap_remove(om_admission_t *a, waiter_t *w) {
-  /* Move the last node of the bottom row into w's place, then restore the
-   * heap order around it (down, and up: the last node is not necessarily
-   * the largest). */
-  waiter_t *last = heap_at(a, a->heap_n);
-  waiter_t *lp = last->om__parent;
-
-  if (lp == NULL)
-    a->heap_root = NULL;
-  else if (lp->om__left == last)
-    lp->om__left = NULL;
-  else
-    lp->om__right = NULL;
-  a->heap_n--;
-
-  if (last != w) {
-    last->om__left = w->om__left;
-    last->om__right = w->om__right;
-    last->om__parent = w->om__parent;
-    if (last->om__left != NULL)
-      last->om__left->om__parent = last;
-    if (last->om__right != NULL)
-      last->om__right->om__parent = last;
-    if (w->om__parent == NULL)
-      a->heap_root = last;
-    else if (w->om__parent->om__left == w)
-      w->om__parent->om__left = last;
-    else
-      w->om__parent->om__right = last;
-    heap_sift_down(a, last);
-    heap_sift_up(a, last);
-  }
-  w->om__left = w->om__right = w->om__parent = NULL;
+/* The waiter with the earliest deadline, or NULL. */
+static waiter_t *heap_first(const om_admission_t *a) {
+  om_heap_node_t *n = om_heap_min(&a->heap);
+  return n != NULL ? WAITER_OF_HEAP(n) : NULL;
 }
 
 /* ---- the FIFO queue ---- */
@@ -168,32 +54,24 @@ static void enqueue(om_admission_t *a, waiter_t *w, uint64_t deadline_ns) {
   w->om__deadline_ns = deadline_ns;
   w->om__seq = a->seq++;
   w->om__owner = a;
-  w->om__next = NULL;
-  w->om__prev = a->tail;
-  if (a->tail != NULL)
-    a->tail->om__next = w;
-  else
-    a->head = w;
-  a->tail = w;
+  om_list_push_back(&a->fifo, &w->om__link);
   a->queued++;
   if (deadline_ns != OM_DEADLINE_NEVER)
-    heap_insert(a, w);
+    om_heap_insert(&a->heap, &w->om__heap);
 }
 
 static void unlink_waiter(om_admission_t *a, waiter_t *w) {
-  if (w->om__prev != NULL)
-    w->om__prev->om__next = w->om__next;
-  else
-    a->head = w->om__next;
-  if (w->om__next != NULL)
-    w->om__next->om__prev = w->om__prev;
-  else
-    a->tail = w->om__prev;
-  w->om__prev = w->om__next = NULL;
+  om_list_remove(&w->om__link);
   if (w->om__deadline_ns != OM_DEADLINE_NEVER)
-    heap_remove(a, w);
+    om_heap_remove(&a->heap, &w->om__heap);
   w->om__owner = NULL;
   a->queued--;
+}
+
+/* The oldest queued waiter, or NULL. */
+static waiter_t *fifo_first(const om_admission_t *a) {
+  om_list_t *n = om_list_first(&a->fifo);
+  return n != NULL ? OM_LIST_ENTRY(n, waiter_t, om__link) : NULL;
 }
 
 static int is_due(uint64_t deadline_ns, uint64_t now_ns) {
@@ -206,8 +84,8 @@ static int is_due(uint64_t deadline_ns, uint64_t now_ns) {
  */
 static void drain(om_admission_t *a, uint64_t now_ns, om_admission_cb cb,
                   void *ud) {
-  while (a->head != NULL && a->inflight < a->limit) {
-    waiter_t *w = a->head;
+  waiter_t *w;
+  while (a->inflight < a->limit && (w = fifo_first(a)) != NULL) {
     unlink_waiter(a, w);
     if (is_due(w->om__deadline_ns, now_ns)) {
       a->expired++;
@@ -231,17 +109,20 @@ int om_admission_new(const om_admission_opts_t *opts, om_admission_t **out) {
     return OM_ENOMEM;
   a->limit = opts->max_inflight;
   a->max_queue = opts->max_queue;
+  om_list_init(&a->fifo);
+  om_heap_init(&a->heap, heap_less);
   *out = a;
   return 0;
 }
 
 void om_admission_free(om_admission_t *a) {
-  if (a == NULL)
-    return;
   /* The nodes are the caller's: leave them unqueued so they can be reused,
    * rather than pointing into freed memory. */
-  while (a->head != NULL)
-    unlink_waiter(a, a->head);
+  waiter_t *w;
+  if (a == NULL)
+    return;
+  while ((w = fifo_first(a)) != NULL)
+    unlink_waiter(a, w);
   free(a);
 }
 
@@ -259,7 +140,7 @@ int om_admission_acquire(om_admission_t *a, om_admission_waiter_t *w,
     a->expired++;
     return OM_EDEADLINE;
   }
-  if (a->inflight < a->limit && a->head == NULL) {
+  if (a->inflight < a->limit && om_list_empty(&a->fifo)) {
     a->inflight++;
     a->admitted++;
     return OM_ADMISSION_ADMITTED;
@@ -279,8 +160,7 @@ int om_admission_release(om_admission_t *a, uint64_t now_ns, om_admission_cb cb,
   if (a->inflight == 0)
     return OM_ESTATE;
   a->inflight--;
-  if (a->head != NULL)
-    drain(a, now_ns, cb, ud);
+  drain(a, now_ns, cb, ud);
   return 0;
 }
 
@@ -298,8 +178,8 @@ int om_admission_expire(om_admission_t *a, uint64_t now_ns, om_admission_cb cb,
   int n = 0;
   if (cb == NULL)
     return OM_EINVAL;
-  while (a->heap_root != NULL && a->heap_root->om__deadline_ns <= now_ns) {
-    waiter_t *w = a->heap_root;
+  waiter_t *w;
+  while ((w = heap_first(a)) != NULL && w->om__deadline_ns <= now_ns) {
     unlink_waiter(a, w);
     a->expired++;
     if (n < INT_MAX)
@@ -310,8 +190,8 @@ int om_admission_expire(om_admission_t *a, uint64_t now_ns, om_admission_cb cb,
 }
 
 uint64_t om_admission_next_deadline(const om_admission_t *a) {
-  return a->heap_root != NULL ? a->heap_root->om__deadline_ns
-                              : OM_DEADLINE_NEVER;
+  const waiter_t *w = heap_first(a);
+  return w != NULL ? w->om__deadline_ns : OM_DEADLINE_NEVER;
 }
 
 int om_admission_cancel(om_admission_t *a, om_admission_waiter_t *w) {

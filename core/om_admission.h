@@ -51,6 +51,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "om_heap.h"
+#include "om_list.h"
+
 #include "om_deadline.h"
 
 typedef struct om_admission_s om_admission_t;
@@ -62,14 +65,9 @@ typedef struct om_admission_waiter_s om_admission_waiter_t;
  * om_admission_waiter_init) is ready to use.
  */
 struct om_admission_waiter_s {
-  void *data; /* the caller's; the admission never reads or writes it */
-  /* private: FIFO links */
-  om_admission_waiter_t *om__prev;
-  om_admission_waiter_t *om__next;
-  /* private: deadline heap links (only while queued with a deadline) */
-  om_admission_waiter_t *om__left;
-  om_admission_waiter_t *om__right;
-  om_admission_waiter_t *om__parent;
+  void *data;         /* the caller's; the admission never reads or writes it */
+  om_list_t om__link; /* private: the FIFO (while queued) */
+  om_heap_node_t om__heap; /* private: the deadline heap (queued, deadline) */
   uint64_t om__deadline_ns;
   uint64_t om__seq;                /* insertion order, the heap tie-break */
   const om_admission_t *om__owner; /* non-NULL exactly while queued */

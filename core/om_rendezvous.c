@@ -7,6 +7,7 @@
 
 #include "om_errno.h"
 #include "om_hash.h"
+#include "om_heap.h"
 
 /*
  * Peer ids are hashed with the object's seed xor this constant, keys with
@@ -391,43 +392,13 @@ static int slot_less(const slot_t *a, const slot_t *b) {
   return a->key < b->key || (a->key == b->key && a->idx < b->idx);
 }
 
-static void slot_sift(slot_t *h, size_t n, size_t i) {
-  for (;;) {
-    size_t c = 2 * i + 1, m = i;
-    slot_t t;
-    if (c < n && slot_less(&h[c], &h[m]))
-      m = c;
-    if (c + 1 < n && slot_less(&h[c + 1], &h[m]))
-      m = c + 1;
-    if (m == i)
-      return;
-    t = h[i];
-    h[i] = h[m];
-    h[m] = t;
-    i = m;
-  }
-}
+OM_HEAP_ARRAY_SIFT_DOWN(slot_sift, slot_t, slot_less)
 
 static int head_less(const head_t *a, const head_t *b) {
   return a->e < b->e || (a->e == b->e && a->idx < b->idx);
 }
 
-static void head_sift(head_t *h, size_t n, size_t i) {
-  for (;;) {
-    size_t c = 2 * i + 1, m = i;
-    head_t t;
-    if (c < n && head_less(&h[c], &h[m]))
-      m = c;
-    if (c + 1 < n && head_less(&h[c + 1], &h[m]))
-      m = c + 1;
-    if (m == i)
-      return;
-    t = h[i];
-    h[i] = h[m];
-    h[m] = t;
-    i = m;
-  }
-}
+OM_HEAP_ARRAY_SIFT_DOWN(head_sift, head_t, head_less)
 
 /* E of the head of class c (its heap at s + start, nonempty). */
 static head_t class_head(const om_rendezvous_t *r, const slot_t *heap,

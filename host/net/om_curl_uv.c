@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "om_errno.h"
+#include "om_list.h"
 
 #define NO_SLOT UINT32_MAX
 
@@ -33,7 +34,7 @@ typedef struct sock_s {
   curl_socket_t fd;
   int events; /* what libcurl asked us to watch */
   int closing;
-  struct sock_s *prev, *next;
+  om_list_t link; /* on cu->socks */
 } sock_t;
 
 struct om_curl_uv_s {
@@ -44,7 +45,7 @@ struct om_curl_uv_s {
   uint32_t n_slots, cap_slots, free_head;
   size_t active;
   size_t n_failed;  /* slots with failed set */
-  sock_t *socks;    /* every sock_t not yet freed, closing ones included */
+  om_list_t socks;  /* every sock_t not yet freed, closing ones included */
   size_t n_handles; /* libuv handles not yet closed (timer + socks) */
   int busy;         /* > 0 while we dispatch (drive) */
   int in_curl;      /* > 0 while libcurl runs (its callbacks may call us) */
@@ -116,12 +117,7 @@ static void maybe_free(om_curl_uv_t *cu) {
 static void sock_closed(uv_handle_t *h) {
   sock_t *sk = h->data;
   om_curl_uv_t *cu = sk->cu;
-  if (sk->prev != NULL)
-    sk->prev->next = sk->next;
-  else
-    cu->socks = sk->next;
-  if (sk->next != NULL)
-    sk->next->prev = sk->prev;
+  om_list_remove(&sk->link);
   free(sk);
   cu->n_handles--;
   maybe_free(cu);
@@ -149,8 +145,9 @@ static void finish_close(om_curl_uv_t *cu) {
   cu->in_curl--;
   cu->multi = NULL;
   cu->cleaned = 1;
-  for (sock_t *sk = cu->socks; sk != NULL; sk = sk->next)
-    sock_close(sk);
+  OM_LIST_FOREACH(it, &cu->socks) { /* unlinked later, in sock_closed */
+    sock_close(OM_LIST_ENTRY(it, sock_t, link));
+  }
   uv_close((uv_handle_t *)&cu->timer, timer_closed);
 }
 
@@ -269,10 +266,7 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *userp,
     sk->poll.data = sk;
     sk->cu = cu;
     sk->fd = s;
-    sk->next = cu->socks;
-    if (cu->socks != NULL)
-      cu->socks->prev = sk;
-    cu->socks = sk;
+    om_list_push_front(&cu->socks, &sk->link);
     cu->n_handles++;
     curl_multi_assign(cu->multi, s, sk);
   }
@@ -312,6 +306,7 @@ int om_curl_uv_new(uv_loop_t *loop, om_curl_uv_t **out) {
     curl_global_cleanup();
     return OM_ENOMEM;
   }
+  om_list_init(&cu->socks);
   cu->multi = curl_multi_init();
   if (cu->multi == NULL) {
     free(cu);
