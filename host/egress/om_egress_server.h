@@ -1,0 +1,118 @@
+/*
+ * om_egress_server.h: the structures of the egress gateway's server, shared
+ * by om_egress.c (the endpoints, /v1/chat/completions, admin, lifecycle,
+ * error tracking) and om_egress_turns.c (agent turns: the quality gate,
+ * delivery through the connectors, Layer C). Not a public API.
+ */
+#ifndef OM_EGRESS_SERVER_H
+#define OM_EGRESS_SERVER_H
+
+#include "om_appendfile.h"
+#include "om_connector.h"
+#include "om_egress_internal.h"
+#include "om_list.h"
+
+#define MS UINT64_C(1000000)
+#define MAX_CHANNELS 64
+
+#define TURN_OF(node) OM_LIST_ENTRY(node, turn_t, link)
+
+typedef struct channel_s {
+  char *name;
+  om_connector_t *conn;
+} channel_t;
+
+enum { T_RUNNING, T_JUDGING, T_DELIVERING, T_WAITING, T_DONE };
+
+typedef struct turn_s {
+  struct om_egress_s *g;
+  char id[32], error_id[40];
+  char *agent, *conversation, *run_id, *context, *channel, *key;
+  channel_t *ch;
+  json_t *request;
+  om_http_request_t *req; /* the caller, until answered */
+  eg_call_t *call, *judge;
+  int state, interactive, cycles;
+  int answered;          /* the HTTP answer went out */
+  int final_delivered;   /* the real answer or the handoff went out */
+  int holding_delivered; /* the holding line went out */
+  int review;            /* sent after a judge failure: offline review */
+  int delivering_final;  /* what the delivery in flight is */
+  const char *outcome;
+  json_t *attempts; /* every attempt over every cycle */
+  json_t *answer;   /* the stored answer (idempotent replay) */
+  char *candidate;  /* text waiting for the judge */
+  int flag_level;
+  char flags[256];
+  uint64_t created_ns, commit_deadline_ns, next_retry_ns;
+  uv_timer_t timer;
+  int timer_init;
+  om_list_t link; /* on the server's turns */
+} turn_t;
+
+typedef struct chat_s {
+  struct om_egress_s *g;
+  om_http_request_t *req;
+  eg_call_t *call;
+  int started;
+  char id[32];
+  om_list_t link; /* on the server's chats */
+} chat_t;
+
+/*
+ * The errors file (--errors): one JSON line per EgressError. It follows
+ * its path like the file connector does (a rotated or deleted file is
+ * replaced by a new one at the path, compared by st_dev/st_ino before
+ * each line), and a failing write is counted and logged once per streak,
+ * never raised: error tracking must not fail the turn it tracks.
+ */
+typedef struct errors_file_s {
+  char *path;
+  om_appendfile_t file; /* follows path (om_appendfile.h) */
+  int failing; /* the last write failed: logged once, until one succeeds */
+  om_metric_t *m_fail[2]; /* op="write", op="reopen" */
+} errors_file_t;
+
+typedef struct eg_server_s {
+  om_http_server_t *http;
+  channel_t channels[MAX_CHANNELS];
+  size_t n_channels;
+  errors_file_t *errors;
+  om_list_t turns; /* turn_t, newest first */
+  size_t n_turns;
+  om_list_t chats; /* chat_t in flight */
+  uint64_t seq;
+  char *lib_dir;
+  void (*closed_cb)(void *);
+  void *closed_ud;
+  int closing, open_parts;
+  om_metric_t *m_turns[4], *m_errors[2], *m_gate[6], *m_chat[3], *m_duplicates,
+      *m_reload_failed, *m_deliver_failed, *m_review;
+} eg_server_t;
+
+/* ---- om_egress.c, for the turns ---- */
+
+char *eg_strdup(const char *s); /* strdup(NULL) is NULL */
+/* Count a finished turn under its outcome (delivered, held, ...). */
+void eg_outcome_metric(om_egress_t *g, const char *outcome);
+/* Answer with j (taken), or a 500 when j is NULL or cannot be encoded. */
+void eg_respond_json(om_http_request_t *req, int status, json_t *j);
+void eg_respond_error(om_http_request_t *req, int status, const char *type,
+                      const char *message);
+json_t *eg_attempts_json(const eg_call_t *c);
+/* An id (agent, conversation, run): what om_agent_message_new accepts. */
+int eg_valid_id(const char *s);
+/* One line in the errors file and one log line per EgressError. */
+void eg_track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
+                    om_egress_error_class_t cls, int retryable,
+                    const char *cause, const char *kind);
+
+/* ---- om_egress_turns.c, for the server ---- */
+
+/* POST /v1/turns and GET /v1/pending. */
+void eg_handle_turn(om_egress_t *g, om_http_request_t *req);
+void eg_handle_pending(om_egress_t *g, om_http_request_t *req);
+/* Release a turn whatever its state (its call, judge, timer; the list). */
+void eg_turn_free(turn_t *t);
+
+#endif /* OM_EGRESS_SERVER_H */
