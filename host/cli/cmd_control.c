@@ -71,10 +71,7 @@ static void usage(FILE *out) {
 }
 
 static int fail_usage(const char *fmt, const char *arg) {
-  fprintf(stderr, "openmesh control: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(see openmesh control --help)\n");
-  return OM_EXIT_USAGE;
+  return om_cli_fail_usage("control", fmt, arg);
 }
 
 /* "1MiB", "512K", "65536" -> bytes; -1 if malformed. */
@@ -233,40 +230,15 @@ int om_cmd_control(int argc, char **argv) {
     case 'c':
       co.cors_origin = optarg;
       break;
-    case 'L':
-      if (om_log_set_level_name(optarg) != 0)
-        return fail_usage("--log-level: '%s' is not debug, info, warn or "
-                          "error",
-                          optarg);
-      break;
-    case 'h':
-      usage(stdout);
-      return OM_EXIT_OK;
     default:
-      usage(stderr);
-      return OM_EXIT_USAGE;
+      if ((rc = om_cli_common_option("control", c, optarg, usage)) >= 0)
+        return rc;
     }
   }
-  if (optind != argc)
-    return fail_usage("unexpected argument '%s'", argv[optind]);
-  if (strncmp(store, "redis", 5) == 0) {
-    char rh[OM_STORE_REDIS_HOST_MAX + 1];
-    int rp, rdb;
-    const char *why = "malformed";
-    if (strlen(store) > 1024 ||
-        om_store_redis_parse_url(store, rh, sizeof rh, &rp, &rdb, &why) != 0) {
-      fprintf(stderr,
-              "openmesh control: --store: '%.200s' is not a Redis URL like "
-              "redis://127.0.0.1:6379/0: %s\n(see openmesh control --help)\n",
-              store, why);
-      return OM_EXIT_USAGE;
-    }
-    use_redis = 1;
-  } else if (strcmp(store, "memory") != 0) {
-    return fail_usage("--store: unknown store '%s' (memory or "
-                      "redis://HOST:PORT/DB)",
-                      store);
-  }
+  if ((rc = om_cli_no_operands("control", argc, argv)) != OM_EXIT_OK)
+    return rc;
+  if ((rc = om_cli_store_arg("control", store, &use_redis)) != OM_EXIT_OK)
+    return rc;
   if (prefix != NULL && !use_redis)
     return fail_usage("--store-prefix: '%s' needs --store redis://...", prefix);
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)

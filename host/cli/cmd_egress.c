@@ -54,10 +54,7 @@ static void usage(FILE *out) {
 }
 
 static int fail_usage(const char *fmt, const char *arg) {
-  fprintf(stderr, "openmesh egress: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(see openmesh egress --help)\n");
-  return OM_EXIT_USAGE;
+  return om_cli_fail_usage("egress", fmt, arg);
 }
 
 typedef struct app_s {
@@ -155,22 +152,13 @@ int om_cmd_egress(int argc, char **argv) {
       if (drain_ms == 0)
         drain_ms = 1;
       break;
-    case 'L':
-      if (om_log_set_level_name(optarg) != 0)
-        return fail_usage("--log-level: '%s' is not debug, info, warn or "
-                          "error",
-                          optarg);
-      break;
-    case 'h':
-      usage(stdout);
-      return OM_EXIT_OK;
     default:
-      usage(stderr);
-      return OM_EXIT_USAGE;
+      if ((rc = om_cli_common_option("egress", c, optarg, usage)) >= 0)
+        return rc;
     }
   }
-  if (optind != argc)
-    return fail_usage("unexpected argument '%s'", argv[optind]);
+  if ((rc = om_cli_no_operands("egress", argc, argv)) != OM_EXIT_OK)
+    return rc;
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);

@@ -73,10 +73,7 @@ static void usage(FILE *out) {
 }
 
 static int fail_usage(const char *fmt, const char *arg) {
-  fprintf(stderr, "openmesh proxy: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(see openmesh proxy --help)\n");
-  return OM_EXIT_USAGE;
+  return om_cli_fail_usage("proxy", fmt, arg);
 }
 
 #define MAX_WATCHES 64
@@ -279,22 +276,13 @@ int om_cmd_proxy(int argc, char **argv) {
                           "30s",
                           optarg);
       break;
-    case 'L':
-      if (om_log_set_level_name(optarg) != 0)
-        return fail_usage("--log-level: '%s' is not debug, info, warn or "
-                          "error",
-                          optarg);
-      break;
-    case 'h':
-      usage(stdout);
-      return OM_EXIT_OK;
     default:
-      usage(stderr);
-      return OM_EXIT_USAGE;
+      if ((rc = om_cli_common_option("proxy", c, optarg, usage)) >= 0)
+        return rc;
     }
   }
-  if (optind != argc)
-    return fail_usage("unexpected argument '%s'", argv[optind]);
+  if ((rc = om_cli_no_operands("proxy", argc, argv)) != OM_EXIT_OK)
+    return rc;
   if ((static_file == NULL) == (control == NULL)) {
     fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
                     "--static FILE or --control URL\n"

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "om_cli.h"
+#include "om_cli_util.h"
 #include "om_control.h"
 #include "om_errno.h"
 #include "om_example_service.h"
@@ -268,7 +269,7 @@ int om_cmd_up(int argc, char **argv) {
   json_t *conf, *services, *svc;
   om_control_opts_t co = {0};
   const char *host;
-  int port, bad = 0, rc = OM_EXIT_OK;
+  int port, bad = 0, rc = OM_EXIT_OK, use_redis;
   size_t i;
   up_t *up;
   const char *store = "memory";
@@ -290,19 +291,8 @@ int om_cmd_up(int argc, char **argv) {
       have_dir = 1;
     }
   }
-  if (strcmp(store, "memory") != 0) {
-    char rh[OM_STORE_REDIS_HOST_MAX + 1];
-    int rp, rdb;
-    const char *why = "malformed";
-    if (strlen(store) > 1024 ||
-        om_store_redis_parse_url(store, rh, sizeof rh, &rp, &rdb, &why) != 0) {
-      fprintf(stderr,
-              "openmesh up: --store: '%.200s' is not memory or a Redis URL "
-              "like redis://127.0.0.1:6379/0: %s\n",
-              store, why);
-      return OM_EXIT_USAGE;
-    }
-  }
+  if ((rc = om_cli_store_arg("up", store, &use_redis)) != OM_EXIT_OK)
+    return rc;
   snprintf(file, sizeof file, "%s/up.json", dir);
   conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
   if (conf == NULL) {
@@ -328,7 +318,7 @@ int om_cmd_up(int argc, char **argv) {
     json_decref(conf);
     return OM_EXIT_FAILURE;
   }
-  if (strcmp(store, "memory") != 0) {
+  if (use_redis) {
     om_store_redis_opts_t ro = {0};
     ro.url = store;
     if (om_store_redis_new(&up->loop, &ro, &up->store) != 0) {

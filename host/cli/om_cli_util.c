@@ -1,6 +1,7 @@
 /* om_cli_util.c: see om_cli_util.h. */
 #include "om_cli_util.h"
 
+#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +9,10 @@
 
 #include <uv.h>
 
+#include "om_cli.h"
 #include "om_errno.h"
+#include "om_log.h"
+#include "om_store_redis.h"
 
 int om_parse_duration_ms(const char *s, uint64_t *out_ms) {
   uint64_t v = 0, mul;
@@ -185,4 +189,57 @@ void om_cli_signals_close(om_cli_signals_t *s) {
   uv_close((uv_handle_t *)&s->term, NULL);
   uv_close((uv_handle_t *)&s->intr, NULL);
   uv_close((uv_handle_t *)&s->hup, NULL);
+}
+
+int om_cli_fail_usage(const char *cmd, const char *fmt, const char *arg) {
+  fprintf(stderr, "openmesh %s: ", cmd);
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(see openmesh %s --help)\n", cmd);
+  return OM_EXIT_USAGE;
+}
+
+int om_cli_common_option(const char *cmd, int c, const char *arg,
+                         void (*usage)(FILE *out)) {
+  switch (c) {
+  case 'L':
+    if (om_log_set_level_name(arg) != 0)
+      return om_cli_fail_usage(
+          cmd, "--log-level: '%s' is not debug, info, warn or error", arg);
+    return -1;
+  case 'h':
+    usage(stdout);
+    return OM_EXIT_OK;
+  default:
+    usage(stderr);
+    return OM_EXIT_USAGE;
+  }
+}
+
+int om_cli_no_operands(const char *cmd, int argc, char **argv) {
+  if (optind != argc)
+    return om_cli_fail_usage(cmd, "unexpected argument '%s'", argv[optind]);
+  return OM_EXIT_OK;
+}
+
+int om_cli_store_arg(const char *cmd, const char *store, int *is_redis) {
+  char rh[OM_STORE_REDIS_HOST_MAX + 1];
+  int rp, rdb;
+  const char *why = "malformed";
+  *is_redis = 0;
+  if (strcmp(store, "memory") == 0)
+    return OM_EXIT_OK;
+  if (strncmp(store, "redis", 5) != 0)
+    return om_cli_fail_usage(
+        cmd, "--store: unknown store '%s' (memory or redis://HOST:PORT/DB)",
+        store);
+  if (strlen(store) > 1024 ||
+      om_store_redis_parse_url(store, rh, sizeof rh, &rp, &rdb, &why) != 0) {
+    fprintf(stderr,
+            "openmesh %s: --store: '%.200s' is not a Redis URL like "
+            "redis://127.0.0.1:6379/0: %s\n(see openmesh %s --help)\n",
+            cmd, store, why, cmd);
+    return OM_EXIT_USAGE;
+  }
+  *is_redis = 1;
+  return OM_EXIT_OK;
 }

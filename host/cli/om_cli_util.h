@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <uv.h>
 
@@ -63,5 +64,33 @@ void om_cli_signals_start(uv_loop_t *loop, om_cli_signals_t *s,
                           uv_signal_cb on_stop, uv_signal_cb on_hup,
                           void *data);
 void om_cli_signals_close(om_cli_signals_t *s);
+
+/*
+ * The usage errors of `openmesh CMD`: print "openmesh CMD: " and fmt (one
+ * %s, filled with arg), then "(see openmesh CMD --help)", to stderr.
+ * Returns OM_EXIT_USAGE, so a flag loop can `return om_cli_fail_usage(...)`.
+ */
+int om_cli_fail_usage(const char *cmd, const char *fmt, const char *arg);
+
+/*
+ * The end of a server command's option switch, the same for every one:
+ * 'L' is --log-level (an unknown level is a usage error), 'h' prints usage
+ * to stdout (exit 0), anything else (getopt already named it) prints usage
+ * to stderr (exit 2). Returns -1 after a handled --log-level (go on
+ * parsing), else the exit code to return.
+ */
+int om_cli_common_option(const char *cmd, int c, const char *arg,
+                         void (*usage)(FILE *out));
+
+/* After getopt_long: a server command takes no operands. Returns
+ * OM_EXIT_OK, or a usage error naming the first one. */
+int om_cli_no_operands(const char *cmd, int argc, char **argv);
+
+/*
+ * --store: "memory", or a Redis URL redis://HOST:PORT/DB (as
+ * om_store_redis_parse_url reads it). Sets *is_redis and returns
+ * OM_EXIT_OK; a usage error that names the flag and why otherwise.
+ */
+int om_cli_store_arg(const char *cmd, const char *store, int *is_redis);
 
 #endif /* OM_CLI_UTIL_H */
