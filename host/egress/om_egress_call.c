@@ -829,8 +829,8 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
   c->easy = curl_easy_init();
   if (c->easy == NULL || c->hdrs == NULL)
     return OM_ENOMEM;
-  curl_easy_setopt(c->easy, CURLOPT_URL, url);
-  curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
+  if ((rc = om_curl_easy_base(c->easy, url, NULL)) != 0)
+    return rc;
   curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->hdrs);
   curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, c->req_body);
   curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(c->req_body));
@@ -838,7 +838,6 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
   curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
   curl_easy_setopt(c->easy, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c->easy, CURLOPT_HEADERDATA, c);
-  curl_easy_setopt(c->easy, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS,
                    (long)((budget + MS - 1) / MS ? (budget + MS - 1) / MS : 1));
   c->got_byte = 0;

@@ -533,7 +533,7 @@ static int request_setup(om_curl_request_t *r, const om_curl_req_t *req) {
   int with_body =
       !is_head && (req->body_len > 0 || strcmp(method, "POST") == 0 ||
                    strcmp(method, "PUT") == 0 || strcmp(method, "PATCH") == 0);
-  CURLcode cc;
+  int rc;
   for (size_t i = 0; i < req->n_headers; i++) {
     if (req->headers[i] == NULL || strpbrk(req->headers[i], "\r\n") != NULL)
       return OM_EINVAL;
@@ -548,20 +548,11 @@ static int request_setup(om_curl_request_t *r, const om_curl_req_t *req) {
   if (with_body && !has_header(req, "Expect") &&
       add_header(&r->headers, "Expect:") != 0)
     return OM_ENOMEM;
-  cc = curl_easy_setopt(e, CURLOPT_URL, req->url);
-  if (cc != CURLE_OK)
-    return cc == CURLE_OUT_OF_MEMORY ? OM_ENOMEM : OM_EINVAL;
-#if LIBCURL_VERSION_NUM >= 0x075500
-  if (curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK)
-    return OM_ENOMEM;
-#else
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
-#endif
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if ((rc = om_curl_easy_base(e, req->url, r->errbuf)) != 0)
+    return rc;
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
                    timeout > LONG_MAX ? LONG_MAX : (long)timeout);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, request_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)r->max);
@@ -641,4 +632,25 @@ const char *om_curl_resp_header(const om_curl_resp_t *resp, const char *name) {
                                         CURLH_HEADER, -1, &h) != CURLHE_OK)
     return NULL;
   return h->value;
+}
+
+int om_curl_easy_base(CURL *e, const char *url, char *errbuf) {
+  CURLcode cc = curl_easy_setopt(e, CURLOPT_URL, url);
+  if (cc != CURLE_OK)
+    return cc == CURLE_OUT_OF_MEMORY ? OM_ENOMEM : OM_EINVAL;
+#if LIBCURL_VERSION_NUM >= 0x075500
+  if (curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK)
+    return OM_ENOMEM;
+  if (curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https") !=
+      CURLE_OK)
+    return OM_ENOMEM;
+#else
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
+  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS,
+                   CURLPROTO_HTTP | CURLPROTO_HTTPS);
+#endif
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if (errbuf != NULL)
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  return 0;
 }

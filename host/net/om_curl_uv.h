@@ -56,6 +56,16 @@ typedef void (*om_curl_closed_cb)(void *ud);
 int om_curl_uv_new(uv_loop_t *loop, om_curl_uv_t **out);
 
 /*
+ * om_curl_easy_base: what every transfer of ours sets on its easy handle
+ * before its own options: the URL, http and https as the only protocols
+ * (also after a redirect), no signals (libcurl's resolver timeouts would
+ * use SIGALRM in a threaded, evented process), and errbuf (may be NULL,
+ * else CURL_ERROR_SIZE bytes the caller keeps alive) for libcurl's
+ * message. Returns 0; OM_EINVAL when libcurl refuses the URL; OM_ENOMEM.
+ */
+int om_curl_easy_base(CURL *e, const char *url, char *errbuf);
+
+/*
  * om_curl_uv_add: start the transfer of easy, fully configured by the
  * caller. cb(ud, easy, result) is called exactly once, from the loop,
  * when it ends, unless it is cancelled (om_curl_uv_cancel) or the glue is

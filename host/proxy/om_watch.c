@@ -710,16 +710,9 @@ static void watch_free_unstarted(om_watch_t *w) {
 
 static int setup_easy(om_watch_t *w) {
   CURL *e = w->easy;
-  CURLcode cc = curl_easy_setopt(e, CURLOPT_URL, w->url);
-  if (cc != CURLE_OK)
-    return cc == CURLE_OUT_OF_MEMORY ? OM_ENOMEM : OM_EINVAL;
-#if LIBCURL_VERSION_NUM >= 0x075500
-  if (curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK)
-    return OM_ENOMEM;
-#else
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
-#endif
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  int rc = om_curl_easy_base(e, w->url, w->errbuf);
+  if (rc != 0)
+    return rc;
   /* a stream has no end: the silence timer is the only timeout, and it
    * covers the connect too */
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 0L);
@@ -727,7 +720,6 @@ static int setup_easy(om_watch_t *w) {
                    w->silence_ms > LONG_MAX ? LONG_MAX : (long)w->silence_ms);
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, w->errbuf);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, w);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
