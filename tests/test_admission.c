@@ -19,7 +19,7 @@ typedef struct {
 
 static void log_cb(om_admission_waiter_t *w, int status, void *ud) {
   log_t *lg = ud;
-  assert_true(lg->n < 4096);
+  OM_ASSERT_CMP(lg->n, <, 4096);
   /* Handed back unlinked: the waiter is free for reuse right away. */
   assert_false(om_admission_waiter_queued(w));
   lg->w[lg->n] = w;
@@ -496,21 +496,23 @@ static void heap_matches_model(void **state) {
           want_min = dl[k];
       assert_int_equal(om_admission_next_deadline(a), want_min);
       lg.n = 0;
-      assert_true(om_admission_expire(a, now, log_cb, &lg) >= 0);
+      OM_ASSERT_CMP(om_admission_expire(a, now, log_cb, &lg), >=, 0);
       for (int k = 0; k < lg.n; k++) {
         int j = (int)(lg.w[k] - w);
         assert_true(in_q[j]);
-        assert_true(dl[j] <= now);
+        OM_ASSERT_CMP(dl[j], <=, now);
         assert_int_equal(lg.status[k], OM_EDEADLINE);
-        if (prev >= 0)
-          assert_true(dl[prev] < dl[j] ||
-                      (dl[prev] == dl[j] && seq[prev] < seq[j]));
+        if (prev >= 0) {
+          OM_ASSERT_CMP(dl[prev], <=, dl[j]);
+          if (dl[prev] == dl[j])
+            OM_ASSERT_CMP(seq[prev], <, seq[j]);
+        }
         prev = j;
         in_q[j] = 0;
       }
       for (int k = 0; k < NW; k++)
         if (in_q[k])
-          assert_true(dl[k] > now);
+          OM_ASSERT_CMP(dl[k], >, now);
     }
     {
       uint32_t count = 0;
@@ -531,7 +533,7 @@ static void heap_matches_model(void **state) {
       assert_int_equal(outcome[j], 0);
       outcome[j] = 1;
       if (prev >= 0)
-        assert_true(seq[prev] < seq[j]);
+        OM_ASSERT_CMP(seq[prev], <, seq[j]);
       prev = j;
     }
   }

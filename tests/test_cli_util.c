@@ -74,7 +74,7 @@ static char *write_tmp(const char *content, size_t len) {
   int fd;
   assert_non_null(path);
   fd = mkstemp(path);
-  assert_true(fd >= 0);
+  OM_ASSERT_CMP(fd, >=, 0);
   assert_int_equal(write(fd, content, len), (ssize_t)len);
   close(fd);
   return path;
@@ -109,7 +109,7 @@ static void token_file(void **state) {
       fail_msg("case %zu: rc %d want %d (%s)", i, rc, cases[i].rc, why);
     assert_string_equal(out, cases[i].token);
     if (rc != 0)
-      assert_true(strlen(why) > 0);
+      OM_ASSERT_CMP(strlen(why), >, 0);
     unlink(p);
     free(p);
   }

@@ -182,7 +182,7 @@ static void webhook_parts_in_order(void **state) {
   run_until_done(fx, 1);
   assert_int_equal(fx->status[0], 0);
   parts = fx->sent[0];
-  assert_true(parts > 3);
+  OM_ASSERT_CMP(parts, >, 3);
   assert_int_equal(fx->n_seen, parts);
   for (size_t i = 0; i < parts; i++) {
     json_error_t je;
@@ -193,10 +193,10 @@ static void webhook_parts_in_order(void **state) {
     assert_string_equal(jstr(o, "run_id"), "run-7");
     assert_int_equal(jint(o, "part"), i + 1);
     assert_int_equal(jint(o, "parts"), parts);
-    assert_true(strlen(jstr(o, "text")) <= 120);
+    OM_ASSERT_CMP(strlen(jstr(o, "text")), <=, 120);
     strcat(joined, jstr(o, "text"));
     assert_string_equal(fx->seen[i].ctype, "application/json");
-    assert_true(strlen(fx->seen[i].key) > 0);
+    OM_ASSERT_CMP(strlen(fx->seen[i].key), >, 0);
     if (i > 0)
       assert_string_not_equal(fx->seen[i].key, fx->seen[i - 1].key);
     json_decref(o);
@@ -458,7 +458,7 @@ static void file_appends_json_lines(void **state) {
   FILE *f;
   size_t n = 0;
   (void)state;
-  assert_true(fd >= 0);
+  OM_ASSERT_CMP(fd, >=, 0);
   assert_int_equal(write(fd, "existing\n", 9), 9);
   close(fd);
   o.kind = "file";
@@ -597,7 +597,7 @@ static void fault_injection(void **state) {
   char path[] = "/tmp/om_connector_fi_XXXXXX";
   int fd = mkstemp(path);
   (void)state;
-  assert_true(fd >= 0);
+  OM_ASSERT_CMP(fd, >=, 0);
   close(fd);
   for (int kind = 0; kind < 2; kind++) {
     for (long k = 0;; k++) {

@@ -61,7 +61,7 @@ static void on_held_close(om_http_request_t *req) {
 
 static held_t *hold(fx_t *fx, om_http_request_t *req, enum held_kind kind) {
   held_t *h;
-  assert_true(fx->n_held < MAX_HELD);
+  OM_ASSERT_CMP(fx->n_held, <, MAX_HELD);
   h = &fx->held[fx->n_held++];
   h->req = req;
   h->kind = kind;
@@ -169,7 +169,7 @@ static fx_t *fx_new(void) {
                    0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
   fx->port = om_http_server_port(fx->srv);
-  assert_true(fx->port > 0);
+  OM_ASSERT_CMP(fx->port, >, 0);
   assert_int_equal(om_curl_uv_new(&fx->loop, &fx->cu), 0);
   return fx;
 }
@@ -455,7 +455,7 @@ static void streaming_incremental(void **state) {
   assert_int_equal(r.calls, 2);
   assert_int_equal(r.result, CURLE_OK);
   assert_string_equal(r.buf, "first\nsecond\n");
-  assert_true(r.writes >= 4);
+  OM_ASSERT_CMP(r.writes, >=, 4);
   /* the caller owns the handle again: reuse it */
   memset(r.buf, 0, sizeof r.buf);
   r.len = 0;
@@ -525,8 +525,8 @@ static void timeout_and_refused(void **state) {
   assert_true(run_until(fx, &g.calls, 5000));
   assert_int_equal(g.result, CURLE_OPERATION_TIMEDOUT);
   assert_int_equal(g.status, 0);
-  assert_true(strlen(g.error) > 0);
-  assert_true(g.at_ms - t0 >= 150);
+  OM_ASSERT_CMP(strlen(g.error), >, 0);
+  OM_ASSERT_CMP(g.at_ms - t0, >=, 150);
   got_clear(&g);
   /* a port nobody listens on: bound, then closed */
   s = socket(AF_INET, SOCK_STREAM, 0);
@@ -544,7 +544,7 @@ static void timeout_and_refused(void **state) {
   assert_int_equal(g.result, CURLE_COULDNT_CONNECT);
   assert_int_equal(g.status, 0);
   assert_null(g.body);
-  assert_true(strstr(g.error, "onnect") != NULL);
+  assert_non_null(strstr(g.error, "onnect"));
   got_clear(&g);
   /* not http(s): refused by libcurl, reported through the callback */
   req.url = "file:///etc/passwd";
@@ -729,7 +729,7 @@ static void reentrant_cancel(void **state) {
   }
   assert_int_equal(c.failed, 0);
   assert_int_equal(completed + cancelled, c.n);
-  assert_true(completed >= c.n / 2); /* each completion cancels at most 1 */
+  OM_ASSERT_CMP(completed, >=, c.n / 2); /* each completion cancels at most 1 */
   assert_int_equal(completed, c.done);
   fx_free(fx);
 }
@@ -852,7 +852,7 @@ static pid_t fork_server(int *port) {
   assert_int_equal(getsockname(s, (struct sockaddr *)&a, &al), 0);
   *port = ntohs(a.sin_port);
   pid = fork();
-  assert_true(pid >= 0);
+  OM_ASSERT_CMP(pid, >=, 0);
   if (pid == 0) {
     /* die with the test, even when an assertion cut it short, and hold no
      * pipe of whoever reads the test's output */
@@ -950,8 +950,8 @@ static void alloc_failures(void **state) {
   }
   OM_TEST_NOTE("ENOMEM returns %d, CURLE_OUT_OF_MEMORY results %d", oom_returns,
                oom_results);
-  assert_true(oom_returns >= 2); /* the request, the slot array */
-  assert_true(oom_results >= 2); /* the socket watcher, the body buffer */
+  OM_ASSERT_CMP(oom_returns, >=, 2); /* the request, the slot array */
+  OM_ASSERT_CMP(oom_results, >=, 2); /* the socket watcher, the body buffer */
   assert_int_equal(uv_loop_close(&loop), 0);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);

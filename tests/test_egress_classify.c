@@ -250,17 +250,17 @@ static void timeout_abandons_route_when_a_later_one_exists(void **state) {
   st = next(transport(OM_EGRESS_T_ATTEMPT_TIMEOUT), 1, 0, 60 * S);
   assert_int_equal(st.action, OM_EGRESS_RETRY_SAME);
   assert_string_equal(st.why, "backoff");
-  assert_true(st.wait_ns <= 500 * MS);
+  OM_ASSERT_CMP(st.wait_ns, <=, 500 * MS);
 }
 
 static void non_timeout_retries_same_route_first(void **state) {
   (void)state;
   om_egress_step_t st = next(status(503), 1, 1, 60 * S);
   assert_int_equal(st.action, OM_EGRESS_RETRY_SAME);
-  assert_true(st.wait_ns <= 500 * MS);
+  OM_ASSERT_CMP(st.wait_ns, <=, 500 * MS);
   st = next(status(503), 2, 1, 60 * S);
   assert_int_equal(st.action, OM_EGRESS_RETRY_SAME);
-  assert_true(st.wait_ns <= 1000 * MS);
+  OM_ASSERT_CMP(st.wait_ns, <=, 1000 * MS);
   /* max attempts per route reached: next route, or stop on the last */
   st = next(status(503), 3, 1, 60 * S);
   assert_int_equal(st.action, OM_EGRESS_NEXT_ROUTE);
@@ -283,21 +283,21 @@ static void backoff_is_full_jitter_and_bounded(void **state) {
     assert_int_equal(
         om_egress_next(&lim, &v, 10, 0, om_deadline_never(), 0, &rng, &st), 0);
     assert_int_equal(st.action, OM_EGRESS_RETRY_SAME);
-    assert_true(st.wait_ns <= 8000 * MS); /* cap 8 s */
+    OM_ASSERT_CMP(st.wait_ns, <=, 8000 * MS); /* cap 8 s */
     if (st.wait_ns > max_seen)
       max_seen = st.wait_ns;
     if (st.wait_ns < min_seen)
       min_seen = st.wait_ns;
   }
   /* full jitter spans [0, cap]: both ends are reached */
-  assert_true(max_seen > 7500 * MS);
-  assert_true(min_seen < 500 * MS);
+  OM_ASSERT_CMP(max_seen, >, 7500 * MS);
+  OM_ASSERT_CMP(min_seen, <, 500 * MS);
   /* a lower per-wait ceiling bounds the backoff too */
   lim.per_wait_ceiling_ns = 100 * MS;
   for (int i = 0; i < 100; i++) {
     om_egress_step_t st;
     om_egress_next(&lim, &v, 10, 0, om_deadline_never(), 0, &rng, &st);
-    assert_true(st.wait_ns <= 100 * MS);
+    OM_ASSERT_CMP(st.wait_ns, <=, 100 * MS);
   }
 }
 

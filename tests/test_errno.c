@@ -9,7 +9,7 @@ static void names_and_messages(void **state) {
   (void)state;
 #define CHECK_ONE(name, value, msg)                                            \
   assert_int_equal(OM_##name, value);                                          \
-  assert_true(value < 0);                                                      \
+  OM_ASSERT_CMP(value, <, 0);                                                  \
   assert_string_equal(om_err_name(value), #name);                              \
   assert_string_equal(om_strerror(value), msg);
   OM_ERRNO_MAP(CHECK_ONE)

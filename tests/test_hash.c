@@ -16,14 +16,14 @@ static void hash_is_xxh3(void **state) {
                                  "0123456789abcdef0123456789abcdef0123"};
   (void)state;
   /* Reference value of XXH3_64bits("") from the xxHash test vectors. */
-  assert_true(om_hash("", 0, 0) == UINT64_C(0x2D06800538D394C2));
-  assert_true(om_hash(NULL, 0, 0) == UINT64_C(0x2D06800538D394C2));
+  OM_ASSERT_CMP(om_hash("", 0, 0), ==, UINT64_C(0x2D06800538D394C2));
+  OM_ASSERT_CMP(om_hash(NULL, 0, 0), ==, UINT64_C(0x2D06800538D394C2));
   for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
     size_t len = strlen(inputs[i]);
-    assert_true(om_hash(inputs[i], len, 0) == XXH3_64bits(inputs[i], len));
-    assert_true(om_hash(inputs[i], len, 7) ==
-                XXH3_64bits_withSeed(inputs[i], len, 7));
-    assert_true(om_hash(inputs[i], len, 7) != om_hash(inputs[i], len, 8));
+    OM_ASSERT_CMP(om_hash(inputs[i], len, 0), ==, XXH3_64bits(inputs[i], len));
+    OM_ASSERT_CMP(om_hash(inputs[i], len, 7), ==,
+                  XXH3_64bits_withSeed(inputs[i], len, 7));
+    OM_ASSERT_CMP(om_hash(inputs[i], len, 7), !=, om_hash(inputs[i], len, 8));
   }
 }
 
@@ -39,8 +39,9 @@ static void mix64_avalanche(void **state) {
   double total = 0;
   long samples = 0;
   (void)state;
-  assert_true(om_hash_mix64(0) == 0); /* fmix64 fixes 0: why peers are salted */
-  assert_true(om_hash_mix64(1) != om_hash_mix64(2));
+  OM_ASSERT_CMP(om_hash_mix64(0), ==,
+                0); /* fmix64 fixes 0: why peers are salted */
+  OM_ASSERT_CMP(om_hash_mix64(1), !=, om_hash_mix64(2));
   om_rng_seed(&rng, 1);
   /* Flipping any one input bit flips each output bit with p ~ 1/2. */
   for (int t = 0; t < 2000; t++) {
@@ -56,21 +57,23 @@ static void mix64_avalanche(void **state) {
 static void unit_bounds_and_exactness(void **state) {
   om_rng_t rng;
   (void)state;
-  assert_true(om_hash_unit(0) == 0x1p-53);
-  assert_true(om_hash_unit(UINT64_MAX) == 1.0 - 0x1p-53);
-  assert_true(om_hash_unit_complement(UINT64_MAX) == 0x1p-53);
-  assert_true(om_hash_unit_complement(0) == 1.0 - 0x1p-53);
+  OM_ASSERT_CMP(om_hash_unit(0), ==, 0x1p-53);
+  OM_ASSERT_CMP(om_hash_unit(UINT64_MAX), ==, 1.0 - 0x1p-53);
+  OM_ASSERT_CMP(om_hash_unit_complement(UINT64_MAX), ==, 0x1p-53);
+  OM_ASSERT_CMP(om_hash_unit_complement(0), ==, 1.0 - 0x1p-53);
   /* The low 12 bits do not count. */
-  assert_true(om_hash_unit(0xfff) == om_hash_unit(0));
+  OM_ASSERT_CMP(om_hash_unit(0xfff), ==, om_hash_unit(0));
   om_rng_seed(&rng, 2);
   for (int i = 0; i < 100000; i++) {
     uint64_t h = om_rng_next(&rng);
     double u = om_hash_unit(h), v = om_hash_unit_complement(h);
-    assert_true(u > 0 && u < 1);
-    assert_true(v > 0 && v < 1);
-    assert_true(u + v == 1.0); /* exact complements */
+    OM_ASSERT_CMP(u, >, 0);
+    OM_ASSERT_CMP(u, <, 1);
+    OM_ASSERT_CMP(v, >, 0);
+    OM_ASSERT_CMP(v, <, 1);
+    OM_ASSERT_CMP(u + v, ==, 1.0); /* exact complements */
     /* Same value as the plain integer-to-double formula. */
-    assert_true(u == ((double)(h >> 12) + 0.5) * 0x1p-52);
+    OM_ASSERT_CMP(u, ==, ((double)(h >> 12) + 0.5) * 0x1p-52);
   }
 }
 
@@ -99,14 +102,14 @@ static void exp_variate_accuracy(void **state) {
     double rel = (double)fabsl(((long double)e - ref) / ref);
     if (rel > worst)
       worst = rel;
-    assert_true(e >= om_hash_unit_complement(h)); /* the pruning bound */
+    OM_ASSERT_CMP(e, >=, om_hash_unit_complement(h)); /* the pruning bound */
     if (i < n && !(i & 1)) {
       sum += e;
       sum2 += e * e;
     }
   }
   OM_TEST_NOTE("exp_variate worst relative error: %.3g", worst);
-  assert_true(worst < 0x1p-50);
+  OM_ASSERT_CMP(worst, <, 0x1p-50);
   /* Exp(1): mean 1, second moment 2. */
   OM_ASSERT_NEAR(sum / (n / 2), 1.0, 0.015);
   OM_ASSERT_NEAR(sum2 / (n / 2), 2.0, 0.05);

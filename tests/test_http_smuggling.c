@@ -85,7 +85,7 @@ static fx_t *fx_new(void) {
   assert_int_equal(om_http_server_new(&fx->loop, &o, handler, fx, &fx->srv), 0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
   fx->port = om_http_server_port(fx->srv);
-  assert_true(fx->port > 0);
+  OM_ASSERT_CMP(fx->port, >, 0);
   return fx;
 }
 
@@ -694,7 +694,7 @@ static int run_case(fx_t *fx, const case_t *k, size_t split) {
     snprintf(mode, sizeof mode, "split at %zu", split);
   fx->log[0] = 0;
   fx->seen = 0;
-  assert_true(len + sizeof SMUGGLED < sizeof wire);
+  OM_ASSERT_CMP(len + sizeof SMUGGLED, <, sizeof wire);
   memcpy(wire, k->req, len);
   if (k->close) { /* never to be seen */
     memcpy(wire + len, SMUGGLED, sizeof SMUGGLED - 1);

@@ -175,18 +175,18 @@ static void falls_when_latency_doubles_then_recovers(void **state) {
   prev = at_base;
   for (int i = 0; i < 10; i++) {
     run(l, &now, 20, 1);
-    assert_true(om_limiter_limit(l) < prev);
+    OM_ASSERT_CMP(om_limiter_limit(l), <, prev);
     prev = om_limiter_limit(l);
   }
   run(l, &now, 20, 30);
   worst = om_limiter_limit(l);
   OM_TEST_NOTE("limit after 40 windows at 20 ms: %u", worst);
-  assert_true(worst <= at_base * 6 / 10);
-  assert_true(worst >= o.min_limit);
+  OM_ASSERT_CMP(worst, <=, at_base * 6 / 10);
+  OM_ASSERT_CMP(worst, >=, o.min_limit);
 
   /* Back to the baseline: it grows back to the cap. */
   run(l, &now, 10, 10);
-  assert_true(om_limiter_limit(l) > worst);
+  OM_ASSERT_CMP(om_limiter_limit(l), >, worst);
   run(l, &now, 10, 140);
   OM_TEST_NOTE("limit after 150 windows back at 10 ms: %u",
                om_limiter_limit(l));
@@ -210,13 +210,13 @@ static void lasting_shift_becomes_the_baseline(void **state) {
   run(l, &now, 10, 20);
   assert_int_equal(om_limiter_limit(l), 100);
   run(l, &now, 20, 20);
-  assert_true(om_limiter_limit(l) < 80);
+  OM_ASSERT_CMP(om_limiter_limit(l), <, 80);
   run(l, &now, 20, 200);
   om_limiter_stats(l, &st);
   OM_TEST_NOTE("after 220 windows at 20 ms: limit %u, baseline %.2f ms",
                st.limit, st.long_rtt_ns / 1e6);
   assert_int_equal(st.limit, 100);
-  assert_true(st.long_rtt_ns * o.tolerance >= 20e6);
+  OM_ASSERT_CMP(st.long_rtt_ns * o.tolerance, >=, 20e6);
   om_limiter_free(l);
 }
 
@@ -265,7 +265,7 @@ static void app_limited_holds_the_limit(void **state) {
   l = make(&o);
   for (int i = 0; i < 20; i++)
     om_limiter_sample(l, now += MS, 10 * MS, 40, 0);
-  assert_true(om_limiter_limit(l) > 40); /* used: grows */
+  OM_ASSERT_CMP(om_limiter_limit(l), >, 40); /* used: grows */
   {
     uint32_t held = om_limiter_limit(l);
     /* Only a few in flight: latency, good or bad, says nothing. */
@@ -274,7 +274,7 @@ static void app_limited_holds_the_limit(void **state) {
     assert_int_equal(om_limiter_limit(l), held);
     /* Drops still count when app limited. */
     om_limiter_sample(l, now += MS, 0, 3, 1);
-    assert_true(om_limiter_limit(l) < held);
+    OM_ASSERT_CMP(om_limiter_limit(l), <, held);
   }
   om_limiter_free(l);
 }
@@ -304,7 +304,7 @@ static void bounds_hold_under_random_load(void **state) {
         om_limiter_sample(l, now += om_rng_below(&rng, 3) * MS, rtt,
                           om_rng_below(&rng, 80), om_rng_below(&rng, 20) == 0);
     om_limiter_stats_t st;
-    assert_true(lim >= o.min_limit && lim <= o.max_limit);
+    assert_in_range(lim, o.min_limit, o.max_limit);
     om_limiter_stats(l, &st);
     assert_true(isfinite(st.estimate) && isfinite(st.long_rtt_ns));
     if (lim < lo)
@@ -315,7 +315,7 @@ static void bounds_hold_under_random_load(void **state) {
   OM_TEST_NOTE("random load: limit ranged over [%u, %u]", lo, hi);
   /* The load really moved it, both ways. */
   assert_int_equal(lo, o.min_limit);
-  assert_true(hi > o.initial_limit);
+  OM_ASSERT_CMP(hi, >, o.initial_limit);
   om_limiter_free(l);
 }
 

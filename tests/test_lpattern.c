@@ -535,8 +535,8 @@ static void hand_written_cases(void **state) {
   }
   OM_TEST_NOTE("lpattern_hand_cases %zu (%ld of them errors), %ld mismatched",
                ncases, errors, p.mismatched);
-  assert_true(ncases >= 150);
-  assert_true(errors >= 40);
+  OM_ASSERT_CMP(ncases, >=, 150);
+  OM_ASSERT_CMP(errors, >=, 40);
   assert_int_equal(p.mismatched, 0);
   pair_close(&p);
 }
@@ -826,11 +826,11 @@ static void random_cases(void **state) {
                "match() found %ld, raised %ld",
                ncases, p.compared, p.mismatched, matched, raised);
   assert_int_equal(p.mismatched, 0);
-  assert_true(ncases >= RANDOM_CASES);
-  assert_true(p.compared == 6L * ncases);
+  OM_ASSERT_CMP(ncases, >=, RANDOM_CASES);
+  OM_ASSERT_CMP(p.compared, ==, 6L * ncases);
   /* the generator must reach both outcomes, or the test proves little */
-  assert_true(matched > ncases / 5);
-  assert_true(raised > ncases / 100);
+  OM_ASSERT_CMP(matched, >, ncases / 5);
+  OM_ASSERT_CMP(raised, >, ncases / 100);
   free(what.p);
   pair_close(&p);
 }
@@ -1005,13 +1005,13 @@ static void install_survives_allocation_failures(void **state) {
     now = lua_tocfunction(L, -1);
     lua_pop(L, 2);
     if (rc == LUA_OK) {
-      assert_true(now != stock);
-      assert_true(n > 0);
+      assert_ptr_not_equal(now, stock);
+      OM_ASSERT_CMP(n, >, 0);
       lua_close(L);
       break;
     }
     assert_int_equal(rc, LUA_ERRMEM);
-    assert_true(now == stock);
+    assert_ptr_equal(now, stock);
     lua_close(L);
   }
 }

@@ -29,7 +29,7 @@ static uint32_t pick(const om_p2c_t *p, om_rng_t *rng, const uint64_t *ex,
                      uint64_t now) {
   uint32_t out = UINT32_MAX;
   assert_int_equal(om_p2c_pick(p, rng, ex, now, &out), 0);
-  assert_true(out < om_p2c_size(p));
+  OM_ASSERT_CMP(out, <, om_p2c_size(p));
   return out;
 }
 
@@ -113,8 +113,8 @@ static void eligibility_and_exclusions(void **state) {
   ex[1] |= UINT64_C(1) << 63; /* bits past the last peer are ignored */
   for (int i = 0; i < 5000; i++) {
     uint32_t x = pick(p, &rng, ex, 0);
-    assert_true(x % 3 != 0);
-    assert_true(x % 2 == 0);
+    OM_ASSERT_CMP(x % 3, !=, 0);
+    OM_ASSERT_CMP(x % 2, ==, 0);
   }
   /* Everything excluded or open: no peers. */
   memset(ex, 0xff, sizeof ex);
@@ -214,7 +214,7 @@ static void ties_are_broken_at_random(void **state) {
   OM_ASSERT_NEAR(zero / 20000.0, 0.5, 0.02);
   /* Not alternating or stuck either: the longest streak of a fair coin over
    * 20000 flips is about log2(20000) ~ 14. */
-  assert_true(longest >= 8 && longest <= 30);
+  assert_in_range(longest, 8, 30);
   om_p2c_free(p);
 }
 
@@ -327,7 +327,7 @@ static void start_finish_misuse(void **state) {
   assert_int_equal(om_p2c_inflight(p, 0), 1);
   assert_int_equal(om_p2c_inflight(p, 9), 0);
   assert_int_equal(om_p2c_penalize(p, 9, SEC, 0), OM_ERANGE);
-  assert_true(om_p2c_latency_ns(p, 9, 0) == 0);
+  OM_ASSERT_CMP(om_p2c_latency_ns(p, 9, 0), ==, 0);
   om_p2c_free(p);
 }
 
@@ -358,7 +358,7 @@ static void retry_after_penalty_decays(void **state) {
   OM_ASSERT_NEAR(om_p2c_latency_ns(p, 1, t), 30030.0 * MS, tol);
   /* Saturates rather than wrapping into the past. */
   om_p2c_penalize(p, 1, 3600 * SEC, UINT64_MAX - SEC);
-  assert_true(om_p2c_latency_ns(p, 1, UINT64_MAX - SEC) > 0.9 * SEC);
+  OM_ASSERT_CMP(om_p2c_latency_ns(p, 1, UINT64_MAX - SEC), >, 0.9 * SEC);
   om_p2c_free(p);
 }
 
@@ -388,7 +388,7 @@ static void fast_rejections_do_not_attract_load(void **state) {
   OM_TEST_NOTE("share of picks to the rejecting peer: %.4f",
                (double)to_bad / (double)picks);
   /* A fair share is 1/4; it gets at most a sliver as its windows end. */
-  assert_true((double)to_bad / (double)picks < 0.05);
+  OM_ASSERT_CMP((double)to_bad / (double)picks, <, 0.05);
   om_p2c_free(p);
 }
 
@@ -445,8 +445,8 @@ static void p2c_max_load_far_below_random(void **state) {
   OM_TEST_NOTE("max in-flight per peer: p2c %ld, random %ld", p2c, random);
   /* Theory (balls into bins, mean 1): random reaches ~ln n / ln ln n
    * above the mean over many rounds (here ~9), p2c ~ln ln n (here ~3). */
-  assert_true(p2c * 2 <= random);
-  assert_true(p2c <= 4);
+  OM_ASSERT_CMP(p2c * 2, <=, random);
+  OM_ASSERT_CMP(p2c, <=, 4);
 }
 
 int main(void) {

@@ -37,7 +37,7 @@ static const char *version_src(int v) {
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   assert_non_null(f);
-  assert_int_equal(fputs(text, f) >= 0, 1);
+  OM_ASSERT_CMP(fputs(text, f), >=, 0);
   assert_int_equal(fclose(f), 0);
 }
 

@@ -290,7 +290,8 @@ static void snapshot_event(char *out, size_t cap, const char *svc, uint64_t rev,
                    "\ndata: {\"service\":\"%s\",\"revision\":%" PRIu64
                    ",\"instances\":[%s]}\n\n",
                    rev, svc, rev, instances);
-  assert_true(n > 0 && (size_t)n < cap);
+  OM_ASSERT_CMP(n, >, 0);
+  OM_ASSERT_CMP((size_t)n, <, cap);
 }
 
 static void instance(char *out, size_t cap, const char *id, const char *url) {
@@ -298,7 +299,8 @@ static void instance(char *out, size_t cap, const char *id, const char *url) {
                    "{\"id\":\"%s\",\"url\":\"%s\",\"weight\":1,"
                    "\"ttl_ms\":10000}",
                    id, url);
-  assert_true(n > 0 && (size_t)n < cap);
+  OM_ASSERT_CMP(n, >, 0);
+  OM_ASSERT_CMP((size_t)n, <, cap);
 }
 
 /* CALLS GETs through the proxy, each on a fresh connection with
@@ -309,7 +311,7 @@ static void all_reach(app_t *app, up_t *want, up_t *other) {
   unsigned want0 = want->requests, other0 = other->requests;
   int port = om_proxy_port(app->proxy);
   char peer[16];
-  assert_true(port > 0);
+  OM_ASSERT_CMP(port, >, 0);
   for (int i = 0; i < CALLS; i++) {
     htc_t *c = htc_new("127.0.0.1", port);
     uint64_t t0 = htc_now_ms();

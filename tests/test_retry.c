@@ -373,7 +373,7 @@ static void budget_bounds_amplification(void **state) {
     if (rates[r] <= 10)
       assert_int_equal(rets, reqs);
     else /* high traffic: about 20% (plus the floor's share) */
-      assert_true(rets <= (long)(0.2 * (double)reqs) + 6 * 100);
+      OM_ASSERT_CMP(rets, <=, (long)(0.2 * (double)reqs) + 6 * 100);
     if (rates[r] == 20000)
       OM_TEST_NOTE("20000 req/s for 60 s: %ld retries for %ld requests "
                    "(%.1f%%)",

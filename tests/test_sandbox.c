@@ -108,7 +108,7 @@ static void memory_budget(void **state) {
          strstr(msg, "exceeds the memory limit") == NULL &&
          strstr(msg, "budget: instruction") == NULL))
       fail_msg("%s: status %d, %s", bombs[i], status, msg ? msg : "(none)");
-    assert_true(om_sandbox_mem_used(sb) <= (8u << 20));
+    OM_ASSERT_CMP(om_sandbox_mem_used(sb), <=, (8u << 20));
     expect_usable(sb);
   }
   om_sandbox_free(sb);
@@ -260,7 +260,7 @@ static void new_survives_allocation_failures(void **state) {
     om_test_alloc_reset();
     if (rc == 0) {
       om_sandbox_free(sb);
-      assert_true(n > 0);
+      OM_ASSERT_CMP(n, >, 0);
       break;
     }
     assert_int_equal(rc, OM_ENOMEM);

@@ -619,7 +619,7 @@ static void decode_snapshot_fault_injection(void **state) {
       assert_int_equal(om_snapshot_count(s), 2);
       assert_string_equal(om_snapshot_find(s, "a")->metadata[0].key, "a");
       om_snapshot_unref(s);
-      assert_true(n > 5);
+      OM_ASSERT_CMP(n, >, 5);
       break;
     }
     check_oom(rc, n, &err);
@@ -643,7 +643,7 @@ static void decode_registration(void **state) {
   assert_string_equal(in.id, "i-1");
   assert_string_equal(in.url, "http://10.0.0.1:8080");
   assert_int_equal(in.ttl_ms, 30000);
-  assert_true(in.weight == 2.5);
+  OM_ASSERT_CMP(in.weight, ==, 2.5);
   assert_string_equal(in.zone, "eu-1");
   assert_int_equal(in.n_metadata, 2);
   assert_string_equal(in.metadata[0].key, "a"); /* sorted */
@@ -667,7 +667,7 @@ static void decode_registration(void **state) {
          "\"metadata\":null,\"id\":\"x\"}";
   assert_int_equal(om_instance_from_json(body, strlen(body), "x", &in, &err),
                    0);
-  assert_true(in.weight == 1.0);
+  OM_ASSERT_CMP(in.weight, ==, 1.0);
   assert_null(in.zone);
   assert_int_equal(in.n_metadata, 0);
   assert_null(in.metadata);
@@ -777,7 +777,7 @@ static void decode_registration_fault_injection(void **state) {
     if (rc == 0) {
       assert_string_equal(in.metadata[1].key, "b");
       om_instance_clear(&in);
-      assert_true(n > 8);
+      OM_ASSERT_CMP(n, >, 8);
       break;
     }
     check_oom(rc, n, &err);

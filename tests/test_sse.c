@@ -949,7 +949,7 @@ static void sixteen_mib_in_64_byte_chunks(void **state) {
   work = om__sse_parser_work(p);
   OM_TEST_NOTE("work for a 16 MiB line: %llu for %zu bytes",
                (unsigned long long)work, len);
-  assert_true(work <= 3 * (uint64_t)len);
+  OM_ASSERT_CMP(work, <=, 3 * (uint64_t)len);
   om_sse_parser_free(p);
 
   /* 16 MiB of data made of 8-byte lines (2M of them), 64-byte chunks. */
@@ -975,7 +975,7 @@ static void sixteen_mib_in_64_byte_chunks(void **state) {
   work = om__sse_parser_work(p);
   OM_TEST_NOTE("work for 8-byte lines: %llu for %zu bytes",
                (unsigned long long)work, len);
-  assert_true(work <= 3 * (uint64_t)len);
+  OM_ASSERT_CMP(work, <=, 3 * (uint64_t)len);
   om_sse_parser_free(p);
   free(in);
   free(want);
@@ -992,7 +992,7 @@ static void fault_injection_new(void **state) {
     rc = om_sse_parser_new(NULL, &p);
     om_test_alloc_reset();
     if (rc == 0) {
-      assert_true(n >= 2); /* the parser and its data buffer */
+      OM_ASSERT_CMP(n, >=, 2); /* the parser and its data buffer */
       om_sse_parser_free(p);
       break;
     }
@@ -1049,7 +1049,7 @@ static void fault_injection_growth(void **state) {
       }
       om_sse_parser_free(p);
       if (rc == 0 && mode == BYTES) {
-        assert_true(failures_seen > 0);
+        OM_ASSERT_CMP(failures_seen, >, 0);
         return;
       }
     }
@@ -1341,7 +1341,7 @@ static void lua_binding_out_of_memory(void **state) {
       assert_string_equal(lua_tostring(L, -1), "60:323");
       lua_close(L);
       OM_TEST_NOTE("Lua allocation failures survived: %d", failures);
-      assert_true(failures > 10);
+      OM_ASSERT_CMP(failures, >, 10);
       return;
     }
     failures++;

@@ -874,7 +874,8 @@ static void hostile_10mib_line_without_newline(void **state) {
       rc = feed_long(c.p, heads[h], 'a', 10 * MIB, NULL, 4096, 0, &c, &fed);
       assert_int_equal(rc, OM_ETOOBIG);
       /* It failed in the chunk that crossed the cap, not later. */
-      assert_true(fed > eff - 4096 && fed <= eff + 4096);
+      OM_ASSERT_CMP(fed, >, eff - 4096);
+      OM_ASSERT_CMP(fed, <=, eff + 4096);
       assert_int_equal(c.events, 0);
       /* Sticky; then a reset makes a usable parser again. */
       assert_int_equal(om_sse_parser_feed(c.p, "\n\n", 2, record, &c),
@@ -926,7 +927,7 @@ static void hostile_10mib_unbuffered_lines_allocate_nothing(void **state) {
       fail_msg("case %zu: rc %s", i, om_err_name(rc));
     total = strlen(cases[i].head) + fed + strlen(cases[i].tail);
     work = om__sse_parser_work(c.p) - work;
-    assert_true(work <= 2 * (uint64_t)total);
+    OM_ASSERT_CMP(work, <=, 2 * (uint64_t)total);
     /* The stream goes on normally after it. */
     sb_clear(&c.out);
     assert_int_equal(om_sse_parser_feed(c.p, "data:ok\n\n", 9, record, &c), 0);
@@ -977,7 +978,7 @@ static void hostile_many_tiny_events(void **state) {
     if (rc != 0)
       fail_msg("shape %zu: %s", s, om_err_name(rc));
     assert_int_equal(events, n);
-    assert_true(om__sse_parser_work(p) <= 3 * (uint64_t)len);
+    OM_ASSERT_CMP(om__sse_parser_work(p), <=, 3 * (uint64_t)len);
     om_sse_parser_free(p);
     free(in);
   }
@@ -1056,7 +1057,7 @@ static void hostile_invalid_utf8_flood(void **state) {
   assert_int_equal(
       feed_long(c.p, "data:", (char)0xFF, 10 * MIB, NULL, 4096, 0, &c, &fed),
       OM_ETOOBIG);
-  assert_true(fed <= 64 * 1024 / 3 + 4096);
+  OM_ASSERT_CMP(fed, <=, 64 * 1024 / 3 + 4096);
   om_sse_parser_free(c.p);
   /* Under the cap, each byte is one U+FFFD. */
   {
@@ -1551,7 +1552,7 @@ static void differential(uint64_t seed, int iters, int longs) {
   }
   OM_TEST_NOTE("differential seed %llu: %d streams, %ld events compared",
                (unsigned long long)seed, iters, events);
-  assert_true(events > 2 * iters); /* the streams did produce events */
+  OM_ASSERT_CMP(events, >, 2 * iters); /* the streams did produce events */
 }
 
 static void differential_random_streams(void **state) {

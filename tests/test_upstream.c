@@ -121,7 +121,7 @@ static void on_sc_write(uv_write_t *w, int status) {
 static void sc_queue(sconn_t *sc, int type, uint64_t delay, const char *d,
                      size_t n) {
   act_t *a;
-  assert_true(sc->nacts - sc->cur < MAX_ACTS);
+  OM_ASSERT_CMP(sc->nacts - sc->cur, <, MAX_ACTS);
   a = &sc->acts[sc->nacts++ % MAX_ACTS];
   a->type = type;
   a->delay_ms = delay;
@@ -237,7 +237,7 @@ static void sc_parse(sconn_t *sc) {
       char v[32];
       if (he == 0)
         return;
-      assert_true(he < sizeof q->head);
+      OM_ASSERT_CMP(he, <, sizeof q->head);
       memcpy(q->head, sc->in, he);
       q->head[he] = 0;
       q->head_len = he;
@@ -579,7 +579,7 @@ static void cb_body(void *ud, const char *d, size_t n) {
   if (c->done)
     c->late++;
   c->body_calls++;
-  assert_true(n > 0);
+  OM_ASSERT_CMP(n, >, 0);
   k = n < sizeof c->body - 1 - c->body_len ? n
                                            : sizeof c->body - 1 - c->body_len;
   memcpy(c->body + c->body_len, d, k);
@@ -799,7 +799,7 @@ static void pool_new_validates_and_survives_no_memory(void **state) {
       break;
     assert_int_equal(rc, OM_ENOMEM);
   }
-  assert_true(n >= 1);
+  OM_ASSERT_CMP(n, >=, 1);
   assert_int_equal(om_upstream_pool_stats(p, &st), 0);
   assert_int_equal(st.requests, 0);
   assert_int_equal(om_upstream_pool_stats(NULL, &st), OM_EINVAL);
@@ -1302,8 +1302,8 @@ static void connect_timeout(void **state) {
   RUN_UNTIL(fx, C[0].done, 3000);
   expect_fail(&C[0], OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, OM_EDEADLINE);
   assert_int_equal(C[0].res.sent, 0);
-  assert_true(uv_hrtime() - t0 >= 75u * 1000000u);
-  assert_true(uv_hrtime() - t0 < 1000u * 1000000u);
+  OM_ASSERT_CMP(uv_hrtime() - t0, >=, 75u * 1000000u);
+  OM_ASSERT_CMP(uv_hrtime() - t0, <, 1000u * 1000000u);
   /* the total timeout also covers connecting */
   {
     om_upstream_request_t q;
@@ -1351,7 +1351,7 @@ static void first_byte_and_total_timeouts(void **state) {
   expect_fail(&C[0], OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE, OM_EDEADLINE);
   assert_int_equal(C[0].res.sent, 1);
   assert_int_equal(C[0].res.headers_delivered, 0);
-  assert_true(uv_hrtime() - t0 >= 55u * 1000000u);
+  OM_ASSERT_CMP(uv_hrtime() - t0, >=, 55u * 1000000u);
   /* a 100 Continue does not stop the first-byte clock */
   fx->srv.raw = "HTTP/1.1 100 Continue\r\n\r\n";
   fx->srv.raw_len = strlen(fx->srv.raw);
@@ -1373,7 +1373,7 @@ static void first_byte_and_total_timeouts(void **state) {
   assert_int_equal(C[2].headers, 1);
   assert_int_equal(C[2].res.headers_delivered, 1);
   assert_string_equal(C[2].body, "partial");
-  assert_true(uv_hrtime() - t0 >= 95u * 1000000u);
+  OM_ASSERT_CMP(uv_hrtime() - t0, >=, 95u * 1000000u);
   /* total shorter than first-byte: total wins */
   q.target = "/stall";
   q.first_byte_timeout_ms = 1000;
@@ -1959,7 +1959,7 @@ static void streaming_with_pause_and_resume(void **state) {
   sc = srv_last_conn(&fx->srv);
   assert_non_null(sc);
   queued = uv_stream_get_write_queue_size((uv_stream_t *)&sc->tcp);
-  assert_true(queued > BIG / 2);
+  OM_ASSERT_CMP(queued, >, BIG / 2);
   assert_int_equal(om_upstream_pause(C[0].req), 0); /* idempotent */
   /* resume: the rest arrives, from the loop */
   C[0].mode = M_NONE;
@@ -1970,8 +1970,8 @@ static void streaming_with_pause_and_resume(void **state) {
   assert_int_equal(C[0].res.err, 0);
   assert_int_equal(C[0].res.body_bytes, BIG);
   assert_int_equal(C[0].body_sum, want);
-  assert_true(C[0].body_calls > 2);
-  assert_true(got < BIG);
+  OM_ASSERT_CMP(C[0].body_calls, >, 2);
+  OM_ASSERT_CMP(got, <, BIG);
   assert_int_equal(peer_st(fx).idle, 1);
   /* timeouts keep running while paused */
   {

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -66,6 +67,20 @@ long om_test_alloc_failures(void);
     if (!(om__a op om__b))                                                     \
       fail_msg("%s %s %s: %s = %.20Lg, %s = %.20Lg", #a, #op, #b, #a, om__a,   \
                #b, om__b);                                                     \
+  } while (0)
+
+/*
+ * Assert that the NUL-ended string s starts with prefix, printing the start
+ * of s on failure (at most 32 bytes past the prefix's length, so a long
+ * buffer stays readable). Compares as strncmp(s, prefix, strlen(prefix)).
+ */
+#define OM_ASSERT_PREFIX(s, prefix)                                            \
+  do {                                                                         \
+    const char *om__s = (s), *om__p = (prefix);                                \
+    size_t om__n = strlen(om__p);                                              \
+    if (strncmp(om__s, om__p, om__n) != 0)                                     \
+      fail_msg("%s starts with %s: %s = \"%.*s\"", #s, #prefix, #s,            \
+               (int)om__n + 32, om__s);                                        \
   } while (0)
 
 #endif /* OM_TEST_H */
