@@ -95,7 +95,7 @@ esac
 for tool in wrk nginx haproxy taskset; do
   if ! command -v "$tool" >/dev/null 2>&1 &&
     [ ! -x "/usr/sbin/$tool" ]; then
-    echo "proxy_bench: $tool not found (run scripts/deps)" >&2
+    echo "proxy_bench: $tool not found (run scripts/deps-bench)" >&2
     exit 1
   fi
 done
