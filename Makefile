@@ -22,7 +22,7 @@ LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -pri
            ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
-.PHONY: all build deps check format-check test-c test-lua bench format clean up
+.PHONY: all build deps deps-bench check format-check test-c test-lua bench format clean up
 
 all: build
 
@@ -32,8 +32,13 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# What building and testing need (scripts/deps); the benchmark peers
+# (nginx, haproxy, wrk) only for `make bench` (scripts/deps-bench).
 deps:
 	scripts/deps
+
+deps-bench:
+	scripts/deps-bench
 
 # The embedded default: a control plane and the example services of
 # examples/up.json on loopback. Ctrl-C stops it.
@@ -62,7 +67,7 @@ test-lua:
 	  --cpath="$(CURDIR)/$(BUILD)/lib/?.so" spec
 	OPENMESH_BIN="$(CURDIR)/$(BUILD)/bin/openmesh" $(BUILD)/bin/openmesh test spec/01-unit spec/02-policy
 
-bench: deps
+bench: deps deps-bench
 	cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BENCH_BUILD) -j $(JOBS)
 	@for b in $(BENCH_BUILD)/bench/bench_*; do \

@@ -7,7 +7,7 @@
  * latency is the gateway's own work: parsing, the fallback policy's
  * order(ctx) in Lua, classification, the outbound call, the response.
  *
- * Bar (issue 6): egress_added_p50 <= 200 us.
+ * Bar (docs/BENCHMARKS.md, "Egress"): egress_added_p50 <= 200 us.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/proxy_bench.sh OPENMESH_BIN: the data-plane benchmark (issue 5,
-# docs/BENCHMARKS.md "Data plane"). `make bench` runs it after the C benches.
+# bench/proxy_bench.sh OPENMESH_BIN: the data-plane benchmark
+# (docs/BENCHMARKS.md "Data plane"). `make bench` runs it after the C benches.
 #
 # One upstream (nginx `return 200 "ok"` on two loopback ports, so every proxy
 # balances over two stable peers) and three proxies in front of it, measured
@@ -45,8 +45,8 @@
 # 19480), a temp dir for every config and log; the EXIT trap stops
 # everything it started (by pid) and removes the temp dir. About 7 minutes.
 #
-# Environment: OM_BENCH_DURATION seconds per throughput run (default 10,
-# as the issue asks), OM_BENCH_ROUNDS (2),
+# Environment: OM_BENCH_DURATION seconds per throughput run (default 10),
+# OM_BENCH_ROUNDS (2),
 # OM_BENCH_LAT_DURATION seconds per latency run (3), OM_BENCH_LAT_ROUNDS
 # (12), OM_BENCH_CONNECTIONS (50), OM_BENCH_PORT_BASE (19480),
 # OM_BENCH_PINNED (1; 0 skips the pinned pass), OM_BENCH_POLICY (the
@@ -95,7 +95,7 @@ esac
 for tool in wrk nginx haproxy taskset; do
   if ! command -v "$tool" >/dev/null 2>&1 &&
     [ ! -x "/usr/sbin/$tool" ]; then
-    echo "proxy_bench: $tool not found (run scripts/deps)" >&2
+    echo "proxy_bench: $tool not found (run scripts/deps-bench)" >&2
     exit 1
   fi
 done
@@ -421,12 +421,13 @@ report() { printf '%s %s %s\n' "$1" "$2" "$3"; }
 
 # lat_order ROUND: the order of the latency runs in round ROUND (from 1).
 # A run's tail depends on the run before it: in the pinned passes of ten
-# bench runs of session 5, calls of 150 us or more were 9-21 % rarer in a
-# run that followed a run of the same contender than in one that followed
-# another's (docs/BENCHMARKS.md, "Carry-over"). The Latin square used until
-# then let the proxy and nginx_b follow themselves in one round of four and
-# nginx never. So the order is a cycle of 12 rounds over the rows of a
-# Williams square (W1..W4 below, taken W1 W1 W2 W2 W3 W3 W4 W4 W3 W2 W1 W4):
+# bench runs, calls of 150 us or more were 9-21 % rarer in a run that
+# followed a run of the same contender than in one that followed another's
+# (docs/BENCHMARKS.md, "Carry-over"). A 4x4 Latin square of orders does not
+# balance that: it let the proxy and nginx_b follow themselves in one round
+# of four and nginx never. So the order is a cycle of 12 rounds over the
+# rows of a Williams square (W1..W4 below, taken
+# W1 W1 W2 W2 W3 W3 W4 W4 W3 W2 W1 W4):
 # counting the step from each round into the next and from round 12 back
 # into round 1, every contender follows each of the other three exactly 4
 # times and never itself, and takes every place in a round 3 times. Any

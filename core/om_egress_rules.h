@@ -7,7 +7,7 @@
  * The host parses the provider's response (status, a few headers, the
  * error type/code of the body, the shape of the completion) into an
  * om_egress_outcome_t; everything that decides lives here, so every rule of
- * the issue is a deterministic unit test: the time is an argument (now_ns,
+ * the gateway is a deterministic unit test: the time is an argument (now_ns,
  * and now_s for Retry-After HTTP-dates) and randomness comes from the
  * caller's om_rng_t.
  *
@@ -166,7 +166,7 @@ typedef struct om_egress_step_s {
 } om_egress_step_t;
 
 /*
- * om_egress_next: the shipped deadline policy, exactly (issue 6):
+ * om_egress_next: the shipped deadline policy, exactly:
  * - not retryable: scope REQUEST stops; scope ROUTE moves to the next route
  *   (stops when there is none);
  * - the deadline has passed: stop, whatever attempts remain;

@@ -1,7 +1,7 @@
 /*
  * test_proxy_watch.c: the data plane fed by the control plane's watch
  * stream, end to end on real loopback sockets, everything on one libuv
- * loop in this thread (issue 5: "a malformed snapshot pushed by a fake
+ * loop in this thread (what it proves: "a malformed snapshot pushed by a fake
  * control plane leaves routing on the last good one").
  *
  *   fake control plane (om_http_server, SSE written step by step)

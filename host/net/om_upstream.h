@@ -3,7 +3,7 @@
  *
  * Why not libcurl: a bare libcurl multi client costs ~31 us of CPU per
  * request on the reference machine, and the proxy's whole budget is 35 us
- * (issue 5). This client does only what the data plane needs: HTTP/1.1 over
+ * (its CPU bar). This client does only what the data plane needs: HTTP/1.1 over
  * plain TCP to numeric addresses, a keep-alive pool per peer, buffered
  * request bodies, streamed response bodies. libcurl stays for watches and
  * model calls (TLS, HTTP/2, names).

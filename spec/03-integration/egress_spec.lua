@@ -2,7 +2,7 @@
 -- model providers (tests/fixtures/fake_provider.c: OpenAI and Anthropic
 -- wire formats, scripted faults) and a real user channel
 -- (tests/fixtures/webhook_sink.c records every message it accepts). One rule
--- of issue 6 per spec, then the randomized fault campaign. Everything runs
+-- of docs/EGRESS.md per spec, then the randomized fault campaign. Everything runs
 -- on loopback; every process is killed in teardown.
 --
 -- Each spec uses its own agent and so its own pair of routes (order(ctx) in

@@ -1,7 +1,7 @@
 -- A browser's EventSource against the control plane's watch: headless
 -- Chromium loads a page that opens an EventSource on
 -- /v1/watch/services/web, and the first `snapshot` event it receives is
--- written into the page. Chromium is not a project dependency: without
+-- written into the page. scripts/deps installs Chromium; without
 -- /usr/bin/chromium the spec is pending, not silently skipped.
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 package.path = here .. "../support/?.lua;" .. package.path
