@@ -6,7 +6,7 @@
  * Why this shape: a proxy must shed load it cannot serve (reject early and
  * cheaply) while smoothing short bursts (queue briefly, in arrival order),
  * and a queued request whose deadline passes must fail without ever
- * reaching the network (DESIGN.md, "The call path").
+ * reaching the network (docs/ARCHITECTURE.md, "A proxied request").
  *
  * Ownership and allocation. The admission never allocates after
  * om_admission_new. A request that may wait brings its own queue node, an

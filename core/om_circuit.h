@@ -1,8 +1,8 @@
 /*
  * om_circuit.h: a per-peer circuit breaker.
  *
- * A failing instance is bypassed; the service is not (DESIGN.md). One
- * om_circuit_t per peer, driven by the caller's clock (now_ns, monotonic):
+ * A failing instance is bypassed; the service is not (docs/ARCHITECTURE.md).
+ * One om_circuit_t per peer, driven by the caller's clock (now_ns, monotonic):
  *
  *   closed --(N consecutive failures, or failure ratio over the window)--> open
  *   open --(cooldown elapsed; state() already reports it)--> half_open

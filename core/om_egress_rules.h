@@ -2,7 +2,7 @@
  * om_egress_rules.h: Layer A of the egress gateway, pure: what one model-call
  * attempt's outcome means (classification), what to do next (retry the same
  * route after a wait, move to the next route now, or stop), and per-route
- * cooldown (docs/EGRESS.md, DESIGN.md "Egress").
+ * cooldown (docs/EGRESS.md).
  *
  * The host parses the provider's response (status, a few headers, the
  * error type/code of the body, the shape of the completion) into an

@@ -1,5 +1,5 @@
 /*
- * om_message.h: the typed boundary of egress (Layer B, docs/DESIGN "Egress").
+ * om_message.h: the typed boundary of egress (Layer B, docs/EGRESS.md).
  *
  * An agent's reply and a failure to produce one are different types on
  * purpose. om_agent_message_t is the only thing a connector can deliver to a
