@@ -570,11 +570,13 @@ describe("openmesh egress, the real binary", function()
   end)
 
   describe("route cooldown from the fallback policy", function()
-    it("a policy's shorter cooldown takes effect: one failure cools the route, 300 ms later it is tried again", function()
+    it("a policy's shorter cooldown takes effect: one failure cools the route, 1 s later it is tried again", function()
       -- defaults (3 failures, 2 s) would try t27_a on the second call and
-      -- skip it on the third
+      -- skip it on the third. The second call must come within the 1 s
+      -- cooldown of the first failure: 1 s leaves room for a loaded,
+      -- sanitized run (300 ms did not).
       local cgw = start_gateway(fallback_policy(fake.url, { max_attempts = 1,
-        extra = "cooldown_after_failures = 1, cooldown_ms = 300, cooldown_max_ms = 300," }))
+        extra = "cooldown_after_failures = 1, cooldown_ms = 1000, cooldown_max_ms = 1000," }))
       local function call()
         local st, body = H.request(dir, "POST", cgw.url .. "/v1/chat/completions",
           { body = cjson.encode({ model = "x", messages = { { role = "user", content = "hi" } } }),
@@ -589,8 +591,8 @@ describe("openmesh egress, the real binary", function()
       assert.equals(1, counts().t27_a)
       local _, metrics = H.request(dir, "GET", cgw.url .. "/metrics")
       assert.matches("openmesh_egress_cooldown_skips_total 1", metrics, 1, true)
-      H.sleep(0.5)
-      assert.matches("from t27_a", call()) -- the 300 ms are over
+      H.sleep(1.2)
+      assert.matches("from t27_a", call()) -- the 1 s is over
       assert.equals(2, counts().t27_a)
       H.stop(cgw)
     end)
