@@ -24,8 +24,8 @@
 /*
  * Registry field set in policy sandboxes. There, `require "openmesh"` gives
  * only functions whose C memory is bounded by their arguments (hash,
- * retry_after, backoff, retryable, deadline, errors): objects that hold C
- * memory across calls (parsers, admission pools, policies) would escape the
+ * retry_after, backoff, retryable, deadline, errors, checks): objects that hold
+ * C memory across calls (parsers, admission pools, policies) would escape the
  * sandbox's memory cap.
  */
 #define OM_LUA_SANDBOXED "openmesh.sandboxed"
@@ -77,5 +77,6 @@ void om__lua_open_admission(lua_State *L);  /* admission, limiter, deadline */
 void om__lua_open_resilience(lua_State *L); /* circuit, backoff, retry */
 void om__lua_open_sse(lua_State *L);        /* sse.parser, sse.encode */
 void om__lua_open_policy(lua_State *L);     /* policy.load */
+void om__lua_open_checks(lua_State *L);     /* checks: answers of policies */
 
 #endif /* OM_LUA_H */

@@ -8,9 +8,9 @@
 /* Replace the module on top with a copy holding only the sandbox-safe part. */
 static void restrict_for_sandbox(lua_State *L) {
   static const char *const safe[] = {
-      "version",     "errors",         "strerror",        "hash",
-      "retry_after", "retry_after_ms", "backoff",         "retryable",
-      "deadline",    "new_array",      "select_metadata", NULL};
+      "version",         "errors",  "strerror",  "hash",     "retry_after",
+      "retry_after_ms",  "backoff", "retryable", "deadline", "new_array",
+      "select_metadata", "checks",  NULL};
   lua_newtable(L); /* [om, safe] */
   for (const char *const *f = safe; *f != NULL; f++) {
     lua_getfield(L, -2, *f);
@@ -31,6 +31,7 @@ int luaopen_openmesh(lua_State *L) {
   om__lua_open_admission(L);
   om__lua_open_resilience(L);
   om__lua_open_sse(L);
+  om__lua_open_checks(L);
   lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_SANDBOXED);
   sandboxed = lua_toboolean(L, -1);
   lua_pop(L, 1);

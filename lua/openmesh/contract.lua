@@ -12,6 +12,11 @@
 -- and never the file: the host prefixes that.
 local contract = {}
 
+-- The checks on answers, in C, shared with the proxy (bindings/l_checks.c).
+-- Captured now: a policy that rewrites its copy of the module later
+-- cannot reach these.
+local checks = require("openmesh").checks
+
 local KINDS = { "traffic", "fallback", "egress_heuristics" }
 local CONFIDENCES = { "high", "low" }
 local MAX_CAPTURES = 32 -- LUA_MAXCAPTURES (luaconf.h), the limit string.find enforces
@@ -629,37 +634,11 @@ local function raised(what, err)
   return ("%s raised: %s"):format(what, tostring(err))
 end
 
--- Why `result` is not a subset of `peers` (nil when it is one).
+-- Why `result` is not a subset of `peers` (nil when it is one): an array
+-- of the very peer tables offered, without duplicates. The rule and its
+-- words are the proxy's own (bindings/om_policy_check.c).
 local function subset_error(result, peers)
-  if type(result) ~= "table" then
-    return ("subset returned a non-table (%s), expected an array of the peers it was given")
-      :format(show(result))
-  end
-  local n, why = sequence_length(result)
-  if not n then
-    return "subset returned a table that is not an array (" .. why .. ")"
-  end
-  local offered = {}
-  for i = 1, rawlen(peers) do
-    offered[rawget(peers, i)] = true
-  end
-  local seen = {}
-  for i = 1, n do
-    local p = rawget(result, i)
-    if not offered[p] then
-      if type(p) == "table" then
-        return ("subset returned a peer that was not offered (id %s)"):format(show(rawget(p, "id")))
-      end
-      local hint = type(p) == "string" and " (return the peers themselves, not their ids)" or ""
-      return ("subset returned a %s (%s) at [%d], expected one of the peer tables it was given%s")
-        :format(type(p), show(p), i, hint)
-    end
-    if seen[p] then
-      return ("subset returned the peer %s twice"):format(show(rawget(p, "id")))
-    end
-    seen[p] = true
-  end
-  return nil
+  return checks.subset(result, peers)
 end
 
 -- contract.subset(policy, req, peers) -> array of peers | nil, message
@@ -669,68 +648,17 @@ end
 -- contract.visible_req(policy, req) -> what the policy sees of req. A
 -- policy that declares `vary` sees only those fields (and the service):
 -- its decision is then a function of them, so the proxy may reuse it for
--- every request that agrees on them. Reading anything else is an error
--- (undeclared, below), not a quiet nil: a decision that depended on
--- it would be reused for requests that differ in it. A declared header the
--- request lacks reads as nil. Without `vary`: req itself.
--- bindings/om_policy.c builds the same view in the proxy, with the same
--- messages.
-local function undeclared(what, fix)
-  error(("reads %s, which its vary does not name%s"):format(what, fix), 0)
-end
-
-local function vary_headers_index(declared)
-  return function(_, k)
-    if type(k) == "string" and declared[k:lower()] then
-      return nil
-    end
-    undeclared(("header '%s'"):format(tostring(k)),
-      type(k) == "string" and (' (add "%s" to vary)'):format(k:lower()) or "")
-  end
-end
-
-local vary_metadata_mt = {
-  __index = function(_, k)
-    undeclared(("req.metadata.%s"):format(tostring(k)),
-      " (a policy that declares vary sees no metadata)")
-  end,
-  __newindex = function()
-    error("req.metadata is read-only", 0)
-  end,
-  __metatable = false,
-}
-
+-- every request that agrees on them. Reading anything else is an error,
+-- not a quiet nil: a decision that depended on it would be reused for
+-- requests that differ in it. A declared header the request lacks reads as
+-- nil. Without `vary`: req itself. The view is the proxy's own
+-- (om.checks.vary_view, bindings/om_policy_check.c).
 function contract.visible_req(policy, req)
   local vary = rawget(policy, "vary")
   if vary == nil or type(req) ~= "table" then
     return req
   end
-  local headers, seen, declared = {}, req.headers or {}, {}
-  local method, path = false, false
-  local out = { service = req.service, headers = headers,
-    metadata = setmetatable({}, vary_metadata_mt) }
-  for i = 1, rawlen(vary) do
-    local name = rawget(vary, i)
-    if name == ":method" then
-      out.method, method = req.method, true
-    elseif name == ":path" then
-      out.path, path = req.path, true
-    else
-      headers[name], declared[name] = seen[name], true
-    end
-  end
-  setmetatable(headers, { __index = vary_headers_index(declared), __metatable = false })
-  return setmetatable(out, {
-    __index = function(_, k)
-      if k == "method" and not method then
-        undeclared("req.method", ' (add ":method" to vary)')
-      elseif k == "path" and not path then
-        undeclared("req.path", ' (add ":path" to vary)')
-      end
-      return nil
-    end,
-    __metatable = false,
-  })
+  return checks.vary_view(vary, req)
 end
 
 -- vary_pcall(policy, fn, ...) -> pcall(fn, ...), with chance and the clock
@@ -791,8 +719,9 @@ function contract.key(policy, req)
   if not ok then
     return nil, raised("key", key)
   end
-  if key ~= nil and type(key) ~= "string" then
-    return nil, ("key returned a %s (%s), expected a string or nil"):format(type(key), show(key))
+  local err = checks.key(key)
+  if err then
+    return nil, err
   end
   return key
 end
@@ -807,7 +736,8 @@ end
 
 -- contract.order(policy, ctx) -> array of route names | nil, message
 -- Without an order function: the routes as listed. With one: its answer,
--- which must name defined routes, each at most once, and at least one.
+-- which must name defined routes, each at most once, and at least one
+-- (om.checks.order, the same check the gateway applies).
 function contract.order(policy, ctx)
   local defined = route_names(policy)
   local fn = rawget(policy, "order")
@@ -818,27 +748,9 @@ function contract.order(policy, ctx)
   if not ok then
     return nil, raised("order", names)
   end
-  if type(names) ~= "table" then
-    return nil, ("order returned a non-table (%s), expected an array of route names"):format(show(names))
-  end
-  local n, why = sequence_length(names)
-  if not n then
-    return nil, "order returned a table that is not an array (" .. why .. ")"
-  end
-  if n == 0 then
-    return nil, "order returned no routes"
-  end
-  local known, seen = set_of(defined), {}
-  for i = 1, n do
-    local name = rawget(names, i)
-    if type(name) ~= "string" then
-      return nil, ("order returned a %s (%s) at [%d], expected a route name"):format(type(name), show(name), i)
-    elseif not known[name] then
-      return nil, ("order returned an unknown route %s (routes: %s)"):format(quote(name), show_list(defined))
-    elseif seen[name] then
-      return nil, ("order returned the route %s twice"):format(quote(name))
-    end
-    seen[name] = true
+  local err = checks.order(names, defined)
+  if err then
+    return nil, err
   end
   return names
 end
