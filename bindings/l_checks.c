@@ -15,6 +15,10 @@
  *     declares vary (an array of header names, ":method", ":path") sees
  *     it: the service and the declared fields; reading anything else
  *     raises, naming the field
+ *   om.checks.pattern(p) -> nil | stock Lua's message for a pattern the
+ *     budgeted matcher would refuse on some subject (om_lpattern.c)
+ *   om.checks.pattern_prefix(p) -> the literal every match of p starts
+ *     with ("" when none)
  *
  * All of them are sandbox-safe: the memory they use is the caller state's
  * and bounded by their arguments.
@@ -24,6 +28,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_lpattern.h"
 #include "om_policy_check.h"
 
 static int l_subset(lua_State *L) {
@@ -132,11 +137,32 @@ static int l_vary_view(lua_State *L) {
   return 1;
 }
 
+static int l_pattern(lua_State *L) {
+  char err[256];
+  size_t len;
+  const char *p = luaL_checklstring(L, 1, &len);
+  if (om_lpattern_check(p, len, err, sizeof err) == 0)
+    return 0;
+  lua_pushstring(L, err);
+  return 1;
+}
+
+static int l_pattern_prefix(lua_State *L) {
+  size_t len;
+  const char *p = luaL_checklstring(L, 1, &len);
+  luaL_Buffer b;
+  char *out = luaL_buffinitsize(L, &b, len > 0 ? len : 1);
+  luaL_pushresultsize(&b, om_lpattern_literal_prefix(p, len, out));
+  return 1;
+}
+
 void om__lua_open_checks(lua_State *L) {
   static const luaL_Reg funcs[] = {{"subset", l_subset},
                                    {"key", l_key},
                                    {"order", l_order},
                                    {"vary_view", l_vary_view},
+                                   {"pattern", l_pattern},
+                                   {"pattern_prefix", l_pattern_prefix},
                                    {NULL, NULL}};
   luaL_newlib(L, funcs);         /* [om, checks] */
   lua_setfield(L, -2, "checks"); /* [om] */

@@ -19,7 +19,6 @@ local checks = require("openmesh").checks
 
 local KINDS = { "traffic", "fallback", "egress_heuristics" }
 local CONFIDENCES = { "high", "low" }
-local MAX_CAPTURES = 32 -- LUA_MAXCAPTURES (luaconf.h), the limit string.find enforces
 
 ---------------------------------------------------------------------------
 -- Showing values and paths in messages
@@ -205,111 +204,6 @@ local function suggestion(key, known_names)
 end
 
 ---------------------------------------------------------------------------
--- Lua patterns
----------------------------------------------------------------------------
-
--- The index just past the single-character class starting at i, or nil and
--- lstrlib.c's message (classEnd).
-local function class_end(p, i)
-  local c = p:sub(i, i)
-  i = i + 1
-  if c == "%" then
-    if i > #p then
-      return nil, "malformed pattern (ends with '%')"
-    end
-    return i + 1
-  elseif c == "[" then
-    if p:sub(i, i) == "^" then
-      i = i + 1
-    end
-    repeat -- the first character after '[' or '[^' is literal, even ']'
-      if i > #p then
-        return nil, "malformed pattern (missing ']')"
-      end
-      local ch = p:sub(i, i)
-      i = i + 1
-      if ch == "%" then
-        i = i + 1
-      end
-    until p:sub(i, i) == "]"
-    return i + 1
-  end
-  return i
-end
-
--- Lua compiles a pattern while it matches, so string.find("", "a[")
--- succeeds and the same pattern raises later on text that starts with "a".
--- So walk the whole pattern the way lstrlib.c's match() does and return the
--- error it would raise on some text, or nil when there is none.
-local function pattern_error(p)
-  if not p:find("[%^%$%*%+%?%.%(%[%%%-]") then
-    return nil -- no specials: find does a plain search (lstrlib.c nospecials)
-  end
-  local i, n = 1, #p
-  local level, open, closed = 0, {}, {}
-  if p:sub(1, 1) == "^" then
-    i = 2
-  end
-  while i <= n do
-    local c, nxt = p:sub(i, i), p:sub(i + 1, i + 1)
-    local err
-    if c == "(" then
-      level = level + 1
-      if level > MAX_CAPTURES then
-        return "too many captures"
-      end
-      if nxt == ")" then -- a position capture is complete at once
-        closed[level] = true
-        i = i + 2
-      else
-        open[#open + 1] = level
-        i = i + 1
-      end
-    elseif c == ")" then
-      if #open == 0 then
-        return "invalid pattern capture"
-      end
-      closed[table.remove(open)] = true
-      i = i + 1
-    elseif c == "$" and i == n then
-      i = i + 1
-    elseif c == "%" and nxt == "b" then
-      if i + 3 > n then
-        return "malformed pattern (missing arguments to '%b')"
-      end
-      i = i + 4
-    elseif c == "%" and nxt == "f" then
-      if p:sub(i + 2, i + 2) ~= "[" then
-        return "missing '[' after '%f' in pattern"
-      end
-      i, err = class_end(p, i + 2)
-    elseif c == "%" and nxt:find("^%d$") then
-      local l = tonumber(nxt)
-      if not closed[l] then
-        return ("invalid capture index %%%d"):format(l)
-      end
-      i = i + 2
-    else
-      i, err = class_end(p, i)
-      if i and p:sub(i, i):find("^[%*%+%-%?]$") then
-        i = i + 1
-      end
-    end
-    if err then
-      return err
-    end
-  end
-  if #open > 0 then
-    return "unfinished capture"
-  end
-  local ok, msg = pcall(string.find, "", p) -- a net for anything missed above
-  if not ok then
-    return tostring(msg)
-  end
-  return nil
-end
-
----------------------------------------------------------------------------
 -- Checkers: function(value, path) -> nil when fine, else a message
 ---------------------------------------------------------------------------
 
@@ -389,7 +283,10 @@ local function lua_pattern(v, path)
   if type(v) ~= "string" then
     return expected(path, "Lua pattern (string)", v)
   end
-  local err = pattern_error(v)
+  -- the budgeted matcher's own grammar (bindings/om_lpattern.c): Lua
+  -- compiles a pattern while it matches, so a bad one could pass a test
+  -- on some text and raise later on other text
+  local err = checks.pattern(v)
   if err then
     return field_error(path, "invalid Lua pattern: " .. err)
   end
@@ -755,44 +652,6 @@ function contract.order(policy, ctx)
   return names
 end
 
--- The literal every match of pattern p starts with (after zero-width
--- %f[set] frontiers), or "" when it does not start with one. A char
--- followed by '*', '?' or '-' is optional and ends the literal; one
--- followed by '+' is required once and ends it too.
-local function literal_prefix(p)
-  local i, lit = 1, {}
-  if p:sub(1, 1) == "^" then
-    return "" -- already anchored: nothing to gain
-  end
-  while p:sub(i, i + 1) == "%f" do
-    i = class_end(p, i + 2)
-    if not i then
-      return ""
-    end
-  end
-  while i <= #p do
-    local c, w = p:sub(i, i), 1
-    if c == "%" then
-      c, w = p:sub(i + 1, i + 1), 2
-      if c == "" or c:find("^%w") then
-        break -- a class (%d), a back-reference, %b or %f
-      end
-    elseif c:find("^[%^%$%*%+%?%.%(%)%[%-]") then
-      break
-    end
-    local q = p:sub(i + w, i + w)
-    if q == "*" or q == "?" or q == "-" then
-      break
-    end
-    lit[#lit + 1] = c
-    if q == "+" then
-      break
-    end
-    i = i + w
-  end
-  return table.concat(lit)
-end
-
 -- Per pattern: its literal prefix and the anchored form ("^" .. p).
 local prefixes = {}
 
@@ -806,7 +665,7 @@ local prefixes = {}
 local function pattern_found(text, pattern)
   local pre = prefixes[pattern]
   if pre == nil then
-    local lit = literal_prefix(pattern)
+    local lit = checks.pattern_prefix(pattern) -- om_lpattern.c
     pre = { lit = lit, anchored = "^" .. pattern }
     prefixes[pattern] = pre
   end
@@ -1231,8 +1090,8 @@ end
 
 -- Exported for openmesh.testing and the specs.
 contract.subset_error = subset_error
-contract.pattern_error = pattern_error
-contract.literal_prefix = literal_prefix
+contract.pattern_error = checks.pattern
+contract.literal_prefix = checks.pattern_prefix
 contract.pattern_found = pattern_found
 contract.show = show
 contract.show_list = show_list
