@@ -62,7 +62,8 @@ void om_lpattern_install(lua_State *L, int string_table_idx,
  * the grammar the matcher uses (the same item scanner, the same messages)
  * and returns 0, or -1 with stock Lua's message in err ("malformed
  * pattern (missing ']')", "invalid capture index %1", ...). A pattern
- * without magic characters is a plain search and always fine. Pure: no
+ * without magic characters is a plain search and always fine. The byte
+ * at pattern[len] must be readable and NUL, as in a Lua string. Pure: no
  * Lua state, no allocation.
  */
 int om_lpattern_check(const char *pattern, size_t len, char *err,
@@ -75,7 +76,8 @@ int om_lpattern_check(const char *pattern, size_t len, char *err,
  * anchored with '^'. A character followed by '*', '?' or '-' is optional
  * and ends the literal; one followed by '+' is required once and ends it
  * too. A plain search for the prefix then an anchored match at each
- * occurrence finds what the pattern finds, faster.
+ * occurrence finds what the pattern finds, faster. pattern[len] must be
+ * NUL, as for om_lpattern_check.
  */
 size_t om_lpattern_literal_prefix(const char *pattern, size_t len, char *out);
 
