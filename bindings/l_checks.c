@@ -62,7 +62,7 @@ static int l_subset(lua_State *L) {
       om__peer_map_put(&map, lua_topointer(L, -1), (uint32_t)(i - 1));
     lua_pop(L, 1);
   }
-  if (om__policy_check_subset(L, 1, &map, (size_t)n, seen, 1, out, &n_out, err,
+  if (om__policy_check_subset(L, 1, &map, (size_t)n, seen, 2, out, &n_out, err,
                               sizeof err) == 0)
     return 0;
   lua_pushstring(L, err);

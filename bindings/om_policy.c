@@ -663,10 +663,11 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   if (key != NULL)
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;
-  if (++p->stamp == 0) { /* wrapped: start over */
+  if (p->stamp >= UINT32_MAX - 3) { /* about to wrap: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
-    p->stamp = 1;
+    p->stamp = 0;
   }
+  p->stamp += 2; /* the check marks with stamp and stamp + 1 */
   rc = om__policy_check_subset(L, res, &p->map, p->n_peers, p->seen, p->stamp,
                                out, n_out, err, errlen);
   lua_settop(L, 2);

@@ -235,42 +235,42 @@ int om__policy_check_subset(lua_State *L, int res, const om__peer_map_t *map,
                             size_t n, uint32_t *seen, uint32_t stamp,
                             uint32_t *out, size_t *n_out, char *err,
                             size_t errlen) {
-  lua_Unsigned len, i = 0, pairs = 0;
+  lua_Unsigned len, count = 0;
   res = lua_absindex(L, res);
   if (lua_type(L, res) != LUA_TTABLE)
     goto explain;
   len = lua_rawlen(L, res);
-  /* Quick pass: 1..len are distinct offered peers (a repeat or a stranger
-   * shows up by element n + 1 at the latest, so out never overflows) ... */
-  for (i = 1; i <= len; i++) {
-    int64_t idx;
-    if (lua_rawgeti(L, res, (lua_Integer)i) != LUA_TTABLE) {
-      lua_pop(L, 1);
-      goto explain;
-    }
-    idx = om__peer_map_find(map, lua_topointer(L, -1));
-    lua_pop(L, 1);
-    if (idx < 0 || seen[idx] == stamp)
-      goto explain;
-    seen[idx] = stamp;
-    out[i - 1] = (uint32_t)idx;
-  }
-  /* ... and there is no other key (no hole past the border either). */
+  if (len > n) /* a repeat or a stranger: explain which */
+    goto explain;
+  /*
+   * One pass in traversal order: every key an integer in 1..len, every
+   * value an offered peer not seen yet. Keys are distinct, so len of them
+   * are exactly 1..len: no hole, no other key. A walk with lua_next costs
+   * about what rawget per index does, so checking the keys is nearly free.
+   */
   lua_pushnil(L);
-  while (lua_next(L, res) != 0) {
-    lua_pop(L, 1);
-    if (++pairs > len) {
-      lua_pop(L, 1);
+  while (lua_next(L, res) != 0) { /* [key, value] */
+    lua_Integer k;
+    int64_t idx;
+    if (!lua_isinteger(L, -2) || (k = lua_tointeger(L, -2)) < 1 ||
+        (lua_Unsigned)k > len || lua_type(L, -1) != LUA_TTABLE ||
+        (idx = om__peer_map_find(map, lua_topointer(L, -1))) < 0 ||
+        seen[idx] == stamp) {
+      lua_pop(L, 2);
       goto explain;
     }
+    lua_pop(L, 1);
+    seen[idx] = stamp;
+    out[k - 1] = (uint32_t)idx;
+    count++;
   }
+  if (count != len)
+    goto explain;
   *n_out = (size_t)len;
   return 0;
 explain:
-  /* Forget the marks of the quick pass: the explanation starts over. */
-  for (lua_Unsigned j = 1; j < i && j <= n; j++)
-    seen[out[j - 1]] = stamp - 1;
-  explain_subset(L, res, map, seen, stamp, err, errlen);
+  /* The quick pass left marks at stamp; the explanation uses stamp + 1. */
+  explain_subset(L, res, map, seen, stamp + 1, err, errlen);
   return -1;
 }
 

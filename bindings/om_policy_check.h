@@ -46,13 +46,14 @@ int64_t om__peer_map_find(const om__peer_map_t *m, const void *key);
 
 /*
  * om__policy_check_subset: is the value at res (a subset() answer) a
- * subset of the n offered peers in map? seen has n entries and stamp is a
- * value none of them holds (the caller bumps it per call, so no clearing
- * is needed). On success: 0, *n_out peers, their indexes in out (room for
- * n; out may be NULL when only the verdict matters). Otherwise -1 and the
- * reason in err, e.g. "subset returned the peer 'a' twice". Uses raw
- * accesses only and never allocates nor raises: it runs outside a
- * protected call in the proxy. The stack is left as it was.
+ * subset of the n offered peers in map? seen has n entries, none of which
+ * holds stamp or stamp + 1 (the caller advances stamp by 2 per call, so no
+ * clearing is needed). On success: 0, *n_out peers, their indexes in out
+ * (room for n; NULL only when n is 0). Otherwise -1 and the reason in err,
+ * e.g. "subset returned the peer 'a' twice": the first rule broken, in the
+ * order the rules are stated (a table, an array, offered peers, each
+ * once). Uses raw accesses only and never allocates nor raises: it runs
+ * outside a protected call in the proxy. The stack is left as it was.
  */
 int om__policy_check_subset(lua_State *L, int res, const om__peer_map_t *map,
                             size_t n, uint32_t *seen, uint32_t stamp,
