@@ -69,6 +69,7 @@
 #include "om_admission.h"
 #include "om_deadline.h"
 #include "om_errno.h"
+#include "om_lua_util.h"
 #include "om_limiter.h"
 
 #define ADMISSION_MT "openmesh.Admission"

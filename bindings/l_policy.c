@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_lua_util.h"
 #include "om_policy.h"
 
 #define POLICY_TYPE "openmesh.Policy"

@@ -35,6 +35,7 @@
 #include "om_backoff.h"
 #include "om_circuit.h"
 #include "om_errno.h"
+#include "om_lua_util.h"
 #include "om_retry.h"
 
 #define CIRCUIT_MT "openmesh.Circuit"

@@ -54,6 +54,7 @@
 #include <time.h>
 
 #include "om_errno.h"
+#include "om_lua_util.h"
 #include "om_hash.h"
 #include "om_p2c.h"
 #include "om_rendezvous.h"

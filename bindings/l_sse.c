@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_lua_util.h"
 #include "om_sse.h"
 
 #define PARSER_TYPE "openmesh.SseParser"

@@ -26,6 +26,8 @@
 
 #include <lauxlib.h>
 
+#include "om_errno.h"
+
 #define MAX_CAPTURES 32 /* as stock LUA_MAXCAPTURES */
 #define MAX_DEPTH 200   /* nested match_here calls, as stock */
 #define CAP_OPEN (-1)   /* capture length while its ')' is not matched */
@@ -215,16 +217,29 @@ static int set_has(const u8 *open, const u8 *close, int c) {
   return !in;
 }
 
+/* The grammar's errors, in stock Lua's words; the matcher raises them and
+ * om_lpattern_check reports them. */
+#define MSG_ENDS_WITH_PERCENT "malformed pattern (ends with '%')"
+#define MSG_MISSING_BRACKET "malformed pattern (missing ']')"
+#define MSG_MISSING_B_ARGS "malformed pattern (missing arguments to '%b')"
+#define MSG_MISSING_F_SET "missing '[' after '%f' in pattern"
+#define MSG_TOO_MANY_CAPTURES "too many captures"
+#define MSG_INVALID_CAPTURE "invalid pattern capture"
+#define MSG_UNFINISHED_CAPTURE "unfinished capture"
+
 /*
- * One past the single-character class starting at p. Raises on a '%' that
- * ends the pattern or a set without its ']'. Reading *pat_end is fine: Lua
- * strings end in a NUL, which is neither ']' nor a quantifier.
+ * One past the single-character class starting at p, or NULL and *why on
+ * a '%' that ends the pattern or a set without its ']'. Reading *pat_end
+ * is fine: Lua strings end in a NUL, which is neither ']' nor a
+ * quantifier.
  */
-static const u8 *item_end(matcher_t *m, const u8 *p) {
+static const u8 *class_end(const u8 *p, const u8 *pat_end, const char **why) {
   const u8 *q = p + 1;
   if (*p == '%') {
-    if (q >= m->pat_end)
-      luaL_error(m->L, "malformed pattern (ends with '%%')");
+    if (q >= pat_end) {
+      *why = MSG_ENDS_WITH_PERCENT;
+      return NULL;
+    }
     return q + 1;
   }
   if (*p != '[')
@@ -232,12 +247,23 @@ static const u8 *item_end(matcher_t *m, const u8 *p) {
   if (*q == '^')
     q++;
   do { /* the first member is taken even if it is ']' */
-    if (q >= m->pat_end)
-      luaL_error(m->L, "malformed pattern (missing ']')");
-    if (*q++ == '%' && q < m->pat_end)
+    if (q >= pat_end) {
+      *why = MSG_MISSING_BRACKET;
+      return NULL;
+    }
+    if (*q++ == '%' && q < pat_end)
       q++; /* "%]" does not close the set */
   } while (*q != ']');
   return q + 1;
+}
+
+/* class_end for the matcher: raises instead. */
+static const u8 *item_end(matcher_t *m, const u8 *p) {
+  const char *why = NULL;
+  const u8 *q = class_end(p, m->pat_end, &why);
+  if (q == NULL)
+    luaL_error(m->L, "%s", why);
+  return q;
 }
 
 /* Does byte c belong to the class [p, ep)? */
@@ -297,7 +323,7 @@ static const u8 *balanced(matcher_t *m, const u8 *s, const u8 *args) {
   const u8 *t = s;
   int open, close, depth = 1;
   if (args + 1 >= m->pat_end)
-    luaL_error(m->L, "malformed pattern (missing arguments to '%%b')");
+    luaL_error(m->L, "%s", MSG_MISSING_B_ARGS);
   open = args[0];
   close = args[1];
   if (s >= m->subj_end || *s != open)
@@ -336,7 +362,7 @@ static const u8 *open_capture(matcher_t *m, const u8 *s, const u8 *p,
                               ptrdiff_t kind) {
   const u8 *r;
   if (m->ncap >= MAX_CAPTURES)
-    luaL_error(m->L, "too many captures");
+    luaL_error(m->L, "%s", MSG_TOO_MANY_CAPTURES);
   m->cap[m->ncap].at = s;
   m->cap[m->ncap].len = kind;
   m->ncap++;
@@ -353,7 +379,7 @@ static const u8 *close_capture(matcher_t *m, const u8 *s, const u8 *p) {
   while (i >= 0 && m->cap[i].len != CAP_OPEN)
     i--;
   if (i < 0)
-    luaL_error(m->L, "invalid pattern capture");
+    luaL_error(m->L, "%s", MSG_INVALID_CAPTURE);
   m->cap[i].len = s - m->cap[i].at;
   r = match_here(m, s, p);
   if (r == NULL)
@@ -402,7 +428,7 @@ static const u8 *match_here(matcher_t *m, const u8 *s, const u8 *p) {
         const u8 *set = p + 2;
         int before, at;
         if (*set != '[')
-          luaL_error(m->L, "missing '[' after '%%f' in pattern");
+          luaL_error(m->L, "%s", MSG_MISSING_F_SET);
         ep = item_end(m, set);
         before = s > m->subj ? s[-1] : 0;
         at = s < m->subj_end ? *s : 0;
@@ -479,7 +505,7 @@ static ptrdiff_t capture_get(matcher_t *m, int i, const u8 *s, const u8 *e,
     return e - s;
   }
   if (m->cap[i].len == CAP_OPEN)
-    luaL_error(m->L, "unfinished capture");
+    luaL_error(m->L, "%s", MSG_UNFINISHED_CAPTURE);
   if (m->cap[i].len == CAP_POS) {
     lua_pushinteger(m->L, (lua_Integer)(m->cap[i].at - m->subj) + 1);
     return CAP_POS;
@@ -814,4 +840,98 @@ void om_lpattern_install(lua_State *L, int string_table_idx,
   }
   for (int i = n - 1; i >= 0; i--)
     lua_setfield(L, idx, fns[i].name);
+}
+
+/* ---- checking a pattern without a subject ---- */
+
+int om_lpattern_check(const char *pattern, size_t lp, char *err,
+                      size_t errlen) {
+  const u8 *p = (const u8 *)pattern, *end = p + lp;
+  int level = 0, nopen = 0;
+  int open[MAX_CAPTURES], closed[MAX_CAPTURES + 1] = {0};
+  const char *why = NULL;
+  if (!has_magic(pattern, lp))
+    return 0; /* a plain search: nothing to compile (stock nospecials) */
+  if (p < end && *p == '^')
+    p++;
+  while (why == NULL && p < end) {
+    int next = p + 1 < end ? p[1] : 0;
+    if (*p == '(') {
+      if (++level > MAX_CAPTURES) {
+        why = MSG_TOO_MANY_CAPTURES;
+      } else if (next == ')') { /* a position capture is complete at once */
+        closed[level] = 1;
+        p += 2;
+      } else {
+        open[nopen++] = level;
+        p++;
+      }
+    } else if (*p == ')') {
+      if (nopen == 0)
+        why = MSG_INVALID_CAPTURE;
+      else
+        closed[open[--nopen]] = 1;
+      p++;
+    } else if (*p == '$' && p + 1 == end) {
+      p++;
+    } else if (*p == '%' && next == 'b') {
+      if (end - p < 4)
+        why = MSG_MISSING_B_ARGS;
+      p += 4;
+    } else if (*p == '%' && next == 'f') {
+      if (end - p < 3 || p[2] != '[')
+        why = MSG_MISSING_F_SET;
+      else
+        p = class_end(p + 2, end, &why);
+    } else if (*p == '%' && next >= '0' && next <= '9') {
+      if (!closed[next - '0']) {
+        om_errbuf(err, errlen, "invalid capture index %%%d", next - '0');
+        return -1;
+      }
+      p += 2;
+    } else {
+      p = class_end(p, end, &why);
+      if (p != NULL && p < end &&
+          (*p == '*' || *p == '+' || *p == '-' || *p == '?'))
+        p++;
+    }
+  }
+  if (why == NULL && nopen > 0)
+    why = MSG_UNFINISHED_CAPTURE;
+  if (why != NULL) {
+    om_errbuf(err, errlen, "%s", why);
+    return -1;
+  }
+  return 0;
+}
+
+size_t om_lpattern_literal_prefix(const char *pattern, size_t lp, char *out) {
+  const u8 *p = (const u8 *)pattern, *end = p + lp;
+  const char *why = NULL;
+  size_t n = 0;
+  if (lp > 0 && *p == '^')
+    return 0; /* already anchored: nothing to gain */
+  while (end - p >= 2 && p[0] == '%' && p[1] == 'f') { /* zero-width */
+    if (p + 2 >= end || (p = class_end(p + 2, end, &why)) == NULL)
+      return 0;
+  }
+  while (p < end) {
+    int c = *p, w = 1, q;
+    if (c == '%') {
+      if (p + 1 >= end || isalnum(p[1]))
+        break; /* a class (%d), a back-reference, %b or %f */
+      c = p[1];
+      w = 2;
+    } else if (c != '\0' && strchr("^$*+?.()[-", c) != NULL) {
+      break;
+    }
+    q = p + w < end ? p[w] : 0;
+    if (q == '*' || q == '?' || q == '-')
+      break; /* optional: not part of every match */
+    out[n++] = (char)c;
+    if (q == '+')
+      break; /* required once, then a run of unknown length */
+    p += w;
+  }
+  return n;
 }

@@ -24,6 +24,7 @@
 #ifndef OM_LPATTERN_H
 #define OM_LPATTERN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <lua.h>
@@ -52,5 +53,32 @@
  */
 void om_lpattern_install(lua_State *L, int string_table_idx,
                          uint64_t step_budget);
+
+/*
+ * om_lpattern_check: would some subject make the matcher raise on this
+ * pattern? Lua compiles a pattern while it matches, so string.find("",
+ * "a[") succeeds and the same pattern raises later on text that starts
+ * with "a"; a policy's patterns are checked whole at load instead. Walks
+ * the grammar the matcher uses (the same item scanner, the same messages)
+ * and returns 0, or -1 with stock Lua's message in err ("malformed
+ * pattern (missing ']')", "invalid capture index %1", ...). A pattern
+ * without magic characters is a plain search and always fine. The byte
+ * at pattern[len] must be readable and NUL, as in a Lua string. Pure: no
+ * Lua state, no allocation.
+ */
+int om_lpattern_check(const char *pattern, size_t len, char *err,
+                      size_t errlen);
+
+/*
+ * om_lpattern_literal_prefix: the literal every match of a valid pattern
+ * starts with (after zero-width %f[set] frontiers), into out (room for len
+ * bytes); returns its length, 0 when it starts with no literal or is
+ * anchored with '^'. A character followed by '*', '?' or '-' is optional
+ * and ends the literal; one followed by '+' is required once and ends it
+ * too. A plain search for the prefix then an anchored match at each
+ * occurrence finds what the pattern finds, faster. pattern[len] must be
+ * NUL, as for om_lpattern_check.
+ */
+size_t om_lpattern_literal_prefix(const char *pattern, size_t len, char *out);
 
 #endif /* OM_LPATTERN_H */

@@ -16,6 +16,7 @@
 
 #include "om_errno.h"
 #include "om_lua.h"
+#include "om_policy_check.h"
 
 /* Registry keys (their addresses) in the policy's state. */
 static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_EMPTY;
@@ -24,40 +25,6 @@ static const char K_VARY_HEADERS, K_VARY_REQ, K_VARY_METADATA;
 /* set (true) once a policy that declares vary has run its top level */
 static const char K_SEALED;
 
-/* __newindex of the shared empty req.metadata: requests are read-only. */
-static int readonly_metadata(lua_State *L) {
-  return luaL_error(L, "req.metadata is read-only");
-}
-
-/* An empty req.metadata, read-only, its metatable out of the policy's
- * reach; index (or NULL) answers every read. */
-static void push_metadata_table(lua_State *L, lua_CFunction index) {
-  lua_newtable(L);
-  lua_createtable(L, 0, 3);
-  if (index != NULL) {
-    lua_pushcfunction(L, index);
-    lua_setfield(L, -2, "__index");
-  }
-  lua_pushcfunction(L, readonly_metadata);
-  lua_setfield(L, -2, "__newindex");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, -2);
-}
-
-/*
- * Which peer a table returned by subset() is: an open-addressing map from
- * the peer table's address (Lua's collector never moves objects, and the
- * view keeps every peer alive) to its index. Cheaper per element than a
- * Lua table lookup, and it cannot allocate, so checking a result never
- * needs protection.
- */
-typedef struct {
-  const void **keys; /* NULL: empty slot */
-  uint32_t *index;
-  size_t mask;
-} peer_map_t;
-
 struct om_policy_s {
   om_sandbox_t *sb;
   om_policy_kind_t kind;
@@ -65,7 +32,7 @@ struct om_policy_s {
   size_t n_peers;
   uint32_t *seen; /* per-peer stamp of the call that returned it */
   uint32_t stamp;
-  peer_map_t map;
+  om__peer_map_t map;
   om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
   int has_key;
   /* `vary` (traffic): the header names, and :method / :path */
@@ -74,83 +41,18 @@ struct om_policy_s {
   int vary_set, vary_method, vary_path;
 };
 
-/*
- * The view of a request for a policy that declares vary (as
- * openmesh.contract.visible_req, with the same messages): reading a field
- * it did not declare raises, since a decision that depended on it would be
- * reused for requests that differ in it. A declared header the request
- * lacks reads as nil. The message comes alone, as openmesh.contract raises
- * it (error(msg, 0)): it names the field, where a position would point
- * into openmesh.policy's helpers.
- */
-static int vary_error(lua_State *L, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  lua_pushvfstring(L, fmt, ap);
-  va_end(ap);
-  return lua_error(L);
-}
-
-static int vary_header_index(lua_State *L) { /* (headers, k); up: declared */
-  char lower[256];
-  size_t n = 0;
-  const char *k =
-      lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : NULL;
-  if (k != NULL && n < sizeof lower) {
-    for (size_t i = 0; i < n; i++)
-      lower[i] = (char)((unsigned)(k[i] - 'A') < 26u ? k[i] | 0x20 : k[i]);
-    if (lua_getfield(L, lua_upvalueindex(1), (lower[n] = 0, lower)) != LUA_TNIL)
-      return 0; /* declared, not in the request: nil */
-    return vary_error(L,
-                      "reads header '%s', which its vary does not name "
-                      "(add \"%s\" to vary)",
-                      k, lower);
-  }
-  return vary_error(L, "reads header '%s', which its vary does not name",
-                    luaL_tolstring(L, 2, NULL));
-}
-
-static int vary_req_index(lua_State *L) { /* (req, k); up: method, path */
-  const char *k = lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : "";
-  if (strcmp(k, "method") == 0 && !lua_toboolean(L, lua_upvalueindex(1)))
-    return vary_error(L, "reads req.method, which its vary does not name "
-                         "(add \":method\" to vary)");
-  if (strcmp(k, "path") == 0 && !lua_toboolean(L, lua_upvalueindex(2)))
-    return vary_error(L, "reads req.path, which its vary does not name "
-                         "(add \":path\" to vary)");
-  return 0;
-}
-
-static int vary_metadata_index(lua_State *L) {
-  return vary_error(L,
-                    "reads req.metadata.%s, which its vary does not name (a "
-                    "policy that declares vary sees no metadata)",
-                    luaL_tolstring(L, 2, NULL));
-}
-
-/* The three metatables, into the registry, for the vary just read. */
+/* The three metatables of the vary view (om_policy_check.c) for the vary
+ * just read, into the registry. */
 static void vary_views(lua_State *L, const om_policy_t *p) {
-  lua_createtable(L, 0, 2); /* headers' */
-  lua_createtable(L, 0, (int)p->n_vary);
+  lua_createtable(L, 0, (int)p->n_vary); /* [declared] */
   for (size_t i = 0; i < p->n_vary; i++) {
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, p->vary[i]);
   }
-  lua_pushcclosure(L, vary_header_index, 1);
-  lua_setfield(L, -2, "__index");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_HEADERS);
-  lua_createtable(L, 0, 2); /* req's */
-  lua_pushboolean(L, p->vary_method);
-  lua_pushboolean(L, p->vary_path);
-  lua_pushcclosure(L, vary_req_index, 2);
-  lua_setfield(L, -2, "__index");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
-  push_metadata_table(L, vary_metadata_index); /* nothing to read in it */
+  om__policy_push_vary_meta(L, p->vary_method, p->vary_path);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_METADATA);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_VARY_HEADERS);
 }
 
 const char *om_policy_kind_name(om_policy_kind_t kind) {
@@ -246,7 +148,7 @@ static int capture(lua_State *L) {
   lua_pop(L, 1);
   /* Most requests carry no caller metadata: they all share one empty,
    * read-only table instead of allocating one per call. */
-  push_metadata_table(L, NULL);
+  om__policy_push_metadata(L, NULL);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_EMPTY);
   /* Create the view's registry fields now, so that replacing them per
    * revision (build_peers) never allocates and cannot fail half-way. */
@@ -606,35 +508,13 @@ static int build_peers(lua_State *L) {
   return 0;
 }
 
-static size_t map_slot(const peer_map_t *m, const void *key) {
-  uint64_t h = ((uint64_t)(uintptr_t)key >> 4) * 0x9e3779b97f4a7c15u;
-  return (size_t)(h >> 32) & m->mask;
-}
-
-/* The index of the peer table at key, or -1. */
-static int64_t map_find(const peer_map_t *m, const void *key) {
-  for (size_t i = map_slot(m, key);; i = (i + 1) & m->mask) {
-    if (m->keys[i] == key)
-      return m->index[i];
-    if (m->keys[i] == NULL)
-      return -1;
-  }
-}
-
 /* Fill the map from the view just built (raw reads: no allocation). */
-static void map_fill(peer_map_t *m, lua_State *L, size_t n) {
+static void map_fill(om__peer_map_t *m, lua_State *L, size_t n) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   for (size_t i = 0; i < n; i++) {
-    const void *key;
-    size_t slot;
     lua_rawgeti(L, -1, (lua_Integer)i + 1);
-    key = lua_topointer(L, -1);
+    om__peer_map_put(m, lua_topointer(L, -1), (uint32_t)i);
     lua_pop(L, 1);
-    for (slot = map_slot(m, key); m->keys[slot] != NULL;
-         slot = (slot + 1) & m->mask)
-      ;
-    m->keys[slot] = key;
-    m->index[slot] = (uint32_t)i;
   }
   lua_pop(L, 1);
 }
@@ -643,17 +523,15 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
                         size_t n) {
   lua_State *L = om_sandbox_state(p->sb);
   peers_arg_t a = {peers, n, NULL};
-  peer_map_t map = {0};
+  om__peer_map_t map = {0};
   uint32_t *seen;
-  size_t slots = 16;
+  size_t slots = om__peer_map_slots(n);
   if (p->kind != OM_POLICY_TRAFFIC || (peers == NULL && n > 0) ||
       n > UINT32_MAX / 4)
     return OM_EINVAL;
   for (size_t i = 0; i < n; i++)
     if (peers[i].id == NULL)
       return OM_EINVAL;
-  while (slots < 2 * n) /* at most half full */
-    slots *= 2;
   seen = calloc(n ? n : 1, sizeof *seen);
   map.keys = calloc(slots, sizeof *map.keys);
   map.index = calloc(slots, sizeof *map.index);
@@ -700,6 +578,7 @@ const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
 }
 
 static int call_route(lua_State *L) {
+  char msg[512];
   const om_policy_req_t *req = lua_touserdata(L, 1);
   const om_policy_t *p = lua_touserdata(L, 2);
   lua_settop(L, 0);
@@ -749,9 +628,8 @@ call:
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1); /* [req, key] */
-    if (!lua_isnil(L, 2) && lua_type(L, 2) != LUA_TSTRING)
-      return luaL_error(L, "key returned a %s, expected a string or nil",
-                        luaL_typename(L, 2));
+    if (om__policy_check_key(L, 2, msg, sizeof msg) != 0)
+      return luaL_error(L, "%s", msg);
   } else {
     lua_pushnil(L);
   }
@@ -766,8 +644,7 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t *n_out, const char **key, size_t *key_len, char *err,
                     size_t errlen) {
   lua_State *L = om_sandbox_state(p->sb);
-  lua_Unsigned len;
-  int res;
+  int res, rc;
   if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
       (out == NULL && p->n_peers > 0)) {
     om_errbuf(err, errlen, "invalid arguments");
@@ -786,49 +663,13 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   if (key != NULL)
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;
-  if (lua_type(L, res) != LUA_TTABLE) {
-    om_errbuf(err, errlen, "subset returned a %s, expected an array of peers",
-              luaL_typename(L, res));
-    return OM_EPOLICY;
-  }
-  len = lua_rawlen(L, res);
-  if (len > p->n_peers) {
-    om_errbuf(err, errlen, "subset returned %llu peers out of %zu offered",
-              (unsigned long long)len, p->n_peers);
-    return OM_EPOLICY;
-  }
-  if (++p->stamp == 0) { /* wrapped: start over */
+  if (p->stamp >= UINT32_MAX - 3) { /* about to wrap: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
-    p->stamp = 1;
+    p->stamp = 0;
   }
-  for (lua_Unsigned i = 1; i <= len; i++) {
-    int64_t idx;
-    if (lua_rawgeti(L, res, (lua_Integer)i) != LUA_TTABLE) {
-      om_errbuf(err, errlen,
-                "subset result [%llu] is a %s, not an offered peer",
-                (unsigned long long)i, luaL_typename(L, -1));
-      lua_settop(L, 2);
-      return OM_EPOLICY;
-    }
-    idx = map_find(&p->map, lua_topointer(L, -1));
-    lua_pop(L, 1);
-    if (idx < 0) {
-      om_errbuf(err, errlen,
-                "subset result [%llu] is not one of the offered peers",
-                (unsigned long long)i);
-      lua_settop(L, 2);
-      return OM_EPOLICY;
-    }
-    if (p->seen[idx] == p->stamp) {
-      om_errbuf(err, errlen, "subset result [%llu] repeats a peer",
-                (unsigned long long)i);
-      lua_settop(L, 2);
-      return OM_EPOLICY;
-    }
-    p->seen[idx] = p->stamp;
-    out[i - 1] = (uint32_t)idx;
-  }
+  p->stamp += 2; /* the check marks with stamp and stamp + 1 */
+  rc = om__policy_check_subset(L, res, &p->map, p->n_peers, p->seen, p->stamp,
+                               out, n_out, err, errlen);
   lua_settop(L, 2);
-  *n_out = (size_t)len;
-  return 0;
+  return rc == 0 ? 0 : OM_EPOLICY;
 }

@@ -1016,6 +1016,65 @@ static void install_survives_allocation_failures(void **state) {
   }
 }
 
+/* ---- the compile-check and the literal prefix ---- */
+
+/*
+ * om_lpattern_check against stock string.find on random patterns and
+ * subjects: whenever stock raises a grammar error, the check flagged the
+ * pattern with that message; a pattern the check accepts never raises one
+ * (the depth limit aside, which depends on the subject). And every match of
+ * an accepted pattern starts with its literal prefix.
+ */
+static void check_agrees_with_the_matcher(void **state) {
+  (void)state;
+  lua_State *L = luaL_newstate();
+  gen_t g;
+  long flagged = 0, raised = 0, prefixed = 0;
+  luaL_openlibs(L);
+  om_rng_seed(&g.rng, 0xc4ec4);
+  for (long i = 0; i < 20000; i++) {
+    char p[129], s[32], err[256] = "", pre[129];
+    size_t lp = gen_pattern(&g, p), lpre;
+    int bad;
+    p[lp] = '\0'; /* as in a Lua string */
+    bad = om_lpattern_check(p, lp, err, sizeof err) != 0;
+    lpre = om_lpattern_literal_prefix(p, lp, pre);
+    flagged += bad;
+    for (int k = 0; k < 8; k++) {
+      size_t ls = gen_subject(&g, s);
+      lua_getglobal(L, "string");
+      lua_getfield(L, -1, "find");
+      lua_remove(L, -2);
+      lua_pushlstring(L, s, ls);
+      lua_pushlstring(L, p, lp);
+      if (lua_pcall(L, 2, 2, 0) != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        if (strstr(msg, "pattern too complex") == NULL) {
+          if (!bad || strstr(msg, err) == NULL)
+            fail_msg("pattern '%s': stock raised '%s', the check said '%s'", p,
+                     msg, bad ? err : "fine");
+          raised++;
+        }
+        lua_pop(L, 1);
+        continue;
+      }
+      if (!bad && lua_isinteger(L, -2)) {
+        size_t at = (size_t)lua_tointeger(L, -2) - 1;
+        if (ls - at < lpre || memcmp(s + at, pre, lpre) != 0)
+          fail_msg("pattern '%s' matched at %zu without its prefix '%.*s'", p,
+                   at + 1, (int)lpre, pre);
+        prefixed += lpre > 0;
+      }
+      lua_pop(L, 2);
+    }
+  }
+  /* the generator must reach every outcome, or the test proves little */
+  OM_ASSERT_CMP(flagged, >, 200);
+  OM_ASSERT_CMP(raised, >, 200);
+  OM_ASSERT_CMP(prefixed, >, 200);
+  lua_close(L);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(hand_written_cases),
@@ -1025,6 +1084,7 @@ int main(void) {
       cmocka_unit_test(budget_is_per_call),
       cmocka_unit_test(steps_reach_the_count_hook),
       cmocka_unit_test(install_survives_allocation_failures),
+      cmocka_unit_test(check_agrees_with_the_matcher),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

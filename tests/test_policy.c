@@ -167,10 +167,10 @@ static void route_never_widens(void **state) {
   static const struct {
     const char *path, *want;
   } cases[] = {
-      {"/foreign", "not one of the offered peers"},
-      {"/dup", "repeats a peer"},
-      {"/hole", "is a nil"},
-      {"/string", "subset returned a string"},
+      {"/foreign", "subset returned a peer that was not offered (id 'a')"},
+      {"/dup", "subset returned the peer 'a' twice"},
+      {"/hole", "subset returned a table that is not an array (a hole at [2])"},
+      {"/string", "subset returned a non-table ('a'), expected an array"},
       {"/raise", "canary.lua:9: no luck"},
       {"/loop", "budget: instruction limit exceeded"},
   };

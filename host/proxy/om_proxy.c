@@ -37,13 +37,23 @@
 #define DEF_HIGH_WATER ((size_t)256 << 10)
 
 static const char *const OUTCOME_NAMES[] = {
-#define OM__PROXY_OUTCOME_STR(name, str) str,
+#define OM__PROXY_OUTCOME_STR(name, status, str) str,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
 #undef OM__PROXY_OUTCOME_STR
 };
 
+static const int OUTCOME_STATUS[] = {
+#define OM__PROXY_OUTCOME_STATUS(name, status, str) status,
+    OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STATUS)
+#undef OM__PROXY_OUTCOME_STATUS
+};
+
 const char *om__proxy_outcome_name(om__proxy_outcome_t o) {
   return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_NAMES[o] : "unknown";
+}
+
+int om__proxy_outcome_status(om__proxy_outcome_t o) {
+  return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_STATUS[o] : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -216,7 +226,7 @@ static void view_install(om__proxy_service_t *s, om__proxy_view_t *v) {
   for (size_t i = 0; i < v->n; i++)
     v->peers[i]->index = (int64_t)i;
   s->view = v;
-  om__proxy_cache_invalidate(s);
+  om__proxy_cache_invalidate(&s->cache);
   om__proxy_view_unref(old);
 }
 
@@ -422,7 +432,7 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
     return -1;
   if (om_circuit_init(&probe, &set.circuit) != 0)
     return -1; /* the contract keeps these valid: be safe anyway */
-  om__proxy_cache_invalidate(s);
+  om__proxy_cache_invalidate(&s->cache);
   if (apply_settings(s, &set) != 0)
     return -1;
   apply_circuits(s);
@@ -484,14 +494,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
   s->m_budget = om_metrics_counter(
       p->metrics, "openmesh_proxy_retry_budget_exhausted_total",
       "Retries refused because the service's retry budget was spent.", labels);
-  s->m_cache_hits = om_metrics_counter(
-      p->metrics, "openmesh_proxy_policy_cache_hits_total",
-      "Calls routed by a cached decision of a traffic policy that declares "
-      "vary.",
-      labels);
-  s->m_cache_misses = om_metrics_counter(
-      p->metrics, "openmesh_proxy_policy_cache_misses_total",
-      "Calls of a traffic policy with vary that ran the policy.", labels);
+  om__proxy_cache_init(&s->cache, p->metrics, labels);
   s->m_latency = om_metrics_histogram(
       p->metrics, "openmesh_proxy_upstream_latency_seconds",
       "Upstream attempt latency to the response head.", labels, bounds,
@@ -501,7 +504,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
 static void on_queue_timer_closed(uv_handle_t *h);
 
 static void service_free(om__proxy_service_t *s) {
-  om__proxy_cache_free(s);
+  om__proxy_cache_free(&s->cache);
   om__proxy_view_unref(s->view);
   om_admission_free(s->adm);
   om_limiter_free(s->limiter);
@@ -1000,8 +1003,8 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->queued = om_admission_queued(s->adm);
   out->limit = om_admission_limit(s->adm);
   out->peers = s->view->n;
-  out->policy_cache_hits = s->cache_hits;
-  out->policy_cache_misses = s->cache_misses;
+  out->policy_cache_hits = s->cache.hits;
+  out->policy_cache_misses = s->cache.misses;
   return 0;
 }
 

@@ -25,10 +25,10 @@
 
 #include "om_backoff.h"
 #include "om_errno.h"
-#include "om_hash.h"
 #include "om_http_chars.h"
 #include "om_log.h"
 #include "om_policy.h"
+#include "om_proxy_cache.h"
 #include "om_proxy_internal.h"
 
 #define NS_PER_MS UINT64_C(1000000)
@@ -114,12 +114,6 @@ static size_t json_escape(char *out, size_t cap, const char *msg) {
   return k;
 }
 
-static const int REASON_STATUS[OM__PROXY_OUTCOME_COUNT] = {
-    [OM__PROXY_NO_PEERS] = 503, [OM__PROXY_OVERLOADED] = 503,
-    [OM__PROXY_DEADLINE] = 504, [OM__PROXY_POLICY_ERROR] = 500,
-    [OM__PROXY_ALL_OPEN] = 503, [OM__PROXY_UPSTREAM] = 502,
-};
-
 /*
  * The proxy's own error: {"reason": ..., "message": ...}. Releases req
  * (om_http_respond does, whatever it returns).
@@ -141,8 +135,8 @@ static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
   }
   if (request_id != NULL && request_id[0] != '\0')
     h[n++] = (om_http_header_t){"x-request-id", request_id, 12, 0};
-  if (om_http_respond(req, REASON_STATUS[o], h, n, body, (size_t)len) ==
-      OM_EINVAL)
+  if (om_http_respond(req, om__proxy_outcome_status(o), h, n, body,
+                      (size_t)len) == OM_EINVAL)
     om_http_response_abort(req); /* not reached: the headers are ours */
 }
 
@@ -926,139 +920,16 @@ static call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   return c;
 }
 
-/* ------------------------------------------------------------------ */
-/* the decision cache (om_proxy_internal.h) */
-
-void om__proxy_cache_invalidate(om__proxy_service_t *s) {
-  s->cache_gen++; /* slots of older generations read as empty */
-}
-
-void om__proxy_cache_free(om__proxy_service_t *s) {
-  if (s->cache == NULL)
-    return;
-  for (size_t i = 0; i < OM__PROXY_CACHE_SLOTS; i++)
-    free(s->cache[i].mem);
-  free(s->cache);
-  s->cache = NULL;
-}
-
-static void put_field(char *buf, size_t *len, const char *v, size_t vl) {
-  uint32_t n = v != NULL ? (uint32_t)vl : UINT32_MAX; /* absent != "" */
-  memcpy(buf + *len, &n, sizeof n);
-  *len += sizeof n;
-  if (v != NULL) {
-    memcpy(buf + *len, v, vl);
-    *len += vl;
-  }
-}
-
-/* The bytes of the fields a vary policy sees; 0, or -1 when too long. */
-static int vary_key(const om_policy_req_t *req, const char *const *names,
-                    size_t n, int method, int path, char *buf, size_t *len) {
-  size_t need = 0;
-  const om_policy_kv_t *kv[64];
-  if (n > sizeof kv / sizeof kv[0])
-    return -1;
-  for (size_t i = 0; i < n; i++) {
-    kv[i] = om_policy_req_header(req, names[i]);
-    need += 4 + (kv[i] != NULL ? kv[i]->value_len : 0);
-  }
-  if (method)
-    need += 4 + strlen(req->method);
-  if (path)
-    need += 4 + strlen(req->path);
-  if (need > OM__PROXY_CACHE_KEY_MAX)
-    return -1;
-  *len = 0;
-  if (method)
-    put_field(buf, len, req->method, strlen(req->method));
-  if (path)
-    put_field(buf, len, req->path, strlen(req->path));
-  for (size_t i = 0; i < n; i++)
-    put_field(buf, len, kv[i] != NULL ? kv[i]->value : NULL,
-              kv[i] != NULL ? kv[i]->value_len : 0);
-  return 0;
-}
-
-static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
-                        uint64_t hash, const char *kb, size_t kl,
-                        const uint32_t *subset, size_t n, const char *pkey,
-                        size_t pkl) {
-  size_t need = n * sizeof *subset + kl + pkl;
-  if (need > slot->cap || slot->mem == NULL) {
-    char *m = malloc(need > 0 ? need : 1);
-    if (m == NULL)
-      return; /* not cached: only slower */
-    free(slot->mem);
-    slot->mem = m;
-    slot->cap = need > 0 ? need : 1;
-  }
-  memcpy(slot->mem, subset, n * sizeof *subset);
-  memcpy(slot->mem + n * sizeof *subset, kb, kl);
-  if (pkey != NULL)
-    memcpy(slot->mem + n * sizeof *subset + kl, pkey, pkl);
-  slot->gen = gen;
-  slot->hash = hash;
-  slot->key_len = kl;
-  slot->n_subset = n;
-  slot->has_pkey = pkey != NULL;
-  slot->pkey_len = pkl;
-}
-
 /*
- * om_policy_route, through the decision cache when the policy declares
- * vary. On a hit the subset is copied to p->scratch and *key points into
- * the slot (valid until the next call, as the policy's own would be).
+ * om_policy_route, through the service's decision cache when the policy
+ * declares vary (om_proxy_cache.h).
  */
 static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
                  size_t *n_subset, const char **key, size_t *key_len, char *err,
                  size_t errlen) {
-  om_proxy_t *p = s->proxy;
-  om_policy_t *pol = om__proxy_policy(s);
-  const char *const *names;
-  size_t n_names, kl;
-  int method, path, rc;
-  char kb[OM__PROXY_CACHE_KEY_MAX];
-  uint64_t hash;
-  om__proxy_cache_slot_t *slot;
-  if (!om_policy_vary(pol, &names, &n_names, &method, &path))
-    return om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
-                           errlen);
-  if (vary_key(preq, names, n_names, method, path, kb, &kl) != 0 ||
-      (s->cache == NULL &&
-       (s->cache = calloc(OM__PROXY_CACHE_SLOTS, sizeof *s->cache)) == NULL)) {
-    s->cache_misses++; /* too long to cache (or no memory): the policy runs */
-    om_metric_inc(s->m_cache_misses);
-    return om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
-                           errlen);
-  }
-  if (s->cache_gen == 0)
-    s->cache_gen = 1;
-  hash = om_hash(kb, kl, 0);
-  slot = &s->cache[hash % OM__PROXY_CACHE_SLOTS];
-  if (slot->gen == s->cache_gen && slot->hash == hash && slot->key_len == kl &&
-      memcmp(slot->mem + slot->n_subset * sizeof(uint32_t), kb, kl) == 0) {
-    memcpy(p->scratch, slot->mem, slot->n_subset * sizeof(uint32_t));
-    *n_subset = slot->n_subset;
-    *key = slot->has_pkey
-               ? slot->mem + slot->n_subset * sizeof(uint32_t) + slot->key_len
-               : NULL;
-    *key_len = slot->pkey_len;
-    s->cache_hits++;
-    om_metric_inc(s->m_cache_hits);
-    return 0;
-  }
-  s->cache_misses++;
-  om_metric_inc(s->m_cache_misses);
-  rc = om_policy_route(pol, preq, p->scratch, n_subset, key, key_len, err,
-                       errlen);
-  /* Errors are not cached (each one is logged and counted), nor answers
-   * too big for a slot's bound. */
-  if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
-      (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
-    cache_store(slot, s->cache_gen, hash, kb, kl, p->scratch, *n_subset, *key,
-                *key != NULL ? *key_len : 0);
-  return rc;
+  return om__proxy_cache_route(&s->cache, om__proxy_policy(s), preq,
+                               s->proxy->scratch, n_subset, key, key_len, err,
+                               errlen);
 }
 
 /* The service named by Host (an optional :port ignored). */

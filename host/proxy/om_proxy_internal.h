@@ -1,7 +1,8 @@
 /*
  * om_proxy_internal.h: the structures shared by om_proxy.c (lifecycle,
  * services, snapshots, policies), om_proxy_call.c (the call path) and
- * om_proxy_admin.c (/metrics, /status, /healthz). Not a public API.
+ * om_proxy_admin.c (/metrics, /status, /healthz). The decision cache has
+ * its own interface (om_proxy_cache.h). Not a public API.
  */
 #ifndef OM_PROXY_INTERNAL_H
 #define OM_PROXY_INTERNAL_H
@@ -16,6 +17,7 @@
 #include "om_p2c.h"
 #include "om_policy_watch.h"
 #include "om_proxy.h"
+#include "om_proxy_cache.h"
 #include "om_rendezvous.h"
 #include "om_retry.h"
 #include "om_rng.h"
@@ -61,20 +63,25 @@ typedef struct om__proxy_settings_s {
   uint64_t deadline_ns, per_try_ns;
 } om__proxy_settings_t;
 
-/* How a call ended, for metrics: relayed, cut, client gone, or a reason. */
+/*
+ * How a call ended, for metrics: relayed, cut, client gone, or a reason.
+ * Each row is (name, HTTP status of the proxy's own error response, the
+ * reason string of its body and of the metric label). The first three are
+ * not refusals: status 0, no response of the proxy's own.
+ */
 #define OM__PROXY_OUTCOME_MAP(XX)                                              \
-  XX(OK, "ok")                                                                 \
-  XX(ABORTED, "aborted")                                                       \
-  XX(CLIENT_CLOSED, "client_closed")                                           \
-  XX(NO_PEERS, "no_peers")                                                     \
-  XX(OVERLOADED, "overloaded")                                                 \
-  XX(DEADLINE, "deadline_exceeded")                                            \
-  XX(POLICY_ERROR, "policy_error")                                             \
-  XX(ALL_OPEN, "all_circuits_open")                                            \
-  XX(UPSTREAM, "upstream")
+  XX(OK, 0, "ok")                                                              \
+  XX(ABORTED, 0, "aborted")                                                    \
+  XX(CLIENT_CLOSED, 0, "client_closed")                                        \
+  XX(NO_PEERS, 503, "no_peers")                                                \
+  XX(OVERLOADED, 503, "overloaded")                                            \
+  XX(DEADLINE, 504, "deadline_exceeded")                                       \
+  XX(POLICY_ERROR, 500, "policy_error")                                        \
+  XX(ALL_OPEN, 503, "all_circuits_open")                                       \
+  XX(UPSTREAM, 502, "upstream")
 
 typedef enum {
-#define OM__PROXY_OUTCOME_ENUM(name, str) OM__PROXY_##name,
+#define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
   OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_ENUM)
 #undef OM__PROXY_OUTCOME_ENUM
       OM__PROXY_OUTCOME_COUNT
@@ -82,26 +89,9 @@ typedef enum {
 
 const char *om__proxy_outcome_name(om__proxy_outcome_t o);
 
-/*
- * The decision cache, for a traffic policy that declares `vary`: such a
- * policy sees only the service and the declared fields (om_policy_vary),
- * so for one peer view and one policy version its subset and key are a
- * function of those fields, and the answer for one request serves every
- * request that agrees on them. Direct-mapped by a hash of the fields;
- * a slot is valid for one generation (bumped on every view or policy
- * change). Bounded: SLOTS entries per service, each one allocation of at
- * most KEY_MAX bytes of request fields, KEY_MAX of the policy's key and
- * SUBSET_MAX peers (a larger answer is not cached): under 24 KiB a slot.
- */
-#define OM__PROXY_CACHE_SLOTS 256
-#define OM__PROXY_CACHE_KEY_MAX 1024    /* request fields, policy key */
-#define OM__PROXY_CACHE_SUBSET_MAX 4096 /* peers in a cached subset */
-typedef struct {
-  uint64_t gen, hash; /* gen 0: empty */
-  size_t key_len, pkey_len, n_subset, cap;
-  int has_pkey;
-  char *mem; /* the subset (uint32_t), the key bytes, the policy's key */
-} om__proxy_cache_slot_t;
+/* The HTTP status of the proxy's own response for o; 0 when o is not a
+ * refusal (ok, aborted, client_closed) or out of range. */
+int om__proxy_outcome_status(om__proxy_outcome_t o);
 
 struct om__proxy_service_s {
   om_proxy_t *proxy;
@@ -120,14 +110,8 @@ struct om__proxy_service_s {
   om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
   om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
-  om__proxy_cache_slot_t *cache;     /* NULL until a vary policy needs it */
-  uint64_t cache_gen, cache_hits, cache_misses;
-  om_metric_t *m_cache_hits, *m_cache_misses;
+  om__proxy_cache_t cache;           /* the vary policy's decisions */
 };
-
-/* A view or policy change: every cached decision is void. */
-void om__proxy_cache_invalidate(om__proxy_service_t *s);
-void om__proxy_cache_free(om__proxy_service_t *s);
 
 struct om_proxy_s {
   uv_loop_t *loop;

@@ -1,0 +1,157 @@
+/*
+ * om_proxy_cache.c: the decision cache of a traffic policy that declares
+ * vary (om_proxy_cache.h). Used by om_proxy.c (create with the service,
+ * invalidate on a view or policy change, free) and om_proxy_call.c
+ * (route through it).
+ */
+#include "om_proxy_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "om_hash.h"
+
+struct om__proxy_cache_slot_s {
+  uint64_t gen, hash; /* gen 0: empty */
+  size_t key_len, pkey_len, n_subset, cap;
+  int has_pkey;
+  char *mem; /* the subset (uint32_t), the key bytes, the policy's key */
+};
+
+void om__proxy_cache_init(om__proxy_cache_t *c, om_metrics_t *metrics,
+                          const char *labels) {
+  memset(c, 0, sizeof *c);
+  c->m_hits = om_metrics_counter(
+      metrics, "openmesh_proxy_policy_cache_hits_total",
+      "Calls routed by a cached decision of a traffic policy that declares "
+      "vary.",
+      labels);
+  c->m_misses = om_metrics_counter(
+      metrics, "openmesh_proxy_policy_cache_misses_total",
+      "Calls of a traffic policy with vary that ran the policy.", labels);
+}
+
+void om__proxy_cache_invalidate(om__proxy_cache_t *c) {
+  c->gen++; /* slots of older generations read as empty */
+}
+
+void om__proxy_cache_free(om__proxy_cache_t *c) {
+  if (c->slots == NULL)
+    return;
+  for (size_t i = 0; i < OM__PROXY_CACHE_SLOTS; i++)
+    free(c->slots[i].mem);
+  free(c->slots);
+  c->slots = NULL;
+}
+
+static void put_field(char *buf, size_t *len, const char *v, size_t vl) {
+  uint32_t n = v != NULL ? (uint32_t)vl : UINT32_MAX; /* absent != "" */
+  memcpy(buf + *len, &n, sizeof n);
+  *len += sizeof n;
+  if (v != NULL) {
+    memcpy(buf + *len, v, vl);
+    *len += vl;
+  }
+}
+
+/* The bytes of the fields a vary policy sees; 0, or -1 when too long. */
+static int vary_key(const om_policy_req_t *req, const char *const *names,
+                    size_t n, int method, int path, char *buf, size_t *len) {
+  size_t need = 0;
+  const om_policy_kv_t *kv[64];
+  if (n > sizeof kv / sizeof kv[0])
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    kv[i] = om_policy_req_header(req, names[i]);
+    need += 4 + (kv[i] != NULL ? kv[i]->value_len : 0);
+  }
+  if (method)
+    need += 4 + strlen(req->method);
+  if (path)
+    need += 4 + strlen(req->path);
+  if (need > OM__PROXY_CACHE_KEY_MAX)
+    return -1;
+  *len = 0;
+  if (method)
+    put_field(buf, len, req->method, strlen(req->method));
+  if (path)
+    put_field(buf, len, req->path, strlen(req->path));
+  for (size_t i = 0; i < n; i++)
+    put_field(buf, len, kv[i] != NULL ? kv[i]->value : NULL,
+              kv[i] != NULL ? kv[i]->value_len : 0);
+  return 0;
+}
+
+static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
+                        uint64_t hash, const char *kb, size_t kl,
+                        const uint32_t *subset, size_t n, const char *pkey,
+                        size_t pkl) {
+  size_t need = n * sizeof *subset + kl + pkl;
+  if (need > slot->cap || slot->mem == NULL) {
+    char *m = malloc(need > 0 ? need : 1);
+    if (m == NULL)
+      return; /* not cached: only slower */
+    free(slot->mem);
+    slot->mem = m;
+    slot->cap = need > 0 ? need : 1;
+  }
+  memcpy(slot->mem, subset, n * sizeof *subset);
+  memcpy(slot->mem + n * sizeof *subset, kb, kl);
+  if (pkey != NULL)
+    memcpy(slot->mem + n * sizeof *subset + kl, pkey, pkl);
+  slot->gen = gen;
+  slot->hash = hash;
+  slot->key_len = kl;
+  slot->n_subset = n;
+  slot->has_pkey = pkey != NULL;
+  slot->pkey_len = pkl;
+}
+
+int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
+                          const om_policy_req_t *preq, uint32_t *scratch,
+                          size_t *n_subset, const char **key, size_t *key_len,
+                          char *err, size_t errlen) {
+  const char *const *names;
+  size_t n_names, kl;
+  int method, path, rc;
+  char kb[OM__PROXY_CACHE_KEY_MAX];
+  uint64_t hash;
+  om__proxy_cache_slot_t *slot;
+  if (!om_policy_vary(pol, &names, &n_names, &method, &path))
+    return om_policy_route(pol, preq, scratch, n_subset, key, key_len, err,
+                           errlen);
+  if (vary_key(preq, names, n_names, method, path, kb, &kl) != 0 ||
+      (c->slots == NULL &&
+       (c->slots = calloc(OM__PROXY_CACHE_SLOTS, sizeof *c->slots)) == NULL)) {
+    c->misses++; /* too long to cache (or no memory): the policy runs */
+    om_metric_inc(c->m_misses);
+    return om_policy_route(pol, preq, scratch, n_subset, key, key_len, err,
+                           errlen);
+  }
+  if (c->gen == 0)
+    c->gen = 1;
+  hash = om_hash(kb, kl, 0);
+  slot = &c->slots[hash % OM__PROXY_CACHE_SLOTS];
+  if (slot->gen == c->gen && slot->hash == hash && slot->key_len == kl &&
+      memcmp(slot->mem + slot->n_subset * sizeof(uint32_t), kb, kl) == 0) {
+    memcpy(scratch, slot->mem, slot->n_subset * sizeof(uint32_t));
+    *n_subset = slot->n_subset;
+    *key = slot->has_pkey
+               ? slot->mem + slot->n_subset * sizeof(uint32_t) + slot->key_len
+               : NULL;
+    *key_len = slot->pkey_len;
+    c->hits++;
+    om_metric_inc(c->m_hits);
+    return 0;
+  }
+  c->misses++;
+  om_metric_inc(c->m_misses);
+  rc = om_policy_route(pol, preq, scratch, n_subset, key, key_len, err, errlen);
+  /* Errors are not cached (each one is logged and counted), nor answers
+   * too big for a slot's bound. */
+  if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
+      (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
+    cache_store(slot, c->gen, hash, kb, kl, scratch, *n_subset, *key,
+                *key != NULL ? *key_len : 0);
+  return rc;
+}

@@ -1,0 +1,322 @@
+-- openmesh.contract.kinds: the examples (running them and comparing with what
+-- they expect) and the shape of each policy kind. One part of
+-- openmesh.contract (the facade, lua/openmesh/contract.lua, says what the
+-- whole does); like it, it uses only what the sandbox _ENV offers.
+
+local messages = require "openmesh.contract.messages"
+local checkers = require "openmesh.contract.checkers"
+local inputs = require "openmesh.contract.inputs"
+local answers = require "openmesh.contract.answers"
+
+local quote = messages.quote
+local show = messages.show
+local show_list = messages.show_list
+local join = messages.join
+local field_error = messages.field_error
+local same_set = messages.same_set
+local same_list = messages.same_list
+local integer_at_least = checkers.integer_at_least
+local number_above = checkers.number_above
+local boolean = checkers.boolean
+local func = checkers.func
+local text = checkers.text
+local nonempty = checkers.nonempty
+local string_or_false = checkers.string_or_false
+local one_of = checkers.one_of
+local http_url = checkers.http_url
+local env_name = checkers.env_name
+local lua_pattern = checkers.lua_pattern
+local array_of = checkers.array_of
+local vary_list = checkers.vary_list
+local map_of = checkers.map_of
+local record = checkers.record
+local req_shape = inputs.req_shape
+local peer_shape = inputs.peer_shape
+local ctx_shape = inputs.ctx_shape
+local default_peers = inputs.default_peers
+local route_names = answers.route_names
+
+local M = {}
+
+local KINDS = { "traffic", "fallback", "egress_heuristics" }
+local CONFIDENCES = { "high", "low" }
+
+---------------------------------------------------------------------------
+-- Examples: running them and comparing with what they expect
+---------------------------------------------------------------------------
+
+local function ids_of(peers)
+  local ids = {}
+  for i = 1, #peers do
+    ids[i] = peers[i].id
+  end
+  return ids
+end
+
+local function run_traffic_example(policy, ex)
+  if ex.expect ~= nil then
+    local got, err = answers.subset(policy, inputs.default_req(ex.req), default_peers(ex.peers))
+    if not got then
+      return err
+    end
+    local ids = ids_of(got)
+    if not same_set(ids, ex.expect) then
+      return ("subset returned %s, expected %s%s"):format(show_list(ids), show_list(ex.expect),
+        rawget(policy, "vary") and " (the policy declares vary: it sees only the service and those fields)" or "")
+    end
+  end
+  if ex.expect_key ~= nil then
+    local key, err = answers.key(policy, inputs.default_req(ex.req))
+    if err then
+      return err
+    end
+    local want = ex.expect_key or nil
+    if key ~= want then
+      return ("key returned %s, expected %s"):format(show(key), show(want))
+    end
+  end
+end
+
+local function run_fallback_example(policy, ex)
+  local names, err = answers.order(policy, inputs.default_ctx(ex.ctx))
+  if not names then
+    return err
+  end
+  if not same_list(names, ex.expect) then
+    return ("order returned %s, expected %s"):format(show_list(names), show_list(ex.expect))
+  end
+end
+
+local function run_egress_example(policy, ex)
+  local got, err = answers.evaluate(policy, ex.text, inputs.default_ctx(ex.ctx))
+  if not got then
+    return err
+  end
+  local want = ex.expect
+  if got.flagged ~= want.flagged then
+    return ("evaluate returned flagged = %s (checks %s), expected flagged = %s")
+      :format(tostring(got.flagged), show_list(got.checks), tostring(want.flagged))
+  end
+  if want.confidence ~= nil and got.confidence ~= want.confidence then
+    return ("evaluate returned confidence %s (checks %s), expected %s")
+      :format(show(got.confidence), show_list(got.checks), show(want.confidence))
+  end
+  if want.checks ~= nil and not same_set(got.checks, want.checks) then
+    return ("evaluate matched checks %s, expected %s"):format(show_list(got.checks), show_list(want.checks))
+  end
+end
+
+---------------------------------------------------------------------------
+-- The shapes of the three kinds
+---------------------------------------------------------------------------
+
+-- Constraints inside one traffic example that no field alone can check.
+local function traffic_example_rule(ex, path)
+  if ex.expect == nil and ex.expect_key == nil then
+    return field_error(path, "an example needs 'expect' or 'expect_key'")
+  end
+  local ids = {}
+  for i, p in ipairs(ex.peers or {}) do
+    if ids[p.id] then
+      return field_error(join(join(join(path, "peers"), i), "id"), "duplicate peer id " .. quote(p.id))
+    end
+    ids[p.id] = true
+  end
+  local seen = {}
+  for i, id in ipairs(ex.expect or {}) do
+    local where = join(join(path, "expect"), i)
+    if not ids[id] then
+      return field_error(where, ("id %s is not among the example's peers"):format(quote(id)))
+    elseif seen[id] then
+      return field_error(where, "duplicate id " .. quote(id))
+    end
+    seen[id] = true
+  end
+end
+
+local traffic_example = record({
+  { "description", text },
+  { "req", req_shape },
+  { "peers", array_of(peer_shape) },
+  { "expect", array_of(nonempty) },
+  { "expect_key", string_or_false },
+}, traffic_example_rule)
+
+local fallback_example = record {
+  { "description", text },
+  { "ctx", ctx_shape },
+  { "expect", array_of(nonempty, { min = 1 }), required = true },
+}
+
+local egress_example = record {
+  { "description", text },
+  { "text", text, required = true },
+  { "ctx", ctx_shape },
+  { "expect", record {
+    { "flagged", boolean, required = true },
+    { "confidence", one_of(CONFIDENCES) },
+    { "checks", array_of(nonempty) },
+  }, required = true },
+}
+
+local route = record {
+  { "name", nonempty, required = true },
+  { "provider", one_of { "openai", "anthropic" }, required = true },
+  { "base_url", http_url, required = true },
+  { "model", nonempty, required = true },
+  { "api_key_env", env_name },
+  { "attempt_timeout_ms", number_above(0) },
+  { "first_byte_timeout_ms", number_above(0) },
+  { "context_tokens", integer_at_least(1) },
+}
+
+local MATCHERS = { "pattern", "substrings", "check" }
+
+local function exactly_one_matcher(check, path)
+  local present = {}
+  for _, m in ipairs(MATCHERS) do
+    if rawget(check, m) ~= nil then
+      present[#present + 1] = "'" .. m .. "'"
+    end
+  end
+  if #present ~= 1 then
+    return field_error(path, ("exactly one of 'pattern', 'substrings' or 'check' expected, got %s")
+      :format(#present == 0 and "none" or table.concat(present, " and ")))
+  end
+end
+
+local check = record({
+  { "name", nonempty, required = true },
+  { "description", text },
+  { "pattern", lua_pattern },
+  { "substrings", array_of(nonempty, { min = 1 }) },
+  { "check", func },
+  { "confidence", one_of(CONFIDENCES), required = true },
+}, exactly_one_matcher)
+
+local function has_default(lines, path)
+  return nonempty(rawget(lines, "default"), join(path, "default"))
+end
+
+-- Each kind: its fields (common ones first) and how one example runs.
+local function common(examples)
+  return {
+    { "kind", one_of(KINDS), required = true },
+    { "name", nonempty },
+    { "description", text },
+    { "examples", array_of(examples) },
+  }
+end
+
+local function kind_spec(example, run, fields, rule)
+  local all = common(example)
+  for _, f in ipairs(fields) do
+    all[#all + 1] = f
+  end
+  return { shape = record(all, rule), run = run }
+end
+
+-- The quality gate of a fallback policy (opt-in per agent): the judge is
+-- one of the policy's own routes, so it gets the same timeouts and keys.
+local quality_gate = record {
+  { "agents", array_of(nonempty) },
+  { "judge_route", nonempty, required = true },
+  { "judge_timeout_ms", number_above(0) },
+}
+
+local function gate_names_a_route(policy, _path)
+  local gate = rawget(policy, "quality_gate")
+  if gate == nil then
+    return nil
+  end
+  local name = rawget(gate, "judge_route")
+  local names = route_names(policy)
+  for i = 1, #names do
+    if names[i] == name then
+      return nil
+    end
+  end
+  return field_error("quality_gate.judge_route",
+    ("unknown route %s (routes: %s)"):format(quote(name), show_list(names)))
+end
+
+-- A cooldown cap below the first period would make the cap a lie.
+local function cooldown_cap_covers_period(policy, _path)
+  local base, cap = rawget(policy, "cooldown_ms"), rawget(policy, "cooldown_max_ms")
+  base = base or 2000
+  cap = cap or 60000
+  if cap < base then
+    return field_error("cooldown_max_ms",
+      ("%s is below cooldown_ms (%s)"):format(show(cap), show(base)))
+  end
+  return nil
+end
+
+local function fallback_rule(policy, path)
+  return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
+end
+
+local KIND_SPECS = {
+  traffic = kind_spec(traffic_example, run_traffic_example, {
+    { "subset", func, required = true },
+    { "key", func },
+    { "max_inflight", integer_at_least(1) },
+    { "max_queue", integer_at_least(0) },
+    { "adaptive", boolean },
+    { "deadline_ms", number_above(0) },
+    { "per_try_timeout_ms", number_above(0) },
+    { "retries", integer_at_least(0) },
+    { "retry_non_idempotent", boolean },
+    { "retry_429", boolean },
+    { "vary", vary_list },
+    { "circuit", record({
+      { "failures", integer_at_least(1) },
+      { "cooldown_ms", number_above(0) },
+      { "max_cooldown_ms", number_above(0) },
+    }, function(v, path)
+      local cd, max = rawget(v, "cooldown_ms"), rawget(v, "max_cooldown_ms")
+      if cd and max and max < cd then
+        return field_error(join(path, "max_cooldown_ms"),
+          ("must be >= cooldown_ms (%s), got %s"):format(show(cd), show(max)))
+      end
+    end) },
+  }),
+  fallback = kind_spec(fallback_example, run_fallback_example, {
+    { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
+    { "order", func },
+    { "max_attempts", integer_at_least(1) },
+    { "per_wait_ceiling_ms", number_above(0) },
+    { "deadline_ms", number_above(0) },
+    { "backoff_base_ms", number_above(0) },
+    { "backoff_cap_ms", number_above(0) },
+    -- Layer C: an async turn that failed is retried every interval until
+    -- it is this old; an interactive one keeps trying for commitment_ms
+    -- after its holding line.
+    { "pending_retry_interval_ms", number_above(0) },
+    { "pending_max_age_ms", number_above(0) },
+    { "commitment_ms", number_above(0) },
+    -- Route cooldown: after this many consecutive health failures a route
+    -- is skipped for cooldown_ms, doubling per repeat up to cooldown_max_ms
+    -- (defaults 3, 2000, 60000: one outage should not cost every turn its
+    -- first attempt, and a recovered route should be back within a minute).
+    { "cooldown_after_failures", integer_at_least(1) },
+    { "cooldown_ms", number_above(0) },
+    { "cooldown_max_ms", number_above(0) },
+    { "quality_gate", quality_gate },
+  }, fallback_rule),
+  egress_heuristics = kind_spec(egress_example, run_egress_example, {
+    { "checks", array_of(check, { unique = "name", what = "check name" }), required = true },
+    { "holding_lines", function(v, path)
+      return map_of(nonempty)(v, path) or has_default(v, path)
+    end, required = true },
+    { "handoff", map_of(nonempty) },
+    -- what the user is told when the gateway hands the conversation off
+    { "handoff_lines", map_of(nonempty) },
+  }),
+}
+
+-- What the other parts use.
+M.KINDS = KINDS
+M.KIND_SPECS = KIND_SPECS
+
+return M
