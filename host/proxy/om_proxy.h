@@ -1,6 +1,6 @@
 /*
  * om_proxy.h: the data plane's call path (`openmesh proxy`), on one libuv
- * loop. DESIGN.md "The call path", docs/PROXY.md.
+ * loop. docs/ARCHITECTURE.md "A proxied request", docs/PROXY.md.
  *
  *   request -> service from Host (port ignored)
  *     -> traffic policy narrows the subset (and may give a key; else the

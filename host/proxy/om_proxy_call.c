@@ -1,5 +1,6 @@
 /*
- * om_proxy_call.c: one call through the proxy (DESIGN.md "The call path").
+ * om_proxy_call.c: one call through the proxy (docs/ARCHITECTURE.md "A proxied
+ * request").
  *
  * The handler routes first (service from Host, then the traffic policy)
  * and refuses what it can without allocating: an unknown service, a
@@ -302,11 +303,11 @@ static int has_candidate(const call_t *c, uint64_t now) {
 
 /*
  * May the failed attempt be retried, and after how long? Every gate of
- * DESIGN.md in turn: attempts left, a replayable body, the method (or
- * Idempotency-Key, or the policy's opt-in) with a retryable outcome, a
- * Retry-After that fits, room in the deadline for a useful attempt after
- * the wait, a peer left in the subset, and last the retry budget (spent
- * only when everything else said yes).
+ * the call path in turn (docs/PROXY.md): attempts left, a replayable body, the
+ * method (or Idempotency-Key, or the policy's opt-in) with a retryable outcome,
+ * a Retry-After that fits, room in the deadline for a useful attempt after the
+ * wait, a peer left in the subset, and last the retry budget (spent only when
+ * everything else said yes).
  */
 static int decide_retry(call_t *c, int status, om_retry_error_t err, int has_ra,
                         uint64_t ra_ns, uint64_t now, uint64_t *wait_out) {
