@@ -152,7 +152,7 @@ int om_http1_head_parse(om_http1_head_t *h, const char *buf, size_t len) {
       size_t k = h->pos;
       if (ch == '\n')
         return head_fail(h, OM_HTTP1_E_BARE_LF);
-      if (k < 7 ? ch != (unsigned char)v[k]
+      if (k < 7    ? ch != (unsigned char)v[k]
           : k == 7 ? (ch != '0' && ch != '1')
                    : ch != ' ')
         return head_fail(h, OM_HTTP1_E_STATUS_VERSION);
@@ -304,6 +304,134 @@ int om_http1_head_parse(om_http1_head_t *h, const char *buf, size_t len) {
 }
 
 /* ------------------------------------------------------------------ */
+/* reason phrases */
+
+const char *om_http1_reason_phrase(int status) {
+  switch (status) {
+  case 100:
+    return "Continue";
+  case 101:
+    return "Switching Protocols";
+  case 102:
+    return "Processing";
+  case 200:
+    return "OK";
+  case 201:
+    return "Created";
+  case 202:
+    return "Accepted";
+  case 203:
+    return "Non-Authoritative Information";
+  case 204:
+    return "No Content";
+  case 205:
+    return "Reset Content";
+  case 206:
+    return "Partial Content";
+  case 207:
+    return "Multi-Status";
+  case 208:
+    return "Already Reported";
+  case 226:
+    return "IM Used";
+  case 300:
+    return "Multiple Choices";
+  case 301:
+    return "Moved Permanently";
+  case 302:
+    return "Found";
+  case 303:
+    return "See Other";
+  case 304:
+    return "Not Modified";
+  case 305:
+    return "Use Proxy";
+  case 307:
+    return "Temporary Redirect";
+  case 308:
+    return "Permanent Redirect";
+  case 400:
+    return "Bad Request";
+  case 401:
+    return "Unauthorized";
+  case 402:
+    return "Payment Required";
+  case 403:
+    return "Forbidden";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 406:
+    return "Not Acceptable";
+  case 407:
+    return "Proxy Authentication Required";
+  case 408:
+    return "Request Timeout";
+  case 409:
+    return "Conflict";
+  case 410:
+    return "Gone";
+  case 411:
+    return "Length Required";
+  case 412:
+    return "Precondition Failed";
+  case 413:
+    return "Payload Too Large";
+  case 414:
+    return "URI Too Long";
+  case 415:
+    return "Unsupported Media Type";
+  case 416:
+    return "Range Not Satisfiable";
+  case 417:
+    return "Expectation Failed";
+  case 421:
+    return "Misdirected Request";
+  case 422:
+    return "Unprocessable Entity";
+  case 423:
+    return "Locked";
+  case 424:
+    return "Failed Dependency";
+  case 426:
+    return "Upgrade Required";
+  case 428:
+    return "Precondition Required";
+  case 429:
+    return "Too Many Requests";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 451:
+    return "Unavailable For Legal Reasons";
+  case 500:
+    return "Internal Server Error";
+  case 501:
+    return "Not Implemented";
+  case 502:
+    return "Bad Gateway";
+  case 503:
+    return "Service Unavailable";
+  case 504:
+    return "Gateway Timeout";
+  case 505:
+    return "HTTP Version Not Supported";
+  case 506:
+    return "Variant Also Negotiates";
+  case 507:
+    return "Insufficient Storage";
+  case 508:
+    return "Loop Detected";
+  case 510:
+    return "Not Extended";
+  case 511:
+    return "Network Authentication Required";
+  default:
+    return "";
+  }
+}
+
+/* ------------------------------------------------------------------ */
 /* methods */
 
 int om_http1_method_known(const char *m, size_t n) {
@@ -311,13 +439,13 @@ int om_http1_method_known(const char *m, size_t n) {
    * 5842, 4791), UPnP (M-SEARCH, NOTIFY, SUBSCRIBE, UNSUBSCRIBE), PATCH,
    * PURGE, LINK, UNLINK, SOURCE */
   static const char *const known[] = {
-      "DELETE",    "GET",        "HEAD",     "POST",       "PUT",
-      "CONNECT",   "OPTIONS",    "TRACE",    "COPY",       "LOCK",
-      "MKCOL",     "MOVE",       "PROPFIND", "PROPPATCH",  "SEARCH",
-      "UNLOCK",    "BIND",       "REBIND",   "UNBIND",     "ACL",
-      "REPORT",    "MKACTIVITY", "CHECKOUT", "MERGE",      "M-SEARCH",
-      "NOTIFY",    "SUBSCRIBE",  "UNSUBSCRIBE", "PATCH",   "PURGE",
-      "MKCALENDAR", "LINK",      "UNLINK",   "SOURCE"};
+      "DELETE",     "GET",        "HEAD",        "POST",      "PUT",
+      "CONNECT",    "OPTIONS",    "TRACE",       "COPY",      "LOCK",
+      "MKCOL",      "MOVE",       "PROPFIND",    "PROPPATCH", "SEARCH",
+      "UNLOCK",     "BIND",       "REBIND",      "UNBIND",    "ACL",
+      "REPORT",     "MKACTIVITY", "CHECKOUT",    "MERGE",     "M-SEARCH",
+      "NOTIFY",     "SUBSCRIBE",  "UNSUBSCRIBE", "PATCH",     "PURGE",
+      "MKCALENDAR", "LINK",       "UNLINK",      "SOURCE"};
   size_t i;
   for (i = 0; i < sizeof known / sizeof known[0]; i++)
     if (strlen(known[i]) == n && memcmp(known[i], m, n) == 0)
@@ -562,9 +690,8 @@ static int tcl_byte(om_http1_chunked_t *d, unsigned ch) {
     if (ch == ':') {
       d->tcl = d->tcl_val == 14 ? TCL_LEAD : TCL_OFF;
       d->tcl_val = 0;
-    } else if (d->tcl_val < 14 &&
-               ((ch - 'A' < 26u) ? (ch | 0x20) : ch) ==
-                   (unsigned char)name[d->tcl_val]) {
+    } else if (d->tcl_val < 14 && ((ch - 'A' < 26u) ? (ch | 0x20) : ch) ==
+                                      (unsigned char)name[d->tcl_val]) {
       d->tcl_val++;
     } else {
       d->tcl = TCL_OFF;
@@ -608,8 +735,7 @@ static int dec_fail(om_http1_chunked_t *d, om_http1_err_t err, size_t at,
 }
 
 int om_http1_chunked_decode(om_http1_chunked_t *d, const char *p, size_t n,
-                            size_t *used, const char **data,
-                            size_t *data_len) {
+                            size_t *used, const char **data, size_t *data_len) {
   size_t i = 0;
   *data = NULL;
   *data_len = 0;

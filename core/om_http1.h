@@ -138,16 +138,16 @@ typedef struct om_http1_head_s {
   size_t max_fields; /* beyond it TOO_MANY_FIELDS */
   size_t max_bytes;  /* head bytes allowed (leading empty lines count) */
   /* results */
-  int kind;        /* OM_HTTP1_REQUEST or OM_HTTP1_RESPONSE */
-  size_t pos;      /* bytes taken; on DONE the head's length */
-  size_t n_fields; /* field lines recorded in fields */
-  size_t line_start;        /* request-line or status-line start */
-  size_t method_len;        /* request: method at line_start */
+  int kind;          /* OM_HTTP1_REQUEST or OM_HTTP1_RESPONSE */
+  size_t pos;        /* bytes taken; on DONE the head's length */
+  size_t n_fields;   /* field lines recorded in fields */
+  size_t line_start; /* request-line or status-line start */
+  size_t method_len; /* request: method at line_start */
   size_t target_off, target_len;
-  int major, minor;         /* request: DIGIT.DIGIT; response: 1.0 or 1.1 */
-  int status;               /* response */
+  int major, minor; /* request: DIGIT.DIGIT; response: 1.0 or 1.1 */
+  int status;       /* response */
   size_t reason_off, reason_len; /* response: the reason phrase, maybe "" */
-  om_http1_err_t err;       /* on ERROR */
+  om_http1_err_t err;            /* on ERROR */
   /* private */
   int st;
   size_t name_start, name_end, value_start, value_end;
@@ -160,8 +160,7 @@ typedef struct om_http1_head_s {
  * max_bytes of head. Never fails.
  */
 void om_http1_head_init(om_http1_head_t *h, int kind, om_http1_field_t *fields,
-                        size_t fields_cap, size_t max_fields,
-                        size_t max_bytes);
+                        size_t fields_cap, size_t max_fields, size_t max_bytes);
 
 /*
  * om_http1_head_parse: go on scanning b[0, len) (the head so far, from
@@ -188,6 +187,11 @@ int om_http1_head_past_method(const om_http1_head_t *h);
  * Methods are case-sensitive. */
 int om_http1_method_known(const char *m, size_t n);
 
+/* The reason phrase a response with this status carries ("Not Found"):
+ * the IANA registry's names (RFC 9110 15), "" for a status without one.
+ * Static, never NULL. */
+const char *om_http1_reason_phrase(int status);
+
 /*
  * The framing decision (RFC 9112 6.1-6.3), field by field, in arrival
  * order, then once at the end. Requests and responses differ only where
@@ -198,11 +202,11 @@ int om_http1_method_known(const char *m, size_t n);
  * direction's documented answers.
  */
 typedef struct {
-  int kind;             /* OM_HTTP1_REQUEST or OM_HTTP1_RESPONSE */
-  unsigned n_cl, n_te;  /* Content-Length and Transfer-Encoding fields */
-  uint64_t cl;          /* the Content-Length (saturated) */
+  int kind;            /* OM_HTTP1_REQUEST or OM_HTTP1_RESPONSE */
+  unsigned n_cl, n_te; /* Content-Length and Transfer-Encoding fields */
+  uint64_t cl;         /* the Content-Length (saturated) */
   /* the Transfer-Encoding list, over every field (RFC 9110 5.3) */
-  unsigned te_codings;  /* codings in it */
+  unsigned te_codings; /* codings in it */
   int te_chunked, te_last_chunked, te_unknown, te_bad;
 } om_http1_framing_t;
 
@@ -236,8 +240,7 @@ enum {
  * TE_UNSUPPORTED, TE_HTTP10).
  */
 om_http1_err_t om_http1_framing_end(const om_http1_framing_t *f, int minor,
-                                    int status, int request_is_head,
-                                    int *body);
+                                    int status, int request_is_head, int *body);
 
 /*
  * The chunked decoder (RFC 9112 7.1): chunk-size, chunk-ext (7.1.1),
@@ -248,13 +251,13 @@ om_http1_err_t om_http1_framing_end(const om_http1_framing_t *f, int minor,
  */
 typedef struct om_http1_chunked_s {
   /* limits, set by the caller after om_http1_chunked_init */
-  uint64_t max_body;        /* decoded bytes; beyond it CHUNK_TOO_LARGE */
-  size_t max_line;          /* chunk-size + chunk-ext + CRLF bytes */
-  size_t max_overhead;      /* framing bytes in all; 0: no limit */
-  size_t max_trailer_bytes; /* trailer section bytes (not its last LF) */
+  uint64_t max_body;         /* decoded bytes; beyond it CHUNK_TOO_LARGE */
+  size_t max_line;           /* chunk-size + chunk-ext + CRLF bytes */
+  size_t max_overhead;       /* framing bytes in all; 0: no limit */
+  size_t max_trailer_bytes;  /* trailer section bytes (not its last LF) */
   size_t max_trailer_fields; /* 0: no limit */
   /* results */
-  uint64_t body;     /* decoded bytes so far */
+  uint64_t body;      /* decoded bytes so far */
   om_http1_err_t err; /* on ERROR */
   /* private */
   int st, tcl;
@@ -281,7 +284,6 @@ void om_http1_chunked_init(om_http1_chunked_t *d, uint64_t max_body,
  * After DONE or ERROR further calls return the same and take nothing.
  */
 int om_http1_chunked_decode(om_http1_chunked_t *d, const char *p, size_t n,
-                            size_t *used, const char **data,
-                            size_t *data_len);
+                            size_t *used, const char **data, size_t *data_len);
 
 #endif /* OM_HTTP1_H */

@@ -2,13 +2,15 @@
  * om_http_server.c: HTTP/1.1 server on libuv (see om_http_server.h).
  *
  * Reading a request, per connection:
- *   raw bytes -> scan_head (our strict RFC 9112 scanner: finds the end of
- *   the header section, enforces the limits, records every field) ->
- *   check_semantics (version, method, target, Host, Content-Length,
- *   Transfer-Encoding, Expect) -> http-parser over the same bytes must
- *   agree (hx_* callbacks) -> body: decode (our strict chunked / length
- *   decoder) with http-parser fed the very same bytes in lockstep -> a
- *   complete request is queued; the queue is dispatched one at a time.
+ *   raw bytes -> scan_head (om_http1_head_parse, core/om_http1.c: the
+ *   strict RFC 9112 head parser finds the end of the header section,
+ *   enforces the limits, records every field) -> check_semantics
+ *   (version, method, target, Host, Content-Length / Transfer-Encoding
+ *   through om_http1_framing_*, Expect) -> body: decode (a length count,
+ *   or om_http1_chunked_decode handing back spans) -> a complete request
+ *   is queued; the queue is dispatched one at a time. Every message is
+ *   parsed once; http-parser is a differential oracle in the tests
+ *   (tests/test_http1_fuzz.c), not a second runtime parse.
  * After any rejection the connection is "dead": nothing more is parsed,
  * bytes are read and dropped (so the peer sees our answer, not a reset),
  * the error answer is sent once the responses before it have ended, and
@@ -26,11 +28,9 @@
 #include <string.h>
 #include <time.h>
 
-#include <http_parser.h>
-
 #include "om_errno.h"
+#include "om_http1.h"
 #include "om_http_chars.h"
-#include "om_http_detab.h"
 #include "om_log.h"
 
 /* ------------------------------------------------------------------ */
@@ -47,9 +47,6 @@
 #define DEF_MAX_CONNECTIONS 10000u
 #define DEF_MAX_PIPELINED 16u
 
-/* longer than any method http-parser knows (UNSUBSCRIBE, 11) */
-#define METHOD_MAX 16u
-#define CHUNK_LINE_MAX 4096u /* chunk-size + chunk-ext bytes in one line */
 /* framing bytes allowed in one chunked body */
 #define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
 #define LINGER_MS 2000u        /* RFC 9112 9.6: read after our FIN this long */
@@ -88,84 +85,13 @@ int om_http_reject_status(om_http_reject_t reason) {
 /* ------------------------------------------------------------------ */
 /* types */
 
-/* Offsets of one field line, relative to the start of the request. */
+/* The body being read: a Content-Length count, or the chunked decoder
+ * (core/om_http1.c). */
 typedef struct {
-  uint32_t name_off, name_len, value_off, value_len;
-} field_t;
-
-/* Header-section scanner states (RFC 9112 2.1, 3, 5). */
-enum {
-  S_START, /* before the request line; empty lines allowed (2.2) */
-  S_START_LF,
-  S_METHOD,
-  S_TARGET0,
-  S_TARGET,
-  S_VERSION,
-  S_RL_LF,
-  S_FIELD_START,
-  S_NAME,
-  S_OWS,
-  S_VALUE,
-  S_FIELD_LF,
-  S_END_LF
-};
-
-typedef struct {
-  int st;
-  size_t pos; /* next byte to scan, relative to the request start */
-  size_t rl_start, method_end, target_start, target_end, version_start;
-  size_t name_start, name_end, value_start, value_end;
-  size_t n_fields;
-} scan_t;
-
-/* Body decoder states (RFC 9112 6.2 and 7.1). */
-enum {
-  D_FIXED,
-  D_SIZE0,
-  D_SIZE,
-  D_SIZE_WS,
-  D_EXT_NAME0,
-  D_EXT_NAME,
-  D_EXT_NAME_WS,
-  D_EXT_VAL0,
-  D_EXT_TOKEN,
-  D_EXT_QS,
-  D_EXT_QP,
-  D_EXT_AFTER_QS,
-  D_EXT_VAL_WS,
-  D_SIZE_LF,
-  D_DATA,
-  D_DATA_CR,
-  D_DATA_LF,
-  D_TR_START,
-  D_TR_NAME,
-  D_TR_VALUE,
-  D_TR_LF,
-  D_END_LF
-};
-
-typedef struct {
-  int st;
-  uint64_t left; /* bytes left in the current chunk or the fixed body */
-  uint64_t size; /* chunk-size being read */
-  size_t line;   /* bytes of the current chunk line */
-  size_t tr_bytes, tr_fields;
-  size_t seen;     /* raw body bytes consumed */
-  size_t overhead; /* chunk lines and trailers: framing, not data */
+  int chunked;
+  uint64_t left; /* Content-Length bytes still to come */
+  om_http1_chunked_t ch;
 } dec_t;
-
-/* What http-parser saw, for the cross-check. */
-enum { HX_NONE, HX_URL, HX_FIELD, HX_VALUE };
-
-typedef struct {
-  const char *base; /* request start in the connection buffer */
-  int last, mismatch, in_body, headers_done, done, have_field;
-  size_t url_off, url_len, nf, f_off, f_len, v_off, v_len;
-  const char *copy;          /* the slice hx_execute is feeding, HTAB as SP */
-  size_t copy_len, copy_off; /* its length, and its offset from base */
-  unsigned flags, method, major, minor;
-  uint64_t cl, body;
-} hx_t;
 
 typedef struct om_http_conn_s conn_t;
 
@@ -212,14 +138,12 @@ struct om_http_conn_s {
   int handles;
   char *in;
   size_t in_off, in_len, in_cap;
-  scan_t sc;
-  field_t *fields;
+  om_http1_head_t sc; /* the header section being read */
+  om_http1_field_t *fields;
   size_t fields_cap;
   int ps;
   req_t *cur; /* request whose body is being read */
   dec_t dec;
-  http_parser hp;
-  hx_t hx;
   req_t *q_head, *q_tail;
   size_t q_len;
   req_t *active; /* dispatched, response not ended */
@@ -546,8 +470,7 @@ static void sb_u64(sb_t *b, uint64_t v) {
 }
 
 static const char *reason_phrase(int status) {
-  const char *r = http_status_str((enum http_status)status);
-  return (r == NULL || r[0] == '<') ? "" : r;
+  return om_http1_reason_phrase(status);
 }
 
 /* ------------------------------------------------------------------ */
@@ -817,211 +740,100 @@ static void send_error(conn_t *c) {
 /* ------------------------------------------------------------------ */
 /* the header-section scanner (RFC 9112 2-5) */
 
-static int scan_add_field(conn_t *c) {
-  scan_t *s = &c->sc;
-  field_t *f;
-  if (s->n_fields >= c->srv->o.max_headers)
-    return -1;
-  if (s->n_fields == c->fields_cap) {
-    size_t cap = c->fields_cap ? c->fields_cap * 2 : 16;
-    field_t *nf;
-    if (cap > c->srv->o.max_headers)
-      cap = c->srv->o.max_headers;
-    nf = realloc(c->fields, cap * sizeof *nf);
-    if (nf == NULL)
-      return -2;
-    c->fields = nf;
-    c->fields_cap = cap;
+/* The answer to a refusal of the framing module. */
+static om_http_reject_t reject_of(om_http1_err_t e) {
+  switch (e) {
+  case OM_HTTP1_E_REQUEST_LINE:
+    return OM_HTTP_REJECT_BAD_REQUEST_LINE;
+  case OM_HTTP1_E_METHOD_TOO_LONG:
+    return OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
+  case OM_HTTP1_E_TARGET_BYTE:
+    return OM_HTTP_REJECT_BAD_TARGET;
+  case OM_HTTP1_E_TARGET_TOO_LONG:
+    return OM_HTTP_REJECT_TARGET_TOO_LONG;
+  case OM_HTTP1_E_BARE_LF:
+  case OM_HTTP1_E_WS_BEFORE_FIRST_FIELD:
+  case OM_HTTP1_E_NAME_NOT_TOKEN:
+  case OM_HTTP1_E_WS_BEFORE_COLON:
+  case OM_HTTP1_E_VALUE_CTL:
+  case OM_HTTP1_E_VALUE_BARE_CR:
+  case OM_HTTP1_E_END_BARE_CR:
+  case OM_HTTP1_E_TRAILER_FIELD:
+  case OM_HTTP1_E_TRAILER_BARE_LF:
+    return OM_HTTP_REJECT_BAD_HEADER;
+  case OM_HTTP1_E_OBS_FOLD:
+  case OM_HTTP1_E_TRAILER_OBS_FOLD:
+    return OM_HTTP_REJECT_OBS_FOLD;
+  case OM_HTTP1_E_TOO_MANY_FIELDS:
+  case OM_HTTP1_E_HEAD_TOO_LARGE:
+  case OM_HTTP1_E_TRAILER_TOO_LARGE:
+  case OM_HTTP1_E_TRAILER_TOO_MANY:
+    return OM_HTTP_REJECT_HEADERS_TOO_LARGE;
+  case OM_HTTP1_E_CL_INVALID:
+  case OM_HTTP1_E_CL_REPEATED:
+  case OM_HTTP1_E_TRAILER_CONTENT_LENGTH:
+    return OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
+  case OM_HTTP1_E_CL_AND_TE:
+    return OM_HTTP_REJECT_CONTENT_LENGTH_AND_TRANSFER_ENCODING;
+  case OM_HTTP1_E_TE_BAD:
+  case OM_HTTP1_E_TE_REPEATED:
+  case OM_HTTP1_E_TE_NOT_CHUNKED:
+  case OM_HTTP1_E_TE_HTTP10:
+    return OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
+  case OM_HTTP1_E_TE_UNSUPPORTED:
+    return OM_HTTP_REJECT_UNSUPPORTED_TRANSFER_CODING;
+  case OM_HTTP1_E_CHUNK_TOO_LARGE:
+    return OM_HTTP_REJECT_BODY_TOO_LARGE;
+  case OM_HTTP1_E_CHUNK_SIZE:
+  case OM_HTTP1_E_CHUNK_EXT:
+  case OM_HTTP1_E_CHUNK_BARE_CR:
+  case OM_HTTP1_E_CHUNK_BARE_LF:
+  case OM_HTTP1_E_CHUNK_LINE_TOO_LONG:
+  case OM_HTTP1_E_CHUNK_DATA_CRLF:
+  case OM_HTTP1_E_CHUNK_OVERHEAD:
+  case OM_HTTP1_E_CHUNK_END:
+    return OM_HTTP_REJECT_BAD_CHUNK;
+  default: /* status-line errors: a request has none */
+    return OM_HTTP_REJECT_BAD_REQUEST;
   }
-  f = &c->fields[s->n_fields++];
-  f->name_off = (uint32_t)s->name_start;
-  f->name_len = (uint32_t)(s->name_end - s->name_start);
-  f->value_off = (uint32_t)s->value_start;
-  f->value_len = (uint32_t)(s->value_end - s->value_start);
-  return 0;
+}
+
+/* A fresh header-section parser for the next request on c. */
+static void scan_reset(conn_t *c) {
+  om_http1_head_init(&c->sc, OM_HTTP1_REQUEST, c->fields, c->fields_cap,
+                     c->srv->o.max_headers, c->srv->o.max_header_bytes);
 }
 
 enum { SCAN_MORE = 0, SCAN_DONE = 1, SCAN_ERROR = -1, SCAN_NOMEM = -2 };
 
 /*
- * Scan b[0..len) (the request so far) from where the last call stopped.
- * SCAN_DONE with s->pos = the header section's length, SCAN_MORE, or
+ * Scan b[0..len) (the request so far) from where the last call stopped,
+ * growing the field array on demand (up to max_headers). SCAN_DONE with
+ * c->sc.pos = the header section's length, SCAN_MORE, SCAN_NOMEM, or
  * SCAN_ERROR with *why.
  */
-static int scan_head(conn_t *c, const unsigned char *b, size_t len,
+static int scan_head(conn_t *c, const char *b, size_t len,
                      om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  size_t max = c->srv->o.max_header_bytes;
-  for (; s->pos < len; s->pos++) {
-    unsigned ch = b[s->pos];
-    if (s->pos >= max) {
-      *why = s->st == S_TARGET ? OM_HTTP_REJECT_TARGET_TOO_LONG
-                               : OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-      return SCAN_ERROR;
-    }
-    switch (s->st) {
-    case S_START:
-      /* RFC 9112 2.2: a server SHOULD ignore at least one empty line
-       * (CRLF) before the request-line; a bare LF is not a line end. */
-      if (ch == '\r') {
-        s->st = S_START_LF;
-      } else if (om__http_is_tchar(ch)) {
-        s->rl_start = s->pos;
-        s->st = S_METHOD;
-      } else {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_START_LF:
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      s->st = S_START;
-      break;
-    case S_METHOD: /* method = token (RFC 9112 3.1) */
-      if (ch == ' ') {
-        s->method_end = s->pos;
-        s->st = S_TARGET0;
-      } else if (!om__http_is_tchar(ch)) {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      } else if (s->pos - s->rl_start >= METHOD_MAX) {
-        /* RFC 9112 3: a method longer than any implemented SHOULD get
-         * 501, at once rather than 431 once the limit is reached */
-        *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_TARGET0: /* exactly one SP between the parts (RFC 9112 3) */
-      if (ch == ' ' || ch == '\r' || ch == '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      if (ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_TARGET;
-        return SCAN_ERROR;
-      }
-      s->target_start = s->pos;
-      s->st = S_TARGET;
-      break;
-    case S_TARGET:
-      if (ch == ' ') {
-        s->target_end = s->pos;
-        s->version_start = s->pos + 1;
-        s->st = S_VERSION;
-      } else if (ch == '\r' || ch == '\n') {
-        /* HTTP/0.9 simple request or a missing version */
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      } else if (ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_TARGET;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_VERSION: { /* HTTP-version = "HTTP/" DIGIT "." DIGIT (2.3) */
-      size_t k = s->pos - s->version_start;
-      if (ch == '\r') {
-        const unsigned char *v = b + s->version_start;
-        if (k != 8 || memcmp(v, "HTTP/", 5) != 0 || !om__http_is_digit(v[5]) ||
-            v[6] != '.' || !om__http_is_digit(v[7])) {
-          *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-          return SCAN_ERROR;
-        }
-        s->st = S_RL_LF;
-      } else if (k >= 8 || ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      break;
-    }
-    case S_RL_LF: /* a bare CR is invalid (RFC 9112 2.2) */
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      s->st = S_FIELD_START;
-      break;
-    case S_FIELD_START:
-      if (ch == '\r') {
-        s->st = S_END_LF;
-      } else if (om__http_is_tchar(ch)) {
-        s->name_start = s->pos;
-        s->st = S_NAME;
-      } else if (om__http_is_ows(ch)) {
-        /* RFC 9112 5.2: obs-fold MUST be rejected by a server; RFC 9112
-         * 2.2: whitespace before the first field line too. */
-        *why = s->n_fields > 0 ? OM_HTTP_REJECT_OBS_FOLD
-                               : OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      } else {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_NAME:
-      if (ch == ':') {
-        s->name_end = s->pos;
-        s->st = S_OWS;
-      } else if (!om__http_is_tchar(ch)) {
-        /* RFC 9112 5.1: no whitespace between name and colon */
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_OWS:
-      if (ch == '\r') {
-        s->value_start = s->value_end = s->pos;
-        s->st = S_FIELD_LF;
-      } else if (om__http_is_fvchar(ch)) {
-        s->value_start = s->pos;
-        s->value_end = s->pos + 1;
-        s->st = S_VALUE;
-      } else if (!om__http_is_ows(ch)) {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_VALUE: /* RFC 9110 5.5: no CTL (but HTAB), NUL, DEL, bare CR/LF */
-      if (om__http_is_fvchar(ch)) {
-        s->value_end = s->pos + 1;
-      } else if (ch == '\r') {
-        s->st = S_FIELD_LF;
-      } else if (!om__http_is_ows(ch)) {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_FIELD_LF: {
-      int rc;
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      rc = scan_add_field(c);
-      if (rc == -2)
+  for (;;) {
+    int rc = om_http1_head_parse(&c->sc, b, len);
+    if (rc == OM_HTTP1_GROW) {
+      size_t cap = c->fields_cap ? c->fields_cap * 2 : 16;
+      om_http1_field_t *nf;
+      if (cap > c->srv->o.max_headers)
+        cap = c->srv->o.max_headers;
+      nf = realloc(c->fields, cap * sizeof *nf);
+      if (nf == NULL)
         return SCAN_NOMEM;
-      if (rc != 0) {
-        *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-        return SCAN_ERROR;
-      }
-      s->st = S_FIELD_START;
-      break;
+      c->fields = c->sc.fields = nf;
+      c->fields_cap = c->sc.fields_cap = cap;
+      continue;
     }
-    case S_END_LF:
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      s->pos++;
-      return SCAN_DONE;
-    default:
-      *why = OM_HTTP_REJECT_BAD_REQUEST;
+    if (rc == OM_HTTP1_ERROR) {
+      *why = reject_of(c->sc.err);
       return SCAN_ERROR;
     }
+    return rc == OM_HTTP1_DONE ? SCAN_DONE : SCAN_MORE;
   }
-  return SCAN_MORE;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1154,95 +966,10 @@ static int parse_target(const char *m, size_t ml, const char *t, size_t n,
 /* ------------------------------------------------------------------ */
 /* field semantics */
 
-/* A transfer-coding list, accumulated over every Transfer-Encoding line
- * (RFC 9110 5.3: lines combine into one list). */
-typedef struct {
-  int n, chunked, last_chunked, unknown, bad;
-} te_t;
-
 static size_t skip_ows(const char *v, size_t n, size_t i) {
   while (i < n && om__http_is_ows((unsigned char)v[i]))
     i++;
   return i;
-}
-
-static size_t skip_token(const char *v, size_t n, size_t i) {
-  while (i < n && om__http_is_tchar((unsigned char)v[i]))
-    i++;
-  return i;
-}
-
-/* transfer-coding = token *( OWS ";" OWS transfer-parameter )
- * transfer-parameter = token BWS "=" BWS ( token / quoted-string ) */
-static void te_parse(te_t *te, const char *v, size_t n) {
-  size_t i = 0;
-  for (;;) {
-    size_t ts, te_end;
-    int params = 0;
-    i = skip_ows(v, n, i);
-    ts = i;
-    i = skip_token(v, n, i);
-    te_end = i;
-    if (te_end == ts) {
-      /* An empty element or junk. RFC 9110 5.6.1 lets recipients skip
-       * empty elements, but http-parser refuses ", chunked" and for the
-       * framing header the safe reading is the strict one. */
-      te->bad = 1;
-      return;
-    }
-    for (;;) {
-      i = skip_ows(v, n, i);
-      if (i >= n || v[i] != ';')
-        break;
-      i = skip_ows(v, n, i + 1);
-      if (skip_token(v, n, i) == i) {
-        te->bad = 1;
-        return;
-      }
-      i = skip_ows(v, n, skip_token(v, n, i));
-      if (i >= n || v[i] != '=') {
-        te->bad = 1;
-        return;
-      }
-      i = skip_ows(v, n, i + 1);
-      if (i < n && v[i] == '"') {
-        for (i++; i < n && v[i] != '"'; i++)
-          if (v[i] == '\\')
-            i++;
-        if (i >= n) {
-          te->bad = 1;
-          return;
-        }
-        i++;
-      } else if (skip_token(v, n, i) == i) {
-        te->bad = 1;
-        return;
-      } else {
-        i = skip_token(v, n, i);
-      }
-      params = 1;
-    }
-    te->n++;
-    if (om__http_ci_eq(v + ts, te_end - ts, "chunked")) {
-      /* RFC 9112 7: chunked takes no parameters and is applied once */
-      if (params || te->chunked) {
-        te->bad = 1;
-        return;
-      }
-      te->chunked = 1;
-      te->last_chunked = 1;
-    } else {
-      te->unknown = 1;
-      te->last_chunked = 0;
-    }
-    if (i >= n)
-      return;
-    if (v[i] != ',') {
-      te->bad = 1;
-      return;
-    }
-    i++;
-  }
 }
 
 /* Walk a #token list (Connection, Expect); calls fn per element. */
@@ -1301,35 +1028,36 @@ typedef struct {
 
 static int check_semantics(conn_t *c, const char *b, head_t *h,
                            om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  const char *m = b + s->rl_start, *v = b + s->version_start;
-  size_t ml = s->method_end - s->rl_start, i, n_host = 0, n_cl = 0, n_te = 0;
-  te_t te;
+  const om_http1_head_t *s = &c->sc;
+  const char *m = b + s->line_start;
+  size_t ml = s->method_len, i, n_host = 0;
+  om_http1_framing_t fr;
+  om_http1_err_t fe;
+  int body;
   memset(h, 0, sizeof *h);
-  memset(&te, 0, sizeof te);
+  om_http1_framing_init(&fr, OM_HTTP1_REQUEST);
   h->is_head = ml == 4 && memcmp(m, "HEAD", 4) == 0;
   /* RFC 9110 15.6.6: 505 for a major version other than 1. RFC 9110 6.2:
    * a higher minor version than ours (HTTP/1.2 .. HTTP/1.9) SHOULD be
    * processed as the highest minor we conform to, 1.1; the version is
    * only a statement of capability, framing stays that of HTTP/1.1. */
-  if (v[5] != '1') {
+  if (s->major != 1) {
     *why = OM_HTTP_REJECT_VERSION_NOT_SUPPORTED;
     return -1;
   }
-  h->wire_minor = v[7] - '0';
+  h->wire_minor = s->minor;
   h->minor = h->wire_minor > 1 ? 1 : h->wire_minor;
   /* CONNECT would turn the connection into a tunnel: not offered here. */
   if (ml == 7 && memcmp(m, "CONNECT", 7) == 0) {
     *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
     return -1;
   }
-  if (parse_target(m, ml, b + s->target_start, s->target_end - s->target_start,
-                   &h->tg) != 0) {
+  if (parse_target(m, ml, b + s->target_off, s->target_len, &h->tg) != 0) {
     *why = OM_HTTP_REJECT_BAD_TARGET;
     return -1;
   }
   for (i = 0; i < s->n_fields; i++) {
-    const field_t *f = &c->fields[i];
+    const om_http1_field_t *f = &c->fields[i];
     const char *name = b + f->name_off, *val = b + f->value_off;
     size_t nl = f->name_len, vl = f->value_len;
     if (om__http_ci_eq(name, nl, "host")) {
@@ -1337,36 +1065,15 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
         *why = OM_HTTP_REJECT_BAD_HOST;
         return -1;
       }
-    } else if (om__http_ci_eq(name, nl, "content-length")) {
-      /* RFC 9112 6.3 item 5 / RFC 9110 8.6: Content-Length = 1*DIGIT; a
-       * repeated field, even with equal values, is refused. */
-      size_t j;
-      uint64_t cl = 0;
-      int big = 0;
-      if (++n_cl > 1 || vl == 0) {
-        *why = OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-        return -1;
-      }
-      for (j = 0; j < vl; j++) {
-        unsigned d = (unsigned char)val[j];
-        if (!om__http_is_digit(d)) {
-          *why = OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-          return -1;
-        }
-        if (cl > (UINT64_MAX - 9) / 10)
-          big = 1;
-        else
-          cl = cl * 10 + (d - '0');
-      }
-      h->has_cl = 1;
-      h->cl = big ? UINT64_MAX : cl;
-    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
-      n_te++;
-      te_parse(&te, val, vl);
     } else if (om__http_ci_eq(name, nl, "connection")) {
       list_walk(val, vl, conn_opt, &h->co);
     } else if (om__http_ci_eq(name, nl, "expect")) {
       list_walk(val, vl, expect_opt, &h->ex);
+    } else if ((fe = om_http1_framing_field(&fr, name, nl, val, vl)) !=
+               OM_HTTP1_OK) {
+      /* Content-Length and Transfer-Encoding (RFC 9112 6) */
+      *why = reject_of(fe);
+      return -1;
     }
   }
   h->has_host = n_host > 0;
@@ -1375,25 +1082,14 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     *why = OM_HTTP_REJECT_BAD_HOST;
     return -1;
   }
-  if (n_te > 0) {
-    /* RFC 9112 6.1: both -> reject (or ignore CL) and close: we reject */
-    if (h->has_cl) {
-      *why = OM_HTTP_REJECT_CONTENT_LENGTH_AND_TRANSFER_ENCODING;
-      return -1;
-    }
-    /* RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has
-     * faulty framing */
-    if (h->minor == 0 || te.bad || te.n == 0 || !te.last_chunked) {
-      /* RFC 9112 6.3 item 4: chunked not final -> 400 and close */
-      *why = OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
-      return -1;
-    }
-    if (te.unknown) { /* RFC 9112 6.1: a coding we do not know -> 501 */
-      *why = OM_HTTP_REJECT_UNSUPPORTED_TRANSFER_CODING;
-      return -1;
-    }
-    h->chunked = 1;
+  fe = om_http1_framing_end(&fr, h->minor, 0, 0, &body);
+  if (fe != OM_HTTP1_OK) {
+    *why = reject_of(fe);
+    return -1;
   }
+  h->chunked = body == OM_HTTP1_BODY_CHUNKED;
+  h->has_cl = fr.n_cl > 0;
+  h->cl = fr.cl;
   if (h->has_cl && h->cl > c->srv->o.max_body_bytes) {
     *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
     return -1;
@@ -1404,251 +1100,13 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     *why = OM_HTTP_REJECT_EXPECTATION_FAILED;
     return -1;
   }
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* http-parser, the second opinion */
-
-/* http-parser is fed each HTAB as a SP (om_http_detab.h), through a copy:
- * a callback's pointer into the copy stands for the same offset in the
- * original. */
-static size_t hx_off(const hx_t *x, const char *at) {
-  if (x->copy != NULL && (uintptr_t)at - (uintptr_t)x->copy < x->copy_len)
-    return x->copy_off + (size_t)(at - x->copy);
-  return (size_t)(at - x->base);
-}
-
-static int hx_url(http_parser *p, const char *at, size_t n) {
-  hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_URL && off == x->url_off + x->url_len)
-    x->url_len += n;
-  else if (x->last != HX_NONE)
-    x->mismatch = 1;
-  else {
-    x->url_off = off;
-    x->url_len = n;
-  }
-  x->last = HX_URL;
-  return 0;
-}
-
-static void hx_end_field(conn_t *c) {
-  hx_t *x = &c->hx;
-  const field_t *f;
-  size_t vl = x->v_len;
-  if (!x->have_field)
-    return;
-  x->have_field = 0;
-  if (x->nf > c->sc.n_fields) {
-    x->mismatch = 1;
-    return;
-  }
-  f = &c->fields[x->nf - 1];
-  /* http-parser keeps trailing OWS in the value; we trim it */
-  while (vl > 0 && om__http_is_ows((unsigned char)x->base[x->v_off + vl - 1]))
-    vl--;
-  if (x->f_off != f->name_off || x->f_len != f->name_len ||
-      vl != f->value_len || (vl > 0 && x->v_off != f->value_off))
-    x->mismatch = 1;
-}
-
-static int hx_field(http_parser *p, const char *at, size_t n) {
-  conn_t *c = p->data;
-  hx_t *x = &c->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_FIELD) {
-    if (off == x->f_off + x->f_len)
-      x->f_len += n;
-    else
-      x->mismatch = 1;
-    return 0;
-  }
-  hx_end_field(c);
-  x->nf++;
-  x->have_field = 1;
-  x->f_off = off;
-  x->f_len = n;
-  x->v_off = off;
-  x->v_len = 0;
-  x->last = HX_FIELD;
-  return 0;
-}
-
-static int hx_value(http_parser *p, const char *at, size_t n) {
-  hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_VALUE) {
-    if (off == x->v_off + x->v_len)
-      x->v_len += n;
-    else
-      x->mismatch = 1;
-  } else if (x->last == HX_FIELD) {
-    x->v_off = off;
-    x->v_len = n;
-  } else {
-    x->mismatch = 1;
-  }
-  x->last = HX_VALUE;
-  return 0;
-}
-
-static int hx_headers_complete(http_parser *p) {
-  conn_t *c = p->data;
-  hx_t *x = &c->hx;
-  if (x->in_body)
-    return 0;
-  hx_end_field(c);
-  x->headers_done = 1;
-  x->flags = p->flags;
-  x->cl = p->content_length;
-  x->method = p->method;
-  x->major = p->http_major;
-  x->minor = p->http_minor;
-  return 0;
-}
-
-static int hx_body(http_parser *p, const char *at, size_t n) {
-  (void)at;
-  ((conn_t *)p->data)->hx.body += n;
-  return 0;
-}
-
-static int hx_message_complete(http_parser *p) {
-  ((conn_t *)p->data)->hx.done = 1;
-  /* stop right here: the next request gets a fresh parser */
-  http_parser_pause(p, 1);
-  return 0;
-}
-
-static const http_parser_settings hx_settings = {
-    .on_url = hx_url,
-    .on_header_field = hx_field,
-    .on_header_value = hx_value,
-    .on_headers_complete = hx_headers_complete,
-    .on_body = hx_body,
-    .on_message_complete = hx_message_complete,
-};
-
-static void hx_slice(void *arg, const char *copy, const char *orig,
-                     size_t len) {
-  hx_t *x = arg;
-  x->copy = copy;
-  x->copy_len = len;
-  /* body bytes are not in the head's buffer; no callback needs their
-   * offset */
-  x->copy_off = x->in_body ? 0 : (size_t)(orig - x->base);
-}
-
-static size_t hx_execute(conn_t *c, const char *p, size_t n) {
-  size_t k =
-      om_http_detab_execute(&c->hp, &hx_settings, p, n, hx_slice, &c->hx);
-  c->hx.copy = NULL;
-  return k;
-}
-
-/*
- * When http-parser refuses what we accepted (it is stricter in a few
- * places, e.g. empty elements in a Transfer-Encoding list, a
- * Content-Length in the trailer section), name the part it refused.
- */
-static om_http_reject_t hx_reason(enum http_errno err) {
-  switch (err) {
-  case HPE_INVALID_METHOD:
-    return OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
-  case HPE_INVALID_CONTENT_LENGTH:
-  case HPE_UNEXPECTED_CONTENT_LENGTH:
-    return OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-  case HPE_INVALID_TRANSFER_ENCODING:
-    return OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
-  case HPE_INVALID_CHUNK_SIZE:
-    return OM_HTTP_REJECT_BAD_CHUNK;
-  case HPE_INVALID_URL:
-  case HPE_INVALID_HOST:
-  case HPE_INVALID_PORT:
-  case HPE_INVALID_PATH:
-  case HPE_INVALID_QUERY_STRING:
-  case HPE_INVALID_FRAGMENT:
-    return OM_HTTP_REJECT_BAD_TARGET;
-  case HPE_INVALID_HEADER_TOKEN:
-    return OM_HTTP_REJECT_BAD_HEADER;
-  case HPE_HEADER_OVERFLOW:
-    return OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-  default:
-    return OM_HTTP_REJECT_BAD_REQUEST;
-  }
-}
-
-/* Feed the header section to http-parser; 0 if it agrees with us. */
-static int hx_check_head(conn_t *c, const char *b, size_t len, const head_t *h,
-                         om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  hx_t *x = &c->hx;
-  size_t feed = len - s->rl_start, n;
-  enum http_errno err;
-  int no_body = !h->chunked && h->cl == 0;
-  const char *ms;
-  http_parser_init(&c->hp, HTTP_REQUEST);
-  c->hp.data = c;
-  memset(x, 0, sizeof *x);
-  x->base = b;
-  n = hx_execute(c, b + s->rl_start, feed);
-  err = HTTP_PARSER_ERRNO(&c->hp);
-  if (err != HPE_OK && err != HPE_PAUSED) {
-    *why = hx_reason(err);
+  /* RFC 9110 9.1: 501 for a method we do not know, last, after every
+   * other check of the head has passed */
+  if (!om_http1_method_known(m, ml)) {
+    *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
     return -1;
   }
-  *why = OM_HTTP_REJECT_BAD_REQUEST;
-  if (x->mismatch || !x->headers_done || n != feed)
-    return -1;
-  if (no_body ? (err != HPE_PAUSED || !x->done) : (err != HPE_OK || x->done))
-    return -1;
-  ms = http_method_str((enum http_method)x->method);
-  if (strlen(ms) != s->method_end - s->rl_start ||
-      memcmp(ms, b + s->rl_start, strlen(ms)) != 0)
-    return -1;
-  if (x->url_off != s->target_start ||
-      x->url_len != s->target_end - s->target_start || x->nf != s->n_fields ||
-      x->major != 1 || (int)x->minor != h->wire_minor)
-    return -1;
-  if (!!(x->flags & F_CHUNKED) != h->chunked ||
-      !!(x->flags & F_CONTENTLENGTH) != h->has_cl ||
-      (h->has_cl && x->cl != h->cl))
-    return -1;
-  x->in_body = 1;
   return 0;
-}
-
-/* Feed body bytes in lockstep; complete: our decoder ended the message on
- * the last of them. 0 if http-parser agrees, else -1 and *why. */
-static int hx_feed_body(conn_t *c, const char *p, size_t k, int complete,
-                        om_http_reject_t *why) {
-  hx_t *x = &c->hx;
-  size_t n;
-  enum http_errno err;
-  *why = OM_HTTP_REJECT_BAD_REQUEST;
-  if (k == 0) /* http-parser reads len 0 as EOF */
-    return complete ? -1 : 0;
-  n = hx_execute(c, p, k);
-  err = HTTP_PARSER_ERRNO(&c->hp);
-  if (err != HPE_OK && err != HPE_PAUSED) {
-    *why = hx_reason(err);
-    return -1;
-  }
-  if (n != k)
-    return -1;
-  if (complete)
-    return (err == HPE_PAUSED && x->done && x->body == c->cur->pub.body_len)
-               ? 0
-               : -1;
-  return (err == HPE_OK && !x->done) ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1663,10 +1121,10 @@ static char *put_str(char **p, const char *s, size_t n) {
 }
 
 static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
-  scan_t *s = &c->sc;
-  size_t ml = s->method_end - s->rl_start;
-  size_t tl = s->target_end - s->target_start;
-  const char *t = b + s->target_start;
+  const om_http1_head_t *s = &c->sc;
+  size_t ml = s->method_len;
+  size_t tl = s->target_len;
+  const char *t = b + s->target_off;
   size_t nf = s->n_fields, text, i, n_out;
   /* RFC 9112 3.2.2: with an absolute-form target the server MUST ignore
    * Host and use the target's authority instead. The handler (the proxy
@@ -1689,7 +1147,7 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
   memset(r, 0, sizeof *r);
   hd = (om_http_header_t *)(r + 1);
   p = (char *)(hd + n_out);
-  r->pub.method = put_str(&p, b + s->rl_start, ml);
+  r->pub.method = put_str(&p, b + s->line_start, ml);
   r->pub.method_len = ml;
   r->pub.target = put_str(&p, t, tl);
   r->pub.target_len = tl;
@@ -1697,7 +1155,7 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
     /* RFC 9112 3.2.4: OPTIONS http://host (empty path, no query) asks
      * about the server as a whole: the origin-form of that is "*" */
     int star = !h->tg.has_query && ml == 7 &&
-               memcmp(b + s->rl_start, "OPTIONS", 7) == 0;
+               memcmp(b + s->line_start, "OPTIONS", 7) == 0;
     r->pub.path = put_str(&p, star ? "*" : "/", 1);
     r->pub.path_len = 1;
   } else {
@@ -1709,7 +1167,7 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
     r->pub.query_len = h->tg.query_len;
   }
   for (i = 0; i < nf; i++) {
-    const field_t *f = &c->fields[i];
+    const om_http1_field_t *f = &c->fields[i];
     char *name = put_str(&p, b + f->name_off, f->name_len);
     size_t j;
     for (j = 0; j < f->name_len; j++)
@@ -1798,8 +1256,7 @@ static int begin_request(conn_t *c, size_t len) {
   om_http_reject_t why;
   head_t h;
   req_t *r;
-  if (check_semantics(c, b, &h, &why) != 0 ||
-      hx_check_head(c, b, len, &h, &why) != 0) {
+  if (check_semantics(c, b, &h, &why) != 0) {
     reject(c, why);
     return -1;
   }
@@ -1809,12 +1266,17 @@ static int begin_request(conn_t *c, size_t len) {
     return -1;
   }
   c->in_off += len;
-  memset(&c->sc, 0, sizeof c->sc);
+  scan_reset(c);
   memset(&c->dec, 0, sizeof c->dec);
   if (h.chunked) {
-    c->dec.st = D_SIZE0;
+    const om_http_server_opts_t *o = &c->srv->o;
+    c->dec.chunked = 1;
+    om_http1_chunked_init(&c->dec.ch, o->max_body_bytes, o->max_header_bytes);
+    /* many tiny chunks with long extensions must not stretch a body
+     * limit into gigabytes on the wire */
+    c->dec.ch.max_overhead = OVERHEAD_MAX(o->max_body_bytes);
+    c->dec.ch.max_trailer_fields = o->max_headers;
   } else if (h.cl > 0) {
-    c->dec.st = D_FIXED;
     c->dec.left = h.cl;
   } else {
     enqueue(c, r);
@@ -1830,235 +1292,44 @@ static int begin_request(conn_t *c, size_t len) {
 
 enum { DEC_MORE = 0, DEC_DONE = 1, DEC_ERROR = -1, DEC_NOMEM = -2 };
 
+/* Take body bytes from data[0, n): *used of them are consumed; DEC_DONE
+ * when the body ended on the last of them, DEC_ERROR with *why. */
 static int decode(conn_t *c, const char *data, size_t n, size_t *used,
                   om_http_reject_t *why) {
   dec_t *d = &c->dec;
   req_t *r = c->cur;
-  size_t i = 0, maxb = c->srv->o.max_body_bytes;
+  size_t i = 0;
+  if (!d->chunked) { /* RFC 9112 6.2: exactly Content-Length bytes */
+    size_t k = (uint64_t)n > d->left ? (size_t)d->left : n;
+    *used = 0;
+    if (body_append(c, r, data, k) != 0)
+      return DEC_NOMEM;
+    d->left -= k;
+    *used = k;
+    return d->left == 0 ? DEC_DONE : DEC_MORE;
+  }
   while (i < n) {
-    unsigned ch;
-    if (d->st == D_FIXED || d->st == D_DATA) {
-      size_t k = n - i;
-      if ((uint64_t)k > d->left)
-        k = (size_t)d->left;
-      if (body_append(c, r, data + i, k) != 0) {
+    const char *span;
+    size_t span_len, u;
+    int rc =
+        om_http1_chunked_decode(&d->ch, data + i, n - i, &u, &span, &span_len);
+    if (rc == OM_HTTP1_DATA) {
+      if (body_append(c, r, span, span_len) != 0) {
         *used = i;
         return DEC_NOMEM;
       }
-      i += k;
-      d->left -= k;
-      if (d->left == 0) {
-        if (d->st == D_FIXED) {
-          *used = i;
-          return DEC_DONE;
-        }
-        d->st = D_DATA_CR;
-      }
+      i += u;
       continue;
     }
-    *used = i; /* on an error: the bytes before the one refused */
-    ch = (unsigned char)data[i++];
-    /* many tiny chunks with long extensions must not stretch a body
-     * limit into gigabytes on the wire */
-    if (++d->overhead > OVERHEAD_MAX(maxb)) {
-      *why = OM_HTTP_REJECT_BAD_CHUNK;
-      return DEC_ERROR;
-    }
-    if (d->st >= D_SIZE0 && d->st <= D_SIZE_LF && ++d->line > CHUNK_LINE_MAX) {
-      *why = OM_HTTP_REJECT_BAD_CHUNK;
-      return DEC_ERROR;
-    }
-    if (d->st >= D_TR_START && d->st <= D_TR_LF &&
-        ++d->tr_bytes > c->srv->o.max_header_bytes) {
-      *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-      return DEC_ERROR;
-    }
-    *why = OM_HTTP_REJECT_BAD_CHUNK;
-    switch (d->st) {
-    case D_SIZE0: /* chunk-size = 1*HEXDIG */
-      if (om__http_hex_val(ch) < 0)
-        return DEC_ERROR;
-      d->size = (uint64_t)om__http_hex_val(ch);
-      d->st = D_SIZE;
-      if (d->size > maxb - r->pub.body_len) {
-        *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-        return DEC_ERROR;
-      }
-      break;
-    case D_SIZE:
-      if (om__http_hex_val(ch) >= 0) {
-        /* more digits only make it bigger: past the body limit (or past
-         * 64 bits) it is refused at this digit, wherever the line was
-         * split into reads, and long before http-parser would overflow
-         * (it refuses sizes over 2^60 as an invalid length) */
-        if (d->size > (UINT64_MAX >> 4)) {
-          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        d->size = (d->size << 4) | (uint64_t)om__http_hex_val(ch);
-        if (d->size > maxb - r->pub.body_len) {
-          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        break;
-      }
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch)) /* BWS before ";" only */
-        d->st = D_SIZE_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else
-        return DEC_ERROR;
-      break;
-    /* chunk-ext = *( BWS ";" BWS chunk-ext-name
-     *                [ BWS "=" BWS chunk-ext-val ] ) (RFC 9112 7.1.1) */
-    case D_SIZE_WS:
-    case D_EXT_VAL_WS:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME0:
-      if (om__http_is_tchar(ch))
-        d->st = D_EXT_NAME;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME:
-      if (ch == '=')
-        d->st = D_EXT_VAL0;
-      else if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_NAME_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME_WS:
-      if (ch == '=')
-        d->st = D_EXT_VAL0;
-      else if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_VAL0: /* chunk-ext-val = token / quoted-string */
-      if (om__http_is_tchar(ch))
-        d->st = D_EXT_TOKEN;
-      else if (ch == '"')
-        d->st = D_EXT_QS;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_TOKEN:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_VAL_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_QS: /* qdtext = HTAB / SP / %x21 / %x23-5B / %x5D-7E /
-                      obs-text (RFC 9110 5.6.4) */
-      if (ch == '"')
-        d->st = D_EXT_AFTER_QS;
-      else if (ch == '\\')
-        d->st = D_EXT_QP;
-      else if (!(om__http_is_ows(ch) || ch == 0x21 ||
-                 (ch >= 0x23 && ch <= 0x7e) || ch >= 0x80))
-        return DEC_ERROR;
-      break;
-    case D_EXT_QP: /* quoted-pair = "\" ( HTAB / SP / VCHAR / obs-text ) */
-      if (!(om__http_is_ows(ch) || om__http_is_fvchar(ch)))
-        return DEC_ERROR;
-      d->st = D_EXT_QS;
-      break;
-    case D_EXT_AFTER_QS:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_VAL_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else
-        return DEC_ERROR;
-      break;
-    case D_SIZE_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->line = 0;
-      if (d->size == 0) { /* last-chunk: trailer-section CRLF follows */
-        d->st = D_TR_START;
-      } else {
-        d->left = d->size;
-        d->st = D_DATA;
-      }
-      break;
-    case D_DATA_CR: /* chunk = chunk-size [ chunk-ext ] CRLF data CRLF */
-      if (ch != '\r')
-        return DEC_ERROR;
-      d->st = D_DATA_LF;
-      break;
-    case D_DATA_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->st = D_SIZE0;
-      break;
-    case D_TR_START: /* trailer-section = *( field-line CRLF ) (7.1.2) */
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == '\r') {
-        d->st = D_END_LF;
-      } else if (om__http_is_tchar(ch)) {
-        if (++d->tr_fields > c->srv->o.max_headers) {
-          *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        d->st = D_TR_NAME;
-      } else {
-        if (om__http_is_ows(ch) && d->tr_fields > 0)
-          *why = OM_HTTP_REJECT_OBS_FOLD;
-        return DEC_ERROR;
-      }
-      break;
-    case D_TR_NAME:
-      /* Every trailer field is dropped (RFC 9112 7.1.2 allows it), so one
-       * that cannot be a trailer (Content-Length, Transfer-Encoding, Host:
-       * RFC 9110 6.5.1) is never applied, and the message it ends is
-       * valid as sent. */
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == ':')
-        d->st = D_TR_VALUE;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_TR_VALUE:
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == '\r')
-        d->st = D_TR_LF;
-      else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_TR_LF:
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->st = D_TR_START;
-      break;
-    case D_END_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      *used = i;
+    i += u;
+    *used = i;
+    if (rc == OM_HTTP1_DONE)
       return DEC_DONE;
-    default:
-      *why = OM_HTTP_REJECT_BAD_REQUEST;
+    if (rc == OM_HTTP1_ERROR) {
+      *why = reject_of(d->ch.err);
       return DEC_ERROR;
     }
+    return DEC_MORE;
   }
   *used = i;
   return DEC_MORE;
@@ -2068,9 +1339,9 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
 /* parsing loop */
 
 static int scan_method_is_head(const conn_t *c) {
-  const scan_t *s = &c->sc;
-  return s->st > S_METHOD && s->method_end - s->rl_start == 4 &&
-         memcmp(c->in + c->in_off + s->rl_start, "HEAD", 4) == 0;
+  const om_http1_head_t *s = &c->sc;
+  return om_http1_head_past_method(s) && s->method_len == 4 &&
+         memcmp(c->in + c->in_off + s->line_start, "HEAD", 4) == 0;
 }
 
 static void conn_parse(conn_t *c) {
@@ -2087,7 +1358,7 @@ static void conn_parse(conn_t *c) {
         c->t_header = now_ms(c);
         c->hstart_set = 1;
       }
-      rc = scan_head(c, (const unsigned char *)c->in + c->in_off, avail, &why);
+      rc = scan_head(c, c->in + c->in_off, avail, &why);
       if (rc == SCAN_MORE)
         return;
       if (rc == SCAN_NOMEM) {
@@ -2111,18 +1382,6 @@ static void conn_parse(conn_t *c) {
         return;
       }
       if (rc == DEC_ERROR) {
-        /* http-parser reads the bytes before the refused one, as it would
-         * have had they come in an earlier read: whichever parser refuses
-         * first, in byte order, names the reason, so the answer does not
-         * depend on how the client's bytes were split into reads */
-        om_http_reject_t hwhy;
-        if (hx_feed_body(c, p, used, 0, &hwhy) != 0)
-          why = hwhy;
-        reject(c, why);
-        return;
-      }
-      c->dec.seen += used;
-      if (hx_feed_body(c, p, used, rc == DEC_DONE, &why) != 0) {
         reject(c, why);
         return;
       }
@@ -2466,6 +1725,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   c->srv = s;
+  scan_reset(c);
   uv_tcp_init(s->loop, &c->tcp);
   uv_timer_init(s->loop, &c->timer);
   c->tcp.data = c;
