@@ -89,10 +89,10 @@ static void response_head(void **state) {
   assert_memory_equal(msg + h.reason_off, "Not \xe9 Found", 11);
   assert_int_equal(h.n_fields, 1);
   /* no reason phrase at all */
-  assert_int_equal(
-      parse_at_every_split(OM_HTTP1_RESPONSE, "HTTP/1.1 204\r\n\r\n", 1024,
-                           &err, &h, f),
-      OM_HTTP1_DONE);
+  assert_int_equal(parse_at_every_split(OM_HTTP1_RESPONSE,
+                                        "HTTP/1.1 204\r\n\r\n", 1024, &err, &h,
+                                        f),
+                   OM_HTTP1_DONE);
   assert_int_equal(h.status, 204);
   assert_int_equal(h.reason_len, 0);
 }
@@ -115,7 +115,8 @@ static void head_refusals(void **state) {
       {OM_HTTP1_REQUEST, "ABCDEFGHIJKLMNOPQ / HTTP/1.1\r\n\r\n",
        OM_HTTP1_E_METHOD_TOO_LONG},
       {OM_HTTP1_REQUEST, "GET /\x7f HTTP/1.1\r\n\r\n", OM_HTTP1_E_TARGET_BYTE},
-      {OM_HTTP1_REQUEST, "GET /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+      {OM_HTTP1_REQUEST,
+       "GET /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
        OM_HTTP1_E_TARGET_TOO_LONG},
       {OM_HTTP1_REQUEST, "GET / HTTP/1.1\r\n X: y\r\n\r\n",
        OM_HTTP1_E_WS_BEFORE_FIRST_FIELD},
@@ -133,11 +134,14 @@ static void head_refusals(void **state) {
        OM_HTTP1_E_VALUE_BARE_CR},
       {OM_HTTP1_REQUEST, "GET / HTTP/1.1\r\nX: a\nY: b\r\n\r\n",
        OM_HTTP1_E_BARE_LF},
-      {OM_HTTP1_REQUEST, "GET / HTTP/1.1\r\nX: a\r\n\rx", OM_HTTP1_E_END_BARE_CR},
+      {OM_HTTP1_REQUEST, "GET / HTTP/1.1\r\nX: a\r\n\rx",
+       OM_HTTP1_E_END_BARE_CR},
       {OM_HTTP1_REQUEST,
        "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\nE: 5\r\n",
        OM_HTTP1_E_TOO_MANY_FIELDS},
-      {OM_HTTP1_REQUEST, "GET / HTTP/1.1\r\nX: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+      {OM_HTTP1_REQUEST,
+       "GET / HTTP/1.1\r\nX: "
+       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
        OM_HTTP1_E_HEAD_TOO_LARGE},
       {OM_HTTP1_RESPONSE, "\r\nHTTP/1.1 200 OK\r\n\r\n",
        OM_HTTP1_E_STATUS_VERSION},
@@ -176,9 +180,9 @@ static void head_refusals(void **state) {
     if (bad[i].err != OM_HTTP1_E_TOO_MANY_FIELDS &&
         bad[i].err != OM_HTTP1_E_HEAD_TOO_LARGE &&
         bad[i].err != OM_HTTP1_E_TARGET_TOO_LONG) {
-      assert_int_equal(parse_at_every_split(bad[i].kind, bad[i].msg, 1024,
-                                            &err, &h, f),
-                       OM_HTTP1_ERROR);
+      assert_int_equal(
+          parse_at_every_split(bad[i].kind, bad[i].msg, 1024, &err, &h, f),
+          OM_HTTP1_ERROR);
       assert_int_equal(err, bad[i].err);
     }
   }
@@ -225,8 +229,8 @@ static om_http1_err_t frame(int kind, const char *const *fl, size_t n,
   om_http1_framing_init(&fr, kind);
   for (i = 0; i < n; i++) {
     const char *c = strchr(fl[i], ':');
-    om_http1_err_t e = om_http1_framing_field(
-        &fr, fl[i], (size_t)(c - fl[i]), c + 2, strlen(c + 2));
+    om_http1_err_t e = om_http1_framing_field(&fr, fl[i], (size_t)(c - fl[i]),
+                                              c + 2, strlen(c + 2));
     if (e != OM_HTTP1_OK)
       return e;
   }
@@ -243,30 +247,85 @@ static void framing_decisions(void **state) {
     om_http1_err_t err;
     int body;
   } c[] = {
-      {OM_HTTP1_REQUEST, {"Content-Length: 5"}, 1, 1, 0, 0,
+      {OM_HTTP1_REQUEST,
+       {"Content-Length: 5"},
+       1,
+       1,
+       0,
+       0,
        OM_HTTP1_BODY_LENGTH},
       {OM_HTTP1_REQUEST, {"Content-Length: 0"}, 1, 1, 0, 0, OM_HTTP1_BODY_NONE},
       {OM_HTTP1_REQUEST, {"X: y"}, 1, 1, 0, 0, OM_HTTP1_BODY_NONE},
-      {OM_HTTP1_REQUEST, {"Transfer-Encoding: gzip, Chunked"}, 1, 1, 0,
-       OM_HTTP1_E_TE_UNSUPPORTED, 0},
-      {OM_HTTP1_REQUEST, {"transfer-encoding: chunked"}, 1, 1, 0, 0,
-       OM_HTTP1_BODY_CHUNKED},
-      {OM_HTTP1_REQUEST, {"Content-Length: 1", "Content-Length: 1"}, 2, 1, 0,
-       OM_HTTP1_E_CL_REPEATED, 0},
-      {OM_HTTP1_REQUEST, {"Content-Length: 1, 1"}, 1, 1, 0,
-       OM_HTTP1_E_CL_INVALID, 0},
-      {OM_HTTP1_REQUEST, {"Content-Length: "}, 1, 1, 0, OM_HTTP1_E_CL_INVALID,
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encoding: gzip, Chunked"},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_TE_UNSUPPORTED,
        0},
-      {OM_HTTP1_REQUEST, {"Content-Length: 1", "Transfer-Encoding: chunked"},
-       2, 1, 0, OM_HTTP1_E_CL_AND_TE, 0},
-      {OM_HTTP1_REQUEST, {"Transfer-Encoding: chunked"}, 1, 0, 0,
-       OM_HTTP1_E_TE_HTTP10, 0},
-      {OM_HTTP1_REQUEST, {"Transfer-Encoding: chunked, gzip"}, 1, 1, 0,
-       OM_HTTP1_E_TE_NOT_CHUNKED, 0},
-      {OM_HTTP1_REQUEST, {"Transfer-Encoding: chunked,"}, 1, 1, 0,
-       OM_HTTP1_E_TE_BAD, 0},
-      {OM_HTTP1_REQUEST, {"Transfer-Encoding: chunked;a=b"}, 1, 1, 0,
-       OM_HTTP1_E_TE_BAD, 0},
+      {OM_HTTP1_REQUEST,
+       {"transfer-encoding: chunked"},
+       1,
+       1,
+       0,
+       0,
+       OM_HTTP1_BODY_CHUNKED},
+      {OM_HTTP1_REQUEST,
+       {"Content-Length: 1", "Content-Length: 1"},
+       2,
+       1,
+       0,
+       OM_HTTP1_E_CL_REPEATED,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Content-Length: 1, 1"},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_CL_INVALID,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Content-Length: "},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_CL_INVALID,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Content-Length: 1", "Transfer-Encoding: chunked"},
+       2,
+       1,
+       0,
+       OM_HTTP1_E_CL_AND_TE,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encoding: chunked"},
+       1,
+       0,
+       0,
+       OM_HTTP1_E_TE_HTTP10,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encoding: chunked, gzip"},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_TE_NOT_CHUNKED,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encoding: chunked,"},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_TE_BAD,
+       0},
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encoding: chunked;a=b"},
+       1,
+       1,
+       0,
+       OM_HTTP1_E_TE_BAD,
+       0},
       {OM_HTTP1_REQUEST,
        {"Transfer-Encoding: chunked", "Transfer-Encoding: chunked"},
        2,
@@ -281,22 +340,62 @@ static void framing_decisions(void **state) {
        200,
        OM_HTTP1_E_TE_REPEATED,
        0},
-      {OM_HTTP1_RESPONSE, {"Content-Length: 99999999999999999999"}, 1, 1, 200,
-       OM_HTTP1_E_CL_INVALID, 0},
-      {OM_HTTP1_RESPONSE, {"Content-Length: 9223372036854775808"}, 1, 1, 200,
-       OM_HTTP1_E_CL_INVALID, 0},
-      {OM_HTTP1_RESPONSE, {"Content-Length: 9223372036854775807"}, 1, 1, 200,
-       0, OM_HTTP1_BODY_LENGTH},
-      {OM_HTTP1_RESPONSE, {"Transfer-Encoding: gzip"}, 1, 1, 200,
-       OM_HTTP1_E_TE_NOT_CHUNKED, 0},
-      {OM_HTTP1_RESPONSE, {"Transfer-Encoding: chunked"}, 1, 0, 200,
-       OM_HTTP1_E_TE_HTTP10, 0},
-      {OM_HTTP1_RESPONSE, {"Transfer-Encoding: chunked", "Content-Length: 1"},
-       2, 1, 200, OM_HTTP1_E_CL_AND_TE, 0},
+      {OM_HTTP1_RESPONSE,
+       {"Content-Length: 99999999999999999999"},
+       1,
+       1,
+       200,
+       OM_HTTP1_E_CL_INVALID,
+       0},
+      {OM_HTTP1_RESPONSE,
+       {"Content-Length: 9223372036854775808"},
+       1,
+       1,
+       200,
+       OM_HTTP1_E_CL_INVALID,
+       0},
+      {OM_HTTP1_RESPONSE,
+       {"Content-Length: 9223372036854775807"},
+       1,
+       1,
+       200,
+       0,
+       OM_HTTP1_BODY_LENGTH},
+      {OM_HTTP1_RESPONSE,
+       {"Transfer-Encoding: gzip"},
+       1,
+       1,
+       200,
+       OM_HTTP1_E_TE_NOT_CHUNKED,
+       0},
+      {OM_HTTP1_RESPONSE,
+       {"Transfer-Encoding: chunked"},
+       1,
+       0,
+       200,
+       OM_HTTP1_E_TE_HTTP10,
+       0},
+      {OM_HTTP1_RESPONSE,
+       {"Transfer-Encoding: chunked", "Content-Length: 1"},
+       2,
+       1,
+       200,
+       OM_HTTP1_E_CL_AND_TE,
+       0},
       {OM_HTTP1_RESPONSE, {"X: y"}, 1, 1, 200, 0, OM_HTTP1_BODY_CLOSE},
-      {OM_HTTP1_RESPONSE, {"Content-Length: 5"}, 1, 1, 304, 0,
+      {OM_HTTP1_RESPONSE,
+       {"Content-Length: 5"},
+       1,
+       1,
+       304,
+       0,
        OM_HTTP1_BODY_NONE},
-      {OM_HTTP1_RESPONSE, {"Transfer-Encoding: chunked"}, 1, 1, 204, 0,
+      {OM_HTTP1_RESPONSE,
+       {"Transfer-Encoding: chunked"},
+       1,
+       1,
+       204,
+       0,
        OM_HTTP1_BODY_NONE},
   };
   size_t i;
@@ -346,10 +445,9 @@ static int decode_pieces(om_http1_chunked_t *d, const char *msg, size_t len,
 }
 
 static void chunked_spans_at_every_split(void **state) {
-  static const char msg[] =
-      "5;a=b;c=\"q\\\"x\" \t;d\r\nhello\r\n"
-      "1A\r\nabcdefghijklmnopqrstuvwxyz\r\n"
-      "0\r\nX-T: v\r\nContent-Length: 40\r\n\r\nNEXT";
+  static const char msg[] = "5;a=b;c=\"q\\\"x\" \t;d\r\nhello\r\n"
+                            "1A\r\nabcdefghijklmnopqrstuvwxyz\r\n"
+                            "0\r\nX-T: v\r\nContent-Length: 40\r\n\r\nNEXT";
   size_t len = sizeof msg - 1, s1, s2;
   (void)state;
   for (s1 = 0; s1 <= len; s1++) {
@@ -403,8 +501,8 @@ static void chunked_refusals(void **state) {
       {"0\r\n\rX", OM_HTTP1_E_CHUNK_END, 4, 0},
       {"0\r\nContent-Length: 1\r\ncontent-length: 2\r\n\r\n",
        OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 38, 0},
-      {"0\r\nContent-Length: x\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH,
-       19, 0},
+      {"0\r\nContent-Length: x\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 19,
+       0},
       {"0\r\nContent-Length: 1 2\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH,
        21, 0},
   };
@@ -471,8 +569,7 @@ static void chunked_limits(void **state) {
   assert_int_equal(d.err, OM_HTTP1_E_CHUNK_OVERHEAD);
   /* the body limit applies to the sum of the chunks */
   om_http1_chunked_init(&d, 5, 1024);
-  rc = decode_pieces(&d, "3\r\nabc\r\n3\r\n", 11, &none, 0, out, &out_len,
-                     &at);
+  rc = decode_pieces(&d, "3\r\nabc\r\n3\r\n", 11, &none, 0, out, &out_len, &at);
   assert_int_equal(d.err, OM_HTTP1_E_CHUNK_TOO_LARGE);
   assert_int_equal(at, 8);
   /* after DONE, nothing more is taken */
