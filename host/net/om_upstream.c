@@ -23,11 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <http_parser.h>
-
 #include "om_errno.h"
+#include "om_http1.h"
 #include "om_http_chars.h"
-#include "om_http_detab.h"
 
 #define DEF_MAX_IDLE 32u
 #define DEF_IDLE_TIMEOUT_MS 60000u
@@ -40,10 +38,9 @@
 #define MIN_READ_BUFFER 1024u
 #define DEF_MAX_PEERS 4096u
 
-#define CHUNK_LINE_MAX 4096u /* chunk-size + chunk-ext in one line */
-#define READ_MIN 1024u       /* compact or grow below this much room */
-#define FREE_REQS_MAX 256u   /* request objects kept for reuse */
-#define REQ_HEAD_KEEP 8192u  /* a recycled request keeps this much head */
+#define READ_MIN 1024u      /* compact or grow below this much room */
+#define FREE_REQS_MAX 256u  /* request objects kept for reuse */
+#define REQ_HEAD_KEEP 8192u /* a recycled request keeps this much head */
 #define HDRS_INITIAL 16u
 
 /* pchar = unreserved / pct-encoded / sub-delims / ":" / "@" (RFC 3986
@@ -366,19 +363,7 @@ struct peer_s {
   om_upstream_stats_t st;
 };
 
-enum {
-  PH_CONNECTING,
-  PH_HEAD,
-  PH_BODY_CL,
-  PH_CHUNK_SIZE,
-  PH_CHUNK_DATA,
-  PH_CHUNK_CRLF,
-  PH_TRAILER,
-  PH_BODY_EOF,
-  PH_IDLE
-};
-
-enum { FRAME_NONE, FRAME_CL, FRAME_CHUNKED, FRAME_EOF };
+enum { PH_CONNECTING, PH_HEAD, PH_BODY_CL, PH_CHUNKED, PH_BODY_EOF, PH_IDLE };
 
 struct conn_s {
   uv_tcp_t tcp;
@@ -398,20 +383,19 @@ struct conn_s {
   /* read buffer: unconsumed bytes are [pos, len) */
   char *buf;
   size_t cap, cap_max, len, pos;
-  /* head scan, relative to pos */
-  size_t scan, line;
+  /* the head, relative to pos */
+  om_http1_head_t head;
+  om_http1_field_t *fields;
+  size_t fields_cap;
   size_t interim_bytes; /* 1xx heads already skipped for this response */
   /* body */
   uint64_t remaining;
-  size_t trailer_bytes;
+  om_http1_chunked_t ch; /* a chunked body being read */
   /* the head as handed to on_headers */
   om_http_header_t *hdrs;
   size_t hdrs_cap;
   om_upstream_response_t resp;
   /* the second opinion, for a head with Transfer-Encoding and its body */
-  http_parser hp;
-  uint64_t hp_body;
-  int hp_on, hp_complete, hp_skip;
 };
 
 enum { R_FREE, R_ACTIVE, R_DONE };
@@ -690,6 +674,7 @@ static void on_conn_closed(uv_handle_t *h) {
   peer_unref(c->peer);
   free(c->buf);
   free(c->hdrs);
+  free(c->fields);
   free(c);
   p->nconns--;
   pool_maybe_finish(p);
@@ -734,7 +719,6 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   if (c->pos == c->len) {
     c->pos = c->len = 0;
-    c->scan = c->line = 0;
   } else if (c->pos > 0 && c->cap - c->len < READ_MIN) {
     memmove(c->buf, c->buf + c->pos, c->len - c->pos);
     c->len -= c->pos;
@@ -753,6 +737,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void head_reset(conn_t *c);
 
 static void read_on(conn_t *c) {
   if (!c->reading && !c->closing &&
@@ -773,7 +758,6 @@ static void conn_make_idle(conn_t *c) {
   peer_t *e = c->peer;
   c->phase = PH_IDLE;
   c->pos = c->len = 0;
-  c->scan = c->line = 0;
   c->idle_since = now_ms(p);
   c->iprev = NULL;
   c->inext = e->idle_head;
@@ -942,8 +926,8 @@ static void conn_start(conn_t *c) {
   req_t *r = c->req;
   c->phase = PH_HEAD;
   c->pos = c->len = 0;
-  c->scan = c->line = 0;
   c->interim_bytes = 0;
+  head_reset(c);
   c->broken = 0;
   r->got_bytes = 0;
   r->first_byte_due =
@@ -1022,50 +1006,71 @@ static int conn_connect(req_t *r) {
 }
 
 /* ------------------------------------------------------------------ */
-/* response parsing */
-
-static int hp_on_headers_complete(http_parser *hp) {
-  return ((conn_t *)hp->data)->hp_skip;
-}
-
-static int hp_on_body(http_parser *hp, const char *at, size_t n) {
-  (void)at;
-  ((conn_t *)hp->data)->hp_body += n;
-  return 0;
-}
-
-static int hp_on_message_complete(http_parser *hp) {
-  ((conn_t *)hp->data)->hp_complete = 1;
-  return 0;
-}
-
-static const http_parser_settings hp_settings = {
-    .on_headers_complete = hp_on_headers_complete,
-    .on_body = hp_on_body,
-    .on_message_complete = hp_on_message_complete,
-};
-
-/* Feed http-parser exactly the bytes our scanner took; it must take them
- * all without error and see exactly `body` body bytes in them. Without a
- * second opinion for this response (hp_on 0), nothing to do. */
-static int hp_feed(conn_t *c, const char *p, size_t n, uint64_t body) {
-  size_t k;
-  if (!c->hp_on)
-    return 0;
-  c->hp_body = 0;
-  /* each HTAB as a SP, where RFC 9110 allows either (om_http_detab.h) */
-  k = om_http_detab_execute(&c->hp, &hp_settings, p, n, NULL, NULL);
-  return k == n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK && c->hp_body == body
-             ? 0
-             : -1;
-}
+/* response parsing (the grammar is core/om_http1.c's) */
 
 enum { STEP_GO, STEP_MORE, STEP_STOP };
+
+/* The failure detail for a refusal of the framing module (the client's
+ * own wording, stable for callers and tests), and its error code. */
+static const char *fail_detail(om_http1_err_t e, int *err) {
+  *err = OM_EPARSE;
+  switch (e) {
+  case OM_HTTP1_E_STATUS_VERSION:
+    return "the status line does not start with HTTP/1.0 or HTTP/1.1";
+  case OM_HTTP1_E_BARE_LF:
+    return "a bare LF in the response head";
+  case OM_HTTP1_E_END_BARE_CR:
+    return "a bare CR in the response head";
+  case OM_HTTP1_E_TOO_MANY_FIELDS:
+    *err = OM_ETOOBIG;
+    return "more response header fields than max_headers";
+  case OM_HTTP1_E_HEAD_TOO_LARGE:
+    *err = OM_ETOOBIG;
+    return "the response head exceeds max_header_bytes";
+  case OM_HTTP1_E_TE_HTTP10:
+    return "Transfer-Encoding in an HTTP/1.0 response";
+  case OM_HTTP1_E_TE_BAD:
+  case OM_HTTP1_E_TE_NOT_CHUNKED:
+  case OM_HTTP1_E_TE_UNSUPPORTED:
+    return "a Transfer-Encoding other than chunked";
+  case OM_HTTP1_E_CHUNK_TOO_LARGE:
+    return "a chunk size over 2^63-1";
+  case OM_HTTP1_E_CHUNK_BARE_CR:
+    return "a malformed chunk extension";
+  case OM_HTTP1_E_CHUNK_LINE_TOO_LONG:
+    return "a chunk line over 4 KiB";
+  case OM_HTTP1_E_TRAILER_TOO_LARGE:
+    *err = OM_ETOOBIG;
+    return "the trailer section exceeds max_header_bytes";
+  case OM_HTTP1_E_TRAILER_OBS_FOLD:
+  case OM_HTTP1_E_CHUNK_END:
+    return "a malformed trailer field";
+  case OM_HTTP1_E_TRAILER_CONTENT_LENGTH:
+    return "an invalid Content-Length in the trailer section";
+  default: /* the module's own description is the client's wording */
+    return om_http1_err_desc(e);
+  }
+}
 
 /* A response broke the framing rules: end the attempt. */
 static int malformed(conn_t *c, int err, const char *detail) {
   attempt_fail(c, OM_UPSTREAM_FAIL_MALFORMED, err, detail);
   return STEP_STOP;
+}
+
+static int refused(conn_t *c, om_http1_err_t e) {
+  int err;
+  const char *detail = fail_detail(e, &err);
+  return malformed(c, err, detail);
+}
+
+/* A fresh head parser at c->pos; 1xx heads already skipped count
+ * against the limit. */
+static void head_reset(conn_t *c) {
+  size_t max = c->pool->o.max_header_bytes;
+  om_http1_head_init(&c->head, OM_HTTP1_RESPONSE, c->fields, c->fields_cap,
+                     c->pool->o.max_headers,
+                     max > c->interim_bytes ? max - c->interim_bytes : 0);
 }
 
 /*
@@ -1107,230 +1112,54 @@ static int deliver(conn_t *c, req_t *r, const char *data, size_t n) {
   return after_cb(c, r);
 }
 
-/*
- * Find the end of the head in [pos, len), incrementally (scan and line
- * persist across reads, so a dribbled head costs O(n)). Every LF must
- * follow a CR (RFC 9112 2.2: we do not take a bare LF as a line end).
- * Returns 1 and *end (relative to pos), 0 for more, -1 bare LF, -2 too big.
- */
-static int head_find_end(conn_t *c, size_t *end) {
-  const char *b = c->buf + c->pos;
-  size_t n = c->len - c->pos, i = c->scan;
-  size_t limit = c->pool->o.max_header_bytes;
-  while (i < n) {
-    const char *lf = memchr(b + i, '\n', n - i);
-    size_t k;
-    if (lf == NULL) {
-      i = n;
-      break;
-    }
-    k = (size_t)(lf - b);
-    if (k == 0 || b[k - 1] != '\r')
-      return -1;
-    if (k - 1 == c->line) {
-      *end = k + 1;
-      return *end + c->interim_bytes > limit ? -2 : 1;
-    }
-    c->line = k + 1;
-    i = k + 1;
-  }
-  c->scan = i;
-  return n + c->interim_bytes > limit ? -2 : 0;
-}
-
-/* Walk helper: a Content-Length value, 1*DIGIT within int64. */
-static int parse_cl(const char *v, size_t n, int64_t *out) {
-  uint64_t x = 0;
-  size_t i;
-  if (n == 0 || n > 19)
-    return -1;
-  for (i = 0; i < n; i++) {
-    if (!om__http_is_digit((unsigned char)v[i]))
-      return -1;
-    x = x * 10 + (uint64_t)(v[i] - '0');
-  }
-  if (x > (uint64_t)INT64_MAX)
-    return -1;
-  *out = (int64_t)x;
-  return 0;
-}
-
+/* What the head says about the connection and the body. */
 typedef struct {
-  int status, minor;
-  const char *reason;
-  size_t reason_len;
-  size_t n;
-  int64_t cl;
-  int n_cl, n_te, te_chunked;
+  int body; /* OM_HTTP1_BODY_* */
+  uint64_t cl;
   conn_opts_t co;
-  const char *why;
-  int err;
 } head_t;
 
 /*
- * Parse the complete head b[0, n) (RFC 9112 2-5). Fields go to c->hdrs
- * with exact lengths (not yet NUL-terminated). Returns 0, or -1 with
- * h->why / h->err set.
+ * The complete head b[0, c->head.pos): fields to c->hdrs (exact lengths,
+ * not yet NUL-terminated), then the framing decision (RFC 9112 6). 0, or
+ * a module error (and *oom for no memory for the fields).
  */
-static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
-  size_t i, max = c->pool->o.max_headers;
-  int first = 1;
+static om_http1_err_t head_fields(conn_t *c, const char *b, head_t *h,
+                                  int *oom) {
+  const om_http1_head_t *hd = &c->head;
+  om_http1_framing_t fr;
+  om_http1_err_t e;
+  size_t i, n = hd->n_fields;
   memset(h, 0, sizeof *h);
-  h->err = OM_EPARSE;
-  /* the shortest head is "HTTP/1.1 200\r\n\r\n" */
-  if (n < 16 || memcmp(b, "HTTP/1.", 7) != 0 || (b[7] != '0' && b[7] != '1') ||
-      b[8] != ' ') {
-    h->why = "the status line does not start with HTTP/1.0 or HTTP/1.1";
-    return -1;
+  *oom = 0;
+  if (n > c->hdrs_cap) {
+    om_http_header_t *nh = realloc(c->hdrs, n * sizeof *nh);
+    if (nh == NULL) {
+      *oom = 1;
+      return OM_HTTP1_OK;
+    }
+    c->hdrs = nh;
+    c->hdrs_cap = n;
   }
-  h->minor = b[7] - '0';
-  if (!om__http_is_digit((unsigned char)b[9]) ||
-      !om__http_is_digit((unsigned char)b[10]) ||
-      !om__http_is_digit((unsigned char)b[11])) {
-    h->why = "the status code is not three digits";
-    return -1;
+  om_http1_framing_init(&fr, OM_HTTP1_RESPONSE);
+  for (i = 0; i < n; i++) {
+    const om_http1_field_t *f = &c->fields[i];
+    om_http_header_t *o = &c->hdrs[i];
+    o->name = b + f->name_off;
+    o->name_len = f->name_len;
+    o->value = b + f->value_off;
+    o->value_len = f->value_len;
+    e = om_http1_framing_field(&fr, o->name, o->name_len, o->value,
+                               o->value_len);
+    if (e != OM_HTTP1_OK)
+      return e;
+    if (field_kind(o->name, o->name_len) == F_CONNECTION &&
+        conn_walk(o->value, o->value_len, conn_opt, &h->co) != 0)
+      return OM_HTTP1_E__COUNT; /* see step_head */
   }
-  h->status = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
-  if (h->status < 100 || h->status > 599) {
-    h->why = "the status code is outside 100..599";
-    return -1;
-  }
-  i = 12;
-  if (b[i] == ' ') {
-    i++;
-    h->reason = b + i;
-    for (; b[i] != '\r'; i++) {
-      unsigned ch = (unsigned char)b[i];
-      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
-        h->why = "a control character in the reason phrase";
-        return -1;
-      }
-    }
-    h->reason_len = (size_t)(b + i - h->reason);
-  } else if (b[i] != '\r') {
-    h->why = "the status code is not followed by SP or CRLF";
-    return -1;
-  } else {
-    h->reason = b + i;
-  }
-  if (b[i + 1] != '\n') {
-    h->why = "a bare CR in the status line";
-    return -1;
-  }
-  i += 2;
-  for (;;) {
-    size_t ls = i, nl, vs, ve;
-    if (b[i] == '\r') {
-      if (b[i + 1] != '\n') {
-        h->why = "a bare CR in the response head";
-        return -1;
-      }
-      break;
-    }
-    if (om__http_is_ows((unsigned char)b[i])) {
-      h->why = first ? "whitespace before the first field line"
-                     : "obs-fold (a field line continued on the next line)";
-      return -1;
-    }
-    while (om__http_is_tchar((unsigned char)b[i]))
-      i++;
-    if (b[i] != ':' || i == ls) {
-      h->why = om__http_is_ows((unsigned char)b[i])
-                   ? "whitespace between a field name and the colon"
-                   : "a field name that is not a token";
-      return -1;
-    }
-    nl = i - ls;
-    i++;
-    while (om__http_is_ows((unsigned char)b[i]))
-      i++;
-    vs = ve = i;
-    for (; b[i] != '\r'; i++) {
-      unsigned ch = (unsigned char)b[i];
-      if (om__http_is_fvchar(ch))
-        ve = i + 1;
-      else if (!om__http_is_ows(ch)) {
-        h->why = "a control character in a field value";
-        return -1;
-      }
-    }
-    if (b[i + 1] != '\n') {
-      h->why = "a bare CR in a field value";
-      return -1;
-    }
-    i += 2;
-    if (h->n >= max) {
-      h->why = "more response header fields than max_headers";
-      h->err = OM_ETOOBIG;
-      return -1;
-    }
-    if (h->n >= c->hdrs_cap) {
-      size_t cap = c->hdrs_cap ? c->hdrs_cap * 2 : HDRS_INITIAL;
-      om_http_header_t *nh;
-      if (cap > max)
-        cap = max;
-      nh = realloc(c->hdrs, cap * sizeof *nh);
-      if (nh == NULL) {
-        h->why = "out of memory for the response fields";
-        h->err = OM_ENOMEM;
-        return -1;
-      }
-      c->hdrs = nh;
-      c->hdrs_cap = cap;
-    }
-    c->hdrs[h->n].name = b + ls;
-    c->hdrs[h->n].name_len = nl;
-    c->hdrs[h->n].value = b + vs;
-    c->hdrs[h->n].value_len = ve - vs;
-    h->n++;
-    first = 0;
-  }
-  /* framing fields (RFC 9112 6) */
-  for (i = 0; i < h->n; i++) {
-    const om_http_header_t *f = &c->hdrs[i];
-    switch (field_kind(f->name, f->name_len)) {
-    case F_CONTENT_LENGTH:
-      if (++h->n_cl > 1) {
-        h->why = "more than one Content-Length";
-        return -1;
-      }
-      if (parse_cl(f->value, f->value_len, &h->cl) != 0) {
-        h->why = "an invalid Content-Length";
-        return -1;
-      }
-      break;
-    case F_TE:
-      if (++h->n_te > 1) {
-        h->why = "more than one Transfer-Encoding field";
-        return -1;
-      }
-      h->te_chunked = om__http_ci_eq(f->value, f->value_len, "chunked");
-      break;
-    case F_CONNECTION:
-      if (conn_walk(f->value, f->value_len, conn_opt, &h->co) != 0) {
-        h->why = "a Connection element that is not a token";
-        return -1;
-      }
-      break;
-    default:
-      break;
-    }
-  }
-  if (h->n_te > 0) {
-    if (h->minor == 0) {
-      h->why = "Transfer-Encoding in an HTTP/1.0 response";
-      return -1;
-    }
-    if (!h->te_chunked) {
-      h->why = "a Transfer-Encoding other than chunked";
-      return -1;
-    }
-    if (h->n_cl > 0) {
-      h->why = "both Content-Length and Transfer-Encoding";
-      return -1;
-    }
-  }
-  return 0;
+  h->cl = fr.cl;
+  return om_http1_framing_end(&fr, hd->minor, hd->status, c->req->is_head,
+                              &h->body);
 }
 
 /* Keep only the end-to-end fields, NUL-terminate them in place. */
@@ -1356,93 +1185,83 @@ static size_t filter_fields(conn_t *c, size_t n, int named) {
 /* The response head: parse, check, skip 1xx, hand it over. */
 static int step_head(conn_t *c) {
   req_t *r = c->req;
-  size_t end;
+  om_http1_head_t *hd = &c->head;
   head_t h;
-  char *b;
-  int frame, rc = head_find_end(c, &end), skip;
-  if (rc == 0)
-    return STEP_MORE;
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in the response head");
-  if (rc == -2)
-    return malformed(c, OM_ETOOBIG,
-                     "the response head exceeds "
-                     "max_header_bytes");
-  b = c->buf + c->pos;
-  if (parse_head(c, b, end, &h) != 0) {
-    if (h.err == OM_ENOMEM) {
-      attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM, h.why);
-      return STEP_STOP;
+  char *b = c->buf + c->pos;
+  size_t end;
+  int rc, oom;
+  om_http1_err_t e;
+  for (;;) {
+    rc = om_http1_head_parse(hd, b, c->len - c->pos);
+    if (rc != OM_HTTP1_GROW)
+      break;
+    {
+      size_t cap = c->fields_cap ? c->fields_cap * 2 : HDRS_INITIAL;
+      om_http1_field_t *nf;
+      if (cap > c->pool->o.max_headers)
+        cap = c->pool->o.max_headers;
+      nf = realloc(c->fields, cap * sizeof *nf);
+      if (nf == NULL) {
+        attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+                     "out of memory for the response fields");
+        return STEP_STOP;
+      }
+      c->fields = hd->fields = nf;
+      c->fields_cap = hd->fields_cap = cap;
     }
-    return malformed(c, h.err, h.why);
   }
-  if (h.status == 101)
+  if (rc == OM_HTTP1_MORE)
+    return STEP_MORE;
+  if (rc == OM_HTTP1_ERROR)
+    return refused(c, hd->err);
+  end = hd->pos;
+  e = head_fields(c, b, &h, &oom);
+  if (oom) {
+    attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+                 "out of memory for the response fields");
+    return STEP_STOP;
+  }
+  if (e == OM_HTTP1_E__COUNT)
+    return malformed(c, OM_EPARSE, "a Connection element that is not a token");
+  if (e != OM_HTTP1_OK)
+    return refused(c, e);
+  if (hd->status == 101)
     return malformed(c, OM_EPARSE,
                      "101 Switching Protocols (no upgrade "
                      "was asked for)");
-  /* RFC 9112 6.3 items 1-2, then 3-7 */
-  if (r->is_head || h.status < 200 || h.status == 204 || h.status == 304)
-    frame = FRAME_NONE;
-  else if (h.n_te > 0)
-    frame = FRAME_CHUNKED;
-  else if (h.n_cl > 0)
-    frame = h.cl == 0 ? FRAME_NONE : FRAME_CL;
-  else
-    frame = FRAME_EOF;
-  skip = r->is_head || h.status < 200 || h.status == 204 || h.status == 304;
-  /* The second opinion where framing is a state machine: a head with
-   * Transfer-Encoding, then its chunk lines, chunk ends and trailers
-   * (where request and response smuggling live). A single 1*DIGIT
-   * Content-Length, or none, frames the rest by one number our scanner
-   * has already held to RFC 9112 6.3; reading those heads twice cost
-   * about a fifth of the proxy's instructions per call. */
-  c->hp_on = h.n_te > 0;
-  if (c->hp_on) {
-    http_parser_init(&c->hp, HTTP_RESPONSE);
-    c->hp.data = c;
-    c->hp_complete = 0;
-    c->hp_skip = skip;
-    if (hp_feed(c, b, end, 0) != 0)
-      return malformed(c, OM_EPARSE,
-                       HTTP_PARSER_ERRNO(&c->hp) != HPE_OK
-                           ? http_errno_description(HTTP_PARSER_ERRNO(&c->hp))
-                           : "http-parser disagrees about the head");
-    if (c->hp.status_code != h.status || c->hp.http_major != 1 ||
-        c->hp.http_minor != h.minor ||
-        (frame == FRAME_NONE) != (c->hp_complete != 0) ||
-        (c->hp.flags & F_CHUNKED) == 0)
-      return malformed(c, OM_EPARSE, "http-parser disagrees about the framing");
-  }
-  if (h.status < 200) {
+  if (hd->status < 200) {
     /* an interim response: skip it, the final one follows (RFC 9110
      * 15.2); its bytes count against the head limit */
     c->interim_bytes += end;
     c->pos += end;
-    c->scan = c->line = 0;
+    head_reset(c);
     return STEP_GO;
   }
   c->pos += end;
-  c->keepalive = h.minor == 1 && !h.co.close && frame != FRAME_EOF;
-  ((char *)h.reason)[h.reason_len] = 0;
-  c->resp.status = h.status;
-  c->resp.version_minor = h.minor;
-  c->resp.reason = h.reason;
-  c->resp.reason_len = h.reason_len;
-  c->resp.n_headers = filter_fields(c, h.n, h.co.others);
+  c->keepalive = hd->minor == 1 && !h.co.close && h.body != OM_HTTP1_BODY_CLOSE;
+  b[hd->reason_off + hd->reason_len] = 0;
+  c->resp.status = hd->status;
+  c->resp.version_minor = hd->minor;
+  c->resp.reason = b + hd->reason_off;
+  c->resp.reason_len = hd->reason_len;
+  c->resp.n_headers = filter_fields(c, hd->n_fields, h.co.others);
   c->resp.headers = c->hdrs;
-  c->resp.has_body = frame != FRAME_NONE;
-  c->resp.content_length = frame == FRAME_CL     ? h.cl
-                           : frame == FRAME_NONE ? 0
-                                                 : -1;
-  switch (frame) {
-  case FRAME_CL:
+  c->resp.has_body = h.body != OM_HTTP1_BODY_NONE;
+  c->resp.content_length = h.body == OM_HTTP1_BODY_LENGTH ? (int64_t)h.cl
+                           : h.body == OM_HTTP1_BODY_NONE ? 0
+                                                          : -1;
+  switch (h.body) {
+  case OM_HTTP1_BODY_LENGTH:
     c->phase = PH_BODY_CL;
-    c->remaining = (uint64_t)h.cl;
+    c->remaining = h.cl;
     break;
-  case FRAME_CHUNKED:
-    c->phase = PH_CHUNK_SIZE;
+  case OM_HTTP1_BODY_CHUNKED:
+    c->phase = PH_CHUNKED;
+    /* the trailer limit counts the section's last LF too */
+    om_http1_chunked_init(&c->ch, (uint64_t)INT64_MAX,
+                          c->pool->o.max_header_bytes - 1);
     break;
-  case FRAME_EOF:
+  case OM_HTTP1_BODY_CLOSE:
     c->phase = PH_BODY_EOF;
     break;
   default:
@@ -1469,165 +1288,31 @@ static int step_head(conn_t *c) {
       return STEP_STOP;
     }
   }
-  if (frame == FRAME_NONE)
+  if (h.body == OM_HTTP1_BODY_NONE)
     return msg_complete(c);
   return r->paused ? STEP_STOP : STEP_GO;
 }
 
-/*
- * chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )
- * chunk-ext-val = token / quoted-string (RFC 9112 7.1.1, RFC 9110 5.6.4).
- */
-static int valid_chunk_ext(const char *s, size_t n) {
-  size_t i = 0;
-  for (;;) {
-    size_t after_name;
-    if (i == n)
-      return 1;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || s[i++] != ';')
-      return 0; /* BWS only before a ";" */
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || !om__http_is_tchar((unsigned char)s[i]))
-      return 0;
-    while (i < n && om__http_is_tchar((unsigned char)s[i]))
-      i++;
-    after_name = i;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || s[i] != '=') {
-      i = after_name; /* BWS only before a "=" */
-      continue;
-    }
-    i++;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i < n && s[i] == '"') {
-      for (i++;; i++) {
-        unsigned ch;
-        if (i >= n)
-          return 0;
-        ch = (unsigned char)s[i];
-        if (ch == '"')
-          break;
-        if (ch == '\\') {
-          if (++i >= n)
-            return 0;
-          ch = (unsigned char)s[i];
-          if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-            return 0;
-        } else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
-          return 0;
-        }
-      }
-      i++;
-    } else {
-      if (i == n || !om__http_is_tchar((unsigned char)s[i]))
-        return 0;
-      while (i < n && om__http_is_tchar((unsigned char)s[i]))
-        i++;
-    }
-  }
-}
-
-/* One line ending in CRLF at [pos, ...) within limit bytes: returns its
- * length without the CRLF in *ll, 1; 0 for more; -1 bare LF; -2 too long. */
-static int take_line(const conn_t *c, size_t limit, size_t *ll) {
-  const char *b = c->buf + c->pos;
-  size_t n = c->len - c->pos, lim = n < limit ? n : limit;
-  const char *lf = memchr(b, '\n', lim);
-  size_t k;
-  if (lf == NULL)
-    return n >= limit ? -2 : 0;
-  k = (size_t)(lf - b);
-  if (k == 0 || b[k - 1] != '\r')
-    return -1;
-  *ll = k - 1;
-  return 1;
-}
-
-static int step_chunk_size(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t ll, i = 0;
-  uint64_t size = 0;
-  int rc = take_line(c, CHUNK_LINE_MAX, &ll);
-  if (rc == 0)
+/* A chunked body (RFC 9112 7.1): the decoder hands back spans of data in
+ * place, which are delivered as they come. */
+static int step_chunked(conn_t *c) {
+  const char *b = c->buf + c->pos, *span;
+  size_t avail = c->len - c->pos, used, span_len;
+  int rc;
+  if (avail == 0)
     return STEP_MORE;
-  if (rc == -2)
-    return malformed(c, OM_EPARSE, "a chunk line over 4 KiB");
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in a chunk line");
-  while (i < ll && om__http_hex_val((unsigned char)b[i]) >= 0) {
-    if (size > ((uint64_t)INT64_MAX >> 4))
-      return malformed(c, OM_EPARSE, "a chunk size over 2^63-1");
-    size = size * 16 + (uint64_t)om__http_hex_val((unsigned char)b[i]);
-    i++;
-  }
-  if (i == 0)
-    return malformed(c, OM_EPARSE, "a chunk size that is not hex digits");
-  if (memchr(b, '\r', ll) != NULL || !valid_chunk_ext(b + i, ll - i))
-    return malformed(c, OM_EPARSE, "a malformed chunk extension");
-  if (hp_feed(c, b, ll + 2, 0) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about a chunk line");
-  c->pos += ll + 2;
-  if (size == 0) {
-    c->phase = PH_TRAILER;
-    c->trailer_bytes = 0;
-  } else {
-    c->phase = PH_CHUNK_DATA;
-    c->remaining = size;
-  }
-  return STEP_GO;
-}
-
-/* A trailer field line (RFC 9112 7.1.2): checked like a header field,
- * then dropped. */
-static int valid_field_line(const char *b, size_t n) {
-  size_t i = 0;
-  while (i < n && om__http_is_tchar((unsigned char)b[i]))
-    i++;
-  if (i == 0 || i == n || b[i] != ':')
-    return 0;
-  for (i++; i < n; i++) {
-    unsigned ch = (unsigned char)b[i];
-    if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-      return 0;
-  }
-  return 1;
-}
-
-static int step_trailer(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t ll, limit = c->pool->o.max_header_bytes;
-  int rc = take_line(c, limit - c->trailer_bytes + 1, &ll);
-  if (rc == 0)
-    return STEP_MORE;
-  if (rc == -2)
-    return malformed(c, OM_ETOOBIG,
-                     "the trailer section exceeds "
-                     "max_header_bytes");
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in the trailer section");
-  c->trailer_bytes += ll + 2;
-  if (c->trailer_bytes > limit)
-    return malformed(c, OM_ETOOBIG,
-                     "the trailer section exceeds "
-                     "max_header_bytes");
-  if (ll > 0 &&
-      (om__http_is_ows((unsigned char)b[0]) || !valid_field_line(b, ll)))
-    return malformed(c, OM_EPARSE, "a malformed trailer field");
-  if (hp_feed(c, b, ll + 2, 0) != 0 ||
-      (c->hp_on && (ll == 0) != (c->hp_complete != 0)))
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the trailer");
-  c->pos += ll + 2;
-  if (ll == 0)
+  rc = om_http1_chunked_decode(&c->ch, b, avail, &used, &span, &span_len);
+  if (rc == OM_HTTP1_ERROR)
+    return refused(c, c->ch.err);
+  c->pos += used;
+  if (rc == OM_HTTP1_DONE)
     return msg_complete(c);
-  return STEP_GO;
+  if (rc == OM_HTTP1_DATA)
+    return deliver(c, c->req, span, span_len);
+  return STEP_MORE;
 }
 
-/* Body bytes in place: Content-Length, chunk-data or close-delimited. */
+/* Body bytes in place: Content-Length or close-delimited. */
 static int step_data(conn_t *c) {
   req_t *r = c->req;
   const char *b = c->buf + c->pos;
@@ -1637,39 +1322,14 @@ static int step_data(conn_t *c) {
     n = (size_t)c->remaining;
   if (n == 0)
     return STEP_MORE;
-  if (hp_feed(c, b, n, n) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the body");
   c->pos += n;
   if (c->phase != PH_BODY_EOF)
     c->remaining -= n;
-  if (c->phase == PH_CHUNK_DATA && c->remaining == 0)
-    c->phase = PH_CHUNK_CRLF;
-  if (c->hp_on && c->phase == PH_BODY_CL && c->remaining == 0 &&
-      !c->hp_complete)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the end");
-  if (n > 0) {
-    rc = deliver(c, r, b, n);
-    if (rc != 0)
-      return rc;
-  }
+  rc = deliver(c, r, b, n);
+  if (rc != 0)
+    return rc;
   if (c->phase == PH_BODY_CL && c->remaining == 0)
     return msg_complete(c);
-  return STEP_GO;
-}
-
-static int step_chunk_crlf(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t avail = c->len - c->pos;
-  if (avail >= 1 && b[0] != '\r')
-    return malformed(c, OM_EPARSE, "chunk-data not followed by CRLF");
-  if (avail < 2)
-    return STEP_MORE;
-  if (b[1] != '\n')
-    return malformed(c, OM_EPARSE, "chunk-data not followed by CRLF");
-  if (hp_feed(c, b, 2, 0) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about a chunk end");
-  c->pos += 2;
-  c->phase = PH_CHUNK_SIZE;
   return STEP_GO;
 }
 
@@ -1685,18 +1345,11 @@ static void conn_process(conn_t *c) {
       rc = step_head(c);
       break;
     case PH_BODY_CL:
-    case PH_CHUNK_DATA:
     case PH_BODY_EOF:
       rc = step_data(c);
       break;
-    case PH_CHUNK_SIZE:
-      rc = step_chunk_size(c);
-      break;
-    case PH_CHUNK_CRLF:
-      rc = step_chunk_crlf(c);
-      break;
-    case PH_TRAILER:
-      rc = step_trailer(c);
+    case PH_CHUNKED:
+      rc = step_chunked(c);
       break;
     default:
       return;
@@ -1724,7 +1377,7 @@ static void conn_eof(conn_t *c, ssize_t err) {
                                        "response byte");
     return;
   case PH_BODY_EOF:
-    if (eof) { /* no Transfer-Encoding here: no second opinion to ask */
+    if (eof) { /* a close-delimited body ends here (RFC 9112 6.3 item 8) */
       msg_complete(c);
       return;
     }
