@@ -304,6 +304,124 @@ int om_http1_head_parse(om_http1_head_t *h, const char *buf, size_t len) {
 }
 
 /* ------------------------------------------------------------------ */
+/* request-target and authority (RFC 9112 3.2, RFC 9110 4.2, RFC 3986) */
+
+/* pchar-or-more at t[*i]: one byte, or a whole pct-encoded triplet. */
+static int take_uri_char(const char *t, size_t n, size_t *i, int query) {
+  unsigned ch = (unsigned char)t[*i];
+  if (ch == '%') {
+    if (*i + 2 >= n || om__http_hex_val((unsigned char)t[*i + 1]) < 0 ||
+        om__http_hex_val((unsigned char)t[*i + 2]) < 0)
+      return 0;
+    *i += 3;
+    return 1;
+  }
+  if (om__http_is_unreserved(ch) || om__http_is_subdelim(ch) || ch == ':' ||
+      ch == '@' || ch == '/' || (query && ch == '?')) {
+    (*i)++;
+    return 1;
+  }
+  return 0;
+}
+
+int om_http1_authority_valid(const char *a, size_t n, int require_host) {
+  size_t i = 0, host_len;
+  if (n > 0 && a[0] == '[') { /* IP-literal */
+    int future = n > 1 && (a[1] == 'v' || a[1] == 'V');
+    for (i = 1; i < n && a[i] != ']'; i++) {
+      unsigned ch = (unsigned char)a[i];
+      if (future ? !(om__http_is_unreserved(ch) || om__http_is_subdelim(ch) ||
+                     ch == ':')
+                 : !(om__http_hex_val(ch) >= 0 || ch == ':' || ch == '.'))
+        return 0;
+    }
+    if (i >= n || i == 1)
+      return 0;
+    i++;
+    host_len = i;
+  } else { /* reg-name / IPv4address */
+    while (i < n && a[i] != ':') {
+      if (a[i] == '%') {
+        if (i + 2 >= n || om__http_hex_val((unsigned char)a[i + 1]) < 0 ||
+            om__http_hex_val((unsigned char)a[i + 2]) < 0)
+          return 0;
+        i += 3;
+        continue;
+      }
+      if (!om__http_is_unreserved((unsigned char)a[i]) &&
+          !om__http_is_subdelim((unsigned char)a[i]))
+        return 0;
+      i++;
+    }
+    host_len = i;
+  }
+  if (require_host && host_len == 0)
+    return 0;
+  if (i < n) { /* ":" port, port = *DIGIT */
+    size_t digits = 0;
+    if (a[i] != ':')
+      return 0;
+    for (i++; i < n; i++, digits++)
+      if (!om__http_is_digit((unsigned char)a[i]) || digits >= 5)
+        return 0;
+  }
+  return 1;
+}
+
+int om_http1_target_parse(const char *m, size_t ml, const char *t, size_t n,
+                          om_http1_target_t *out) {
+  size_t i = 0;
+  memset(out, 0, sizeof *out);
+  if (n == 1 && t[0] == '*') { /* asterisk-form: OPTIONS only (3.2.4) */
+    if (!(ml == 7 && memcmp(m, "OPTIONS", 7) == 0))
+      return -1;
+    out->path_len = 1;
+    return 0;
+  }
+  if (t[0] != '/') { /* absolute-form (3.2.2): http or https only */
+    size_t a;
+    if (!om__http_is_alpha((unsigned char)t[0]))
+      return -1;
+    while (i < n && (om__http_is_alpha((unsigned char)t[i]) ||
+                     om__http_is_digit((unsigned char)t[i]) || t[i] == '+' ||
+                     t[i] == '-' || t[i] == '.'))
+      i++;
+    if (i >= n || t[i] != ':')
+      return -1;
+    if (!om__http_ci_eq(t, i, "http") && !om__http_ci_eq(t, i, "https"))
+      return -1;
+    if (i + 3 > n || t[i + 1] != '/' || t[i + 2] != '/')
+      return -1;
+    i += 3;
+    a = i;
+    while (i < n && t[i] != '/' && t[i] != '?')
+      i++;
+    if (!om_http1_authority_valid(t + a, i - a, 1))
+      return -1;
+    out->absolute = 1;
+    out->auth_off = a;
+    out->auth_len = i - a;
+  }
+  out->path_off = i;
+  while (i < n && t[i] != '?')
+    if (!take_uri_char(t, n, &i, 0))
+      return -1;
+  out->path_len = i - out->path_off;
+  if (out->path_len == 0)
+    out->root = 1;
+  if (i < n) {
+    i++;
+    out->has_query = 1;
+    out->query_off = i;
+    while (i < n)
+      if (!take_uri_char(t, n, &i, 1))
+        return -1;
+    out->query_len = i - out->query_off;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* reason phrases */
 
 const char *om_http1_reason_phrase(int status) {
@@ -905,6 +1023,10 @@ int om_http1_chunked_decode(om_http1_chunked_t *d, const char *p, size_t n,
       d->st = D_SIZE0;
       break;
     case D_TR_START: /* trailer-section = *( field-line CRLF ) (7.1.2) */
+      /* an empty Content-Length on the line before is refused here, at
+       * the next line's first byte, as http-parser refuses it */
+      if (d->tcl_empty && (ch == '\r' || om__http_is_tchar(ch)))
+        return dec_fail(d, OM_HTTP1_E_TRAILER_CONTENT_LENGTH, at, used);
       if (ch == '\r') {
         d->st = D_END_LF;
       } else if (om__http_is_tchar(ch)) {
@@ -954,6 +1076,7 @@ int om_http1_chunked_decode(om_http1_chunked_t *d, const char *p, size_t n,
     case D_TR_LF:
       if (ch != '\n')
         return dec_fail(d, OM_HTTP1_E_TRAILER_FIELD, at, used);
+      d->tcl_empty = d->tcl == TCL_LEAD;
       d->tcl = TCL_OFF;
       d->st = D_TR_START;
       break;

@@ -187,6 +187,30 @@ int om_http1_head_past_method(const om_http1_head_t *h);
  * Methods are case-sensitive. */
 int om_http1_method_known(const char *m, size_t n);
 
+/*
+ * The request-target (RFC 9112 3.2): origin-form, absolute-form (http
+ * and https only, an authority without userinfo), asterisk-form (with
+ * OPTIONS only); every byte RFC 3986 allows there, %-escapes whole, no
+ * fragment. Offsets are relative to the target.
+ */
+typedef struct {
+  size_t path_off, path_len, query_off, query_len;
+  size_t auth_off, auth_len; /* absolute-form: the authority */
+  int has_query, root;       /* root: absolute-form with an empty path */
+  int absolute;
+} om_http1_target_t;
+
+/* om_http1_target_parse: t[0, n) (n > 0) for method m[0, ml). Returns 0
+ * and *out, or -1 (a target a server must refuse: 400). */
+int om_http1_target_parse(const char *m, size_t ml, const char *t, size_t n,
+                          om_http1_target_t *out);
+
+/* Whether a[0, n) is authority = host [":" port] without userinfo (RFC
+ * 9110 4.2.4, 7.2: a Host value, or the authority of an absolute-form
+ * target); require_host: an http(s) URI must not have an empty host
+ * (RFC 9110 4.2.1). */
+int om_http1_authority_valid(const char *a, size_t n, int require_host);
+
 /* The reason phrase a response with this status carries ("Not Found"):
  * the IANA registry's names (RFC 9110 15), "" for a status without one.
  * Static, never NULL. */
@@ -263,7 +287,7 @@ typedef struct om_http1_chunked_s {
   int st, tcl;
   uint64_t left, size, tcl_val;
   size_t line, tr_bytes, tr_fields, overhead;
-  unsigned tcl_seen : 1;
+  unsigned tcl_seen : 1, tcl_empty : 1;
 } om_http1_chunked_t;
 
 /* A decoder at the start of a chunked body, with max_line 4096, no

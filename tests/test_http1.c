@@ -503,6 +503,10 @@ static void chunked_refusals(void **state) {
        OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 38, 0},
       {"0\r\nContent-Length: x\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 19,
        0},
+      {"0\r\nContent-Length:  \r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 22,
+       0},
+      {"0\r\nContent-Length:\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH, 20,
+       0},
       {"0\r\nContent-Length: 1 2\r\n\r\n", OM_HTTP1_E_TRAILER_CONTENT_LENGTH,
        21, 0},
   };

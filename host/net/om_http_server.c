@@ -560,7 +560,7 @@ static char *build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
   sb_puts(&b, "HTTP/1.1 ");
   sb_u64(&b, (uint64_t)status);
   sb_puts(&b, " ");
-  /* reason phrases are at most 31 bytes in http-parser's table */
+  /* reason phrases are at most 31 bytes in om_http1_reason_phrase */
   {
     const char *r = reason_phrase(status);
     size_t rl = strlen(r);
@@ -839,130 +839,6 @@ static int scan_head(conn_t *c, const char *b, size_t len,
 /* ------------------------------------------------------------------ */
 /* request-target and Host (RFC 9112 3.2, RFC 9110 4.2, 7.2, RFC 3986) */
 
-/* pchar-or-more at t[*i]: one byte, or a whole pct-encoded triplet. */
-static int take_uri_char(const char *t, size_t n, size_t *i, int query) {
-  unsigned ch = (unsigned char)t[*i];
-  if (ch == '%') {
-    if (*i + 2 >= n || om__http_hex_val((unsigned char)t[*i + 1]) < 0 ||
-        om__http_hex_val((unsigned char)t[*i + 2]) < 0)
-      return 0;
-    *i += 3;
-    return 1;
-  }
-  if (om__http_is_unreserved(ch) || om__http_is_subdelim(ch) || ch == ':' ||
-      ch == '@' || ch == '/' || (query && ch == '?')) {
-    (*i)++;
-    return 1;
-  }
-  return 0;
-}
-
-/* authority = host [":" port], no userinfo (RFC 9110 4.2.4); require_host:
- * an http(s) URI must not have an empty host (RFC 9110 4.2.1). */
-static int valid_authority(const char *a, size_t n, int require_host) {
-  size_t i = 0, host_len;
-  if (n > 0 && a[0] == '[') { /* IP-literal */
-    int future = n > 1 && (a[1] == 'v' || a[1] == 'V');
-    for (i = 1; i < n && a[i] != ']'; i++) {
-      unsigned ch = (unsigned char)a[i];
-      if (future ? !(om__http_is_unreserved(ch) || om__http_is_subdelim(ch) ||
-                     ch == ':')
-                 : !(om__http_hex_val(ch) >= 0 || ch == ':' || ch == '.'))
-        return 0;
-    }
-    if (i >= n || i == 1)
-      return 0;
-    i++;
-    host_len = i;
-  } else { /* reg-name / IPv4address */
-    while (i < n && a[i] != ':') {
-      if (a[i] == '%') {
-        if (i + 2 >= n || om__http_hex_val((unsigned char)a[i + 1]) < 0 ||
-            om__http_hex_val((unsigned char)a[i + 2]) < 0)
-          return 0;
-        i += 3;
-        continue;
-      }
-      if (!om__http_is_unreserved((unsigned char)a[i]) &&
-          !om__http_is_subdelim((unsigned char)a[i]))
-        return 0;
-      i++;
-    }
-    host_len = i;
-  }
-  if (require_host && host_len == 0)
-    return 0;
-  if (i < n) { /* ":" port, port = *DIGIT */
-    size_t digits = 0;
-    if (a[i] != ':')
-      return 0;
-    for (i++; i < n; i++, digits++)
-      if (!om__http_is_digit((unsigned char)a[i]) || digits >= 5)
-        return 0;
-  }
-  return 1;
-}
-
-typedef struct {
-  size_t path_off, path_len, query_off, query_len;
-  size_t auth_off, auth_len; /* absolute-form: the authority */
-  int has_query, root;       /* root: absolute-form with an empty path */
-  int absolute;
-} target_t;
-
-static int parse_target(const char *m, size_t ml, const char *t, size_t n,
-                        target_t *out) {
-  size_t i = 0;
-  memset(out, 0, sizeof *out);
-  if (n == 1 && t[0] == '*') { /* asterisk-form: OPTIONS only (3.2.4) */
-    if (!(ml == 7 && memcmp(m, "OPTIONS", 7) == 0))
-      return -1;
-    out->path_len = 1;
-    return 0;
-  }
-  if (t[0] != '/') { /* absolute-form (3.2.2): http or https only */
-    size_t a;
-    if (!om__http_is_alpha((unsigned char)t[0]))
-      return -1;
-    while (i < n && (om__http_is_alpha((unsigned char)t[i]) ||
-                     om__http_is_digit((unsigned char)t[i]) || t[i] == '+' ||
-                     t[i] == '-' || t[i] == '.'))
-      i++;
-    if (i >= n || t[i] != ':')
-      return -1;
-    if (!om__http_ci_eq(t, i, "http") && !om__http_ci_eq(t, i, "https"))
-      return -1;
-    if (i + 3 > n || t[i + 1] != '/' || t[i + 2] != '/')
-      return -1;
-    i += 3;
-    a = i;
-    while (i < n && t[i] != '/' && t[i] != '?')
-      i++;
-    if (!valid_authority(t + a, i - a, 1))
-      return -1;
-    out->absolute = 1;
-    out->auth_off = a;
-    out->auth_len = i - a;
-  }
-  out->path_off = i;
-  while (i < n && t[i] != '?')
-    if (!take_uri_char(t, n, &i, 0))
-      return -1;
-  out->path_len = i - out->path_off;
-  if (out->path_len == 0)
-    out->root = 1;
-  if (i < n) {
-    i++;
-    out->has_query = 1;
-    out->query_off = i;
-    while (i < n)
-      if (!take_uri_char(t, n, &i, 1))
-        return -1;
-    out->query_len = i - out->query_off;
-  }
-  return 0;
-}
-
 /* ------------------------------------------------------------------ */
 /* field semantics */
 
@@ -1019,7 +895,7 @@ static void expect_opt(const char *e, size_t n, void *arg) {
 
 /* What the header section says, once it passed every check. */
 typedef struct {
-  target_t tg;
+  om_http1_target_t tg;
   int minor, wire_minor, chunked, has_cl, has_host, is_head;
   uint64_t cl;
   conn_opts_t co;
@@ -1052,7 +928,8 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
     return -1;
   }
-  if (parse_target(m, ml, b + s->target_off, s->target_len, &h->tg) != 0) {
+  if (om_http1_target_parse(m, ml, b + s->target_off, s->target_len, &h->tg) !=
+      0) {
     *why = OM_HTTP_REJECT_BAD_TARGET;
     return -1;
   }
@@ -1061,7 +938,7 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     const char *name = b + f->name_off, *val = b + f->value_off;
     size_t nl = f->name_len, vl = f->value_len;
     if (om__http_ci_eq(name, nl, "host")) {
-      if (++n_host > 1 || !valid_authority(val, vl, 0)) {
+      if (++n_host > 1 || !om_http1_authority_valid(val, vl, 0)) {
         *why = OM_HTTP_REJECT_BAD_HOST;
         return -1;
       }
