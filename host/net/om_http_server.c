@@ -127,7 +127,26 @@ typedef struct req_s {
       in_close_cb : 1, resp_close : 1;
 } req_t;
 
-enum { P_HEAD, P_BODY, P_DEAD };
+/*
+ * A connection's lifecycle, in order; a phase is never re-entered. Any
+ * phase before FAILED may end in FAILED (a broken connection inside an
+ * API call: closed from its timer on the next loop turn) or CLOSING.
+ */
+enum phase {
+  PH_READING,   /* requests are parsed (ps) and dispatched in order */
+  PH_LAST,      /* the last request is in ("close", HTTP/1.0): nothing
+                   more is parsed, later bytes are read and dropped */
+  PH_ERRORING,  /* a request was refused: nothing more is parsed; the
+                   answer goes out once the responses before it end */
+  PH_SHUTTING,  /* queued bytes flushed, then our FIN (uv_shutdown) */
+  PH_LINGERING, /* FIN sent: reading and dropping until the client's EOF
+                   or LINGER_MS (RFC 9112 9.6) */
+  PH_FAILED,    /* to be closed from the timer on the next loop turn */
+  PH_CLOSING    /* uv_close called: the handles are closing */
+};
+
+/* Where the parse of the next request stands, while PH_READING. */
+enum { P_HEAD, P_BODY };
 
 struct om_http_conn_s {
   uv_tcp_t tcp;
@@ -141,6 +160,7 @@ struct om_http_conn_s {
   om_http1_head_t sc; /* the header section being read */
   om_http1_field_t *fields;
   size_t fields_cap;
+  enum phase phase;
   int ps;
   req_t *cur; /* request whose body is being read */
   dec_t dec;
@@ -148,10 +168,13 @@ struct om_http_conn_s {
   size_t q_len;
   req_t *active; /* dispatched, response not ended */
   om_http_reject_t err;
-  unsigned has_err : 1, err_sent : 1, err_head : 1, fresh : 1, hstart_set : 1,
-      eof : 1, closing : 1, failed : 1, shutting : 1, lingering : 1,
-      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1, dirty : 1,
-      no_more : 1;
+  /* facts independent of the phase: the error answer is to a HEAD; the
+   * header timer's start (the accept for the first request, hstart_set
+   * once its first byte came); the client's FIN came; libuv is reading;
+   * the pump is running or asked to run again; on the corked list; how
+   * the FIN ends (no_linger: no lingering read after it) */
+  unsigned err_head : 1, fresh : 1, hstart_set : 1, eof : 1, reading : 1,
+      in_pump : 1, pump_again : 1, dirty : 1, no_linger : 1;
   char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
   size_t ob_len;
   conn_t *dprev, *dnext; /* the server's list of corked connections */
@@ -224,9 +247,9 @@ static void conn_drop_requests(conn_t *c) {
 
 /* Close from the timer on the next loop turn: safe inside API calls. */
 static void conn_fail(conn_t *c) {
-  if (c->closing || c->failed)
+  if (c->phase >= PH_FAILED)
     return;
-  c->failed = 1;
+  c->phase = PH_FAILED;
   if (c->reading) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = 0;
@@ -259,7 +282,7 @@ static const char *http_date(om_http_server_t *s) {
 static void conn_check_drain(conn_t *c) {
   req_t *r = c->active;
   om_http_drain_fn cb;
-  if (c->closing || c->failed || r == NULL || r->on_drain == NULL ||
+  if (c->phase >= PH_FAILED || r == NULL || r->on_drain == NULL ||
       r->rstate != RS_STREAMING)
     return;
   if (c->ob_len + uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >
@@ -280,7 +303,7 @@ static void on_write(uv_write_t *wr, int status) {
   wreq_t *w = (wreq_t *)wr;
   conn_t *c = w->c;
   free(w);
-  if (c->closing || status == UV_ECANCELED)
+  if (c->phase == PH_CLOSING || status == UV_ECANCELED)
     return;
   if (status < 0) {
     conn_close(c, 0);
@@ -305,7 +328,7 @@ static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   int idle_before;
   for (i = 0; i < nb; i++)
     total += bufs[i].len;
-  if (c->closing || c->failed)
+  if (c->phase >= PH_FAILED)
     return OM_ESTATE;
   if (total == 0)
     return 0;
@@ -380,7 +403,7 @@ static void ob_release(conn_t *c) {
 
 /* Send what is corked now (in order before anything written later). */
 static void conn_flush(conn_t *c) {
-  if (c->ob_len > 0 && !c->closing && !c->failed) {
+  if (c->ob_len > 0 && c->phase < PH_FAILED) {
     uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
     (void)conn_send(c, &b, 1); /* a failure marks the connection */
   }
@@ -409,7 +432,7 @@ static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   uv_buf_t v[4];
   unsigned i;
   int rc;
-  if (c->closing || c->failed)
+  if (c->phase >= PH_FAILED)
     return OM_ESTATE;
   for (i = 0; i < nb; i++)
     total += bufs[i].len;
@@ -621,16 +644,17 @@ static void on_conn_handle_closed(uv_handle_t *h) {
  * callbacks (or when no request is active). reset: RST instead of FIN.
  */
 static void conn_close(conn_t *c, int reset) {
+  enum phase was = c->phase;
   req_t *r;
-  if (c->closing)
+  if (c->phase == PH_CLOSING)
     return;
-  if (!reset && !c->failed && c->ob_len > 0) {
+  if (!reset && c->phase != PH_FAILED && c->ob_len > 0) {
     /* what a write before the close would have sent at once */
     uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
     (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
   }
   ob_release(c);
-  c->closing = 1;
+  c->phase = PH_CLOSING;
   conn_drop_requests(c);
   r = c->active;
   c->active = NULL;
@@ -647,7 +671,9 @@ static void conn_close(conn_t *c, int reset) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = 0;
   }
-  if (!reset || c->shutting ||
+  /* after our FIN, a reset would only destroy what the client has yet
+   * to read */
+  if (!reset || was == PH_SHUTTING || was == PH_LINGERING ||
       uv_tcp_close_reset(&c->tcp, on_conn_handle_closed) != 0)
     uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
@@ -655,8 +681,8 @@ static void conn_close(conn_t *c, int reset) {
 
 static void on_shutdown(uv_shutdown_t *sr, int status) {
   conn_t *c = sr->handle->data;
-  if (c->closing || status == UV_ECANCELED)
-    return;
+  if (c->phase >= PH_FAILED || status == UV_ECANCELED)
+    return; /* closing, or to be closed from the timer */
   if (status < 0 || c->no_linger || c->eof || c->srv->closing) {
     conn_close(c, 0);
     return;
@@ -664,7 +690,7 @@ static void on_shutdown(uv_shutdown_t *sr, int status) {
   /* RFC 9112 9.6: keep reading (and dropping) until the client closes,
    * so unread bytes do not turn our FIN into a reset that could destroy
    * the answer before the client reads it. */
-  c->lingering = 1;
+  c->phase = PH_LINGERING;
   c->t_linger = now_ms(c);
   conn_update(c);
 }
@@ -675,19 +701,17 @@ static void on_shutdown(uv_shutdown_t *sr, int status) {
  * no_linger). Safe inside API calls (no request is active).
  */
 static void conn_finish(conn_t *c, int no_linger) {
-  if (c->closing || c->shutting || c->failed)
+  if (c->phase >= PH_SHUTTING)
     return;
   conn_drop_requests(c);
   conn_flush(c); /* uv_shutdown waits for queued writes, not corked ones */
-  if (c->failed)
+  if (c->phase == PH_FAILED)
     return;
-  c->ps = P_DEAD;
-  c->shutting = 1;
+  c->phase = PH_SHUTTING;
   c->discarded = 0; /* what lingering may drop before the cut */
   c->no_linger = no_linger ? 1 : 0;
   c->shut.data = c;
   if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
-    c->shutting = 0;
     conn_fail(c);
     return;
   }
@@ -700,7 +724,7 @@ static void conn_finish(conn_t *c, int no_linger) {
 static int scan_method_is_head(const conn_t *c);
 
 static void reject(conn_t *c, om_http_reject_t why) {
-  if (c->ps == P_DEAD)
+  if (c->phase != PH_READING && c->phase != PH_LAST)
     return;
   c->srv->m.rejected[why]++;
   /* RFC 9110 9.3.2: the answer to a HEAD carries no content */
@@ -708,8 +732,7 @@ static void reject(conn_t *c, om_http_reject_t why) {
     c->err_head = c->cur->is_head;
   else
     c->err_head = c->ps == P_HEAD && scan_method_is_head(c);
-  c->ps = P_DEAD;
-  c->has_err = 1;
+  c->phase = PH_ERRORING;
   c->err = why;
   req_free(c->cur);
   c->cur = NULL;
@@ -730,7 +753,6 @@ static void send_error(conn_t *c) {
                     "Content-Length: %d\r\nConnection: close\r\nDate: "
                     "%s\r\n\r\n",
                     status, reason_phrase(status), bl, http_date(s));
-  c->err_sent = 1;
   bufs[0] = uv_buf_init(head, (unsigned)hl);
   bufs[1] = uv_buf_init(body, (unsigned)bl);
   /* RFC 9110 9.3.2: no content in a response to HEAD */
@@ -1097,7 +1119,7 @@ static void enqueue(conn_t *c, req_t *r) {
    * the connection: what follows is dropped unparsed, read only to see
    * the client's EOF and keep our FIN from turning into a reset. */
   if (!r->keep_alive) {
-    c->no_more = 1;
+    c->phase = PH_LAST;
     c->in_off = c->in_len;
   }
 }
@@ -1223,8 +1245,7 @@ static int scan_method_is_head(const conn_t *c) {
 
 static void conn_parse(conn_t *c) {
   om_http_server_t *s = c->srv;
-  while (!c->closing && !c->failed && c->ps != P_DEAD && !c->no_more &&
-         c->q_len < s->o.max_pipelined) {
+  while (c->phase == PH_READING && c->q_len < s->o.max_pipelined) {
     size_t avail = c->in_len - c->in_off;
     om_http_reject_t why = OM_HTTP_REJECT_BAD_REQUEST;
     if (avail == 0)
@@ -1304,10 +1325,10 @@ static void conn_pump(conn_t *c) {
   c->in_pump = 1;
   do {
     c->pump_again = 0;
-    if (c->closing || c->failed || c->shutting)
+    if (c->phase >= PH_SHUTTING)
       break;
     conn_parse(c);
-    if (c->closing || c->failed || c->active != NULL)
+    if (c->phase >= PH_FAILED || c->active != NULL)
       break;
     if (c->q_head != NULL) {
       req_t *r = c->q_head;
@@ -1327,7 +1348,7 @@ static void conn_pump(conn_t *c) {
       c->pump_again = 1;
       continue;
     }
-    if (c->has_err && !c->err_sent) {
+    if (c->phase == PH_ERRORING) {
       send_error(c);
       conn_finish(c, 0);
       break;
@@ -1336,12 +1357,13 @@ static void conn_pump(conn_t *c) {
       conn_finish(c, 1); /* flush what is queued, then close */
       break;
     }
-    if (c->ps == P_BODY)
+    if (c->phase == PH_READING && c->ps == P_BODY)
       send_continue(c, c->cur);
   } while (c->pump_again);
   c->in_pump = 0;
-  if (!c->closing && c->in_off == c->in_len && c->in_cap > READ_SLACK &&
-      c->ps == P_HEAD && c->sc.pos == 0) {
+  if ((c->phase == PH_READING || c->phase == PH_LAST) &&
+      c->in_off == c->in_len && c->in_cap > READ_SLACK && c->ps == P_HEAD &&
+      c->sc.pos == 0) {
     free(c->in); /* an idle keep-alive connection keeps no big buffer */
     c->in = NULL;
     c->in_cap = c->in_off = c->in_len = 0;
@@ -1357,7 +1379,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   om_http_server_t *s = c->srv;
   size_t maxcap = s->o.max_header_bytes + READ_SLACK;
   (void)suggested;
-  if (c->ps == P_DEAD || c->lingering || c->shutting || c->no_more) {
+  if (c->phase != PH_READING) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
   }
@@ -1386,7 +1408,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = st->data;
   om_http_server_t *s = c->srv;
-  if (c->closing)
+  if (c->phase == PH_CLOSING)
     return;
   if (nread > 0) {
     c->t_read = now_ms(c);
@@ -1397,7 +1419,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
        * there (conn_update), so TCP holds the client back until the
        * response is done; lingering bounds the rest */
       if (c->discarded > DISCARD_MAX) {
-        if (c->no_more && c->ps != P_DEAD)
+        if (c->phase == PH_LAST)
           conn_update(c);
         else
           conn_close(c, 0);
@@ -1423,7 +1445,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   /* An EOF while a response is owed means the client went away (as
    * nginx and Go read it): close, so on_close tells the holder. */
-  if (nread != UV_EOF || c->lingering || c->active != NULL) {
+  if (nread != UV_EOF || c->phase == PH_LINGERING || c->active != NULL) {
     conn_close(c, 0);
     return;
   }
@@ -1437,15 +1459,15 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
   const om_http_server_opts_t *o = &c->srv->o;
   int kind = K_NONE;
   *dl = UINT64_MAX;
-  if (c->failed) {
+  if (c->phase == PH_FAILED) {
     *dl = 0;
     return K_FAIL;
   }
-  if (c->lingering) {
+  if (c->phase == PH_LINGERING) {
     *dl = c->t_linger + LINGER_MS;
     return K_LINGER;
   }
-  if (c->reading && !c->shutting) {
+  if (c->reading && (c->phase == PH_READING || c->phase == PH_LAST)) {
     if (c->ps == P_HEAD) {
       if (c->in_len > c->in_off) {
         *dl = c->t_header + o->header_timeout_ms;
@@ -1479,7 +1501,7 @@ static void on_timer(uv_timer_t *t) {
   conn_t *c = t->data;
   uint64_t dl, now = now_ms(c);
   int kind;
-  if (c->closing)
+  if (c->phase == PH_CLOSING)
     return;
   kind = conn_deadline(c, &dl);
   if (kind == K_NONE || now < dl) {
@@ -1507,13 +1529,14 @@ static void conn_update(conn_t *c) {
   om_http_server_t *s = c->srv;
   uint64_t dl, now;
   int want;
-  if (c->closing)
+  if (c->phase == PH_CLOSING)
     return;
-  if (c->failed || c->eof)
+  if (c->phase == PH_FAILED || c->eof)
     want = 0;
-  else if (c->lingering || c->shutting || c->ps == P_DEAD)
-    want = 1;          /* read and drop: see EOF, keep the peer from a reset */
-  else if (c->no_more) /* the same while the last response is on its way, */
+  else if (c->phase >= PH_ERRORING)
+    want = 1; /* read and drop: see EOF, keep the peer from a reset */
+  else if (c->phase == PH_LAST) /* the same while the last response is on
+                                   its way, */
     want = c->discarded <= DISCARD_MAX; /* up to a point */
   else
     want = c->q_len < s->o.max_pipelined &&
@@ -1782,9 +1805,9 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
   for (c = s->conns; c != NULL; c = next) {
     next = c->next;
     /* a response in flight, or being flushed, may finish */
-    if (c->closing || c->failed || c->active != NULL)
+    if (c->phase >= PH_FAILED || c->active != NULL)
       continue;
-    if (c->lingering)
+    if (c->phase == PH_LINGERING)
       conn_close(c, 0);
     else
       conn_finish(c, 1);
@@ -1836,7 +1859,7 @@ static void req_finish(req_t *r, int close) {
   req_free(r);
   c->active = NULL;
   c->t_idle = now_ms(c);
-  if (c->failed || c->closing)
+  if (c->phase >= PH_FAILED)
     return;
   if (close)
     conn_finish(c, 0);
@@ -1876,7 +1899,7 @@ int om_http_respond(om_http_request_t *req, int status,
   if (rc != 0)
     return rc;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing) {
+  if (c == NULL || c->phase >= PH_FAILED) {
     if (c != NULL)
       req_finish(r, 1);
     else
@@ -1923,7 +1946,7 @@ static int response_start(om_http_request_t *req, int status,
   if (status == 204 && rh.has_cl)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing)
+  if (c == NULL || c->phase >= PH_FAILED)
     return OM_ESTATE;
   no_body = r->is_head || status == 204 || status == 304;
   if (no_body)
@@ -1972,7 +1995,7 @@ int om_http_response_write(om_http_request_t *req, const char *data,
   if (r->rframe == RF_FIXED && (uint64_t)len > r->resp_left)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing)
+  if (c == NULL || c->phase >= PH_FAILED)
     return OM_ESTATE;
   switch (r->rframe) {
   case RF_NOBODY:
@@ -2004,11 +2027,10 @@ static void cut(req_t *r) {
   req_free(r);
   c->active = NULL;
   c->srv->m.responses_aborted++;
-  if (c->failed || c->closing)
+  if (c->phase >= PH_FAILED)
     return;
   if (reset) {
     conn_drop_requests(c);
-    c->ps = P_DEAD;
     conn_close(c, 1); /* no request is active: no callbacks run */
   } else {
     conn_finish(c, 1);
@@ -2028,7 +2050,7 @@ int om_http_response_end(om_http_request_t *req) {
     req_free(r);
     return OM_ESTATE;
   }
-  if (c->failed || c->closing) {
+  if (c->phase >= PH_FAILED) {
     req_finish(r, 1);
     return OM_ESTATE;
   }
@@ -2062,7 +2084,7 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
   if (r == NULL)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->closing || c->failed || r->rstate != RS_STREAMING ||
+  if (c == NULL || c->phase >= PH_FAILED || r->rstate != RS_STREAMING ||
       r->in_close_cb)
     return OM_ESTATE;
   r->on_drain = NULL;
@@ -2077,7 +2099,7 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
 
 size_t om_http_response_pending(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
-  if (r == NULL || r->conn == NULL || r->conn->closing)
+  if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING)
     return 0;
   return r->conn->ob_len +
          uv_stream_get_write_queue_size((const uv_stream_t *)&r->conn->tcp);
