@@ -688,7 +688,10 @@ om_http1_err_t om_http1_framing_field(om_http1_framing_t *f, const char *name,
   } else if (nl == 17 && om__http_ci_eq(name, nl, "transfer-encoding")) {
     if (++f->n_te > 1 && f->kind == OM_HTTP1_RESPONSE)
       return OM_HTTP1_E_TE_REPEATED;
+    f->te_lookalike_last = 0;
     te_parse(f, v, vl);
+  } else if (nl > 17 && om__http_ci_eq(name, 17, "transfer-encoding")) {
+    f->te_lookalike = f->te_lookalike_last = 1;
   }
   return OM_HTTP1_OK;
 }

@@ -232,6 +232,14 @@ typedef struct {
   /* the Transfer-Encoding list, over every field (RFC 9110 5.3) */
   unsigned te_codings; /* codings in it */
   int te_chunked, te_last_chunked, te_unknown, te_bad;
+  /* a field whose name begins with "Transfer-Encoding" and goes on
+   * ("Transfer-Encodings"): not a framing field, but http-parser 2.9
+   * reads it as one (it refuses the message then, or reads the body to
+   * the close), and so could a reader behind us; callers refuse it where
+   * that would change the framing. te_lookalike_last: one came after the
+   * last Transfer-Encoding field (or there is none), which is when
+   * http-parser no longer reads the message as chunked */
+  int te_lookalike, te_lookalike_last;
 } om_http1_framing_t;
 
 /* Start a decision for kind. */

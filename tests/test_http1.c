@@ -383,6 +383,14 @@ static void framing_decisions(void **state) {
        OM_HTTP1_E_CL_AND_TE,
        0},
       {OM_HTTP1_RESPONSE, {"X: y"}, 1, 1, 200, 0, OM_HTTP1_BODY_CLOSE},
+      /* not a framing field, whatever http-parser makes of it */
+      {OM_HTTP1_REQUEST,
+       {"Transfer-Encodings: x", "Content-Length: 2"},
+       2,
+       1,
+       0,
+       0,
+       OM_HTTP1_BODY_LENGTH},
       {OM_HTTP1_RESPONSE,
        {"Content-Length: 5"},
        1,
@@ -583,6 +591,20 @@ static void chunked_limits(void **state) {
   assert_int_equal(at, 5);
 }
 
+static void lookalike_names_are_marked(void **state) {
+  om_http1_framing_t fr;
+  (void)state;
+  om_http1_framing_init(&fr, OM_HTTP1_REQUEST);
+  assert_int_equal(om_http1_framing_field(&fr, "Transfer-Encodin", 16, "x", 1),
+                   OM_HTTP1_OK);
+  assert_false(fr.te_lookalike);
+  assert_int_equal(
+      om_http1_framing_field(&fr, "TRANSFER-ENCODINGX", 18, "chunked", 7),
+      OM_HTTP1_OK);
+  assert_true(fr.te_lookalike);
+  assert_int_equal(fr.n_te, 0);
+}
+
 static void descriptions(void **state) {
   int e;
   (void)state;
@@ -604,6 +626,7 @@ int main(void) {
       cmocka_unit_test(chunked_spans_at_every_split),
       cmocka_unit_test(chunked_refusals),
       cmocka_unit_test(chunked_limits),
+      cmocka_unit_test(lookalike_names_are_marked),
       cmocka_unit_test(descriptions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -90,9 +90,10 @@ static const char *ows(void) {
 
 /* A field line other than the framing ones. */
 static void gen_field(buf_t *m) {
-  static const char *const names[] = {"Host", "X-A", "Accept", "x-long-name",
-                                      "Connection", "Trailer"};
-  static const char *const values[] = {"v",  "a b",        "\x80\xff", "",
+  static const char *const names[] = {
+      "Host",    "X-A",     "Accept", "x-long-name", "Connection",
+      "Trailer", "Trailer", "X-A",    "Host",        "Transfer-Encodings"};
+  static const char *const values[] = {"v",    "a b",        "\x80\xff",    "",
                                        "x\ty", "keep-alive", "h.example:80"};
   puts_(m, PICK(names));
   puts_(m, ":");
@@ -107,9 +108,9 @@ enum { B_NONE, B_CL, B_CHUNKED };
 /* The framing fields; returns the body to generate and *cl. */
 static int gen_framing(buf_t *m, unsigned *cl) {
   static const char *const te[] = {
-      "chunked",       "Chunked", "CHUNKED",  "gzip, chunked", "chunked, gzip",
-      "chunked,",      ", chunked", "identity", "chunked;a=b", "chunked , chunked",
-      "x, chunked",    "chunked"};
+      "chunked",       "Chunked",           "CHUNKED",    "gzip, chunked",
+      "chunked, gzip", "chunked,",          ", chunked",  "identity",
+      "chunked;a=b",   "chunked , chunked", "x, chunked", "chunked"};
   char line[128];
   unsigned k = pick(10);
   *cl = pick(40);
@@ -126,7 +127,7 @@ static int gen_framing(buf_t *m, unsigned *cl) {
   }
   if (k == 6) {
     static const char *const bad[] = {"1, 1", "+5", "99999999999999999999",
-                                      "0x5", "", "5 5"};
+                                      "0x5",  "",   "5 5"};
     snprintf(line, sizeof line, "Content-Length: %s\r\n", PICK(bad));
     puts_(m, line);
     return B_CL;
@@ -151,10 +152,9 @@ static void gen_data(buf_t *m, unsigned n) {
 }
 
 static void gen_ext(buf_t *m) {
-  static const char *const ext[] = {"",          "",       "",
-                                    ";a=b",      " ;a=b",  "\t;a=\"q\\\"x\"",
-                                    ";a",        ";a = b", "; a=\"\"",
-                                    ";a=b;c=\"d\"", ";",   " "};
+  static const char *const ext[] = {
+      "",   "",       "",         ";a=b",         " ;a=b", "\t;a=\"q\\\"x\"",
+      ";a", ";a = b", "; a=\"\"", ";a=b;c=\"d\"", ";",     " "};
   puts_(m, PICK(ext));
 }
 
@@ -189,7 +189,8 @@ static void gen_chunked(buf_t *m) {
 
 /* A few hostile edits anywhere in the message. */
 static void mutate(buf_t *m) {
-  static const char hot[] = "\r\n\t :;\"\\,\0\x7f\x80" "0aZ";
+  static const char hot[] = "\r\n\t :;\"\\,\0\x7f\x80"
+                            "0aZ";
   unsigned edits = 1 + pick(2);
   while (edits-- > 0 && m->n > 0) {
     size_t at = pick((unsigned)m->n);
@@ -242,11 +243,11 @@ static int gen(buf_t *m) {
   m->n = 0;
   if (kind == OM_HTTP1_REQUEST) {
     static const char *const methods[] = {
-        "GET", "POST", "PUT",  "DELETE",   "PATCH", "OPTIONS",
-        "HEAD", "PROPFIND", "M-SEARCH", "FOO", "get",   "POST"};
+        "GET",  "POST",     "PUT",      "DELETE", "PATCH", "OPTIONS",
+        "HEAD", "PROPFIND", "M-SEARCH", "FOO",    "get",   "POST"};
     static const char *const targets[] = {
-        "/", "/a/b?c=d", "/%7e", "/x?y", "http://h.example/p", "*", "/a#f",
-        "/a|b"};
+        "/", "/a/b?c=d", "/%7e", "/x?y", "http://h.example/p",
+        "*", "/a#f",     "/a|b"};
     static const char *const versions[] = {"HTTP/1.1", "HTTP/1.1", "HTTP/1.1",
                                            "HTTP/1.0", "HTTP/2.0", "HTTP/1.2"};
     if (chance(5))
@@ -259,8 +260,8 @@ static int gen(buf_t *m) {
     puts_(m, "\r\n");
   } else {
     static const char *const lines[] = {
-        "HTTP/1.1 200 OK\r\n", "HTTP/1.1 404 Not Found\r\n",
-        "HTTP/1.0 200 OK\r\n", "HTTP/1.1 500\r\n",
+        "HTTP/1.1 200 OK\r\n",         "HTTP/1.1 404 Not Found\r\n",
+        "HTTP/1.0 200 OK\r\n",         "HTTP/1.1 500\r\n",
         "HTTP/1.1 299 A \t b\xe9\r\n", "HTTP/1.1 201 \r\n"};
     puts_(m, PICK(lines));
   }
@@ -288,7 +289,9 @@ enum { ST_ACCEPT, ST_REJECT, ST_MORE };
 
 typedef struct {
   int st;
-  om_http1_err_t err; /* ours: the refusal (OM_HTTP1_E__COUNT: method) */
+  om_http1_err_t err; /* ours: the module's refusal */
+  const char *rule;   /* ours: or the server's / client's rule that refused */
+  int te_lookalike;   /* ours: a field named like Transfer-Encoding */
   int hp_errno;       /* http-parser's */
   char method[32], target[256];
   int major, minor, status;
@@ -355,28 +358,27 @@ static void ours(int kind, const char *b, size_t n, const size_t *cuts,
     r->err = e;
     return;
   }
-  /* the server's rules past the head's grammar: a target form it
-   * takes (reported as TARGET_BYTE), a method it knows, a body within
-   * its limit */
+  r->te_lookalike = fr.te_lookalike;
+  /* the server's rules past the head's grammar, in its order: a target
+   * form it takes, a body within its limit, a method it knows, no field
+   * named like Transfer-Encoding; the client's: no such field beside a
+   * Transfer-Encoding */
   if (kind == OM_HTTP1_REQUEST) {
     om_http1_target_t tg;
     if (om_http1_target_parse(r->method, h.method_len, b + h.target_off,
-                              h.target_len, &tg) != 0) {
-      r->st = ST_REJECT;
-      r->err = OM_HTTP1_E_TARGET_BYTE;
-      return;
-    }
+                              h.target_len, &tg) != 0)
+      r->rule = "target";
+    else if (body == OM_HTTP1_BODY_LENGTH && fr.cl > MAX_BODY)
+      r->rule = "body limit";
+    else if (!om_http1_method_known(r->method, h.method_len))
+      r->rule = "method";
+    else if (fr.te_lookalike && (fr.n_cl > 0 || fr.te_lookalike_last))
+      r->rule = "transfer-encoding lookalike";
+  } else if (fr.te_lookalike_last && fr.n_te > 0) {
+    r->rule = "transfer-encoding lookalike";
   }
-  if (kind == OM_HTTP1_REQUEST &&
-      !om_http1_method_known(r->method, h.method_len)) {
+  if (r->rule != NULL) {
     r->st = ST_REJECT;
-    r->err = OM_HTTP1_E__COUNT;
-    return;
-  }
-  if (kind == OM_HTTP1_REQUEST && body == OM_HTTP1_BODY_LENGTH &&
-      fr.cl > MAX_BODY) {
-    r->st = ST_REJECT;
-    r->err = OM_HTTP1_E_CHUNK_TOO_LARGE;
     return;
   }
   r->used = h.pos;
@@ -547,7 +549,8 @@ static void theirs(int kind, const char *b, size_t n, const size_t *cuts,
   memset(r, 0, sizeof *r);
   memset(&x, 0, sizeof x);
   x.r = r;
-  http_parser_init(&hp, kind == OM_HTTP1_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
+  http_parser_init(&hp,
+                   kind == OM_HTTP1_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
   hp.data = &x;
   for (k = 0; k <= n_cuts && !x.done && err == HPE_OK; k++) {
     size_t end = k < n_cuts ? cuts[k] : n;
@@ -558,8 +561,7 @@ static void theirs(int kind, const char *b, size_t n, const size_t *cuts,
     }
   }
   /* a response without framing fields ends with the connection */
-  if (!x.done && err == HPE_OK && kind == OM_HTTP1_RESPONSE &&
-      x.needs_eof) {
+  if (!x.done && err == HPE_OK && kind == OM_HTTP1_RESPONSE && x.needs_eof) {
     http_parser_execute(&hp, &st, NULL, 0);
     err = HTTP_PARSER_ERRNO(&hp);
   }
@@ -652,7 +654,7 @@ static int stricter(int kind, om_http1_err_t err) {
 }
 
 typedef struct {
-  unsigned long both_accept, both_reject, stricter, more, later;
+  unsigned long both_accept, both_reject, stricter, more, later, lookalike;
   unsigned long by_err[OM_HTTP1_E__COUNT + 1];
 } tally_t;
 
@@ -683,18 +685,38 @@ static const char *st_name(int st) {
 static const char *compare(int kind, const res_t *o, const res_t *h,
                            tally_t *t) {
   if (o->st == ST_REJECT) {
-    t->by_err[o->err]++;
     if (h->st == ST_REJECT) {
       t->both_reject++;
       return "";
     }
-    /* the server's rule that a method must be known is http-parser's
-     * own list (om_http1_method_known), so it never counts here */
-    if (o->err != OM_HTTP1_E__COUNT && stricter(kind, o->err)) {
+    /* a caller's rule: the target forms a server takes (RFC 9112 3.2,
+     * stricter than http-parser's URL reader) and its body limit; the
+     * known methods are http-parser's own list and the lookalike rule
+     * follows it, so those two never count here */
+    /* in a response, the client refuses a lookalike after the last
+     * Transfer-Encoding, which http-parser reads as a body to the close */
+    if (o->rule != NULL
+            ? strcmp(o->rule, "target") == 0 ||
+                  strcmp(o->rule, "body limit") == 0 ||
+                  (kind == OM_HTTP1_RESPONSE &&
+                   strcmp(o->rule, "transfer-encoding lookalike") == 0)
+            : stricter(kind, o->err)) {
+      if (o->rule == NULL)
+        t->by_err[o->err]++;
       t->stricter++;
       return "";
     }
     return "om_http1 refuses what http-parser does not";
+  }
+  if (kind == OM_HTTP1_RESPONSE && h->st == ST_REJECT &&
+      h->hp_errno == HPE_UNEXPECTED_CONTENT_LENGTH && o->te_lookalike) {
+    /* http-parser 2.9.4 takes a field name that begins with
+     * "Transfer-Encoding" for it, and then refuses a Content-Length; the
+     * client reads a response with such a field by its Content-Length,
+     * as the field is not Transfer-Encoding (the server, which relays
+     * requests to readers it does not know, refuses them instead) */
+    t->lookalike++;
+    return "";
   }
   if (h->st == ST_REJECT && o->st == ST_MORE && !o->head_done) {
     /* http-parser refuses a method, a target or a framing value as it
@@ -779,8 +801,9 @@ static void differential(void **state) {
     if (*why != 0) {
       show(m.b, m.n);
       fprintf(stderr, "ours: %s (%s) used %zu fields [%.*s] body %zu\n",
-              st_name(whole.st), om_http1_err_desc(whole.err), whole.used,
-              (int)whole.fields_len, whole.fields, whole.body_len);
+              st_name(whole.st),
+              whole.rule ? whole.rule : om_http1_err_desc(whole.err),
+              whole.used, (int)whole.fields_len, whole.fields, whole.body_len);
       fprintf(stderr, "http-parser: %s (%s) used %zu fields [%.*s] body %zu\n",
               st_name(hp.st), http_errno_name((enum http_errno)hp.hp_errno),
               hp.used, (int)hp.fields_len, hp.fields, hp.body_len);
@@ -790,8 +813,10 @@ static void differential(void **state) {
   }
   fprintf(stderr,
           "# %lu messages: both accept %lu (framed alike), both refuse %lu, "
-          "ours stricter %lu, both wait %lu, ours decides later %lu\n",
-          count, t.both_accept, t.both_reject, t.stricter, t.more, t.later);
+          "ours stricter %lu, both wait %lu, ours decides later %lu, "
+          "http-parser misreads a name %lu\n",
+          count, t.both_accept, t.both_reject, t.stricter, t.more, t.later,
+          t.lookalike);
   /* the generator reaches every outcome, or the run proves little */
   OM_ASSERT_CMP(t.both_accept, >, count / 20);
   OM_ASSERT_CMP(t.both_reject + t.stricter, >, count / 20);

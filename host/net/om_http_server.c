@@ -1005,6 +1005,16 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
     return -1;
   }
+  /* a field named like Transfer-Encoding ("Transfer-Encodings"): a
+   * reader that takes it for one (http-parser 2.9 does) frames the
+   * request otherwise, when there is a Content-Length or when it comes
+   * after the last Transfer-Encoding; the answer names what that reader
+   * would disagree on */
+  if (fr.te_lookalike && (h->has_cl || fr.te_lookalike_last)) {
+    *why = h->has_cl ? OM_HTTP_REJECT_BAD_CONTENT_LENGTH
+                     : OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
+    return -1;
+  }
   return 0;
 }
 

@@ -1115,6 +1115,7 @@ static int deliver(conn_t *c, req_t *r, const char *data, size_t n) {
 /* What the head says about the connection and the body. */
 typedef struct {
   int body; /* OM_HTTP1_BODY_* */
+  int te_lookalike;
   uint64_t cl;
   conn_opts_t co;
 } head_t;
@@ -1158,6 +1159,9 @@ static om_http1_err_t head_fields(conn_t *c, const char *b, head_t *h,
       return OM_HTTP1_E__COUNT; /* see step_head */
   }
   h->cl = fr.cl;
+  /* beside a real Transfer-Encoding only: alone it changes nothing the
+   * client reads (see om_http1_framing_t) */
+  h->te_lookalike = fr.te_lookalike_last && fr.n_te > 0;
   return om_http1_framing_end(&fr, hd->minor, hd->status, c->req->is_head,
                               &h->body);
 }
@@ -1229,6 +1233,9 @@ static int step_head(conn_t *c) {
     return malformed(c, OM_EPARSE,
                      "101 Switching Protocols (no upgrade "
                      "was asked for)");
+  if (h.te_lookalike)
+    return malformed(c, OM_EPARSE,
+                     "a field named like Transfer-Encoding beside it");
   if (hd->status < 200) {
     /* an interim response: skip it, the final one follows (RFC 9110
      * 15.2); its bytes count against the head limit */
