@@ -658,6 +658,18 @@ typedef struct {
   unsigned long by_err[OM_HTTP1_E__COUNT + 1];
 } tally_t;
 
+static const char *err_name(om_http1_err_t e) {
+  switch (e) {
+#define OM__ERR_NAME(name, desc)                                               \
+  case OM_HTTP1_E_##name:                                                      \
+    return #name;
+    OM_HTTP1_ERR_MAP(OM__ERR_NAME)
+#undef OM__ERR_NAME
+  default:
+    return "?";
+  }
+}
+
 static void show(const char *b, size_t n) {
   size_t i;
   fprintf(stderr, "message (%zu bytes): \"", n);
@@ -817,6 +829,11 @@ static void differential(void **state) {
           "http-parser misreads a name %lu\n",
           count, t.both_accept, t.both_reject, t.stricter, t.more, t.later,
           t.lookalike);
+  fprintf(stderr, "# ours stricter, by refusal:");
+  for (i = 0; i < OM_HTTP1_E__COUNT; i++)
+    if (t.by_err[i] > 0)
+      fprintf(stderr, " %s=%lu", err_name((om_http1_err_t)i), t.by_err[i]);
+  fprintf(stderr, "\n");
   /* the generator reaches every outcome, or the run proves little */
   OM_ASSERT_CMP(t.both_accept, >, count / 20);
   OM_ASSERT_CMP(t.both_reject + t.stricter, >, count / 20);
