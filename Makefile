@@ -22,7 +22,7 @@ LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -pri
            ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
-.PHONY: all build deps deps-bench check format-check test-c test-lua bench format clean up
+.PHONY: all build deps deps-bench check format-check test-c test-lua bench format clean up fuzz
 
 all: build
 
@@ -73,6 +73,13 @@ bench: deps deps-bench
 	@for b in $(BENCH_BUILD)/bench/bench_*; do \
 	  [ -x "$$b" ] || continue; "$$b" || exit 1; done
 	bash bench/proxy_bench.sh $(BENCH_BUILD)/bin/openmesh
+
+# The HTTP/1.1 framing module against http-parser on many generated
+# messages (make check runs a few thousand). OM_FUZZ_SEED=N replays a run;
+# the seed is printed first.
+OM_FUZZ_COUNT ?= 300000
+fuzz: build
+	OM_FUZZ_COUNT=$(OM_FUZZ_COUNT) $(BUILD)/test_http1_fuzz
 
 format:
 	git ls-files '*.c' '*.h' | xargs clang-format -i

@@ -1,8 +1,8 @@
 /*
  * bench_http.c: the HTTP/1.1 server over loopback, server and client in one
  * thread (the client turns the loop), so a figure is the whole per-request
- * cost: syscalls, our strict scanner, http-parser's second opinion, the
- * response write.
+ * cost: syscalls, the strict HTTP/1.1 framing module (core/om_http1.c, the
+ * one parse of each request), the response write.
  *
  * Figures (median of 5 rounds after a warm-up):
  *   http_keepalive_rps        one request in flight on one connection

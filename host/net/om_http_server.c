@@ -2,21 +2,29 @@
  * om_http_server.c: HTTP/1.1 server on libuv (see om_http_server.h).
  *
  * Reading a request, per connection:
- *   raw bytes -> scan_head (our strict RFC 9112 scanner: finds the end of
- *   the header section, enforces the limits, records every field) ->
- *   check_semantics (version, method, target, Host, Content-Length,
- *   Transfer-Encoding, Expect) -> http-parser over the same bytes must
- *   agree (hx_* callbacks) -> body: decode (our strict chunked / length
- *   decoder) with http-parser fed the very same bytes in lockstep -> a
- *   complete request is queued; the queue is dispatched one at a time.
- * After any rejection the connection is "dead": nothing more is parsed,
+ *   raw bytes -> scan_head (om_http1_head_parse, core/om_http1.c: the
+ *   strict RFC 9112 head parser finds the end of the header section,
+ *   enforces the limits, records every field) -> check_semantics
+ *   (version, method, target, Host, Content-Length / Transfer-Encoding
+ *   through om_http1_framing_*, Expect) -> body: decode (a length count,
+ *   or om_http1_chunked_decode handing back spans) -> a complete request
+ *   is queued; the queue is dispatched one at a time. Every message is
+ *   parsed once; http-parser is a differential oracle in the tests
+ *   (tests/test_http1_fuzz.c), not a second runtime parse.
+ * After any rejection the connection is ERRORING: nothing more is parsed,
  * bytes are read and dropped (so the peer sees our answer, not a reset),
  * the error answer is sent once the responses before it have ended, and
  * the connection is half-closed, then closed.
  *
  * Closing: conn_close runs on_close callbacks, so it is called only from
  * loop callbacks; inside an API call a broken connection is marked
- * `failed` and closed from its timer on the next loop turn.
+ * FAILED and closed from its timer on the next loop turn.
+ *
+ * Files: this one accepts connections and holds the server and the
+ * request / response API; om_http_server_read.c the read side (parsing,
+ * dispatch, timers), om_http_server_write.c the write side (corked
+ * output, response heads, teardown); om_http_server_internal.h what
+ * they share.
  */
 #include "om_http_server.h"
 
@@ -26,37 +34,11 @@
 #include <string.h>
 #include <time.h>
 
-#include <http_parser.h>
-
 #include "om_errno.h"
+#include "om_http1.h"
 #include "om_http_chars.h"
-#include "om_http_detab.h"
+#include "om_http_server_internal.h"
 #include "om_log.h"
-
-/* ------------------------------------------------------------------ */
-/* limits and defaults */
-
-#define DEF_MAX_HEADER_BYTES (16u * 1024u)
-#define CAP_MAX_HEADER_BYTES (64u * 1024u)
-#define MIN_MAX_HEADER_BYTES 64u
-#define DEF_MAX_HEADERS 100u
-#define DEF_MAX_BODY_BYTES (1024u * 1024u)
-#define DEF_HEADER_TIMEOUT_MS 10000u
-#define DEF_IDLE_TIMEOUT_MS 60000u
-#define DEF_DRAIN_TIMEOUT_MS 5000u
-#define DEF_MAX_CONNECTIONS 10000u
-#define DEF_MAX_PIPELINED 16u
-
-/* longer than any method http-parser knows (UNSUBSCRIBE, 11) */
-#define METHOD_MAX 16u
-#define CHUNK_LINE_MAX 4096u /* chunk-size + chunk-ext bytes in one line */
-/* framing bytes allowed in one chunked body */
-#define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
-#define LINGER_MS 2000u        /* RFC 9112 9.6: read after our FIN this long */
-#define DISCARD_MAX (1u << 20) /* bytes dropped after an error before a cut */
-#define READ_MIN 2048u         /* smallest read buffer we hand libuv */
-#define READ_SLACK (16u * 1024u)
-#define SCRATCH_BYTES (16u * 1024u)
 
 /* ------------------------------------------------------------------ */
 /* rejection names */
@@ -86,232 +68,45 @@ int om_http_reject_status(om_http_reject_t reason) {
 }
 
 /* ------------------------------------------------------------------ */
-/* types */
-
-/* Offsets of one field line, relative to the start of the request. */
-typedef struct {
-  uint32_t name_off, name_len, value_off, value_len;
-} field_t;
-
-/* Header-section scanner states (RFC 9112 2.1, 3, 5). */
-enum {
-  S_START, /* before the request line; empty lines allowed (2.2) */
-  S_START_LF,
-  S_METHOD,
-  S_TARGET0,
-  S_TARGET,
-  S_VERSION,
-  S_RL_LF,
-  S_FIELD_START,
-  S_NAME,
-  S_OWS,
-  S_VALUE,
-  S_FIELD_LF,
-  S_END_LF
-};
-
-typedef struct {
-  int st;
-  size_t pos; /* next byte to scan, relative to the request start */
-  size_t rl_start, method_end, target_start, target_end, version_start;
-  size_t name_start, name_end, value_start, value_end;
-  size_t n_fields;
-} scan_t;
-
-/* Body decoder states (RFC 9112 6.2 and 7.1). */
-enum {
-  D_FIXED,
-  D_SIZE0,
-  D_SIZE,
-  D_SIZE_WS,
-  D_EXT_NAME0,
-  D_EXT_NAME,
-  D_EXT_NAME_WS,
-  D_EXT_VAL0,
-  D_EXT_TOKEN,
-  D_EXT_QS,
-  D_EXT_QP,
-  D_EXT_AFTER_QS,
-  D_EXT_VAL_WS,
-  D_SIZE_LF,
-  D_DATA,
-  D_DATA_CR,
-  D_DATA_LF,
-  D_TR_START,
-  D_TR_NAME,
-  D_TR_VALUE,
-  D_TR_LF,
-  D_END_LF
-};
-
-typedef struct {
-  int st;
-  uint64_t left; /* bytes left in the current chunk or the fixed body */
-  uint64_t size; /* chunk-size being read */
-  size_t line;   /* bytes of the current chunk line */
-  size_t tr_bytes, tr_fields;
-  size_t seen;     /* raw body bytes consumed */
-  size_t overhead; /* chunk lines and trailers: framing, not data */
-} dec_t;
-
-/* What http-parser saw, for the cross-check. */
-enum { HX_NONE, HX_URL, HX_FIELD, HX_VALUE };
-
-typedef struct {
-  const char *base; /* request start in the connection buffer */
-  int last, mismatch, in_body, headers_done, done, have_field;
-  size_t url_off, url_len, nf, f_off, f_len, v_off, v_len;
-  const char *copy;          /* the slice hx_execute is feeding, HTAB as SP */
-  size_t copy_len, copy_off; /* its length, and its offset from base */
-  unsigned flags, method, major, minor;
-  uint64_t cl, body;
-} hx_t;
-
-typedef struct om_http_conn_s conn_t;
-
-/*
- * Output corking. A response's head, its body and the end of a chunked
- * stream are usually written from one callback (an upstream read that
- * carried all of them), and pipelined responses from one read of the
- * client. Small writes are gathered per connection and sent in one
- * syscall at the end of the loop turn (uv_check runs right after the I/O
- * callbacks), so a small response costs one write, as nginx's writev
- * does. Larger writes go out at once, behind what was gathered. Buffers
- * are lent by the server and returned at the flush, so an idle connection
- * holds none.
- */
-#define OB_CAP 4096
-#define OB_SPARES 16
-
-enum { RS_NONE, RS_STREAMING };
-enum { RF_NOBODY, RF_FIXED, RF_CHUNKED, RF_CLOSE };
-
-typedef struct req_s {
-  om_http_request_t pub; /* first: the handler's pointer is ours */
-  conn_t *conn;          /* NULL once the client is gone */
-  struct req_s *next;
-  om_http_close_fn on_close;
-  om_http_drain_fn on_drain;
-  size_t drain_low;
-  char *body;
-  size_t body_cap;
-  uint64_t resp_left;
-  int rstate, rframe;
-  unsigned keep_alive : 1, is_head : 1, want_continue : 1, continue_sent : 1,
-      in_close_cb : 1, resp_close : 1;
-} req_t;
-
-enum { P_HEAD, P_BODY, P_DEAD };
-
-struct om_http_conn_s {
-  uv_tcp_t tcp;
-  uv_timer_t timer;
-  uv_shutdown_t shut;
-  om_http_server_t *srv;
-  conn_t *prev, *next;
-  int handles;
-  char *in;
-  size_t in_off, in_len, in_cap;
-  scan_t sc;
-  field_t *fields;
-  size_t fields_cap;
-  int ps;
-  req_t *cur; /* request whose body is being read */
-  dec_t dec;
-  http_parser hp;
-  hx_t hx;
-  req_t *q_head, *q_tail;
-  size_t q_len;
-  req_t *active; /* dispatched, response not ended */
-  om_http_reject_t err;
-  unsigned has_err : 1, err_sent : 1, err_head : 1, fresh : 1, hstart_set : 1,
-      eof : 1, closing : 1, failed : 1, shutting : 1, lingering : 1,
-      no_linger : 1, reading : 1, in_pump : 1, pump_again : 1, dirty : 1,
-      no_more : 1;
-  char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
-  size_t ob_len;
-  conn_t *dprev, *dnext; /* the server's list of corked connections */
-  uint64_t t_header, t_read, t_idle, t_write, t_linger;
-  size_t discarded;
-  struct sockaddr_storage remote;
-  char remote_ip[46];
-  int remote_port;
-};
-
-typedef struct {
-  uv_tcp_t tcp; /* first: freed through the handle pointer */
-  om_http_server_t *srv;
-} reject_conn_t;
-
-struct om_http_server_s {
-  uv_loop_t *loop;
-  uv_tcp_t listener;
-  uv_timer_t drain_timer;
-  uv_check_t flush_check; /* flushes corked output once per loop turn */
-  conn_t *dirty;
-  char *ob_spare[OB_SPARES];
-  size_t n_ob_spare;
-  uv_tcp_t spare; /* rejects a connection when even malloc fails */
-  om_http_server_opts_t o;
-  om_http_handler_fn on_request;
-  void *ud;
-  om_http_closed_fn on_closed;
-  conn_t *conns;
-  size_t handles, rejects_open;
-  unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
-      spare_busy : 1, finished : 1;
-  om_http_server_metrics_t m;
-  time_t date_sec;
-  char date[40];
-  char scratch[SCRATCH_BYTES];
-};
-
-static void conn_pump(conn_t *c);
-static void conn_update(conn_t *c);
-static void on_timer(uv_timer_t *t);
-static void conn_close(conn_t *c, int reset);
-static void srv_maybe_finish(om_http_server_t *s);
-
-/* ------------------------------------------------------------------ */
 /* small helpers */
 
-static uint64_t now_ms(const conn_t *c) {
+uint64_t om__http_now_ms(const conn_t *c) {
   return uv_now(c->srv->loop);
 }
 
-static void req_free(req_t *r) {
+void om__http_req_free(req_t *r) {
   if (r == NULL)
     return;
   free(r->body);
   free(r);
 }
 
-static void conn_drop_requests(conn_t *c) {
+void om__http_conn_drop_requests(conn_t *c) {
   while (c->q_head != NULL) {
     req_t *r = c->q_head;
     c->q_head = r->next;
-    req_free(r);
+    om__http_req_free(r);
   }
   c->q_tail = NULL;
   c->q_len = 0;
-  req_free(c->cur);
+  om__http_req_free(c->cur);
   c->cur = NULL;
 }
 
 /* Close from the timer on the next loop turn: safe inside API calls. */
-static void conn_fail(conn_t *c) {
-  if (c->closing || c->failed)
+void om__http_conn_fail(conn_t *c) {
+  if (c->phase >= PH_FAILED)
     return;
-  c->failed = 1;
+  c->phase = PH_FAILED;
   if (c->reading) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = 0;
   }
-  uv_timer_start(&c->timer, on_timer, 0, 0);
+  uv_timer_start(&c->timer, om__http_on_timer, 0, 0);
 }
 
 /* IMF-fixdate (RFC 9110 5.6.7), cached per second; no locale. */
-static const char *http_date(om_http_server_t *s) {
+const char *om__http_date(om_http_server_t *s) {
   static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed",
                                   "Thu", "Fri", "Sat"};
   static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
@@ -329,2082 +124,6 @@ static const char *http_date(om_http_server_t *s) {
 }
 
 /* ------------------------------------------------------------------ */
-/* writing */
-
-/* The active response's producer asked to hear when output drains. */
-static void conn_check_drain(conn_t *c) {
-  req_t *r = c->active;
-  om_http_drain_fn cb;
-  if (c->closing || c->failed || r == NULL || r->on_drain == NULL ||
-      r->rstate != RS_STREAMING)
-    return;
-  if (c->ob_len + uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >
-      r->drain_low)
-    return;
-  cb = r->on_drain;
-  r->on_drain = NULL;
-  cb(&r->pub);
-}
-
-typedef struct {
-  uv_write_t req;
-  conn_t *c;
-  char data[];
-} wreq_t;
-
-static void on_write(uv_write_t *wr, int status) {
-  wreq_t *w = (wreq_t *)wr;
-  conn_t *c = w->c;
-  free(w);
-  if (c->closing || status == UV_ECANCELED)
-    return;
-  if (status < 0) {
-    conn_close(c, 0);
-    return;
-  }
-  c->t_write = now_ms(c);
-  conn_update(c);
-  conn_check_drain(c);
-}
-
-/*
- * Write bufs in order after everything queued before: straight to the
- * socket when nothing is queued, the rest copied. Returns 0, or OM_ESTATE
- * / OM_ENOMEM with the connection marked failed.
- */
-static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
-  uv_stream_t *st = (uv_stream_t *)&c->tcp;
-  size_t total = 0, done = 0, off = 0;
-  unsigned i;
-  wreq_t *w;
-  uv_buf_t b;
-  int idle_before;
-  for (i = 0; i < nb; i++)
-    total += bufs[i].len;
-  if (c->closing || c->failed)
-    return OM_ESTATE;
-  if (total == 0)
-    return 0;
-  idle_before = uv_stream_get_write_queue_size(st) == 0;
-  if (idle_before) {
-    int n = uv_try_write(st, bufs, nb);
-    if (n >= 0)
-      done = (size_t)n;
-    else if (n != UV_EAGAIN && n != UV_ENOSYS) {
-      conn_fail(c);
-      return OM_ESTATE;
-    }
-  }
-  if (done == total)
-    return 0;
-  w = malloc(sizeof *w + (total - done));
-  if (w == NULL) {
-    conn_fail(c);
-    return OM_ENOMEM;
-  }
-  w->c = c;
-  for (i = 0; i < nb; i++) {
-    size_t len = bufs[i].len, skip = 0;
-    if (done >= len) {
-      done -= len;
-      continue;
-    }
-    skip = done;
-    done = 0;
-    memcpy(w->data + off, bufs[i].base + skip, len - skip);
-    off += len - skip;
-  }
-  b = uv_buf_init(w->data, (unsigned)off);
-  if (uv_write(&w->req, st, &b, 1, on_write) != 0) {
-    free(w);
-    conn_fail(c);
-    return OM_ESTATE;
-  }
-  if (idle_before)
-    c->t_write = now_ms(c);
-  conn_update(c);
-  return 0;
-}
-
-static void dirty_unlink(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  if (!c->dirty)
-    return;
-  if (c->dprev != NULL)
-    c->dprev->dnext = c->dnext;
-  else
-    s->dirty = c->dnext;
-  if (c->dnext != NULL)
-    c->dnext->dprev = c->dprev;
-  c->dprev = c->dnext = NULL;
-  c->dirty = 0;
-}
-
-/* Drop what is corked (sent or not) and lend the buffer back. */
-static void ob_release(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  dirty_unlink(c);
-  if (c->ob != NULL) {
-    if (s->n_ob_spare < OB_SPARES)
-      s->ob_spare[s->n_ob_spare++] = c->ob;
-    else
-      free(c->ob);
-  }
-  c->ob = NULL;
-  c->ob_len = 0;
-}
-
-/* Send what is corked now (in order before anything written later). */
-static void conn_flush(conn_t *c) {
-  if (c->ob_len > 0 && !c->closing && !c->failed) {
-    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
-    (void)conn_send(c, &b, 1); /* a failure marks the connection */
-  }
-  ob_release(c);
-}
-
-static void on_flush_check(uv_check_t *h) {
-  om_http_server_t *s = h->data;
-  while (s->dirty != NULL) {
-    conn_t *c = s->dirty;
-    conn_flush(c);
-    conn_check_drain(c);
-  }
-  uv_check_stop(h);
-}
-
-/*
- * Write bufs (at most 3) in order after everything written before:
- * gathered when small (see OB_CAP), else sent now behind the gathered
- * bytes. Returns 0, or OM_ESTATE / OM_ENOMEM with the connection marked
- * failed.
- */
-static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
-  om_http_server_t *s = c->srv;
-  size_t total = 0;
-  uv_buf_t v[4];
-  unsigned i;
-  int rc;
-  if (c->closing || c->failed)
-    return OM_ESTATE;
-  for (i = 0; i < nb; i++)
-    total += bufs[i].len;
-  if (total == 0)
-    return 0;
-  if (c->ob_len + total <= OB_CAP) {
-    if (c->ob == NULL)
-      c->ob = s->n_ob_spare > 0 ? s->ob_spare[--s->n_ob_spare] : malloc(OB_CAP);
-    if (c->ob != NULL) {
-      for (i = 0; i < nb; i++) {
-        memcpy(c->ob + c->ob_len, bufs[i].base, bufs[i].len);
-        c->ob_len += bufs[i].len;
-      }
-      if (!c->dirty) {
-        if (s->dirty == NULL)
-          uv_check_start(&s->flush_check, on_flush_check);
-        c->dirty = 1;
-        c->dprev = NULL;
-        c->dnext = s->dirty;
-        if (s->dirty != NULL)
-          s->dirty->dprev = c;
-        s->dirty = c;
-      }
-      return 0;
-    }
-    /* no buffer: send directly, it is only slower */
-  }
-  if (c->ob_len == 0) {
-    ob_release(c);
-    return conn_send(c, bufs, nb);
-  }
-  v[0] = uv_buf_init(c->ob, (unsigned)c->ob_len);
-  for (i = 0; i < nb && i < 3; i++)
-    v[i + 1] = bufs[i];
-  rc = conn_send(c, v, i + 1);
-  ob_release(c);
-  return rc;
-}
-
-/* Bounded string builder; the caller reserves the capacity up front. */
-typedef struct {
-  char *p;
-  size_t len;
-} sb_t;
-
-static void sb_put(sb_t *b, const char *s, size_t n) {
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-}
-
-static void sb_puts(sb_t *b, const char *s) {
-  sb_put(b, s, strlen(s));
-}
-
-static void sb_u64(sb_t *b, uint64_t v) {
-  char t[24];
-  sb_put(b, t, om__http_u64_dec(t, v));
-}
-
-static const char *reason_phrase(int status) {
-  const char *r = http_status_str((enum http_status)status);
-  return (r == NULL || r[0] == '<') ? "" : r;
-}
-
-/* ------------------------------------------------------------------ */
-/* response headers from the caller */
-
-typedef struct {
-  int close, has_cl, has_date;
-  uint64_t cl;
-  size_t bytes; /* their size on the wire */
-} rh_t;
-
-static size_t hdr_len(const char *s, size_t n) {
-  return n != 0 ? n : (s != NULL ? strlen(s) : 0);
-}
-
-/* Names are tokens, values field-content (no CTL but HTAB) so a caller
- * cannot split the response (RFC 9110 5.5); framing is ours. checked: the
- * caller has already held every byte to those rules (fields relayed from
- * om_upstream, which refuses a head that breaks them), so only the
- * fields that decide framing are examined. */
-static int check_resp_headers(const om_http_header_t *h, size_t n, int allow_cl,
-                              int checked, rh_t *out) {
-  size_t i, j;
-  memset(out, 0, sizeof *out);
-  if (n > 0 && h == NULL)
-    return OM_EINVAL;
-  for (i = 0; i < n; i++) {
-    const char *name = h[i].name, *value = h[i].value;
-    size_t nl, vl;
-    if (name == NULL || value == NULL)
-      return OM_EINVAL;
-    nl = hdr_len(name, h[i].name_len);
-    vl = hdr_len(value, h[i].value_len);
-    if (nl == 0)
-      return OM_EINVAL;
-    for (j = 0; j < nl && !checked; j++)
-      if (!om__http_is_tchar((unsigned char)name[j]))
-        return OM_EINVAL;
-    for (j = 0; j < vl && !checked; j++) {
-      unsigned ch = (unsigned char)value[j];
-      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-        return OM_EINVAL;
-    }
-    if (om__http_ci_eq(name, nl, "content-length")) {
-      uint64_t v = 0;
-      if (!allow_cl || out->has_cl || vl == 0 || vl > 19)
-        return OM_EINVAL;
-      for (j = 0; j < vl; j++) {
-        if (!om__http_is_digit((unsigned char)value[j]))
-          return OM_EINVAL;
-        v = v * 10 + (uint64_t)(value[j] - '0');
-      }
-      out->has_cl = 1;
-      out->cl = v;
-    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
-      return OM_EINVAL;
-    } else if (om__http_ci_eq(name, nl, "connection")) {
-      if (!om__http_ci_eq(value, vl, "close"))
-        return OM_EINVAL;
-      out->close = 1;
-    } else if (om__http_ci_eq(name, nl, "date")) {
-      out->has_date = 1;
-    }
-    out->bytes += nl + vl + 4;
-  }
-  return 0;
-}
-
-enum { CH_NONE, CH_CLOSE, CH_KEEP_ALIVE };
-
-/*
- * The status line and header section; returned in stackbuf when it fits,
- * else malloc'ed (the caller frees it when it differs from stackbuf).
- * NULL on ENOMEM.
- */
-static char *build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
-                        int status, const om_http_header_t *h, size_t n,
-                        const rh_t *rh, int add_cl, uint64_t cl, int chunked,
-                        int conn_hdr, size_t *len) {
-  size_t cap = 256 + rh->bytes, i;
-  sb_t b;
-  char *p = cap <= stackcap ? stackbuf : malloc(cap);
-  if (p == NULL)
-    return NULL;
-  b.p = p;
-  b.len = 0;
-  sb_puts(&b, "HTTP/1.1 ");
-  sb_u64(&b, (uint64_t)status);
-  sb_puts(&b, " ");
-  /* reason phrases are at most 31 bytes in http-parser's table */
-  {
-    const char *r = reason_phrase(status);
-    size_t rl = strlen(r);
-    sb_put(&b, r, rl > 40 ? 40 : rl);
-  }
-  sb_puts(&b, "\r\n");
-  for (i = 0; i < n; i++) {
-    sb_put(&b, h[i].name, hdr_len(h[i].name, h[i].name_len));
-    sb_puts(&b, ": ");
-    sb_put(&b, h[i].value, hdr_len(h[i].value, h[i].value_len));
-    sb_puts(&b, "\r\n");
-  }
-  if (!rh->has_date) {
-    sb_puts(&b, "Date: ");
-    sb_puts(&b, http_date(s));
-    sb_puts(&b, "\r\n");
-  }
-  if (add_cl) {
-    sb_puts(&b, "Content-Length: ");
-    sb_u64(&b, cl);
-    sb_puts(&b, "\r\n");
-  }
-  if (chunked)
-    sb_puts(&b, "Transfer-Encoding: chunked\r\n");
-  if (conn_hdr == CH_CLOSE)
-    sb_puts(&b, "Connection: close\r\n");
-  else if (conn_hdr == CH_KEEP_ALIVE)
-    sb_puts(&b, "Connection: keep-alive\r\n");
-  sb_puts(&b, "\r\n");
-  *len = b.len;
-  return p;
-}
-
-/* ------------------------------------------------------------------ */
-/* connection teardown */
-
-static void on_conn_handle_closed(uv_handle_t *h) {
-  conn_t *c = h->data;
-  om_http_server_t *s = c->srv;
-  if (--c->handles > 0)
-    return;
-  if (c->prev != NULL)
-    c->prev->next = c->next;
-  else
-    s->conns = c->next;
-  if (c->next != NULL)
-    c->next->prev = c->prev;
-  s->m.connections_active--;
-  ob_release(c);
-  free(c->in);
-  free(c->fields);
-  free(c);
-  srv_maybe_finish(s);
-}
-
-/*
- * Close now. Runs on_close of the active request, so only from loop
- * callbacks (or when no request is active). reset: RST instead of FIN.
- */
-static void conn_close(conn_t *c, int reset) {
-  req_t *r;
-  if (c->closing)
-    return;
-  if (!reset && !c->failed && c->ob_len > 0) {
-    /* what a write before the close would have sent at once */
-    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
-    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
-  }
-  ob_release(c);
-  c->closing = 1;
-  conn_drop_requests(c);
-  r = c->active;
-  c->active = NULL;
-  if (r != NULL) {
-    r->conn = NULL;
-    c->srv->m.responses_aborted++;
-    if (r->on_close != NULL) {
-      r->in_close_cb = 1;
-      r->on_close(&r->pub);
-      req_free(r);
-    }
-  }
-  if (c->reading) {
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->reading = 0;
-  }
-  if (!reset || c->shutting ||
-      uv_tcp_close_reset(&c->tcp, on_conn_handle_closed) != 0)
-    uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
-  uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
-}
-
-static void on_shutdown(uv_shutdown_t *sr, int status) {
-  conn_t *c = sr->handle->data;
-  if (c->closing || status == UV_ECANCELED)
-    return;
-  if (status < 0 || c->no_linger || c->eof || c->srv->closing) {
-    conn_close(c, 0);
-    return;
-  }
-  /* RFC 9112 9.6: keep reading (and dropping) until the client closes,
-   * so unread bytes do not turn our FIN into a reset that could destroy
-   * the answer before the client reads it. */
-  c->lingering = 1;
-  c->t_linger = now_ms(c);
-  conn_update(c);
-}
-
-/*
- * Finish the connection gracefully: nothing more is parsed or dispatched,
- * queued bytes are flushed, then FIN (and a lingering read unless
- * no_linger). Safe inside API calls (no request is active).
- */
-static void conn_finish(conn_t *c, int no_linger) {
-  if (c->closing || c->shutting || c->failed)
-    return;
-  conn_drop_requests(c);
-  conn_flush(c); /* uv_shutdown waits for queued writes, not corked ones */
-  if (c->failed)
-    return;
-  c->ps = P_DEAD;
-  c->shutting = 1;
-  c->discarded = 0; /* what lingering may drop before the cut */
-  c->no_linger = no_linger ? 1 : 0;
-  c->shut.data = c;
-  if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
-    c->shutting = 0;
-    conn_fail(c);
-    return;
-  }
-  conn_update(c);
-}
-
-/* ------------------------------------------------------------------ */
-/* rejections */
-
-static int scan_method_is_head(const conn_t *c);
-
-static void reject(conn_t *c, om_http_reject_t why) {
-  if (c->ps == P_DEAD)
-    return;
-  c->srv->m.rejected[why]++;
-  /* RFC 9110 9.3.2: the answer to a HEAD carries no content */
-  if (c->cur != NULL)
-    c->err_head = c->cur->is_head;
-  else
-    c->err_head = c->ps == P_HEAD && scan_method_is_head(c);
-  c->ps = P_DEAD;
-  c->has_err = 1;
-  c->err = why;
-  req_free(c->cur);
-  c->cur = NULL;
-  c->in_off = c->in_len; /* never interpret another byte */
-  om_log(OM_LOG_DEBUG, "http_reject", "reason", om_http_reject_name(why),
-         "remote", c->remote_ip, NULL);
-}
-
-static void send_error(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  int status = om_http_reject_status(c->err);
-  char body[96], head[384];
-  uv_buf_t bufs[2];
-  int bl = snprintf(body, sizeof body, "{\"error\":\"%s\"}",
-                    om_http_reject_name(c->err));
-  int hl = snprintf(head, sizeof head,
-                    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                    "Content-Length: %d\r\nConnection: close\r\nDate: "
-                    "%s\r\n\r\n",
-                    status, reason_phrase(status), bl, http_date(s));
-  c->err_sent = 1;
-  bufs[0] = uv_buf_init(head, (unsigned)hl);
-  bufs[1] = uv_buf_init(body, (unsigned)bl);
-  /* RFC 9110 9.3.2: no content in a response to HEAD */
-  conn_write(c, bufs, c->err_head ? 1 : 2);
-}
-
-/* ------------------------------------------------------------------ */
-/* the header-section scanner (RFC 9112 2-5) */
-
-static int scan_add_field(conn_t *c) {
-  scan_t *s = &c->sc;
-  field_t *f;
-  if (s->n_fields >= c->srv->o.max_headers)
-    return -1;
-  if (s->n_fields == c->fields_cap) {
-    size_t cap = c->fields_cap ? c->fields_cap * 2 : 16;
-    field_t *nf;
-    if (cap > c->srv->o.max_headers)
-      cap = c->srv->o.max_headers;
-    nf = realloc(c->fields, cap * sizeof *nf);
-    if (nf == NULL)
-      return -2;
-    c->fields = nf;
-    c->fields_cap = cap;
-  }
-  f = &c->fields[s->n_fields++];
-  f->name_off = (uint32_t)s->name_start;
-  f->name_len = (uint32_t)(s->name_end - s->name_start);
-  f->value_off = (uint32_t)s->value_start;
-  f->value_len = (uint32_t)(s->value_end - s->value_start);
-  return 0;
-}
-
-enum { SCAN_MORE = 0, SCAN_DONE = 1, SCAN_ERROR = -1, SCAN_NOMEM = -2 };
-
-/*
- * Scan b[0..len) (the request so far) from where the last call stopped.
- * SCAN_DONE with s->pos = the header section's length, SCAN_MORE, or
- * SCAN_ERROR with *why.
- */
-static int scan_head(conn_t *c, const unsigned char *b, size_t len,
-                     om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  size_t max = c->srv->o.max_header_bytes;
-  for (; s->pos < len; s->pos++) {
-    unsigned ch = b[s->pos];
-    if (s->pos >= max) {
-      *why = s->st == S_TARGET ? OM_HTTP_REJECT_TARGET_TOO_LONG
-                               : OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-      return SCAN_ERROR;
-    }
-    switch (s->st) {
-    case S_START:
-      /* RFC 9112 2.2: a server SHOULD ignore at least one empty line
-       * (CRLF) before the request-line; a bare LF is not a line end. */
-      if (ch == '\r') {
-        s->st = S_START_LF;
-      } else if (om__http_is_tchar(ch)) {
-        s->rl_start = s->pos;
-        s->st = S_METHOD;
-      } else {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_START_LF:
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      s->st = S_START;
-      break;
-    case S_METHOD: /* method = token (RFC 9112 3.1) */
-      if (ch == ' ') {
-        s->method_end = s->pos;
-        s->st = S_TARGET0;
-      } else if (!om__http_is_tchar(ch)) {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      } else if (s->pos - s->rl_start >= METHOD_MAX) {
-        /* RFC 9112 3: a method longer than any implemented SHOULD get
-         * 501, at once rather than 431 once the limit is reached */
-        *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_TARGET0: /* exactly one SP between the parts (RFC 9112 3) */
-      if (ch == ' ' || ch == '\r' || ch == '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      if (ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_TARGET;
-        return SCAN_ERROR;
-      }
-      s->target_start = s->pos;
-      s->st = S_TARGET;
-      break;
-    case S_TARGET:
-      if (ch == ' ') {
-        s->target_end = s->pos;
-        s->version_start = s->pos + 1;
-        s->st = S_VERSION;
-      } else if (ch == '\r' || ch == '\n') {
-        /* HTTP/0.9 simple request or a missing version */
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      } else if (ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_TARGET;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_VERSION: { /* HTTP-version = "HTTP/" DIGIT "." DIGIT (2.3) */
-      size_t k = s->pos - s->version_start;
-      if (ch == '\r') {
-        const unsigned char *v = b + s->version_start;
-        if (k != 8 || memcmp(v, "HTTP/", 5) != 0 || !om__http_is_digit(v[5]) ||
-            v[6] != '.' || !om__http_is_digit(v[7])) {
-          *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-          return SCAN_ERROR;
-        }
-        s->st = S_RL_LF;
-      } else if (k >= 8 || ch < 0x21 || ch > 0x7e) {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      break;
-    }
-    case S_RL_LF: /* a bare CR is invalid (RFC 9112 2.2) */
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_REQUEST_LINE;
-        return SCAN_ERROR;
-      }
-      s->st = S_FIELD_START;
-      break;
-    case S_FIELD_START:
-      if (ch == '\r') {
-        s->st = S_END_LF;
-      } else if (om__http_is_tchar(ch)) {
-        s->name_start = s->pos;
-        s->st = S_NAME;
-      } else if (om__http_is_ows(ch)) {
-        /* RFC 9112 5.2: obs-fold MUST be rejected by a server; RFC 9112
-         * 2.2: whitespace before the first field line too. */
-        *why = s->n_fields > 0 ? OM_HTTP_REJECT_OBS_FOLD
-                               : OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      } else {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_NAME:
-      if (ch == ':') {
-        s->name_end = s->pos;
-        s->st = S_OWS;
-      } else if (!om__http_is_tchar(ch)) {
-        /* RFC 9112 5.1: no whitespace between name and colon */
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_OWS:
-      if (ch == '\r') {
-        s->value_start = s->value_end = s->pos;
-        s->st = S_FIELD_LF;
-      } else if (om__http_is_fvchar(ch)) {
-        s->value_start = s->pos;
-        s->value_end = s->pos + 1;
-        s->st = S_VALUE;
-      } else if (!om__http_is_ows(ch)) {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_VALUE: /* RFC 9110 5.5: no CTL (but HTAB), NUL, DEL, bare CR/LF */
-      if (om__http_is_fvchar(ch)) {
-        s->value_end = s->pos + 1;
-      } else if (ch == '\r') {
-        s->st = S_FIELD_LF;
-      } else if (!om__http_is_ows(ch)) {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      break;
-    case S_FIELD_LF: {
-      int rc;
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      rc = scan_add_field(c);
-      if (rc == -2)
-        return SCAN_NOMEM;
-      if (rc != 0) {
-        *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-        return SCAN_ERROR;
-      }
-      s->st = S_FIELD_START;
-      break;
-    }
-    case S_END_LF:
-      if (ch != '\n') {
-        *why = OM_HTTP_REJECT_BAD_HEADER;
-        return SCAN_ERROR;
-      }
-      s->pos++;
-      return SCAN_DONE;
-    default:
-      *why = OM_HTTP_REJECT_BAD_REQUEST;
-      return SCAN_ERROR;
-    }
-  }
-  return SCAN_MORE;
-}
-
-/* ------------------------------------------------------------------ */
-/* request-target and Host (RFC 9112 3.2, RFC 9110 4.2, 7.2, RFC 3986) */
-
-/* pchar-or-more at t[*i]: one byte, or a whole pct-encoded triplet. */
-static int take_uri_char(const char *t, size_t n, size_t *i, int query) {
-  unsigned ch = (unsigned char)t[*i];
-  if (ch == '%') {
-    if (*i + 2 >= n || om__http_hex_val((unsigned char)t[*i + 1]) < 0 ||
-        om__http_hex_val((unsigned char)t[*i + 2]) < 0)
-      return 0;
-    *i += 3;
-    return 1;
-  }
-  if (om__http_is_unreserved(ch) || om__http_is_subdelim(ch) || ch == ':' ||
-      ch == '@' || ch == '/' || (query && ch == '?')) {
-    (*i)++;
-    return 1;
-  }
-  return 0;
-}
-
-/* authority = host [":" port], no userinfo (RFC 9110 4.2.4); require_host:
- * an http(s) URI must not have an empty host (RFC 9110 4.2.1). */
-static int valid_authority(const char *a, size_t n, int require_host) {
-  size_t i = 0, host_len;
-  if (n > 0 && a[0] == '[') { /* IP-literal */
-    int future = n > 1 && (a[1] == 'v' || a[1] == 'V');
-    for (i = 1; i < n && a[i] != ']'; i++) {
-      unsigned ch = (unsigned char)a[i];
-      if (future ? !(om__http_is_unreserved(ch) || om__http_is_subdelim(ch) ||
-                     ch == ':')
-                 : !(om__http_hex_val(ch) >= 0 || ch == ':' || ch == '.'))
-        return 0;
-    }
-    if (i >= n || i == 1)
-      return 0;
-    i++;
-    host_len = i;
-  } else { /* reg-name / IPv4address */
-    while (i < n && a[i] != ':') {
-      if (a[i] == '%') {
-        if (i + 2 >= n || om__http_hex_val((unsigned char)a[i + 1]) < 0 ||
-            om__http_hex_val((unsigned char)a[i + 2]) < 0)
-          return 0;
-        i += 3;
-        continue;
-      }
-      if (!om__http_is_unreserved((unsigned char)a[i]) &&
-          !om__http_is_subdelim((unsigned char)a[i]))
-        return 0;
-      i++;
-    }
-    host_len = i;
-  }
-  if (require_host && host_len == 0)
-    return 0;
-  if (i < n) { /* ":" port, port = *DIGIT */
-    size_t digits = 0;
-    if (a[i] != ':')
-      return 0;
-    for (i++; i < n; i++, digits++)
-      if (!om__http_is_digit((unsigned char)a[i]) || digits >= 5)
-        return 0;
-  }
-  return 1;
-}
-
-typedef struct {
-  size_t path_off, path_len, query_off, query_len;
-  size_t auth_off, auth_len; /* absolute-form: the authority */
-  int has_query, root;       /* root: absolute-form with an empty path */
-  int absolute;
-} target_t;
-
-static int parse_target(const char *m, size_t ml, const char *t, size_t n,
-                        target_t *out) {
-  size_t i = 0;
-  memset(out, 0, sizeof *out);
-  if (n == 1 && t[0] == '*') { /* asterisk-form: OPTIONS only (3.2.4) */
-    if (!(ml == 7 && memcmp(m, "OPTIONS", 7) == 0))
-      return -1;
-    out->path_len = 1;
-    return 0;
-  }
-  if (t[0] != '/') { /* absolute-form (3.2.2): http or https only */
-    size_t a;
-    if (!om__http_is_alpha((unsigned char)t[0]))
-      return -1;
-    while (i < n && (om__http_is_alpha((unsigned char)t[i]) ||
-                     om__http_is_digit((unsigned char)t[i]) || t[i] == '+' ||
-                     t[i] == '-' || t[i] == '.'))
-      i++;
-    if (i >= n || t[i] != ':')
-      return -1;
-    if (!om__http_ci_eq(t, i, "http") && !om__http_ci_eq(t, i, "https"))
-      return -1;
-    if (i + 3 > n || t[i + 1] != '/' || t[i + 2] != '/')
-      return -1;
-    i += 3;
-    a = i;
-    while (i < n && t[i] != '/' && t[i] != '?')
-      i++;
-    if (!valid_authority(t + a, i - a, 1))
-      return -1;
-    out->absolute = 1;
-    out->auth_off = a;
-    out->auth_len = i - a;
-  }
-  out->path_off = i;
-  while (i < n && t[i] != '?')
-    if (!take_uri_char(t, n, &i, 0))
-      return -1;
-  out->path_len = i - out->path_off;
-  if (out->path_len == 0)
-    out->root = 1;
-  if (i < n) {
-    i++;
-    out->has_query = 1;
-    out->query_off = i;
-    while (i < n)
-      if (!take_uri_char(t, n, &i, 1))
-        return -1;
-    out->query_len = i - out->query_off;
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* field semantics */
-
-/* A transfer-coding list, accumulated over every Transfer-Encoding line
- * (RFC 9110 5.3: lines combine into one list). */
-typedef struct {
-  int n, chunked, last_chunked, unknown, bad;
-} te_t;
-
-static size_t skip_ows(const char *v, size_t n, size_t i) {
-  while (i < n && om__http_is_ows((unsigned char)v[i]))
-    i++;
-  return i;
-}
-
-static size_t skip_token(const char *v, size_t n, size_t i) {
-  while (i < n && om__http_is_tchar((unsigned char)v[i]))
-    i++;
-  return i;
-}
-
-/* transfer-coding = token *( OWS ";" OWS transfer-parameter )
- * transfer-parameter = token BWS "=" BWS ( token / quoted-string ) */
-static void te_parse(te_t *te, const char *v, size_t n) {
-  size_t i = 0;
-  for (;;) {
-    size_t ts, te_end;
-    int params = 0;
-    i = skip_ows(v, n, i);
-    ts = i;
-    i = skip_token(v, n, i);
-    te_end = i;
-    if (te_end == ts) {
-      /* An empty element or junk. RFC 9110 5.6.1 lets recipients skip
-       * empty elements, but http-parser refuses ", chunked" and for the
-       * framing header the safe reading is the strict one. */
-      te->bad = 1;
-      return;
-    }
-    for (;;) {
-      i = skip_ows(v, n, i);
-      if (i >= n || v[i] != ';')
-        break;
-      i = skip_ows(v, n, i + 1);
-      if (skip_token(v, n, i) == i) {
-        te->bad = 1;
-        return;
-      }
-      i = skip_ows(v, n, skip_token(v, n, i));
-      if (i >= n || v[i] != '=') {
-        te->bad = 1;
-        return;
-      }
-      i = skip_ows(v, n, i + 1);
-      if (i < n && v[i] == '"') {
-        for (i++; i < n && v[i] != '"'; i++)
-          if (v[i] == '\\')
-            i++;
-        if (i >= n) {
-          te->bad = 1;
-          return;
-        }
-        i++;
-      } else if (skip_token(v, n, i) == i) {
-        te->bad = 1;
-        return;
-      } else {
-        i = skip_token(v, n, i);
-      }
-      params = 1;
-    }
-    te->n++;
-    if (om__http_ci_eq(v + ts, te_end - ts, "chunked")) {
-      /* RFC 9112 7: chunked takes no parameters and is applied once */
-      if (params || te->chunked) {
-        te->bad = 1;
-        return;
-      }
-      te->chunked = 1;
-      te->last_chunked = 1;
-    } else {
-      te->unknown = 1;
-      te->last_chunked = 0;
-    }
-    if (i >= n)
-      return;
-    if (v[i] != ',') {
-      te->bad = 1;
-      return;
-    }
-    i++;
-  }
-}
-
-/* Walk a #token list (Connection, Expect); calls fn per element. */
-static void list_walk(const char *v, size_t n,
-                      void (*fn)(const char *e, size_t len, void *arg),
-                      void *arg) {
-  size_t i = 0;
-  while (i < n) {
-    size_t s, e;
-    i = skip_ows(v, n, i);
-    s = i;
-    while (i < n && v[i] != ',')
-      i++;
-    e = i;
-    while (e > s && om__http_is_ows((unsigned char)v[e - 1]))
-      e--;
-    if (e > s)
-      fn(v + s, e - s, arg);
-    if (i < n)
-      i++;
-  }
-}
-
-typedef struct {
-  int close, keep_alive;
-} conn_opts_t;
-
-static void conn_opt(const char *e, size_t n, void *arg) {
-  conn_opts_t *o = arg;
-  if (om__http_ci_eq(e, n, "close"))
-    o->close = 1;
-  else if (om__http_ci_eq(e, n, "keep-alive"))
-    o->keep_alive = 1;
-}
-
-typedef struct {
-  int cont, other;
-} expect_t;
-
-static void expect_opt(const char *e, size_t n, void *arg) {
-  expect_t *x = arg;
-  if (om__http_ci_eq(e, n, "100-continue"))
-    x->cont = 1;
-  else
-    x->other = 1;
-}
-
-/* What the header section says, once it passed every check. */
-typedef struct {
-  target_t tg;
-  int minor, wire_minor, chunked, has_cl, has_host, is_head;
-  uint64_t cl;
-  conn_opts_t co;
-  expect_t ex;
-} head_t;
-
-static int check_semantics(conn_t *c, const char *b, head_t *h,
-                           om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  const char *m = b + s->rl_start, *v = b + s->version_start;
-  size_t ml = s->method_end - s->rl_start, i, n_host = 0, n_cl = 0, n_te = 0;
-  te_t te;
-  memset(h, 0, sizeof *h);
-  memset(&te, 0, sizeof te);
-  h->is_head = ml == 4 && memcmp(m, "HEAD", 4) == 0;
-  /* RFC 9110 15.6.6: 505 for a major version other than 1. RFC 9110 6.2:
-   * a higher minor version than ours (HTTP/1.2 .. HTTP/1.9) SHOULD be
-   * processed as the highest minor we conform to, 1.1; the version is
-   * only a statement of capability, framing stays that of HTTP/1.1. */
-  if (v[5] != '1') {
-    *why = OM_HTTP_REJECT_VERSION_NOT_SUPPORTED;
-    return -1;
-  }
-  h->wire_minor = v[7] - '0';
-  h->minor = h->wire_minor > 1 ? 1 : h->wire_minor;
-  /* CONNECT would turn the connection into a tunnel: not offered here. */
-  if (ml == 7 && memcmp(m, "CONNECT", 7) == 0) {
-    *why = OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
-    return -1;
-  }
-  if (parse_target(m, ml, b + s->target_start, s->target_end - s->target_start,
-                   &h->tg) != 0) {
-    *why = OM_HTTP_REJECT_BAD_TARGET;
-    return -1;
-  }
-  for (i = 0; i < s->n_fields; i++) {
-    const field_t *f = &c->fields[i];
-    const char *name = b + f->name_off, *val = b + f->value_off;
-    size_t nl = f->name_len, vl = f->value_len;
-    if (om__http_ci_eq(name, nl, "host")) {
-      if (++n_host > 1 || !valid_authority(val, vl, 0)) {
-        *why = OM_HTTP_REJECT_BAD_HOST;
-        return -1;
-      }
-    } else if (om__http_ci_eq(name, nl, "content-length")) {
-      /* RFC 9112 6.3 item 5 / RFC 9110 8.6: Content-Length = 1*DIGIT; a
-       * repeated field, even with equal values, is refused. */
-      size_t j;
-      uint64_t cl = 0;
-      int big = 0;
-      if (++n_cl > 1 || vl == 0) {
-        *why = OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-        return -1;
-      }
-      for (j = 0; j < vl; j++) {
-        unsigned d = (unsigned char)val[j];
-        if (!om__http_is_digit(d)) {
-          *why = OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-          return -1;
-        }
-        if (cl > (UINT64_MAX - 9) / 10)
-          big = 1;
-        else
-          cl = cl * 10 + (d - '0');
-      }
-      h->has_cl = 1;
-      h->cl = big ? UINT64_MAX : cl;
-    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
-      n_te++;
-      te_parse(&te, val, vl);
-    } else if (om__http_ci_eq(name, nl, "connection")) {
-      list_walk(val, vl, conn_opt, &h->co);
-    } else if (om__http_ci_eq(name, nl, "expect")) {
-      list_walk(val, vl, expect_opt, &h->ex);
-    }
-  }
-  h->has_host = n_host > 0;
-  /* RFC 9112 3.2: HTTP/1.1 needs exactly one Host */
-  if (h->minor == 1 && n_host != 1) {
-    *why = OM_HTTP_REJECT_BAD_HOST;
-    return -1;
-  }
-  if (n_te > 0) {
-    /* RFC 9112 6.1: both -> reject (or ignore CL) and close: we reject */
-    if (h->has_cl) {
-      *why = OM_HTTP_REJECT_CONTENT_LENGTH_AND_TRANSFER_ENCODING;
-      return -1;
-    }
-    /* RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has
-     * faulty framing */
-    if (h->minor == 0 || te.bad || te.n == 0 || !te.last_chunked) {
-      /* RFC 9112 6.3 item 4: chunked not final -> 400 and close */
-      *why = OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
-      return -1;
-    }
-    if (te.unknown) { /* RFC 9112 6.1: a coding we do not know -> 501 */
-      *why = OM_HTTP_REJECT_UNSUPPORTED_TRANSFER_CODING;
-      return -1;
-    }
-    h->chunked = 1;
-  }
-  if (h->has_cl && h->cl > c->srv->o.max_body_bytes) {
-    *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-    return -1;
-  }
-  /* RFC 9110 10.1.1: ignore Expect in HTTP/1.0; 417 for what we do not
-   * meet */
-  if (h->minor == 1 && h->ex.other) {
-    *why = OM_HTTP_REJECT_EXPECTATION_FAILED;
-    return -1;
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* http-parser, the second opinion */
-
-/* http-parser is fed each HTAB as a SP (om_http_detab.h), through a copy:
- * a callback's pointer into the copy stands for the same offset in the
- * original. */
-static size_t hx_off(const hx_t *x, const char *at) {
-  if (x->copy != NULL && (uintptr_t)at - (uintptr_t)x->copy < x->copy_len)
-    return x->copy_off + (size_t)(at - x->copy);
-  return (size_t)(at - x->base);
-}
-
-static int hx_url(http_parser *p, const char *at, size_t n) {
-  hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_URL && off == x->url_off + x->url_len)
-    x->url_len += n;
-  else if (x->last != HX_NONE)
-    x->mismatch = 1;
-  else {
-    x->url_off = off;
-    x->url_len = n;
-  }
-  x->last = HX_URL;
-  return 0;
-}
-
-static void hx_end_field(conn_t *c) {
-  hx_t *x = &c->hx;
-  const field_t *f;
-  size_t vl = x->v_len;
-  if (!x->have_field)
-    return;
-  x->have_field = 0;
-  if (x->nf > c->sc.n_fields) {
-    x->mismatch = 1;
-    return;
-  }
-  f = &c->fields[x->nf - 1];
-  /* http-parser keeps trailing OWS in the value; we trim it */
-  while (vl > 0 && om__http_is_ows((unsigned char)x->base[x->v_off + vl - 1]))
-    vl--;
-  if (x->f_off != f->name_off || x->f_len != f->name_len ||
-      vl != f->value_len || (vl > 0 && x->v_off != f->value_off))
-    x->mismatch = 1;
-}
-
-static int hx_field(http_parser *p, const char *at, size_t n) {
-  conn_t *c = p->data;
-  hx_t *x = &c->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_FIELD) {
-    if (off == x->f_off + x->f_len)
-      x->f_len += n;
-    else
-      x->mismatch = 1;
-    return 0;
-  }
-  hx_end_field(c);
-  x->nf++;
-  x->have_field = 1;
-  x->f_off = off;
-  x->f_len = n;
-  x->v_off = off;
-  x->v_len = 0;
-  x->last = HX_FIELD;
-  return 0;
-}
-
-static int hx_value(http_parser *p, const char *at, size_t n) {
-  hx_t *x = &((conn_t *)p->data)->hx;
-  size_t off = hx_off(x, at);
-  if (x->in_body)
-    return 0;
-  if (x->last == HX_VALUE) {
-    if (off == x->v_off + x->v_len)
-      x->v_len += n;
-    else
-      x->mismatch = 1;
-  } else if (x->last == HX_FIELD) {
-    x->v_off = off;
-    x->v_len = n;
-  } else {
-    x->mismatch = 1;
-  }
-  x->last = HX_VALUE;
-  return 0;
-}
-
-static int hx_headers_complete(http_parser *p) {
-  conn_t *c = p->data;
-  hx_t *x = &c->hx;
-  if (x->in_body)
-    return 0;
-  hx_end_field(c);
-  x->headers_done = 1;
-  x->flags = p->flags;
-  x->cl = p->content_length;
-  x->method = p->method;
-  x->major = p->http_major;
-  x->minor = p->http_minor;
-  return 0;
-}
-
-static int hx_body(http_parser *p, const char *at, size_t n) {
-  (void)at;
-  ((conn_t *)p->data)->hx.body += n;
-  return 0;
-}
-
-static int hx_message_complete(http_parser *p) {
-  ((conn_t *)p->data)->hx.done = 1;
-  /* stop right here: the next request gets a fresh parser */
-  http_parser_pause(p, 1);
-  return 0;
-}
-
-static const http_parser_settings hx_settings = {
-    .on_url = hx_url,
-    .on_header_field = hx_field,
-    .on_header_value = hx_value,
-    .on_headers_complete = hx_headers_complete,
-    .on_body = hx_body,
-    .on_message_complete = hx_message_complete,
-};
-
-static void hx_slice(void *arg, const char *copy, const char *orig,
-                     size_t len) {
-  hx_t *x = arg;
-  x->copy = copy;
-  x->copy_len = len;
-  /* body bytes are not in the head's buffer; no callback needs their
-   * offset */
-  x->copy_off = x->in_body ? 0 : (size_t)(orig - x->base);
-}
-
-static size_t hx_execute(conn_t *c, const char *p, size_t n) {
-  size_t k =
-      om_http_detab_execute(&c->hp, &hx_settings, p, n, hx_slice, &c->hx);
-  c->hx.copy = NULL;
-  return k;
-}
-
-/*
- * When http-parser refuses what we accepted (it is stricter in a few
- * places, e.g. empty elements in a Transfer-Encoding list, a
- * Content-Length in the trailer section), name the part it refused.
- */
-static om_http_reject_t hx_reason(enum http_errno err) {
-  switch (err) {
-  case HPE_INVALID_METHOD:
-    return OM_HTTP_REJECT_METHOD_NOT_IMPLEMENTED;
-  case HPE_INVALID_CONTENT_LENGTH:
-  case HPE_UNEXPECTED_CONTENT_LENGTH:
-    return OM_HTTP_REJECT_BAD_CONTENT_LENGTH;
-  case HPE_INVALID_TRANSFER_ENCODING:
-    return OM_HTTP_REJECT_BAD_TRANSFER_ENCODING;
-  case HPE_INVALID_CHUNK_SIZE:
-    return OM_HTTP_REJECT_BAD_CHUNK;
-  case HPE_INVALID_URL:
-  case HPE_INVALID_HOST:
-  case HPE_INVALID_PORT:
-  case HPE_INVALID_PATH:
-  case HPE_INVALID_QUERY_STRING:
-  case HPE_INVALID_FRAGMENT:
-    return OM_HTTP_REJECT_BAD_TARGET;
-  case HPE_INVALID_HEADER_TOKEN:
-    return OM_HTTP_REJECT_BAD_HEADER;
-  case HPE_HEADER_OVERFLOW:
-    return OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-  default:
-    return OM_HTTP_REJECT_BAD_REQUEST;
-  }
-}
-
-/* Feed the header section to http-parser; 0 if it agrees with us. */
-static int hx_check_head(conn_t *c, const char *b, size_t len, const head_t *h,
-                         om_http_reject_t *why) {
-  scan_t *s = &c->sc;
-  hx_t *x = &c->hx;
-  size_t feed = len - s->rl_start, n;
-  enum http_errno err;
-  int no_body = !h->chunked && h->cl == 0;
-  const char *ms;
-  http_parser_init(&c->hp, HTTP_REQUEST);
-  c->hp.data = c;
-  memset(x, 0, sizeof *x);
-  x->base = b;
-  n = hx_execute(c, b + s->rl_start, feed);
-  err = HTTP_PARSER_ERRNO(&c->hp);
-  if (err != HPE_OK && err != HPE_PAUSED) {
-    *why = hx_reason(err);
-    return -1;
-  }
-  *why = OM_HTTP_REJECT_BAD_REQUEST;
-  if (x->mismatch || !x->headers_done || n != feed)
-    return -1;
-  if (no_body ? (err != HPE_PAUSED || !x->done) : (err != HPE_OK || x->done))
-    return -1;
-  ms = http_method_str((enum http_method)x->method);
-  if (strlen(ms) != s->method_end - s->rl_start ||
-      memcmp(ms, b + s->rl_start, strlen(ms)) != 0)
-    return -1;
-  if (x->url_off != s->target_start ||
-      x->url_len != s->target_end - s->target_start || x->nf != s->n_fields ||
-      x->major != 1 || (int)x->minor != h->wire_minor)
-    return -1;
-  if (!!(x->flags & F_CHUNKED) != h->chunked ||
-      !!(x->flags & F_CONTENTLENGTH) != h->has_cl ||
-      (h->has_cl && x->cl != h->cl))
-    return -1;
-  x->in_body = 1;
-  return 0;
-}
-
-/* Feed body bytes in lockstep; complete: our decoder ended the message on
- * the last of them. 0 if http-parser agrees, else -1 and *why. */
-static int hx_feed_body(conn_t *c, const char *p, size_t k, int complete,
-                        om_http_reject_t *why) {
-  hx_t *x = &c->hx;
-  size_t n;
-  enum http_errno err;
-  *why = OM_HTTP_REJECT_BAD_REQUEST;
-  if (k == 0) /* http-parser reads len 0 as EOF */
-    return complete ? -1 : 0;
-  n = hx_execute(c, p, k);
-  err = HTTP_PARSER_ERRNO(&c->hp);
-  if (err != HPE_OK && err != HPE_PAUSED) {
-    *why = hx_reason(err);
-    return -1;
-  }
-  if (n != k)
-    return -1;
-  if (complete)
-    return (err == HPE_PAUSED && x->done && x->body == c->cur->pub.body_len)
-               ? 0
-               : -1;
-  return (err == HPE_OK && !x->done) ? 0 : -1;
-}
-
-/* ------------------------------------------------------------------ */
-/* building the request */
-
-static char *put_str(char **p, const char *s, size_t n) {
-  char *r = *p;
-  memcpy(r, s, n);
-  r[n] = 0;
-  *p += n + 1;
-  return r;
-}
-
-static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
-  scan_t *s = &c->sc;
-  size_t ml = s->method_end - s->rl_start;
-  size_t tl = s->target_end - s->target_start;
-  const char *t = b + s->target_start;
-  size_t nf = s->n_fields, text, i, n_out;
-  /* RFC 9112 3.2.2: with an absolute-form target the server MUST ignore
-   * Host and use the target's authority instead. The handler (the proxy
-   * routes on Host) sees the authority as the Host value, so no reader
-   * of the request can pick the other name; an HTTP/1.0 request without
-   * Host gets one (appended last). */
-  int add_host = h->tg.absolute && !h->has_host;
-  om_http_header_t *hd;
-  req_t *r;
-  char *p;
-  n_out = nf + (add_host ? 1 : 0);
-  text = ml + 1 + tl + 1 + h->tg.path_len + 2 + h->tg.query_len + 1;
-  for (i = 0; i < nf; i++)
-    text += (size_t)c->fields[i].name_len + c->fields[i].value_len + 2;
-  if (h->tg.absolute) /* "host" and the authority, in place of the value */
-    text += 5 + h->tg.auth_len + 1;
-  r = malloc(sizeof *r + n_out * sizeof *hd + text);
-  if (r == NULL)
-    return NULL;
-  memset(r, 0, sizeof *r);
-  hd = (om_http_header_t *)(r + 1);
-  p = (char *)(hd + n_out);
-  r->pub.method = put_str(&p, b + s->rl_start, ml);
-  r->pub.method_len = ml;
-  r->pub.target = put_str(&p, t, tl);
-  r->pub.target_len = tl;
-  if (h->tg.root) {
-    /* RFC 9112 3.2.4: OPTIONS http://host (empty path, no query) asks
-     * about the server as a whole: the origin-form of that is "*" */
-    int star = !h->tg.has_query && ml == 7 &&
-               memcmp(b + s->rl_start, "OPTIONS", 7) == 0;
-    r->pub.path = put_str(&p, star ? "*" : "/", 1);
-    r->pub.path_len = 1;
-  } else {
-    r->pub.path = put_str(&p, t + h->tg.path_off, h->tg.path_len);
-    r->pub.path_len = h->tg.path_len;
-  }
-  if (h->tg.has_query) {
-    r->pub.query = put_str(&p, t + h->tg.query_off, h->tg.query_len);
-    r->pub.query_len = h->tg.query_len;
-  }
-  for (i = 0; i < nf; i++) {
-    const field_t *f = &c->fields[i];
-    char *name = put_str(&p, b + f->name_off, f->name_len);
-    size_t j;
-    for (j = 0; j < f->name_len; j++)
-      if (name[j] >= 'A' && name[j] <= 'Z')
-        name[j] = (char)(name[j] | 0x20);
-    hd[i].name = name;
-    hd[i].name_len = f->name_len;
-    if (h->tg.absolute && f->name_len == 4 && memcmp(name, "host", 4) == 0) {
-      hd[i].value = put_str(&p, t + h->tg.auth_off, h->tg.auth_len);
-      hd[i].value_len = h->tg.auth_len;
-    } else {
-      hd[i].value = put_str(&p, b + f->value_off, f->value_len);
-      hd[i].value_len = f->value_len;
-    }
-  }
-  if (add_host) {
-    hd[nf].name = put_str(&p, "host", 4);
-    hd[nf].name_len = 4;
-    hd[nf].value = put_str(&p, t + h->tg.auth_off, h->tg.auth_len);
-    hd[nf].value_len = h->tg.auth_len;
-  }
-  r->pub.headers = hd;
-  r->pub.n_headers = n_out;
-  r->pub.body = "";
-  r->pub.version_major = 1;
-  r->pub.version_minor = h->minor;
-  memcpy(&r->pub.remote, &c->remote, sizeof c->remote);
-  memcpy(r->pub.remote_ip, c->remote_ip, sizeof c->remote_ip);
-  r->pub.remote_port = c->remote_port;
-  r->conn = c;
-  r->is_head = h->is_head ? 1 : 0;
-  /* RFC 9112 9.3: persistent unless "close"; HTTP/1.0 only with
-   * keep-alive (Appendix C.2.2) */
-  r->keep_alive = !h->co.close && (h->minor == 1 || h->co.keep_alive);
-  r->want_continue =
-      h->minor == 1 && h->ex.cont && (h->chunked || h->cl > 0) ? 1 : 0;
-  return r;
-}
-
-static void enqueue(conn_t *c, req_t *r) {
-  r->next = NULL;
-  if (c->q_tail != NULL)
-    c->q_tail->next = r;
-  else
-    c->q_head = r;
-  c->q_tail = r;
-  c->q_len++;
-  /* RFC 9112 9.6: after a request with "close" (or an HTTP/1.0 one
-   * without keep-alive) the server MUST NOT process further requests on
-   * the connection: what follows is dropped unparsed, read only to see
-   * the client's EOF and keep our FIN from turning into a reset. */
-  if (!r->keep_alive) {
-    c->no_more = 1;
-    c->in_off = c->in_len;
-  }
-}
-
-static int body_append(conn_t *c, req_t *r, const char *p, size_t k) {
-  size_t need = r->pub.body_len + k + 1;
-  if (k == 0)
-    return 0;
-  if (need > r->body_cap) {
-    size_t cap = r->body_cap ? r->body_cap : 4096;
-    char *nb;
-    while (cap < need)
-      cap *= 2;
-    if (cap > c->srv->o.max_body_bytes + 1 &&
-        need <= c->srv->o.max_body_bytes + 1)
-      cap = c->srv->o.max_body_bytes + 1;
-    nb = realloc(r->body, cap);
-    if (nb == NULL)
-      return -1;
-    r->body = nb;
-    r->body_cap = cap;
-  }
-  memcpy(r->body + r->pub.body_len, p, k);
-  r->pub.body_len += k;
-  r->body[r->pub.body_len] = 0;
-  r->pub.body = r->body;
-  return 0;
-}
-
-/* A complete, valid header section of `len` bytes at the buffer start. */
-static int begin_request(conn_t *c, size_t len) {
-  const char *b = c->in + c->in_off;
-  om_http_reject_t why;
-  head_t h;
-  req_t *r;
-  if (check_semantics(c, b, &h, &why) != 0 ||
-      hx_check_head(c, b, len, &h, &why) != 0) {
-    reject(c, why);
-    return -1;
-  }
-  r = build_request(c, b, &h);
-  if (r == NULL) {
-    conn_fail(c);
-    return -1;
-  }
-  c->in_off += len;
-  memset(&c->sc, 0, sizeof c->sc);
-  memset(&c->dec, 0, sizeof c->dec);
-  if (h.chunked) {
-    c->dec.st = D_SIZE0;
-  } else if (h.cl > 0) {
-    c->dec.st = D_FIXED;
-    c->dec.left = h.cl;
-  } else {
-    enqueue(c, r);
-    return 0;
-  }
-  c->cur = r;
-  c->ps = P_BODY;
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* the body decoder (RFC 9112 6.2 length, 7.1 chunked) */
-
-enum { DEC_MORE = 0, DEC_DONE = 1, DEC_ERROR = -1, DEC_NOMEM = -2 };
-
-static int decode(conn_t *c, const char *data, size_t n, size_t *used,
-                  om_http_reject_t *why) {
-  dec_t *d = &c->dec;
-  req_t *r = c->cur;
-  size_t i = 0, maxb = c->srv->o.max_body_bytes;
-  while (i < n) {
-    unsigned ch;
-    if (d->st == D_FIXED || d->st == D_DATA) {
-      size_t k = n - i;
-      if ((uint64_t)k > d->left)
-        k = (size_t)d->left;
-      if (body_append(c, r, data + i, k) != 0) {
-        *used = i;
-        return DEC_NOMEM;
-      }
-      i += k;
-      d->left -= k;
-      if (d->left == 0) {
-        if (d->st == D_FIXED) {
-          *used = i;
-          return DEC_DONE;
-        }
-        d->st = D_DATA_CR;
-      }
-      continue;
-    }
-    *used = i; /* on an error: the bytes before the one refused */
-    ch = (unsigned char)data[i++];
-    /* many tiny chunks with long extensions must not stretch a body
-     * limit into gigabytes on the wire */
-    if (++d->overhead > OVERHEAD_MAX(maxb)) {
-      *why = OM_HTTP_REJECT_BAD_CHUNK;
-      return DEC_ERROR;
-    }
-    if (d->st >= D_SIZE0 && d->st <= D_SIZE_LF && ++d->line > CHUNK_LINE_MAX) {
-      *why = OM_HTTP_REJECT_BAD_CHUNK;
-      return DEC_ERROR;
-    }
-    if (d->st >= D_TR_START && d->st <= D_TR_LF &&
-        ++d->tr_bytes > c->srv->o.max_header_bytes) {
-      *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-      return DEC_ERROR;
-    }
-    *why = OM_HTTP_REJECT_BAD_CHUNK;
-    switch (d->st) {
-    case D_SIZE0: /* chunk-size = 1*HEXDIG */
-      if (om__http_hex_val(ch) < 0)
-        return DEC_ERROR;
-      d->size = (uint64_t)om__http_hex_val(ch);
-      d->st = D_SIZE;
-      if (d->size > maxb - r->pub.body_len) {
-        *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-        return DEC_ERROR;
-      }
-      break;
-    case D_SIZE:
-      if (om__http_hex_val(ch) >= 0) {
-        /* more digits only make it bigger: past the body limit (or past
-         * 64 bits) it is refused at this digit, wherever the line was
-         * split into reads, and long before http-parser would overflow
-         * (it refuses sizes over 2^60 as an invalid length) */
-        if (d->size > (UINT64_MAX >> 4)) {
-          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        d->size = (d->size << 4) | (uint64_t)om__http_hex_val(ch);
-        if (d->size > maxb - r->pub.body_len) {
-          *why = OM_HTTP_REJECT_BODY_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        break;
-      }
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch)) /* BWS before ";" only */
-        d->st = D_SIZE_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else
-        return DEC_ERROR;
-      break;
-    /* chunk-ext = *( BWS ";" BWS chunk-ext-name
-     *                [ BWS "=" BWS chunk-ext-val ] ) (RFC 9112 7.1.1) */
-    case D_SIZE_WS:
-    case D_EXT_VAL_WS:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME0:
-      if (om__http_is_tchar(ch))
-        d->st = D_EXT_NAME;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME:
-      if (ch == '=')
-        d->st = D_EXT_VAL0;
-      else if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_NAME_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_NAME_WS:
-      if (ch == '=')
-        d->st = D_EXT_VAL0;
-      else if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_VAL0: /* chunk-ext-val = token / quoted-string */
-      if (om__http_is_tchar(ch))
-        d->st = D_EXT_TOKEN;
-      else if (ch == '"')
-        d->st = D_EXT_QS;
-      else if (!om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_TOKEN:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_VAL_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_EXT_QS: /* qdtext = HTAB / SP / %x21 / %x23-5B / %x5D-7E /
-                      obs-text (RFC 9110 5.6.4) */
-      if (ch == '"')
-        d->st = D_EXT_AFTER_QS;
-      else if (ch == '\\')
-        d->st = D_EXT_QP;
-      else if (!(om__http_is_ows(ch) || ch == 0x21 ||
-                 (ch >= 0x23 && ch <= 0x7e) || ch >= 0x80))
-        return DEC_ERROR;
-      break;
-    case D_EXT_QP: /* quoted-pair = "\" ( HTAB / SP / VCHAR / obs-text ) */
-      if (!(om__http_is_ows(ch) || om__http_is_fvchar(ch)))
-        return DEC_ERROR;
-      d->st = D_EXT_QS;
-      break;
-    case D_EXT_AFTER_QS:
-      if (ch == ';')
-        d->st = D_EXT_NAME0;
-      else if (om__http_is_ows(ch))
-        d->st = D_EXT_VAL_WS;
-      else if (ch == '\r')
-        d->st = D_SIZE_LF;
-      else
-        return DEC_ERROR;
-      break;
-    case D_SIZE_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->line = 0;
-      if (d->size == 0) { /* last-chunk: trailer-section CRLF follows */
-        d->st = D_TR_START;
-      } else {
-        d->left = d->size;
-        d->st = D_DATA;
-      }
-      break;
-    case D_DATA_CR: /* chunk = chunk-size [ chunk-ext ] CRLF data CRLF */
-      if (ch != '\r')
-        return DEC_ERROR;
-      d->st = D_DATA_LF;
-      break;
-    case D_DATA_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->st = D_SIZE0;
-      break;
-    case D_TR_START: /* trailer-section = *( field-line CRLF ) (7.1.2) */
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == '\r') {
-        d->st = D_END_LF;
-      } else if (om__http_is_tchar(ch)) {
-        if (++d->tr_fields > c->srv->o.max_headers) {
-          *why = OM_HTTP_REJECT_HEADERS_TOO_LARGE;
-          return DEC_ERROR;
-        }
-        d->st = D_TR_NAME;
-      } else {
-        if (om__http_is_ows(ch) && d->tr_fields > 0)
-          *why = OM_HTTP_REJECT_OBS_FOLD;
-        return DEC_ERROR;
-      }
-      break;
-    case D_TR_NAME:
-      /* Every trailer field is dropped (RFC 9112 7.1.2 allows it), so one
-       * that cannot be a trailer (Content-Length, Transfer-Encoding, Host:
-       * RFC 9110 6.5.1) is never applied, and the message it ends is
-       * valid as sent. */
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == ':')
-        d->st = D_TR_VALUE;
-      else if (!om__http_is_tchar(ch))
-        return DEC_ERROR;
-      break;
-    case D_TR_VALUE:
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch == '\r')
-        d->st = D_TR_LF;
-      else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-        return DEC_ERROR;
-      break;
-    case D_TR_LF:
-      *why = OM_HTTP_REJECT_BAD_HEADER;
-      if (ch != '\n')
-        return DEC_ERROR;
-      d->st = D_TR_START;
-      break;
-    case D_END_LF:
-      if (ch != '\n')
-        return DEC_ERROR;
-      *used = i;
-      return DEC_DONE;
-    default:
-      *why = OM_HTTP_REJECT_BAD_REQUEST;
-      return DEC_ERROR;
-    }
-  }
-  *used = i;
-  return DEC_MORE;
-}
-
-/* ------------------------------------------------------------------ */
-/* parsing loop */
-
-static int scan_method_is_head(const conn_t *c) {
-  const scan_t *s = &c->sc;
-  return s->st > S_METHOD && s->method_end - s->rl_start == 4 &&
-         memcmp(c->in + c->in_off + s->rl_start, "HEAD", 4) == 0;
-}
-
-static void conn_parse(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  while (!c->closing && !c->failed && c->ps != P_DEAD && !c->no_more &&
-         c->q_len < s->o.max_pipelined) {
-    size_t avail = c->in_len - c->in_off;
-    om_http_reject_t why = OM_HTTP_REJECT_BAD_REQUEST;
-    if (avail == 0)
-      return;
-    if (c->ps == P_HEAD) {
-      int rc;
-      if (!c->hstart_set) {
-        c->t_header = now_ms(c);
-        c->hstart_set = 1;
-      }
-      rc = scan_head(c, (const unsigned char *)c->in + c->in_off, avail, &why);
-      if (rc == SCAN_MORE)
-        return;
-      if (rc == SCAN_NOMEM) {
-        conn_fail(c);
-        return;
-      }
-      if (rc == SCAN_ERROR) {
-        reject(c, why);
-        return;
-      }
-      c->fresh = 0;
-      c->hstart_set = 0;
-      if (begin_request(c, c->sc.pos) != 0)
-        return;
-    } else {
-      const char *p = c->in + c->in_off;
-      size_t used = 0;
-      int rc = decode(c, p, avail, &used, &why);
-      if (rc == DEC_NOMEM) {
-        conn_fail(c);
-        return;
-      }
-      if (rc == DEC_ERROR) {
-        /* http-parser reads the bytes before the refused one, as it would
-         * have had they come in an earlier read: whichever parser refuses
-         * first, in byte order, names the reason, so the answer does not
-         * depend on how the client's bytes were split into reads */
-        om_http_reject_t hwhy;
-        if (hx_feed_body(c, p, used, 0, &hwhy) != 0)
-          why = hwhy;
-        reject(c, why);
-        return;
-      }
-      c->dec.seen += used;
-      if (hx_feed_body(c, p, used, rc == DEC_DONE, &why) != 0) {
-        reject(c, why);
-        return;
-      }
-      c->in_off += used;
-      if (rc == DEC_MORE)
-        return;
-      enqueue(c, c->cur);
-      c->cur = NULL;
-      c->ps = P_HEAD;
-    }
-  }
-}
-
-/*
- * RFC 9110 10.1.1: an HTTP/1.1 request with "Expect: 100-continue" and a
- * body gets one 100 Continue before its final response: as soon as it is
- * the next to be answered while its body is incomplete, else just before
- * dispatch. The server MAY omit it when the body already came; sending it
- * always keeps the bytes on the wire independent of how the request was
- * split into reads.
- */
-static void send_continue(conn_t *c, req_t *r) {
-  static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
-  uv_buf_t b;
-  if (r == NULL || !r->want_continue || r->continue_sent)
-    return;
-  r->continue_sent = 1;
-  b = uv_buf_init((char *)msg, sizeof msg - 1);
-  conn_write(c, &b, 1);
-}
-
-/*
- * Advance the connection: parse, dispatch the next request when none is
- * active, send a pending error answer, notice EOF. Re-entrant calls (a
- * handler answering synchronously) just ask the running pump to go again.
- */
-static void conn_pump(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  if (c->in_pump) {
-    c->pump_again = 1;
-    return;
-  }
-  c->in_pump = 1;
-  do {
-    c->pump_again = 0;
-    if (c->closing || c->failed || c->shutting)
-      break;
-    conn_parse(c);
-    if (c->closing || c->failed || c->active != NULL)
-      break;
-    if (c->q_head != NULL) {
-      req_t *r = c->q_head;
-      if (s->closing) {
-        conn_finish(c, 1);
-        break;
-      }
-      c->q_head = r->next;
-      if (c->q_head == NULL)
-        c->q_tail = NULL;
-      c->q_len--;
-      r->next = NULL;
-      c->active = r;
-      send_continue(c, r);
-      s->m.requests++;
-      s->on_request(&r->pub, s->ud);
-      c->pump_again = 1;
-      continue;
-    }
-    if (c->has_err && !c->err_sent) {
-      send_error(c);
-      conn_finish(c, 0);
-      break;
-    }
-    if (s->closing || c->eof) {
-      conn_finish(c, 1); /* flush what is queued, then close */
-      break;
-    }
-    if (c->ps == P_BODY)
-      send_continue(c, c->cur);
-  } while (c->pump_again);
-  c->in_pump = 0;
-  if (!c->closing && c->in_off == c->in_len && c->in_cap > READ_SLACK &&
-      c->ps == P_HEAD && c->sc.pos == 0) {
-    free(c->in); /* an idle keep-alive connection keeps no big buffer */
-    c->in = NULL;
-    c->in_cap = c->in_off = c->in_len = 0;
-  }
-  conn_update(c);
-}
-
-/* ------------------------------------------------------------------ */
-/* reading and timers */
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  conn_t *c = h->data;
-  om_http_server_t *s = c->srv;
-  size_t maxcap = s->o.max_header_bytes + READ_SLACK;
-  (void)suggested;
-  if (c->ps == P_DEAD || c->lingering || c->shutting || c->no_more) {
-    *buf = uv_buf_init(s->scratch, sizeof s->scratch);
-    return;
-  }
-  if (c->in_off == c->in_len)
-    c->in_off = c->in_len = 0;
-  if (c->in_cap - c->in_len < READ_MIN && c->in_off > 0) {
-    memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-    c->in_len -= c->in_off;
-    c->in_off = 0;
-  }
-  if (c->in_cap - c->in_len < READ_MIN && c->in_cap < maxcap) {
-    size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-    char *nb;
-    if (cap > maxcap)
-      cap = maxcap;
-    nb = realloc(c->in, cap);
-    if (nb != NULL) {
-      c->in = nb;
-      c->in_cap = cap;
-    }
-  }
-  *buf = uv_buf_init(c->in ? c->in + c->in_len : NULL,
-                     (unsigned)(c->in_cap - c->in_len));
-}
-
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-  conn_t *c = st->data;
-  om_http_server_t *s = c->srv;
-  if (c->closing)
-    return;
-  if (nread > 0) {
-    c->t_read = now_ms(c);
-    if (buf->base == s->scratch) { /* dead: read and drop */
-      c->discarded += (size_t)nread;
-      /* bytes after a refusal are cut off at some point; bytes after a
-       * last request whose response is still on its way stop being read
-       * there (conn_update), so TCP holds the client back until the
-       * response is done; lingering bounds the rest */
-      if (c->discarded > DISCARD_MAX) {
-        if (c->no_more && c->ps != P_DEAD)
-          conn_update(c);
-        else
-          conn_close(c, 0);
-      }
-      return;
-    }
-    c->in_len += (size_t)nread;
-    conn_pump(c);
-    return;
-  }
-  if (nread == 0)
-    return;
-  if (nread == UV_ENOBUFS) {
-    /* on_alloc could not grow the buffer (reads stop before it is full):
-     * out of memory, and no way to go on with this connection */
-    conn_close(c, 0);
-    return;
-  }
-  c->eof = 1;
-  if (c->reading) {
-    uv_read_stop(st);
-    c->reading = 0;
-  }
-  /* An EOF while a response is owed means the client went away (as
-   * nginx and Go read it): close, so on_close tells the holder. */
-  if (nread != UV_EOF || c->lingering || c->active != NULL) {
-    conn_close(c, 0);
-    return;
-  }
-  conn_pump(c);
-}
-
-enum { K_NONE, K_HEADER, K_FRESH, K_IDLE, K_BODY, K_WRITE, K_LINGER, K_FAIL };
-
-/* The earliest deadline that applies now, and which one it is. */
-static int conn_deadline(const conn_t *c, uint64_t *dl) {
-  const om_http_server_opts_t *o = &c->srv->o;
-  int kind = K_NONE;
-  *dl = UINT64_MAX;
-  if (c->failed) {
-    *dl = 0;
-    return K_FAIL;
-  }
-  if (c->lingering) {
-    *dl = c->t_linger + LINGER_MS;
-    return K_LINGER;
-  }
-  if (c->reading && !c->shutting) {
-    if (c->ps == P_HEAD) {
-      if (c->in_len > c->in_off) {
-        *dl = c->t_header + o->header_timeout_ms;
-        kind = K_HEADER;
-      } else if (c->fresh) {
-        *dl = c->t_header + o->header_timeout_ms;
-        kind = K_FRESH;
-      } else if (c->active == NULL && c->q_len == 0 &&
-                 uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) ==
-                     0) {
-        /* idle only once the last response is flushed; until then the
-         * write-progress deadline below applies */
-        *dl = c->t_idle + o->idle_timeout_ms;
-        kind = K_IDLE;
-      }
-    } else if (c->ps == P_BODY && !(c->cur != NULL && c->cur->want_continue &&
-                                    !c->cur->continue_sent)) {
-      *dl = c->t_read + o->idle_timeout_ms;
-      kind = K_BODY;
-    }
-  }
-  if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 &&
-      c->t_write + o->idle_timeout_ms < *dl) {
-    *dl = c->t_write + o->idle_timeout_ms;
-    kind = K_WRITE;
-  }
-  return kind;
-}
-
-static void on_timer(uv_timer_t *t) {
-  conn_t *c = t->data;
-  uint64_t dl, now = now_ms(c);
-  int kind;
-  if (c->closing)
-    return;
-  kind = conn_deadline(c, &dl);
-  if (kind == K_NONE || now < dl) {
-    conn_update(c);
-    return;
-  }
-  switch (kind) {
-  case K_HEADER:
-  case K_BODY:
-    reject(c, OM_HTTP_REJECT_REQUEST_TIMEOUT);
-    conn_pump(c);
-    return;
-  case K_WRITE:
-    om_log(OM_LOG_INFO, "http_write_stalled", "remote", c->remote_ip, NULL);
-    conn_close(c, 0);
-    return;
-  default: /* fresh or idle (nothing to answer), lingering, failed */
-    conn_close(c, 0);
-    return;
-  }
-}
-
-/* Start or stop reading and re-arm the timer to match the state. */
-static void conn_update(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  uint64_t dl, now;
-  int want;
-  if (c->closing)
-    return;
-  if (c->failed || c->eof)
-    want = 0;
-  else if (c->lingering || c->shutting || c->ps == P_DEAD)
-    want = 1;          /* read and drop: see EOF, keep the peer from a reset */
-  else if (c->no_more) /* the same while the last response is on its way, */
-    want = c->discarded <= DISCARD_MAX; /* up to a point */
-  else
-    want = c->q_len < s->o.max_pipelined &&
-           c->in_len - c->in_off < s->o.max_header_bytes + READ_SLACK;
-  if (want && !c->reading) {
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) {
-      c->reading = 1;
-      /* time spent paused by us is not the client's */
-      c->t_read = now_ms(c);
-      if (c->hstart_set && !c->fresh)
-        c->t_header = c->t_read;
-    } else {
-      conn_fail(c);
-    }
-  } else if (!want && c->reading) {
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->reading = 0;
-  }
-  if (conn_deadline(c, &dl) == K_NONE) {
-    uv_timer_stop(&c->timer);
-    return;
-  }
-  now = now_ms(c);
-  uv_timer_start(&c->timer, on_timer, dl > now ? dl - now : 0, 0);
-}
-
-/* ------------------------------------------------------------------ */
 /* accepting */
 
 static void on_reject_closed(uv_handle_t *h) {
@@ -2414,7 +133,7 @@ static void on_reject_closed(uv_handle_t *h) {
   else
     free(h);
   s->rejects_open--;
-  srv_maybe_finish(s);
+  om__http_srv_maybe_finish(s);
 }
 
 /* Over the limit (or out of memory): answer 503 if the socket takes it at
@@ -2466,6 +185,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   c->srv = s;
+  om__http_scan_reset(c);
   uv_tcp_init(s->loop, &c->tcp);
   uv_timer_init(s->loop, &c->timer);
   c->tcp.data = c;
@@ -2477,7 +197,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   s->conns = c;
   s->m.connections_active++;
   if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
-    conn_close(c, 0);
+    om__http_conn_close(c, 0);
     return;
   }
   s->m.connections_accepted++;
@@ -2496,8 +216,8 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   c->fresh = 1;
   c->hstart_set = 1;
-  c->t_header = c->t_read = c->t_idle = c->t_write = now_ms(c);
-  conn_update(c);
+  c->t_header = c->t_read = c->t_idle = c->t_write = om__http_now_ms(c);
+  om__http_conn_update(c);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2602,10 +322,10 @@ int om_http_server_port(const om_http_server_t *s) {
 static void on_srv_handle_closed(uv_handle_t *h) {
   om_http_server_t *s = h->data;
   s->handles--;
-  srv_maybe_finish(s);
+  om__http_srv_maybe_finish(s);
 }
 
-static void srv_maybe_finish(om_http_server_t *s) {
+void om__http_srv_maybe_finish(om_http_server_t *s) {
   if (!s->closing || s->finished || s->conns != NULL || s->rejects_open > 0)
     return;
   if (!s->timer_closing) {
@@ -2629,7 +349,7 @@ static void on_drain(uv_timer_t *t) {
   conn_t *c, *next;
   for (c = s->conns; c != NULL; c = next) {
     next = c->next;
-    conn_close(c, 0);
+    om__http_conn_close(c, 0);
   }
 }
 
@@ -2645,16 +365,16 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
   for (c = s->conns; c != NULL; c = next) {
     next = c->next;
     /* a response in flight, or being flushed, may finish */
-    if (c->closing || c->failed || c->active != NULL)
+    if (c->phase >= PH_FAILED || c->active != NULL)
       continue;
-    if (c->lingering)
-      conn_close(c, 0);
+    if (c->phase == PH_LINGERING)
+      om__http_conn_close(c, 0);
     else
-      conn_finish(c, 1);
+      om__http_conn_finish(c, 1);
   }
   if (s->conns != NULL)
     uv_timer_start(&s->drain_timer, on_drain, s->o.drain_timeout_ms, 0);
-  srv_maybe_finish(s);
+  om__http_srv_maybe_finish(s);
   return 0;
 }
 
@@ -2696,15 +416,15 @@ int om_http_request_on_close(om_http_request_t *req, om_http_close_fn cb) {
 /* The response ended: release req and move on (or close). */
 static void req_finish(req_t *r, int close) {
   conn_t *c = r->conn;
-  req_free(r);
+  om__http_req_free(r);
   c->active = NULL;
-  c->t_idle = now_ms(c);
-  if (c->failed || c->closing)
+  c->t_idle = om__http_now_ms(c);
+  if (c->phase >= PH_FAILED)
     return;
   if (close)
-    conn_finish(c, 0);
+    om__http_conn_finish(c, 0);
   else
-    conn_pump(c);
+    om__http_conn_pump(c);
 }
 
 static int resp_close(const req_t *r, const rh_t *rh) {
@@ -2735,23 +455,24 @@ int om_http_respond(om_http_request_t *req, int status,
   no_content = status == 204 || status == 304;
   if (no_content && len > 0)
     return OM_EINVAL;
-  rc = check_resp_headers(headers, n, 0, 0, &rh);
+  rc = om__http_check_resp_headers(headers, n, 0, 0, &rh);
   if (rc != 0)
     return rc;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing) {
+  if (c == NULL || c->phase >= PH_FAILED) {
     if (c != NULL)
       req_finish(r, 1);
     else
-      req_free(r);
+      om__http_req_free(r);
     return OM_ESTATE;
   }
   close = resp_close(r, &rh);
   /* RFC 9110 8.6: no Content-Length in 204; none sent with 304 either */
-  head = build_head(c->srv, stackbuf, sizeof stackbuf, status, headers, n, &rh,
-                    !no_content, len, 0, conn_header(r, close), &hl);
+  head =
+      om__http_build_head(c->srv, stackbuf, sizeof stackbuf, status, headers, n,
+                          &rh, !no_content, len, 0, conn_header(r, close), &hl);
   if (head == NULL) {
-    conn_fail(c);
+    om__http_conn_fail(c);
     req_finish(r, 1);
     return OM_ENOMEM;
   }
@@ -2759,7 +480,7 @@ int om_http_respond(om_http_request_t *req, int status,
   bufs[0] = uv_buf_init(head, (unsigned)hl);
   bufs[1] = uv_buf_init(send_body ? (char *)body : NULL,
                         send_body ? (unsigned)len : 0);
-  rc = conn_write(c, bufs, send_body ? 2 : 1);
+  rc = om__http_conn_write(c, bufs, send_body ? 2 : 1);
   if (head != stackbuf)
     free(head);
   req_finish(r, close);
@@ -2780,13 +501,13 @@ static int response_start(om_http_request_t *req, int status,
     return OM_EINVAL;
   if (r->rstate != RS_NONE || r->in_close_cb)
     return OM_ESTATE;
-  rc = check_resp_headers(headers, n, 1, checked, &rh);
+  rc = om__http_check_resp_headers(headers, n, 1, checked, &rh);
   if (rc != 0)
     return rc;
   if (status == 204 && rh.has_cl)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing)
+  if (c == NULL || c->phase >= PH_FAILED)
     return OM_ESTATE;
   no_body = r->is_head || status == 204 || status == 304;
   if (no_body)
@@ -2800,13 +521,14 @@ static int response_start(om_http_request_t *req, int status,
   r->resp_left = rh.cl;
   close = resp_close(r, &rh) || r->rframe == RF_CLOSE;
   r->resp_close = close ? 1 : 0;
-  head = build_head(c->srv, stackbuf, sizeof stackbuf, status, headers, n, &rh,
-                    0, 0, r->rframe == RF_CHUNKED, conn_header(r, close), &hl);
+  head = om__http_build_head(c->srv, stackbuf, sizeof stackbuf, status, headers,
+                             n, &rh, 0, 0, r->rframe == RF_CHUNKED,
+                             conn_header(r, close), &hl);
   if (head == NULL)
     return OM_ENOMEM;
   r->rstate = RS_STREAMING;
   b = uv_buf_init(head, (unsigned)hl);
-  rc = conn_write(c, &b, 1);
+  rc = om__http_conn_write(c, &b, 1);
   if (head != stackbuf)
     free(head);
   return rc == 0 ? 0 : OM_ESTATE;
@@ -2835,7 +557,7 @@ int om_http_response_write(om_http_request_t *req, const char *data,
   if (r->rframe == RF_FIXED && (uint64_t)len > r->resp_left)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->failed || c->closing)
+  if (c == NULL || c->phase >= PH_FAILED)
     return OM_ESTATE;
   switch (r->rframe) {
   case RF_NOBODY:
@@ -2847,13 +569,13 @@ int om_http_response_write(om_http_request_t *req, const char *data,
     bufs[0] = uv_buf_init(line, (unsigned)k);
     bufs[1] = uv_buf_init((char *)data, (unsigned)len);
     bufs[2] = uv_buf_init((char *)"\r\n", 2);
-    return conn_write(c, bufs, 3) == 0 ? 0 : OM_ESTATE;
+    return om__http_conn_write(c, bufs, 3) == 0 ? 0 : OM_ESTATE;
   }
   default: {
     uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
     if (r->rframe == RF_FIXED)
       r->resp_left -= len;
-    return conn_write(c, &b, 1) == 0 ? 0 : OM_ESTATE;
+    return om__http_conn_write(c, &b, 1) == 0 ? 0 : OM_ESTATE;
   }
   }
 }
@@ -2864,17 +586,16 @@ int om_http_response_write(om_http_request_t *req, const char *data,
 static void cut(req_t *r) {
   conn_t *c = r->conn;
   int reset = r->rstate == RS_STREAMING && r->rframe == RF_CLOSE;
-  req_free(r);
+  om__http_req_free(r);
   c->active = NULL;
   c->srv->m.responses_aborted++;
-  if (c->failed || c->closing)
+  if (c->phase >= PH_FAILED)
     return;
   if (reset) {
-    conn_drop_requests(c);
-    c->ps = P_DEAD;
-    conn_close(c, 1); /* no request is active: no callbacks run */
+    om__http_conn_drop_requests(c);
+    om__http_conn_close(c, 1); /* no request is active: no callbacks run */
   } else {
-    conn_finish(c, 1);
+    om__http_conn_finish(c, 1);
   }
 }
 
@@ -2888,10 +609,10 @@ int om_http_response_end(om_http_request_t *req) {
     return OM_ESTATE;
   c = r->conn;
   if (c == NULL) {
-    req_free(r);
+    om__http_req_free(r);
     return OM_ESTATE;
   }
-  if (c->failed || c->closing) {
+  if (c->phase >= PH_FAILED) {
     req_finish(r, 1);
     return OM_ESTATE;
   }
@@ -2901,7 +622,7 @@ int om_http_response_end(om_http_request_t *req) {
   }
   if (r->rframe == RF_CHUNKED) { /* last-chunk, no trailers, CRLF */
     uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
-    rc = conn_write(c, &b, 1);
+    rc = om__http_conn_write(c, &b, 1);
   }
   req_finish(r, r->resp_close);
   return rc == 0 ? 0 : OM_ESTATE;
@@ -2912,7 +633,7 @@ void om_http_response_abort(om_http_request_t *req) {
   if (r == NULL || r->in_close_cb)
     return;
   if (r->conn == NULL) {
-    req_free(r);
+    om__http_req_free(r);
     return;
   }
   cut(r);
@@ -2925,7 +646,7 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
   if (r == NULL)
     return OM_EINVAL;
   c = r->conn;
-  if (c == NULL || c->closing || c->failed || r->rstate != RS_STREAMING ||
+  if (c == NULL || c->phase >= PH_FAILED || r->rstate != RS_STREAMING ||
       r->in_close_cb)
     return OM_ESTATE;
   r->on_drain = NULL;
@@ -2940,7 +661,7 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
 
 size_t om_http_response_pending(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
-  if (r == NULL || r->conn == NULL || r->conn->closing)
+  if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING)
     return 0;
   return r->conn->ob_len +
          uv_stream_get_write_queue_size((const uv_stream_t *)&r->conn->tcp);

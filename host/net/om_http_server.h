@@ -10,15 +10,15 @@
  * half-closed and no further byte on it is interpreted (RFC 9112 9.6:
  * lingering close, so the client reads the answer instead of a reset).
  *
- * Two parsers read every request: a strict scanner of our own over the raw
- * bytes (request line, field lines, chunked framing) decides, and
- * http-parser (2.9.x, which Debian builds with HTTP_PARSER_STRICT=0 and is
- * lenient about bare LF, obs-fold, whitespace before the colon, chunk-data
- * CRLF, ...) must agree with it on method, target, every field, version
- * and body framing; any disagreement is a 400. Where the two refuse a
- * body at different bytes, the one that refuses first in byte order
- * names the reason, so the answer never depends on how the client's
- * bytes were split into reads.
+ * Every request is read once, by the HTTP/1.1 framing module
+ * (core/om_http1.h: request line, field lines, Content-Length and
+ * Transfer-Encoding, chunked framing), which the upstream client shares.
+ * http-parser 2.9 is its differential oracle in the tests
+ * (tests/test_http1_fuzz.c), not a second parse. What it refused beyond
+ * our rules when it was one is refused by ours with the same answers
+ * (an unknown method, a malformed Content-Length among the trailers).
+ * The answer never depends on how the client's bytes were split into
+ * reads.
  *
  * Deliberate choices where RFC 9112 leaves one: a bare LF is never a line
  * terminator (2.2 says MAY), anywhere: request line, field lines, chunk
@@ -71,7 +71,9 @@ typedef struct om_http_server_s om_http_server_t;
  *   that is not uri-host [":" port] (RFC 9112 3.2, RFC 9110 7.2).
  * - BAD_CONTENT_LENGTH: Content-Length not 1*DIGIT after trimming OWS, or
  *   given more than once, even with equal values ("1, 1" included; RFC 9110
- *   8.6 and RFC 9112 6.3 allow accepting identical values: we do not).
+ *   8.6 and RFC 9112 6.3 allow accepting identical values: we do not); in
+ *   the trailer section, a Content-Length that is empty, not 1*DIGIT or
+ *   repeated (trailers are dropped, but no reader may frame on one).
  * - CONTENT_LENGTH_AND_TRANSFER_ENCODING: both present (RFC 9112 6.1,
  *   6.3 item 3).
  * - BAD_TRANSFER_ENCODING: chunked not the final coding (RFC 9112 6.3 item
@@ -84,9 +86,11 @@ typedef struct om_http_server_s om_http_server_t;
  *   chunk-ext, a chunk line over 4 KiB, more framing bytes (chunk lines,
  *   trailers) than max(64 KiB, max_body_bytes), no CRLF after chunk-data,
  *   no CRLF ending the message (RFC 9112 7.1).
- * - METHOD_NOT_IMPLEMENTED: CONNECT, or a method token that http-parser
- *   does not know (RFC 9110 9.1: 501), answered as soon as the method
- *   passes 16 bytes, longer than any known one (RFC 9112 3).
+ * - METHOD_NOT_IMPLEMENTED: CONNECT, or a method token that
+ *   om_http1_method_known does not know (RFC 9110 9.1: 501; the set
+ *   http-parser knows), checked after the rest of the head; answered as
+ *   soon as the method passes 16 bytes, longer than any known one (RFC
+ *   9112 3).
  * - EXPECTATION_FAILED: an Expect member other than 100-continue in an
  *   HTTP/1.1 request (RFC 9110 10.1.1: 417).
  * - HEADERS_TOO_LARGE: the header section (request line included, leading
@@ -99,17 +103,11 @@ typedef struct om_http_server_s om_http_server_t;
  * - REQUEST_TIMEOUT: the header section did not complete within
  *   header_timeout_ms of its first byte, or the body stalled for
  *   idle_timeout_ms (RFC 9110 15.5.9: 408).
- * - BAD_REQUEST: http-parser and our scanner disagree about the message.
- *   Where http-parser refuses what the scanner accepted, the reason names
- *   the part it refused instead. It is fed each HTAB as a SP, since it
- *   refuses HTAB (not SP) after a Content-Length or Transfer-Encoding value
- *   and before a chunk-ext, where RFC 9110 5.6.3 and 9112 7.1.1 allow
- *   either; where no whitespace may be, the scanner has refused the HTAB
- *   already. It refuses empty elements in a Transfer-Encoding list
- *   ("chunked," and ", chunked", which RFC 9110 5.6.1.2 would have a
- *   recipient skip): bad_transfer_encoding; it checks a Content-Length in
- *   the trailer section as if it were a header (one, 1*DIGIT):
- *   bad_content_length; it does not know every method token (501).
+ * - BAD_REQUEST: a refusal of the framing module without a more precise
+ *   reason above (no request reaches it today; the name stays stable).
+ *   Stricter than RFC 9110 5.6.1.2, empty elements in a Transfer-Encoding
+ *   list ("chunked,", ", chunked") are bad_transfer_encoding: for the
+ *   framing field the strict reading is the safe one.
  */
 #define OM_HTTP_REJECT_MAP(XX)                                                 \
   XX(BAD_REQUEST_LINE, 400, "bad_request_line")                                \
@@ -167,8 +165,7 @@ typedef struct om_http_server_metrics_s {
 typedef struct om_http_server_opts_s {
   /* Request line + field lines + the empty line, and separately the
    * trailer section of a chunked body: beyond it 431 (414 inside the
-   * request-target). Default 16 KiB, at most 64 KiB (http-parser's own
-   * compiled-in limit is 80 KiB). */
+   * request-target). Default 16 KiB, at most 64 KiB. */
   size_t max_header_bytes;
   /* Field lines in the header or in the trailer section: beyond it 431.
    * Default 100. */

@@ -14,6 +14,10 @@
  * ends a request while such a call is on the stack (pool->api > 0) is
  * queued and finished from an idle handle ("kick"), which also delivers
  * bytes buffered while a request was paused.
+ *
+ * Files: this one holds URLs, peers, requests, the kick, the pool and
+ * sending; om_upstream_conn.c connections and reading responses;
+ * om_upstream_internal.h what they share.
  */
 #include "om_upstream.h"
 
@@ -23,28 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <http_parser.h>
-
 #include "om_errno.h"
+#include "om_http1.h"
 #include "om_http_chars.h"
-#include "om_http_detab.h"
-
-#define DEF_MAX_IDLE 32u
-#define DEF_IDLE_TIMEOUT_MS 60000u
-#define DEF_MAX_HEADER_BYTES (64u * 1024u)
-#define MAX_HEADER_BYTES (64u * 1024u)
-#define MIN_HEADER_BYTES 256u
-#define DEF_MAX_HEADERS 100u
-#define MAX_MAX_HEADERS 10000u
-#define DEF_READ_BUFFER (16u * 1024u)
-#define MIN_READ_BUFFER 1024u
-#define DEF_MAX_PEERS 4096u
-
-#define CHUNK_LINE_MAX 4096u /* chunk-size + chunk-ext in one line */
-#define READ_MIN 1024u       /* compact or grow below this much room */
-#define FREE_REQS_MAX 256u   /* request objects kept for reuse */
-#define REQ_HEAD_KEEP 8192u  /* a recycled request keeps this much head */
-#define HDRS_INITIAL 16u
+#include "om_upstream_internal.h"
 
 /* pchar = unreserved / pct-encoded / sub-delims / ":" / "@" (RFC 3986
  * 3.3), plus "/" (and "?" in a query, 3.4). Returns the bytes taken at
@@ -66,16 +52,13 @@ static size_t hdr_len(const char *s, size_t n) {
   return n != 0 || s == NULL ? n : strlen(s);
 }
 
-/* Field names the client handles itself, by kind. */
-enum { F_OTHER, F_HOP, F_CONNECTION, F_CONTENT_LENGTH, F_TE, F_HOST };
-
 /*
  * The hop-by-hop fields of RFC 9110 7.6.1 (Connection, Proxy-Connection,
  * Keep-Alive, TE, Transfer-Encoding, Upgrade) and Trailer, which only
  * describes our own chunked framing; plus the framing and Host fields the
  * client treats specially.
  */
-static int field_kind(const char *n, size_t len) {
+int om__up_field_kind(const char *n, size_t len) {
   switch (len) {
   case 2:
     return om__http_ci_eq(n, len, "te") ? F_HOP : F_OTHER;
@@ -107,7 +90,7 @@ static int field_kind(const char *n, size_t len) {
  * 5.6.1: empty elements allowed). fn(arg, token, len) returns nonzero to
  * stop; walk returns that, or -1 if an element is not a token.
  */
-static int conn_walk(const char *v, size_t n,
+int om__up_conn_walk(const char *v, size_t n,
                      int (*fn)(void *arg, const char *t, size_t len),
                      void *arg) {
   size_t i = 0;
@@ -133,12 +116,7 @@ static int conn_walk(const char *v, size_t n,
   return 0;
 }
 
-typedef struct {
-  int close;  /* "close" seen */
-  int others; /* a name other than close / keep-alive seen */
-} conn_opts_t;
-
-static int conn_opt(void *arg, const char *t, size_t len) {
+int om__up_conn_opt(void *arg, const char *t, size_t len) {
   conn_opts_t *o = arg;
   if (om__http_ci_eq(t, len, "close"))
     o->close = 1;
@@ -170,15 +148,15 @@ static int tok_match(void *arg, const char *t, size_t len) {
 }
 
 /* Is the field name listed in a Connection field of h? */
-static int named_in_connection(const om_http_header_t *h, size_t n,
+int om__up_named_in_connection(const om_http_header_t *h, size_t n,
                                const char *name, size_t len) {
   tok_t k = {name, len};
   size_t i;
   for (i = 0; i < n; i++) {
     size_t nl = hdr_len(h[i].name, h[i].name_len);
-    if (field_kind(h[i].name, nl) == F_CONNECTION &&
-        conn_walk(h[i].value, hdr_len(h[i].value, h[i].value_len), tok_match,
-                  &k) == 1)
+    if (om__up_field_kind(h[i].name, nl) == F_CONNECTION &&
+        om__up_conn_walk(h[i].value, hdr_len(h[i].value, h[i].value_len),
+                         tok_match, &k) == 1)
       return 1;
   }
   return 0;
@@ -344,128 +322,6 @@ int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
 }
 
 /* ------------------------------------------------------------------ */
-/* types */
-
-typedef struct peer_s peer_t;
-typedef struct conn_s conn_t;
-typedef om_upstream_req_t req_t;
-
-typedef struct {
-  uint16_t family;
-  uint16_t port; /* network order */
-  uint8_t addr[16];
-} pkey_t;
-
-struct peer_s {
-  peer_t *hnext;
-  uint64_t hash;
-  pkey_t key;
-  om_upstream_target_t target;   /* the address to connect to */
-  conn_t *idle_head, *idle_tail; /* most .. least recently used */
-  size_t refs;                   /* connections and requests pointing here */
-  om_upstream_stats_t st;
-};
-
-enum {
-  PH_CONNECTING,
-  PH_HEAD,
-  PH_BODY_CL,
-  PH_CHUNK_SIZE,
-  PH_CHUNK_DATA,
-  PH_CHUNK_CRLF,
-  PH_TRAILER,
-  PH_BODY_EOF,
-  PH_IDLE
-};
-
-enum { FRAME_NONE, FRAME_CL, FRAME_CHUNKED, FRAME_EOF };
-
-struct conn_s {
-  uv_tcp_t tcp;
-  uv_timer_t timer;
-  uv_connect_t creq;
-  uv_write_t wreq;
-  om_upstream_pool_t *pool;
-  peer_t *peer;
-  conn_t *prev, *next;   /* the pool's open connections */
-  conn_t *iprev, *inext; /* the peer's idle list */
-  req_t *req;
-  int phase;
-  int handles; /* libuv handles not yet closed */
-  unsigned closing : 1, reading : 1, writing : 1, broken : 1, keepalive : 1;
-  uint64_t timer_due; /* loop ms the timer is armed for; 0: not armed */
-  uint64_t idle_since;
-  /* read buffer: unconsumed bytes are [pos, len) */
-  char *buf;
-  size_t cap, cap_max, len, pos;
-  /* head scan, relative to pos */
-  size_t scan, line;
-  size_t interim_bytes; /* 1xx heads already skipped for this response */
-  /* body */
-  uint64_t remaining;
-  size_t trailer_bytes;
-  /* the head as handed to on_headers */
-  om_http_header_t *hdrs;
-  size_t hdrs_cap;
-  om_upstream_response_t resp;
-  /* the second opinion, for a head with Transfer-Encoding and its body */
-  http_parser hp;
-  uint64_t hp_body;
-  int hp_on, hp_complete, hp_skip;
-};
-
-enum { R_FREE, R_ACTIVE, R_DONE };
-enum { PEND_NONE, PEND_DONE, PEND_PROCESS };
-
-struct om_upstream_req_s {
-  om_upstream_pool_t *pool;
-  peer_t *peer; /* held (refs) until the request ends */
-  conn_t *conn;
-  req_t *next, *prev; /* free list or pending list */
-  om_upstream_callbacks_t cb;
-  void *ud;
-  const char *body;
-  size_t body_len;
-  char *head;
-  size_t head_len, head_cap;
-  uint64_t connect_ms, first_byte_ms;
-  uint64_t connect_due, first_byte_due, total_due; /* loop ms; 0 none */
-  int state;
-  int pend;
-  unsigned idempotent : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
-      got_bytes : 1;
-  om_upstream_result_t res;
-};
-
-struct om_upstream_pool_s {
-  uv_loop_t *loop;
-  uv_idle_t kick;
-  om_upstream_pool_opts_t o;
-  peer_t **buckets;
-  size_t nbuckets, npeers;
-  conn_t *conns; /* open (not closing) connections */
-  size_t nconns; /* connections not yet freed */
-  req_t *free_reqs;
-  size_t nfree;
-  req_t *pend_head, *pend_tail;
-  int api; /* om_upstream_* calls on the stack */
-  unsigned closing : 1, kick_on : 1, finishing : 1;
-  om_upstream_closed_fn on_closed;
-  void *closed_ud;
-  om_upstream_stats_t st;
-};
-
-static void conn_close(conn_t *c);
-static void conn_process(conn_t *c);
-static void conn_arm(conn_t *c);
-static int conn_connect(req_t *r);
-static void pool_maybe_finish(om_upstream_pool_t *p);
-
-static uint64_t now_ms(const om_upstream_pool_t *p) {
-  return uv_now(p->loop);
-}
-
-/* ------------------------------------------------------------------ */
 /* peers */
 
 static void key_of(const om_upstream_target_t *t, pkey_t *k) {
@@ -609,7 +465,7 @@ static void pend_push(req_t *r, int kind) {
 /* ------------------------------------------------------------------ */
 /* requests */
 
-static void req_recycle(req_t *r) {
+void om__up_req_recycle(req_t *r) {
   om_upstream_pool_t *p = r->pool;
   if (r->pend != PEND_NONE)
     pend_unlink(r);
@@ -634,10 +490,10 @@ static void req_call_done(req_t *r) {
   r->in_cb = 1;
   r->cb.on_done(r->ud, &r->res);
   r->in_cb = 0;
-  req_recycle(r);
+  om__up_req_recycle(r);
 }
 
-static void peer_unref(peer_t *e) {
+void om__up_peer_unref(peer_t *e) {
   e->refs--;
 }
 
@@ -646,7 +502,7 @@ static void peer_unref(peer_t *e) {
  * now, from a loop callback, or from the kick when an om_upstream_* call
  * is on the stack.
  */
-static void req_end(req_t *r, om_upstream_fail_t fail, int err,
+void om__up_req_end(req_t *r, om_upstream_fail_t fail, int err,
                     const char *detail) {
   om_upstream_pool_t *p = r->pool;
   r->res.fail = fail;
@@ -659,7 +515,7 @@ static void req_end(req_t *r, om_upstream_fail_t fail, int err,
       r->peer->st.failures++;
       p->st.failures++;
     }
-    peer_unref(r->peer);
+    om__up_peer_unref(r->peer);
     r->peer = NULL;
   }
   if (p->api > 0 || r->in_cb)
@@ -669,7 +525,7 @@ static void req_end(req_t *r, om_upstream_fail_t fail, int err,
 }
 
 /* Take r off its connection (which the caller then pools or closes). */
-static void detach(conn_t *c) {
+void om__up_detach(conn_t *c) {
   req_t *r = c->req;
   if (r == NULL)
     return;
@@ -677,1083 +533,6 @@ static void detach(conn_t *c) {
   r->conn = NULL;
   c->peer->st.active--;
   c->pool->st.active--;
-}
-
-/* ------------------------------------------------------------------ */
-/* connections */
-
-static void on_conn_closed(uv_handle_t *h) {
-  conn_t *c = h->data;
-  om_upstream_pool_t *p = c->pool;
-  if (--c->handles > 0)
-    return;
-  peer_unref(c->peer);
-  free(c->buf);
-  free(c->hdrs);
-  free(c);
-  p->nconns--;
-  pool_maybe_finish(p);
-}
-
-static void idle_unlink(conn_t *c) {
-  peer_t *e = c->peer;
-  if (c->iprev != NULL)
-    c->iprev->inext = c->inext;
-  else
-    e->idle_head = c->inext;
-  if (c->inext != NULL)
-    c->inext->iprev = c->iprev;
-  else
-    e->idle_tail = c->iprev;
-  c->iprev = c->inext = NULL;
-  e->st.idle--;
-  c->pool->st.idle--;
-}
-
-/* Close c (its request, if any, must be detached first). */
-static void conn_close(conn_t *c) {
-  om_upstream_pool_t *p = c->pool;
-  if (c->closing)
-    return;
-  c->closing = 1;
-  if (c->phase == PH_IDLE)
-    idle_unlink(c);
-  if (c->prev != NULL)
-    c->prev->next = c->next;
-  else
-    p->conns = c->next;
-  if (c->next != NULL)
-    c->next->prev = c->prev;
-  c->prev = c->next = NULL;
-  uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
-  uv_close((uv_handle_t *)&c->timer, on_conn_closed);
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  conn_t *c = h->data;
-  (void)suggested;
-  if (c->pos == c->len) {
-    c->pos = c->len = 0;
-    c->scan = c->line = 0;
-  } else if (c->pos > 0 && c->cap - c->len < READ_MIN) {
-    memmove(c->buf, c->buf + c->pos, c->len - c->pos);
-    c->len -= c->pos;
-    c->pos = 0;
-  }
-  if (c->cap - c->len < READ_MIN && c->cap < c->cap_max) {
-    size_t n = c->cap * 2 < c->cap_max ? c->cap * 2 : c->cap_max;
-    char *nb = realloc(c->buf, n);
-    if (nb != NULL) {
-      c->buf = nb;
-      c->cap = n;
-    }
-  }
-  buf->base = c->buf + c->len;
-  buf->len = c->cap - c->len; /* 0 makes libuv report UV_ENOBUFS */
-}
-
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-
-static void read_on(conn_t *c) {
-  if (!c->reading && !c->closing &&
-      uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
-    c->reading = 1;
-}
-
-static void read_off(conn_t *c) {
-  if (c->reading) {
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->reading = 0;
-  }
-}
-
-/* Pool c after a complete response. */
-static void conn_make_idle(conn_t *c) {
-  om_upstream_pool_t *p = c->pool;
-  peer_t *e = c->peer;
-  c->phase = PH_IDLE;
-  c->pos = c->len = 0;
-  c->scan = c->line = 0;
-  c->idle_since = now_ms(p);
-  c->iprev = NULL;
-  c->inext = e->idle_head;
-  if (e->idle_head != NULL)
-    e->idle_head->iprev = c;
-  else
-    e->idle_tail = c;
-  e->idle_head = c;
-  e->st.idle++;
-  p->st.idle++;
-  read_on(c); /* an EOF or a stray byte closes it */
-  if (e->st.idle > p->o.max_idle_per_peer)
-    conn_close(e->idle_tail);
-  else
-    conn_arm(c);
-}
-
-/* The earliest deadline that applies to c now; 0 for none. */
-static uint64_t conn_deadline(const conn_t *c) {
-  const req_t *r = c->req;
-  uint64_t d = 0, x = 0;
-  if (r == NULL)
-    return c->phase == PH_IDLE ? c->idle_since + c->pool->o.idle_timeout_ms : 0;
-  d = r->total_due;
-  if (c->phase == PH_CONNECTING)
-    x = r->connect_due;
-  else if (c->phase == PH_HEAD)
-    x = r->first_byte_due;
-  if (x != 0 && (d == 0 || x < d))
-    d = x;
-  return d;
-}
-
-static void on_timer(uv_timer_t *t);
-
-/*
- * Arm the timer for c's deadline, lazily: a timer already due earlier is
- * left alone and re-armed when it fires. So a request on a pooled
- * connection costs at most one timer update, not one per phase.
- */
-static void conn_arm(conn_t *c) {
-  uint64_t d = conn_deadline(c), now;
-  if (d == 0 || (c->timer_due != 0 && c->timer_due <= d))
-    return;
-  now = now_ms(c->pool);
-  uv_timer_start(&c->timer, on_timer, d > now ? d - now : 0, 0);
-  c->timer_due = d;
-}
-
-/*
- * The attempt on c failed. c is closed. A request that met a stale pooled
- * connection (nothing of a response came back) goes again, once, on a
- * fresh connection when its method is idempotent; any other ends.
- */
-static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
-                         const char *detail) {
-  req_t *r = c->req;
-  om_upstream_pool_t *p = c->pool;
-  detach(c);
-  conn_close(c);
-  if (r == NULL)
-    return;
-  if (fail == OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE && r->res.reused &&
-      !r->got_bytes && r->idempotent && r->res.attempts == 1 && !p->closing) {
-    r->res.attempts = 2;
-    r->peer->st.retries++;
-    p->st.retries++;
-    if (conn_connect(r) == 0)
-      return;
-    fail = OM_UPSTREAM_FAIL_INTERNAL;
-    err = OM_ENOMEM;
-    detail = "out of memory for a retry connection";
-  }
-  req_end(r, fail, err, detail);
-}
-
-static void on_timer(uv_timer_t *t) {
-  conn_t *c = t->data;
-  req_t *r = c->req;
-  uint64_t now = now_ms(c->pool);
-  c->timer_due = 0;
-  if (c->closing)
-    return;
-  if (r != NULL) {
-    if (r->total_due != 0 && now >= r->total_due) {
-      attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_TOTAL, 0,
-                   "the total timeout passed");
-      return;
-    }
-    if (c->phase == PH_CONNECTING && r->connect_due != 0 &&
-        now >= r->connect_due) {
-      attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, 0,
-                   "the connect timeout passed");
-      return;
-    }
-    if (c->phase == PH_HEAD && r->first_byte_due != 0 &&
-        now >= r->first_byte_due) {
-      attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE, 0,
-                   "no response head within the first-byte timeout");
-      return;
-    }
-  } else if (c->phase == PH_IDLE &&
-             now >= c->idle_since + c->pool->o.idle_timeout_ms) {
-    conn_close(c);
-    return;
-  }
-  conn_arm(c);
-}
-
-static void on_write(uv_write_t *w, int status) {
-  conn_t *c = w->data;
-  c->writing = 0;
-  if (c->closing || status == 0)
-    return;
-  if (c->req != NULL && c->phase == PH_HEAD) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 uv_strerror(status));
-    return;
-  }
-  /* the response is already under way: let the read side end it; the
-   * connection is out of sync either way */
-  c->broken = 1;
-}
-
-/* Send the request head and body: one writev when the socket takes it
- * all (the usual case), uv_write for what a short write left. */
-static void conn_write(conn_t *c) {
-  req_t *r = c->req;
-  uv_buf_t b[2];
-  unsigned nb = 1, k = 0;
-  size_t total = r->head_len + r->body_len, left;
-  int n, rc;
-  b[0] = uv_buf_init(r->head, (unsigned)r->head_len);
-  if (r->body_len > 0) {
-    b[1] = uv_buf_init((char *)r->body, (unsigned)r->body_len);
-    nb = 2;
-  }
-  r->res.sent = 1;
-  n = uv_try_write((uv_stream_t *)&c->tcp, b, nb);
-  if (n == UV_EAGAIN || n == UV_ENOSYS)
-    n = 0;
-  if (n < 0) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0, uv_strerror(n));
-    return;
-  }
-  if ((size_t)n == total)
-    return;
-  left = (size_t)n;
-  while (left >= b[k].len) {
-    left -= b[k].len;
-    k++;
-  }
-  b[k].base += left;
-  b[k].len -= (unsigned)left;
-  c->wreq.data = c;
-  rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b + k, nb - k, on_write);
-  if (rc != 0) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0, uv_strerror(rc));
-    return;
-  }
-  c->writing = 1;
-}
-
-/* c (connected or pooled) starts carrying its request. */
-static void conn_start(conn_t *c) {
-  req_t *r = c->req;
-  c->phase = PH_HEAD;
-  c->pos = c->len = 0;
-  c->scan = c->line = 0;
-  c->interim_bytes = 0;
-  c->broken = 0;
-  r->got_bytes = 0;
-  r->first_byte_due =
-      r->first_byte_ms != 0 ? now_ms(c->pool) + r->first_byte_ms : 0;
-  conn_arm(c);
-  if (r->paused)
-    read_off(c);
-  else
-    read_on(c);
-  conn_write(c);
-}
-
-static void on_connect(uv_connect_t *cr, int status) {
-  conn_t *c = cr->data;
-  if (c->closing || c->req == NULL)
-    return;
-  if (status < 0) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_CONNECT, 0, uv_strerror(status));
-    return;
-  }
-  conn_start(c);
-}
-
-/*
- * A new connection for r to r->peer. Returns 0 (connecting; or a
- * synchronous connect error already ended r), OM_ENOMEM with nothing
- * changed.
- */
-static int conn_connect(req_t *r) {
-  om_upstream_pool_t *p = r->pool;
-  peer_t *e = r->peer;
-  conn_t *c = calloc(1, sizeof *c);
-  int rc;
-  if (c == NULL)
-    return OM_ENOMEM;
-  c->cap = p->o.read_buffer_bytes;
-  c->cap_max = p->o.max_header_bytes + READ_MIN > c->cap
-                   ? p->o.max_header_bytes + READ_MIN
-                   : c->cap;
-  c->buf = malloc(c->cap);
-  if (c->buf == NULL) {
-    free(c);
-    return OM_ENOMEM;
-  }
-  c->pool = p;
-  c->peer = e;
-  e->refs++;
-  p->nconns++;
-  uv_tcp_init(p->loop, &c->tcp);
-  uv_timer_init(p->loop, &c->timer);
-  c->tcp.data = c->timer.data = c->creq.data = c->wreq.data = c;
-  c->handles = 2;
-  c->next = p->conns;
-  if (p->conns != NULL)
-    p->conns->prev = c;
-  p->conns = c;
-  c->phase = PH_CONNECTING;
-  c->req = r;
-  r->conn = c;
-  e->st.active++;
-  p->st.active++;
-  e->st.connects++;
-  p->st.connects++;
-  r->res.reused = 0;
-  r->connect_due = r->connect_ms != 0 ? now_ms(p) + r->connect_ms : 0;
-  uv_tcp_nodelay(&c->tcp, 1);
-  rc = uv_tcp_connect(&c->creq, &c->tcp, &e->target.addr.sa, on_connect);
-  if (rc != 0) {
-    detach(c);
-    conn_close(c);
-    req_end(r, OM_UPSTREAM_FAIL_CONNECT, 0, uv_strerror(rc));
-    return 0;
-  }
-  conn_arm(c);
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* response parsing */
-
-static int hp_on_headers_complete(http_parser *hp) {
-  return ((conn_t *)hp->data)->hp_skip;
-}
-
-static int hp_on_body(http_parser *hp, const char *at, size_t n) {
-  (void)at;
-  ((conn_t *)hp->data)->hp_body += n;
-  return 0;
-}
-
-static int hp_on_message_complete(http_parser *hp) {
-  ((conn_t *)hp->data)->hp_complete = 1;
-  return 0;
-}
-
-static const http_parser_settings hp_settings = {
-    .on_headers_complete = hp_on_headers_complete,
-    .on_body = hp_on_body,
-    .on_message_complete = hp_on_message_complete,
-};
-
-/* Feed http-parser exactly the bytes our scanner took; it must take them
- * all without error and see exactly `body` body bytes in them. Without a
- * second opinion for this response (hp_on 0), nothing to do. */
-static int hp_feed(conn_t *c, const char *p, size_t n, uint64_t body) {
-  size_t k;
-  if (!c->hp_on)
-    return 0;
-  c->hp_body = 0;
-  /* each HTAB as a SP, where RFC 9110 allows either (om_http_detab.h) */
-  k = om_http_detab_execute(&c->hp, &hp_settings, p, n, NULL, NULL);
-  return k == n && HTTP_PARSER_ERRNO(&c->hp) == HPE_OK && c->hp_body == body
-             ? 0
-             : -1;
-}
-
-enum { STEP_GO, STEP_MORE, STEP_STOP };
-
-/* A response broke the framing rules: end the attempt. */
-static int malformed(conn_t *c, int err, const char *detail) {
-  attempt_fail(c, OM_UPSTREAM_FAIL_MALFORMED, err, detail);
-  return STEP_STOP;
-}
-
-/*
- * After a user callback: 0 to go on, or STEP_STOP when the request was
- * cancelled (released here), ended (the pool closed) or paused.
- */
-static int after_cb(conn_t *c, req_t *r) {
-  if (r->cancelled) {
-    req_recycle(r);
-    return STEP_STOP;
-  }
-  if (c->req != r || c->closing || r->paused)
-    return STEP_STOP;
-  return 0;
-}
-
-/* The response ended cleanly: pool or close c, then on_done. */
-static int msg_complete(conn_t *c) {
-  req_t *r = c->req;
-  om_upstream_pool_t *p = c->pool;
-  int reuse = c->keepalive && !c->writing && !c->broken && c->pos == c->len &&
-              !p->closing;
-  detach(c);
-  if (reuse)
-    conn_make_idle(c);
-  else
-    conn_close(c);
-  req_end(r, OM_UPSTREAM_OK, 0, "");
-  return STEP_STOP;
-}
-
-static int deliver(conn_t *c, req_t *r, const char *data, size_t n) {
-  r->res.body_bytes += n;
-  if (r->cb.on_body == NULL)
-    return 0;
-  r->in_cb = 1;
-  r->cb.on_body(r->ud, data, n);
-  r->in_cb = 0;
-  return after_cb(c, r);
-}
-
-/*
- * Find the end of the head in [pos, len), incrementally (scan and line
- * persist across reads, so a dribbled head costs O(n)). Every LF must
- * follow a CR (RFC 9112 2.2: we do not take a bare LF as a line end).
- * Returns 1 and *end (relative to pos), 0 for more, -1 bare LF, -2 too big.
- */
-static int head_find_end(conn_t *c, size_t *end) {
-  const char *b = c->buf + c->pos;
-  size_t n = c->len - c->pos, i = c->scan;
-  size_t limit = c->pool->o.max_header_bytes;
-  while (i < n) {
-    const char *lf = memchr(b + i, '\n', n - i);
-    size_t k;
-    if (lf == NULL) {
-      i = n;
-      break;
-    }
-    k = (size_t)(lf - b);
-    if (k == 0 || b[k - 1] != '\r')
-      return -1;
-    if (k - 1 == c->line) {
-      *end = k + 1;
-      return *end + c->interim_bytes > limit ? -2 : 1;
-    }
-    c->line = k + 1;
-    i = k + 1;
-  }
-  c->scan = i;
-  return n + c->interim_bytes > limit ? -2 : 0;
-}
-
-/* Walk helper: a Content-Length value, 1*DIGIT within int64. */
-static int parse_cl(const char *v, size_t n, int64_t *out) {
-  uint64_t x = 0;
-  size_t i;
-  if (n == 0 || n > 19)
-    return -1;
-  for (i = 0; i < n; i++) {
-    if (!om__http_is_digit((unsigned char)v[i]))
-      return -1;
-    x = x * 10 + (uint64_t)(v[i] - '0');
-  }
-  if (x > (uint64_t)INT64_MAX)
-    return -1;
-  *out = (int64_t)x;
-  return 0;
-}
-
-typedef struct {
-  int status, minor;
-  const char *reason;
-  size_t reason_len;
-  size_t n;
-  int64_t cl;
-  int n_cl, n_te, te_chunked;
-  conn_opts_t co;
-  const char *why;
-  int err;
-} head_t;
-
-/*
- * Parse the complete head b[0, n) (RFC 9112 2-5). Fields go to c->hdrs
- * with exact lengths (not yet NUL-terminated). Returns 0, or -1 with
- * h->why / h->err set.
- */
-static int parse_head(conn_t *c, const char *b, size_t n, head_t *h) {
-  size_t i, max = c->pool->o.max_headers;
-  int first = 1;
-  memset(h, 0, sizeof *h);
-  h->err = OM_EPARSE;
-  /* the shortest head is "HTTP/1.1 200\r\n\r\n" */
-  if (n < 16 || memcmp(b, "HTTP/1.", 7) != 0 || (b[7] != '0' && b[7] != '1') ||
-      b[8] != ' ') {
-    h->why = "the status line does not start with HTTP/1.0 or HTTP/1.1";
-    return -1;
-  }
-  h->minor = b[7] - '0';
-  if (!om__http_is_digit((unsigned char)b[9]) ||
-      !om__http_is_digit((unsigned char)b[10]) ||
-      !om__http_is_digit((unsigned char)b[11])) {
-    h->why = "the status code is not three digits";
-    return -1;
-  }
-  h->status = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
-  if (h->status < 100 || h->status > 599) {
-    h->why = "the status code is outside 100..599";
-    return -1;
-  }
-  i = 12;
-  if (b[i] == ' ') {
-    i++;
-    h->reason = b + i;
-    for (; b[i] != '\r'; i++) {
-      unsigned ch = (unsigned char)b[i];
-      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
-        h->why = "a control character in the reason phrase";
-        return -1;
-      }
-    }
-    h->reason_len = (size_t)(b + i - h->reason);
-  } else if (b[i] != '\r') {
-    h->why = "the status code is not followed by SP or CRLF";
-    return -1;
-  } else {
-    h->reason = b + i;
-  }
-  if (b[i + 1] != '\n') {
-    h->why = "a bare CR in the status line";
-    return -1;
-  }
-  i += 2;
-  for (;;) {
-    size_t ls = i, nl, vs, ve;
-    if (b[i] == '\r') {
-      if (b[i + 1] != '\n') {
-        h->why = "a bare CR in the response head";
-        return -1;
-      }
-      break;
-    }
-    if (om__http_is_ows((unsigned char)b[i])) {
-      h->why = first ? "whitespace before the first field line"
-                     : "obs-fold (a field line continued on the next line)";
-      return -1;
-    }
-    while (om__http_is_tchar((unsigned char)b[i]))
-      i++;
-    if (b[i] != ':' || i == ls) {
-      h->why = om__http_is_ows((unsigned char)b[i])
-                   ? "whitespace between a field name and the colon"
-                   : "a field name that is not a token";
-      return -1;
-    }
-    nl = i - ls;
-    i++;
-    while (om__http_is_ows((unsigned char)b[i]))
-      i++;
-    vs = ve = i;
-    for (; b[i] != '\r'; i++) {
-      unsigned ch = (unsigned char)b[i];
-      if (om__http_is_fvchar(ch))
-        ve = i + 1;
-      else if (!om__http_is_ows(ch)) {
-        h->why = "a control character in a field value";
-        return -1;
-      }
-    }
-    if (b[i + 1] != '\n') {
-      h->why = "a bare CR in a field value";
-      return -1;
-    }
-    i += 2;
-    if (h->n >= max) {
-      h->why = "more response header fields than max_headers";
-      h->err = OM_ETOOBIG;
-      return -1;
-    }
-    if (h->n >= c->hdrs_cap) {
-      size_t cap = c->hdrs_cap ? c->hdrs_cap * 2 : HDRS_INITIAL;
-      om_http_header_t *nh;
-      if (cap > max)
-        cap = max;
-      nh = realloc(c->hdrs, cap * sizeof *nh);
-      if (nh == NULL) {
-        h->why = "out of memory for the response fields";
-        h->err = OM_ENOMEM;
-        return -1;
-      }
-      c->hdrs = nh;
-      c->hdrs_cap = cap;
-    }
-    c->hdrs[h->n].name = b + ls;
-    c->hdrs[h->n].name_len = nl;
-    c->hdrs[h->n].value = b + vs;
-    c->hdrs[h->n].value_len = ve - vs;
-    h->n++;
-    first = 0;
-  }
-  /* framing fields (RFC 9112 6) */
-  for (i = 0; i < h->n; i++) {
-    const om_http_header_t *f = &c->hdrs[i];
-    switch (field_kind(f->name, f->name_len)) {
-    case F_CONTENT_LENGTH:
-      if (++h->n_cl > 1) {
-        h->why = "more than one Content-Length";
-        return -1;
-      }
-      if (parse_cl(f->value, f->value_len, &h->cl) != 0) {
-        h->why = "an invalid Content-Length";
-        return -1;
-      }
-      break;
-    case F_TE:
-      if (++h->n_te > 1) {
-        h->why = "more than one Transfer-Encoding field";
-        return -1;
-      }
-      h->te_chunked = om__http_ci_eq(f->value, f->value_len, "chunked");
-      break;
-    case F_CONNECTION:
-      if (conn_walk(f->value, f->value_len, conn_opt, &h->co) != 0) {
-        h->why = "a Connection element that is not a token";
-        return -1;
-      }
-      break;
-    default:
-      break;
-    }
-  }
-  if (h->n_te > 0) {
-    if (h->minor == 0) {
-      h->why = "Transfer-Encoding in an HTTP/1.0 response";
-      return -1;
-    }
-    if (!h->te_chunked) {
-      h->why = "a Transfer-Encoding other than chunked";
-      return -1;
-    }
-    if (h->n_cl > 0) {
-      h->why = "both Content-Length and Transfer-Encoding";
-      return -1;
-    }
-  }
-  return 0;
-}
-
-/* Keep only the end-to-end fields, NUL-terminate them in place. */
-static size_t filter_fields(conn_t *c, size_t n, int named) {
-  size_t i, k = 0;
-  for (i = 0; i < n; i++) {
-    om_http_header_t f = c->hdrs[i];
-    int kind = field_kind(f.name, f.name_len);
-    int drop = kind == F_HOP || kind == F_CONNECTION || kind == F_TE ||
-               (named && named_in_connection(c->hdrs, n, f.name, f.name_len));
-    if (drop)
-      continue;
-    c->hdrs[k++] = f;
-  }
-  /* only now: the Connection values were needed intact until here */
-  for (i = 0; i < k; i++) {
-    ((char *)c->hdrs[i].name)[c->hdrs[i].name_len] = 0;
-    ((char *)c->hdrs[i].value)[c->hdrs[i].value_len] = 0;
-  }
-  return k;
-}
-
-/* The response head: parse, check, skip 1xx, hand it over. */
-static int step_head(conn_t *c) {
-  req_t *r = c->req;
-  size_t end;
-  head_t h;
-  char *b;
-  int frame, rc = head_find_end(c, &end), skip;
-  if (rc == 0)
-    return STEP_MORE;
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in the response head");
-  if (rc == -2)
-    return malformed(c, OM_ETOOBIG,
-                     "the response head exceeds "
-                     "max_header_bytes");
-  b = c->buf + c->pos;
-  if (parse_head(c, b, end, &h) != 0) {
-    if (h.err == OM_ENOMEM) {
-      attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM, h.why);
-      return STEP_STOP;
-    }
-    return malformed(c, h.err, h.why);
-  }
-  if (h.status == 101)
-    return malformed(c, OM_EPARSE,
-                     "101 Switching Protocols (no upgrade "
-                     "was asked for)");
-  /* RFC 9112 6.3 items 1-2, then 3-7 */
-  if (r->is_head || h.status < 200 || h.status == 204 || h.status == 304)
-    frame = FRAME_NONE;
-  else if (h.n_te > 0)
-    frame = FRAME_CHUNKED;
-  else if (h.n_cl > 0)
-    frame = h.cl == 0 ? FRAME_NONE : FRAME_CL;
-  else
-    frame = FRAME_EOF;
-  skip = r->is_head || h.status < 200 || h.status == 204 || h.status == 304;
-  /* The second opinion where framing is a state machine: a head with
-   * Transfer-Encoding, then its chunk lines, chunk ends and trailers
-   * (where request and response smuggling live). A single 1*DIGIT
-   * Content-Length, or none, frames the rest by one number our scanner
-   * has already held to RFC 9112 6.3; reading those heads twice cost
-   * about a fifth of the proxy's instructions per call. */
-  c->hp_on = h.n_te > 0;
-  if (c->hp_on) {
-    http_parser_init(&c->hp, HTTP_RESPONSE);
-    c->hp.data = c;
-    c->hp_complete = 0;
-    c->hp_skip = skip;
-    if (hp_feed(c, b, end, 0) != 0)
-      return malformed(c, OM_EPARSE,
-                       HTTP_PARSER_ERRNO(&c->hp) != HPE_OK
-                           ? http_errno_description(HTTP_PARSER_ERRNO(&c->hp))
-                           : "http-parser disagrees about the head");
-    if (c->hp.status_code != h.status || c->hp.http_major != 1 ||
-        c->hp.http_minor != h.minor ||
-        (frame == FRAME_NONE) != (c->hp_complete != 0) ||
-        (c->hp.flags & F_CHUNKED) == 0)
-      return malformed(c, OM_EPARSE, "http-parser disagrees about the framing");
-  }
-  if (h.status < 200) {
-    /* an interim response: skip it, the final one follows (RFC 9110
-     * 15.2); its bytes count against the head limit */
-    c->interim_bytes += end;
-    c->pos += end;
-    c->scan = c->line = 0;
-    return STEP_GO;
-  }
-  c->pos += end;
-  c->keepalive = h.minor == 1 && !h.co.close && frame != FRAME_EOF;
-  ((char *)h.reason)[h.reason_len] = 0;
-  c->resp.status = h.status;
-  c->resp.version_minor = h.minor;
-  c->resp.reason = h.reason;
-  c->resp.reason_len = h.reason_len;
-  c->resp.n_headers = filter_fields(c, h.n, h.co.others);
-  c->resp.headers = c->hdrs;
-  c->resp.has_body = frame != FRAME_NONE;
-  c->resp.content_length = frame == FRAME_CL     ? h.cl
-                           : frame == FRAME_NONE ? 0
-                                                 : -1;
-  switch (frame) {
-  case FRAME_CL:
-    c->phase = PH_BODY_CL;
-    c->remaining = (uint64_t)h.cl;
-    break;
-  case FRAME_CHUNKED:
-    c->phase = PH_CHUNK_SIZE;
-    break;
-  case FRAME_EOF:
-    c->phase = PH_BODY_EOF;
-    break;
-  default:
-    c->phase = PH_BODY_CL;
-    c->remaining = 0;
-    break;
-  }
-  r->res.headers_delivered = 1;
-  if (r->cb.on_headers != NULL) {
-    int verdict;
-    r->in_cb = 1;
-    verdict = r->cb.on_headers(r->ud, &c->resp);
-    r->in_cb = 0;
-    if (r->cancelled) {
-      req_recycle(r);
-      return STEP_STOP;
-    }
-    if (c->req != r || c->closing)
-      return STEP_STOP;
-    if (verdict != 0) {
-      detach(c);
-      conn_close(c);
-      req_end(r, OM_UPSTREAM_FAIL_ABORTED, 0, "on_headers asked to abort");
-      return STEP_STOP;
-    }
-  }
-  if (frame == FRAME_NONE)
-    return msg_complete(c);
-  return r->paused ? STEP_STOP : STEP_GO;
-}
-
-/*
- * chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )
- * chunk-ext-val = token / quoted-string (RFC 9112 7.1.1, RFC 9110 5.6.4).
- */
-static int valid_chunk_ext(const char *s, size_t n) {
-  size_t i = 0;
-  for (;;) {
-    size_t after_name;
-    if (i == n)
-      return 1;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || s[i++] != ';')
-      return 0; /* BWS only before a ";" */
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || !om__http_is_tchar((unsigned char)s[i]))
-      return 0;
-    while (i < n && om__http_is_tchar((unsigned char)s[i]))
-      i++;
-    after_name = i;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i == n || s[i] != '=') {
-      i = after_name; /* BWS only before a "=" */
-      continue;
-    }
-    i++;
-    while (i < n && om__http_is_ows((unsigned char)s[i]))
-      i++;
-    if (i < n && s[i] == '"') {
-      for (i++;; i++) {
-        unsigned ch;
-        if (i >= n)
-          return 0;
-        ch = (unsigned char)s[i];
-        if (ch == '"')
-          break;
-        if (ch == '\\') {
-          if (++i >= n)
-            return 0;
-          ch = (unsigned char)s[i];
-          if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-            return 0;
-        } else if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch)) {
-          return 0;
-        }
-      }
-      i++;
-    } else {
-      if (i == n || !om__http_is_tchar((unsigned char)s[i]))
-        return 0;
-      while (i < n && om__http_is_tchar((unsigned char)s[i]))
-        i++;
-    }
-  }
-}
-
-/* One line ending in CRLF at [pos, ...) within limit bytes: returns its
- * length without the CRLF in *ll, 1; 0 for more; -1 bare LF; -2 too long. */
-static int take_line(const conn_t *c, size_t limit, size_t *ll) {
-  const char *b = c->buf + c->pos;
-  size_t n = c->len - c->pos, lim = n < limit ? n : limit;
-  const char *lf = memchr(b, '\n', lim);
-  size_t k;
-  if (lf == NULL)
-    return n >= limit ? -2 : 0;
-  k = (size_t)(lf - b);
-  if (k == 0 || b[k - 1] != '\r')
-    return -1;
-  *ll = k - 1;
-  return 1;
-}
-
-static int step_chunk_size(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t ll, i = 0;
-  uint64_t size = 0;
-  int rc = take_line(c, CHUNK_LINE_MAX, &ll);
-  if (rc == 0)
-    return STEP_MORE;
-  if (rc == -2)
-    return malformed(c, OM_EPARSE, "a chunk line over 4 KiB");
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in a chunk line");
-  while (i < ll && om__http_hex_val((unsigned char)b[i]) >= 0) {
-    if (size > ((uint64_t)INT64_MAX >> 4))
-      return malformed(c, OM_EPARSE, "a chunk size over 2^63-1");
-    size = size * 16 + (uint64_t)om__http_hex_val((unsigned char)b[i]);
-    i++;
-  }
-  if (i == 0)
-    return malformed(c, OM_EPARSE, "a chunk size that is not hex digits");
-  if (memchr(b, '\r', ll) != NULL || !valid_chunk_ext(b + i, ll - i))
-    return malformed(c, OM_EPARSE, "a malformed chunk extension");
-  if (hp_feed(c, b, ll + 2, 0) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about a chunk line");
-  c->pos += ll + 2;
-  if (size == 0) {
-    c->phase = PH_TRAILER;
-    c->trailer_bytes = 0;
-  } else {
-    c->phase = PH_CHUNK_DATA;
-    c->remaining = size;
-  }
-  return STEP_GO;
-}
-
-/* A trailer field line (RFC 9112 7.1.2): checked like a header field,
- * then dropped. */
-static int valid_field_line(const char *b, size_t n) {
-  size_t i = 0;
-  while (i < n && om__http_is_tchar((unsigned char)b[i]))
-    i++;
-  if (i == 0 || i == n || b[i] != ':')
-    return 0;
-  for (i++; i < n; i++) {
-    unsigned ch = (unsigned char)b[i];
-    if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
-      return 0;
-  }
-  return 1;
-}
-
-static int step_trailer(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t ll, limit = c->pool->o.max_header_bytes;
-  int rc = take_line(c, limit - c->trailer_bytes + 1, &ll);
-  if (rc == 0)
-    return STEP_MORE;
-  if (rc == -2)
-    return malformed(c, OM_ETOOBIG,
-                     "the trailer section exceeds "
-                     "max_header_bytes");
-  if (rc == -1)
-    return malformed(c, OM_EPARSE, "a bare LF in the trailer section");
-  c->trailer_bytes += ll + 2;
-  if (c->trailer_bytes > limit)
-    return malformed(c, OM_ETOOBIG,
-                     "the trailer section exceeds "
-                     "max_header_bytes");
-  if (ll > 0 &&
-      (om__http_is_ows((unsigned char)b[0]) || !valid_field_line(b, ll)))
-    return malformed(c, OM_EPARSE, "a malformed trailer field");
-  if (hp_feed(c, b, ll + 2, 0) != 0 ||
-      (c->hp_on && (ll == 0) != (c->hp_complete != 0)))
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the trailer");
-  c->pos += ll + 2;
-  if (ll == 0)
-    return msg_complete(c);
-  return STEP_GO;
-}
-
-/* Body bytes in place: Content-Length, chunk-data or close-delimited. */
-static int step_data(conn_t *c) {
-  req_t *r = c->req;
-  const char *b = c->buf + c->pos;
-  size_t avail = c->len - c->pos, n = avail;
-  int rc;
-  if (c->phase != PH_BODY_EOF && c->remaining < n)
-    n = (size_t)c->remaining;
-  if (n == 0)
-    return STEP_MORE;
-  if (hp_feed(c, b, n, n) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the body");
-  c->pos += n;
-  if (c->phase != PH_BODY_EOF)
-    c->remaining -= n;
-  if (c->phase == PH_CHUNK_DATA && c->remaining == 0)
-    c->phase = PH_CHUNK_CRLF;
-  if (c->hp_on && c->phase == PH_BODY_CL && c->remaining == 0 &&
-      !c->hp_complete)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about the end");
-  if (n > 0) {
-    rc = deliver(c, r, b, n);
-    if (rc != 0)
-      return rc;
-  }
-  if (c->phase == PH_BODY_CL && c->remaining == 0)
-    return msg_complete(c);
-  return STEP_GO;
-}
-
-static int step_chunk_crlf(conn_t *c) {
-  const char *b = c->buf + c->pos;
-  size_t avail = c->len - c->pos;
-  if (avail >= 1 && b[0] != '\r')
-    return malformed(c, OM_EPARSE, "chunk-data not followed by CRLF");
-  if (avail < 2)
-    return STEP_MORE;
-  if (b[1] != '\n')
-    return malformed(c, OM_EPARSE, "chunk-data not followed by CRLF");
-  if (hp_feed(c, b, 2, 0) != 0)
-    return malformed(c, OM_EPARSE, "http-parser disagrees about a chunk end");
-  c->pos += 2;
-  c->phase = PH_CHUNK_SIZE;
-  return STEP_GO;
-}
-
-/* Run c's request through what is buffered, until more bytes are needed
- * or the request stops (ended, paused, cancelled). */
-static void conn_process(conn_t *c) {
-  for (;;) {
-    int rc;
-    if (c->closing || c->req == NULL || c->req->paused)
-      return;
-    switch (c->phase) {
-    case PH_HEAD:
-      rc = step_head(c);
-      break;
-    case PH_BODY_CL:
-    case PH_CHUNK_DATA:
-    case PH_BODY_EOF:
-      rc = step_data(c);
-      break;
-    case PH_CHUNK_SIZE:
-      rc = step_chunk_size(c);
-      break;
-    case PH_CHUNK_CRLF:
-      rc = step_chunk_crlf(c);
-      break;
-    case PH_TRAILER:
-      rc = step_trailer(c);
-      break;
-    default:
-      return;
-    }
-    if (rc != STEP_GO)
-      return;
-  }
-}
-
-/* EOF or a read error on a connection carrying a request. */
-static void conn_eof(conn_t *c, ssize_t err) {
-  int eof = err == UV_EOF;
-  if (err == UV_ENOBUFS) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
-                 "out of memory for the read buffer");
-    return;
-  }
-  switch (c->phase) {
-  case PH_HEAD:
-    attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 !eof                ? uv_strerror((int)err)
-                 : c->req->got_bytes ? "the connection closed inside the "
-                                       "response head"
-                                     : "the connection closed before any "
-                                       "response byte");
-    return;
-  case PH_BODY_EOF:
-    if (eof) { /* no Transfer-Encoding here: no second opinion to ask */
-      msg_complete(c);
-      return;
-    }
-    break;
-  default:
-    break;
-  }
-  attempt_fail(c, OM_UPSTREAM_FAIL_RESET_MID_BODY, 0,
-               eof ? "the connection closed before the end of the body"
-                   : uv_strerror((int)err));
-}
-
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  conn_t *c = s->data;
-  (void)buf;
-  if (nread == 0 || c->closing)
-    return;
-  if (c->req == NULL) {
-    /* pooled: the server closed it, or sent what nobody asked for */
-    conn_close(c);
-    return;
-  }
-  if (nread > 0) {
-    c->len += (size_t)nread;
-    c->req->got_bytes = 1;
-    conn_process(c);
-    return;
-  }
-  conn_eof(c, nread);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1770,12 +549,12 @@ static void on_kick(uv_idle_t *h) {
     } else if (r->conn != NULL && !r->paused) {
       conn_t *c = r->conn;
       if (c->phase != PH_CONNECTING)
-        conn_process(c);
+        om__up_conn_process(c);
     }
   }
   uv_idle_stop(&p->kick);
   p->kick_on = 0;
-  pool_maybe_finish(p);
+  om__up_pool_maybe_finish(p);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1803,7 +582,7 @@ static void on_kick_closed(uv_handle_t *h) {
   free(p);
 }
 
-static void pool_maybe_finish(om_upstream_pool_t *p) {
+void om__up_pool_maybe_finish(om_upstream_pool_t *p) {
   if (!p->closing || p->finishing || p->nconns > 0 || p->pend_head != NULL ||
       p->api > 0)
     return;
@@ -1868,10 +647,10 @@ int om_upstream_pool_close(om_upstream_pool_t *p,
   p->api++;
   while ((c = p->conns) != NULL) {
     req_t *r = c->req;
-    detach(c);
-    conn_close(c);
+    om__up_detach(c);
+    om__up_conn_close(c);
     if (r != NULL)
-      req_end(r, OM_UPSTREAM_FAIL_CLOSED, 0, "the pool was closed");
+      om__up_req_end(r, OM_UPSTREAM_FAIL_CLOSED, 0, "the pool was closed");
   }
   p->api--;
   /* finish from the loop, never from here */
@@ -1984,9 +763,9 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
       if (!valid_value(h[i].value, vl))
         return OM_EINVAL;
     }
-    if (field_kind(h[i].name, nl) == F_CONNECTION) {
+    if (om__up_field_kind(h[i].name, nl) == F_CONNECTION) {
       conn_opts_t co = {0, 0};
-      if (conn_walk(h[i].value, vl, conn_opt, &co) != 0)
+      if (om__up_conn_walk(h[i].value, vl, om__up_conn_opt, &co) != 0)
         return OM_EINVAL;
       named |= co.others;
     }
@@ -2011,10 +790,10 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
   for (i = 0; i < n; i++) {
     size_t nl = hdr_len(h[i].name, h[i].name_len);
     size_t vl = hdr_len(h[i].value, h[i].value_len);
-    int kind = field_kind(h[i].name, nl);
+    int kind = om__up_field_kind(h[i].name, nl);
     if (kind == F_HOP || kind == F_CONNECTION || kind == F_TE ||
         kind == F_CONTENT_LENGTH ||
-        (named && named_in_connection(h, n, h[i].name, nl)))
+        (named && om__up_named_in_connection(h, n, h[i].name, nl)))
       continue;
     if (kind == F_HOST)
       has_host = 1;
@@ -2095,12 +874,12 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
     return OM_ENOMEM;
   rc = build_head(r, t, q, m, ml, tg, tl);
   if (rc != 0) {
-    req_recycle(r);
+    om__up_req_recycle(r);
     return rc;
   }
   e = peer_get(p, t);
   if (e == NULL) {
-    req_recycle(r);
+    om__up_req_recycle(r);
     return OM_ENOMEM;
   }
   /* timeouts count from now, not from the start of this loop turn */
@@ -2122,7 +901,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   p->api++;
   c = e->idle_head;
   if (c != NULL) {
-    idle_unlink(c);
+    om__up_idle_unlink(c);
     c->req = r;
     r->conn = c;
     r->res.reused = 1;
@@ -2132,13 +911,13 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
     p->st.reuses++;
     e->st.requests++;
     p->st.requests++;
-    conn_start(c);
+    om__up_conn_start(c);
   } else {
-    rc = conn_connect(r);
+    rc = om__up_conn_connect(r);
     if (rc != 0) {
       p->api--;
       e->refs--;
-      req_recycle(r);
+      om__up_req_recycle(r);
       return rc;
     }
     e->st.requests++;
@@ -2162,19 +941,19 @@ int om_upstream_cancel(om_upstream_req_t *r) {
     pend_unlink(r);
   c = r->conn;
   if (c != NULL) {
-    detach(c);
-    conn_close(c);
+    om__up_detach(c);
+    om__up_conn_close(c);
   }
   if (r->peer != NULL) {
-    peer_unref(r->peer);
+    om__up_peer_unref(r->peer);
     r->peer = NULL;
   }
   r->cancelled = 1;
   r->state = R_DONE;
   if (!r->in_cb)
-    req_recycle(r);
+    om__up_req_recycle(r);
   p->api--;
-  pool_maybe_finish(p);
+  om__up_pool_maybe_finish(p);
   return 0;
 }
 
@@ -2187,7 +966,7 @@ int om_upstream_pause(om_upstream_req_t *r) {
   if (r->pend == PEND_PROCESS)
     pend_unlink(r);
   if (r->conn != NULL && r->conn->phase != PH_CONNECTING)
-    read_off(r->conn);
+    om__up_read_off(r->conn);
   return 0;
 }
 
@@ -2202,7 +981,7 @@ int om_upstream_resume(om_upstream_req_t *r) {
   r->paused = 0;
   c = r->conn;
   if (c != NULL && c->phase != PH_CONNECTING) {
-    read_on(c);
+    om__up_read_on(c);
     if (c->pos < c->len)
       pend_push(r, PEND_PROCESS);
   }

@@ -17,17 +17,10 @@
  *
  * Framing is strict (RFC 9112), as in om_http_server.h: a response whose
  * framing two implementations could read differently is refused
- * ("malformed"), never repaired, and its connection is never reused. A
- * strict scanner of our own reads every response and decides. A response
- * whose head has Transfer-Encoding is read twice: http-parser 2.9 (lenient
- * as Debian builds it) must agree with the scanner on the status, the
- * version, the chunked framing, every chunk line, chunk end and trailer,
- * and where the message ends (it is fed each HTAB as a SP: it refuses
- * HTAB as OWS after the coding and as BWS before a chunk-ext, which RFC
- * 9110 5.6.3 and 9112 7.1.1 allow). A head without it is framed by one
- * Content-Length (1*DIGIT, at most one, checked below) or by the close;
- * reading those twice cost a fifth of the proxy's instructions per call
- * and decided nothing the scanner had not.
+ * ("malformed"), never repaired, and its connection is never reused.
+ * Every response is read once, by the HTTP/1.1 framing module the server
+ * shares (core/om_http1.h); http-parser 2.9 is its differential oracle in
+ * the tests (tests/test_http1_fuzz.c), not a second parse.
  *
  * Refused as malformed (RFC 9112 unless noted): a status line other than
  * `HTTP/1.0` or `HTTP/1.1` SP 3DIGIT (100..599) [SP reason] (4; the SP
@@ -44,7 +37,8 @@
  * which the proxy cannot re-frame) or in an HTTP/1.0 response (6.1); a
  * chunk-size that is not 1*HEXDIG or exceeds 2^63-1, a malformed
  * chunk-ext, a chunk line over 4 KiB, chunk-data not followed by CRLF, a
- * malformed trailer field (7.1); 101 Switching Protocols (we never ask to
+ * malformed trailer field, or a Content-Length among the trailers that is
+ * not one 1*DIGIT (7.1); 101 Switching Protocols (we never ask to
  * upgrade, RFC 9110 15.2.2); a head larger than max_header_bytes or with
  * more than max_headers fields (OM_ETOOBIG). Other 1xx responses (100,
  * 102, 103) are read and skipped (RFC 9110 15.2). Responses to HEAD, and

@@ -1,0 +1,237 @@
+/*
+ * om_http_server_internal.h: what the files of the HTTP server share (the
+ * connection, request and server structs, the lifecycle phases and the
+ * functions one file calls in another). Not a public header: only
+ * om_http_server.c (accepting, the server, the request and response
+ * API), om_http_server_read.c (rejections, parsing, reading and timers)
+ * and om_http_server_write.c (writing, response heads, teardown) include
+ * it.
+ */
+#ifndef OM_HTTP_SERVER_INTERNAL_H
+#define OM_HTTP_SERVER_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "om_http1.h"
+#include "om_http_server.h"
+
+/* ------------------------------------------------------------------ */
+/* limits and defaults */
+
+#define DEF_MAX_HEADER_BYTES (16u * 1024u)
+#define CAP_MAX_HEADER_BYTES (64u * 1024u)
+#define MIN_MAX_HEADER_BYTES 64u
+#define DEF_MAX_HEADERS 100u
+#define DEF_MAX_BODY_BYTES (1024u * 1024u)
+#define DEF_HEADER_TIMEOUT_MS 10000u
+#define DEF_IDLE_TIMEOUT_MS 60000u
+#define DEF_DRAIN_TIMEOUT_MS 5000u
+#define DEF_MAX_CONNECTIONS 10000u
+#define DEF_MAX_PIPELINED 16u
+
+/* framing bytes allowed in one chunked body */
+#define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
+#define LINGER_MS 2000u        /* RFC 9112 9.6: read after our FIN this long */
+#define DISCARD_MAX (1u << 20) /* bytes dropped after an error before a cut */
+#define READ_MIN 2048u         /* smallest read buffer we hand libuv */
+#define READ_SLACK (16u * 1024u)
+#define SCRATCH_BYTES (16u * 1024u)
+
+/* ------------------------------------------------------------------ */
+/* types */
+
+/* The body being read: a Content-Length count, or the chunked decoder
+ * (core/om_http1.c). */
+typedef struct {
+  int chunked;
+  uint64_t left; /* Content-Length bytes still to come */
+  om_http1_chunked_t ch;
+} dec_t;
+
+typedef struct om_http_conn_s conn_t;
+
+/*
+ * Output corking. A response's head, its body and the end of a chunked
+ * stream are usually written from one callback (an upstream read that
+ * carried all of them), and pipelined responses from one read of the
+ * client. Small writes are gathered per connection and sent in one
+ * syscall at the end of the loop turn (uv_check runs right after the I/O
+ * callbacks), so a small response costs one write, as nginx's writev
+ * does. Larger writes go out at once, behind what was gathered. Buffers
+ * are lent by the server and returned at the flush, so an idle connection
+ * holds none.
+ */
+#define OB_CAP 4096
+#define OB_SPARES 16
+
+enum { RS_NONE, RS_STREAMING };
+enum { RF_NOBODY, RF_FIXED, RF_CHUNKED, RF_CLOSE };
+
+typedef struct req_s {
+  om_http_request_t pub; /* first: the handler's pointer is ours */
+  conn_t *conn;          /* NULL once the client is gone */
+  struct req_s *next;
+  om_http_close_fn on_close;
+  om_http_drain_fn on_drain;
+  size_t drain_low;
+  char *body;
+  size_t body_cap;
+  uint64_t resp_left;
+  int rstate, rframe;
+  unsigned keep_alive : 1, is_head : 1, want_continue : 1, continue_sent : 1,
+      in_close_cb : 1, resp_close : 1;
+} req_t;
+
+/*
+ * A connection's lifecycle, in order; a phase is never re-entered. Any
+ * phase before FAILED may end in FAILED (a broken connection inside an
+ * API call: closed from its timer on the next loop turn) or CLOSING.
+ */
+enum phase {
+  PH_READING,   /* requests are parsed (ps) and dispatched in order */
+  PH_LAST,      /* the last request is in ("close", HTTP/1.0): nothing
+                   more is parsed, later bytes are read and dropped */
+  PH_ERRORING,  /* a request was refused: nothing more is parsed; the
+                   answer goes out once the responses before it end */
+  PH_SHUTTING,  /* queued bytes flushed, then our FIN (uv_shutdown) */
+  PH_LINGERING, /* FIN sent: reading and dropping until the client's EOF
+                   or LINGER_MS (RFC 9112 9.6) */
+  PH_FAILED,    /* to be closed from the timer on the next loop turn */
+  PH_CLOSING    /* uv_close called: the handles are closing */
+};
+
+/* Where the parse of the next request stands, while PH_READING. */
+enum { P_HEAD, P_BODY };
+
+struct om_http_conn_s {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_shutdown_t shut;
+  om_http_server_t *srv;
+  conn_t *prev, *next;
+  int handles;
+  char *in;
+  size_t in_off, in_len, in_cap;
+  om_http1_head_t sc; /* the header section being read */
+  om_http1_field_t *fields;
+  size_t fields_cap;
+  enum phase phase;
+  int ps;
+  req_t *cur; /* request whose body is being read */
+  dec_t dec;
+  req_t *q_head, *q_tail;
+  size_t q_len;
+  req_t *active; /* dispatched, response not ended */
+  om_http_reject_t err;
+  /* facts independent of the phase: the error answer is to a HEAD; the
+   * header timer's start (the accept for the first request, hstart_set
+   * once its first byte came); the client's FIN came; libuv is reading;
+   * the pump is running or asked to run again; on the corked list; how
+   * the FIN ends (no_linger: no lingering read after it) */
+  unsigned err_head : 1, fresh : 1, hstart_set : 1, eof : 1, reading : 1,
+      in_pump : 1, pump_again : 1, dirty : 1, no_linger : 1;
+  char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
+  size_t ob_len;
+  conn_t *dprev, *dnext; /* the server's list of corked connections */
+  uint64_t t_header, t_read, t_idle, t_write, t_linger;
+  size_t discarded;
+  struct sockaddr_storage remote;
+  char remote_ip[46];
+  int remote_port;
+};
+
+typedef struct {
+  uv_tcp_t tcp; /* first: freed through the handle pointer */
+  om_http_server_t *srv;
+} reject_conn_t;
+
+struct om_http_server_s {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  uv_timer_t drain_timer;
+  uv_check_t flush_check; /* flushes corked output once per loop turn */
+  conn_t *dirty;
+  char *ob_spare[OB_SPARES];
+  size_t n_ob_spare;
+  uv_tcp_t spare; /* rejects a connection when even malloc fails */
+  om_http_server_opts_t o;
+  om_http_handler_fn on_request;
+  void *ud;
+  om_http_closed_fn on_closed;
+  conn_t *conns;
+  size_t handles, rejects_open;
+  unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
+      spare_busy : 1, finished : 1;
+  om_http_server_metrics_t m;
+  time_t date_sec;
+  char date[40];
+  char scratch[SCRATCH_BYTES];
+};
+
+/* The caller's response header fields, as check_resp_headers found them. */
+typedef struct {
+  int close, has_cl, has_date;
+  uint64_t cl;
+  size_t bytes; /* their size on the wire */
+} rh_t;
+
+/* The Connection field a response head carries. */
+enum { CH_NONE, CH_CLOSE, CH_KEEP_ALIVE };
+
+/* om_http_server.c */
+
+/* uv_now of c's loop, in ms. */
+uint64_t om__http_now_ms(const conn_t *c);
+/* Free a request and its body; NULL does nothing. */
+void om__http_req_free(req_t *r);
+/* Drop the queued requests and the one whose body is being read. */
+void om__http_conn_drop_requests(conn_t *c);
+/* Mark c FAILED and close it from its timer on the next loop turn: the
+ * way to break a connection inside an API call. */
+void om__http_conn_fail(conn_t *c);
+/* The IMF-fixdate for Date (RFC 9110 5.6.7), cached per second. */
+const char *om__http_date(om_http_server_t *s);
+/* Free the server once it is closing and nothing of it is left open. */
+void om__http_srv_maybe_finish(om_http_server_t *s);
+
+/* om_http_server_read.c */
+
+/* A fresh header-section parser for the next request on c. */
+void om__http_scan_reset(conn_t *c);
+/* Advance c: parse, dispatch, answer a refusal, notice EOF; re-entrant
+ * calls ask the running pump to go again. Loop callbacks and API calls
+ * alike. */
+void om__http_conn_pump(conn_t *c);
+/* Start or stop reading and re-arm the timer to match c's phase. */
+void om__http_conn_update(conn_t *c);
+/* c's timer: the earliest deadline of its phase passed. */
+void om__http_on_timer(uv_timer_t *t);
+
+/* om_http_server_write.c */
+
+/* Write bufs on c: gathered in the corked buffer when small, else at
+ * once behind it; 0, or OM_ESTATE when c is gone (a broken write marks
+ * it FAILED). */
+int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb);
+/* Close c now (reset: RST instead of FIN); runs on_close of the active
+ * request, so only from loop callbacks or with no request active. */
+void om__http_conn_close(conn_t *c, int reset);
+/* Flush, FIN and (unless no_linger) linger: nothing more is parsed or
+ * dispatched. Safe inside API calls. */
+void om__http_conn_finish(conn_t *c, int no_linger);
+/* The reason phrase for status ("" when it has none). */
+const char *om__http_reason_phrase(int status);
+/* Check the caller's response fields (OM_EINVAL for what could split the
+ * response or that frames it: see om_http_respond); *out what they say. */
+int om__http_check_resp_headers(const om_http_header_t *h, size_t n,
+                                int allow_cl, int checked, rh_t *out);
+/* The response head in stackbuf when it fits, else malloc'd (the caller
+ * frees what is not stackbuf); NULL when out of memory. */
+char *om__http_build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
+                          int status, const om_http_header_t *h, size_t n,
+                          const rh_t *rh, int add_cl, uint64_t cl, int chunked,
+                          int conn_hdr, size_t *len);
+
+#endif /* OM_HTTP_SERVER_INTERNAL_H */

@@ -1,0 +1,451 @@
+/*
+ * om_http_server_write.c: the HTTP server's write side: corked output and
+ * its flush, response heads built from the caller's fields, and the
+ * connection's teardown (close, FIN, lingering).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "om_errno.h"
+#include "om_http1.h"
+#include "om_http_chars.h"
+#include "om_http_server_internal.h"
+#include "om_log.h"
+
+/* ------------------------------------------------------------------ */
+/* writing */
+
+/* The active response's producer asked to hear when output drains. */
+static void conn_check_drain(conn_t *c) {
+  req_t *r = c->active;
+  om_http_drain_fn cb;
+  if (c->phase >= PH_FAILED || r == NULL || r->on_drain == NULL ||
+      r->rstate != RS_STREAMING)
+    return;
+  if (c->ob_len + uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >
+      r->drain_low)
+    return;
+  cb = r->on_drain;
+  r->on_drain = NULL;
+  cb(&r->pub);
+}
+
+typedef struct {
+  uv_write_t req;
+  conn_t *c;
+  char data[];
+} wreq_t;
+
+static void on_write(uv_write_t *wr, int status) {
+  wreq_t *w = (wreq_t *)wr;
+  conn_t *c = w->c;
+  free(w);
+  if (c->phase == PH_CLOSING || status == UV_ECANCELED)
+    return;
+  if (status < 0) {
+    om__http_conn_close(c, 0);
+    return;
+  }
+  c->t_write = om__http_now_ms(c);
+  om__http_conn_update(c);
+  conn_check_drain(c);
+}
+
+/*
+ * Write bufs in order after everything queued before: straight to the
+ * socket when nothing is queued, the rest copied. Returns 0, or OM_ESTATE
+ * / OM_ENOMEM with the connection marked failed.
+ */
+static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  uv_stream_t *st = (uv_stream_t *)&c->tcp;
+  size_t total = 0, done = 0, off = 0;
+  unsigned i;
+  wreq_t *w;
+  uv_buf_t b;
+  int idle_before;
+  for (i = 0; i < nb; i++)
+    total += bufs[i].len;
+  if (c->phase >= PH_FAILED)
+    return OM_ESTATE;
+  if (total == 0)
+    return 0;
+  idle_before = uv_stream_get_write_queue_size(st) == 0;
+  if (idle_before) {
+    int n = uv_try_write(st, bufs, nb);
+    if (n >= 0)
+      done = (size_t)n;
+    else if (n != UV_EAGAIN && n != UV_ENOSYS) {
+      om__http_conn_fail(c);
+      return OM_ESTATE;
+    }
+  }
+  if (done == total)
+    return 0;
+  w = malloc(sizeof *w + (total - done));
+  if (w == NULL) {
+    om__http_conn_fail(c);
+    return OM_ENOMEM;
+  }
+  w->c = c;
+  for (i = 0; i < nb; i++) {
+    size_t len = bufs[i].len, skip = 0;
+    if (done >= len) {
+      done -= len;
+      continue;
+    }
+    skip = done;
+    done = 0;
+    memcpy(w->data + off, bufs[i].base + skip, len - skip);
+    off += len - skip;
+  }
+  b = uv_buf_init(w->data, (unsigned)off);
+  if (uv_write(&w->req, st, &b, 1, on_write) != 0) {
+    free(w);
+    om__http_conn_fail(c);
+    return OM_ESTATE;
+  }
+  if (idle_before)
+    c->t_write = om__http_now_ms(c);
+  om__http_conn_update(c);
+  return 0;
+}
+
+static void dirty_unlink(conn_t *c) {
+  om_http_server_t *s = c->srv;
+  if (!c->dirty)
+    return;
+  if (c->dprev != NULL)
+    c->dprev->dnext = c->dnext;
+  else
+    s->dirty = c->dnext;
+  if (c->dnext != NULL)
+    c->dnext->dprev = c->dprev;
+  c->dprev = c->dnext = NULL;
+  c->dirty = 0;
+}
+
+/* Drop what is corked (sent or not) and lend the buffer back. */
+static void ob_release(conn_t *c) {
+  om_http_server_t *s = c->srv;
+  dirty_unlink(c);
+  if (c->ob != NULL) {
+    if (s->n_ob_spare < OB_SPARES)
+      s->ob_spare[s->n_ob_spare++] = c->ob;
+    else
+      free(c->ob);
+  }
+  c->ob = NULL;
+  c->ob_len = 0;
+}
+
+/* Send what is corked now (in order before anything written later). */
+static void conn_flush(conn_t *c) {
+  if (c->ob_len > 0 && c->phase < PH_FAILED) {
+    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
+    (void)conn_send(c, &b, 1); /* a failure marks the connection */
+  }
+  ob_release(c);
+}
+
+static void on_flush_check(uv_check_t *h) {
+  om_http_server_t *s = h->data;
+  while (s->dirty != NULL) {
+    conn_t *c = s->dirty;
+    conn_flush(c);
+    conn_check_drain(c);
+  }
+  uv_check_stop(h);
+}
+
+/*
+ * Write bufs (at most 3) in order after everything written before:
+ * gathered when small (see OB_CAP), else sent now behind the gathered
+ * bytes. Returns 0, or OM_ESTATE / OM_ENOMEM with the connection marked
+ * failed.
+ */
+int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  om_http_server_t *s = c->srv;
+  size_t total = 0;
+  uv_buf_t v[4];
+  unsigned i;
+  int rc;
+  if (c->phase >= PH_FAILED)
+    return OM_ESTATE;
+  for (i = 0; i < nb; i++)
+    total += bufs[i].len;
+  if (total == 0)
+    return 0;
+  if (c->ob_len + total <= OB_CAP) {
+    if (c->ob == NULL)
+      c->ob = s->n_ob_spare > 0 ? s->ob_spare[--s->n_ob_spare] : malloc(OB_CAP);
+    if (c->ob != NULL) {
+      for (i = 0; i < nb; i++) {
+        memcpy(c->ob + c->ob_len, bufs[i].base, bufs[i].len);
+        c->ob_len += bufs[i].len;
+      }
+      if (!c->dirty) {
+        if (s->dirty == NULL)
+          uv_check_start(&s->flush_check, on_flush_check);
+        c->dirty = 1;
+        c->dprev = NULL;
+        c->dnext = s->dirty;
+        if (s->dirty != NULL)
+          s->dirty->dprev = c;
+        s->dirty = c;
+      }
+      return 0;
+    }
+    /* no buffer: send directly, it is only slower */
+  }
+  if (c->ob_len == 0) {
+    ob_release(c);
+    return conn_send(c, bufs, nb);
+  }
+  v[0] = uv_buf_init(c->ob, (unsigned)c->ob_len);
+  for (i = 0; i < nb && i < 3; i++)
+    v[i + 1] = bufs[i];
+  rc = conn_send(c, v, i + 1);
+  ob_release(c);
+  return rc;
+}
+
+/* Bounded string builder; the caller reserves the capacity up front. */
+typedef struct {
+  char *p;
+  size_t len;
+} sb_t;
+
+static void sb_put(sb_t *b, const char *s, size_t n) {
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+}
+
+static void sb_puts(sb_t *b, const char *s) {
+  sb_put(b, s, strlen(s));
+}
+
+static void sb_u64(sb_t *b, uint64_t v) {
+  char t[24];
+  sb_put(b, t, om__http_u64_dec(t, v));
+}
+
+const char *om__http_reason_phrase(int status) {
+  return om_http1_reason_phrase(status);
+}
+
+/* ------------------------------------------------------------------ */
+/* response headers from the caller */
+
+static size_t hdr_len(const char *s, size_t n) {
+  return n != 0 ? n : (s != NULL ? strlen(s) : 0);
+}
+
+/* Names are tokens, values field-content (no CTL but HTAB) so a caller
+ * cannot split the response (RFC 9110 5.5); framing is ours. checked: the
+ * caller has already held every byte to those rules (fields relayed from
+ * om_upstream, which refuses a head that breaks them), so only the
+ * fields that decide framing are examined. */
+int om__http_check_resp_headers(const om_http_header_t *h, size_t n,
+                                int allow_cl, int checked, rh_t *out) {
+  size_t i, j;
+  memset(out, 0, sizeof *out);
+  if (n > 0 && h == NULL)
+    return OM_EINVAL;
+  for (i = 0; i < n; i++) {
+    const char *name = h[i].name, *value = h[i].value;
+    size_t nl, vl;
+    if (name == NULL || value == NULL)
+      return OM_EINVAL;
+    nl = hdr_len(name, h[i].name_len);
+    vl = hdr_len(value, h[i].value_len);
+    if (nl == 0)
+      return OM_EINVAL;
+    for (j = 0; j < nl && !checked; j++)
+      if (!om__http_is_tchar((unsigned char)name[j]))
+        return OM_EINVAL;
+    for (j = 0; j < vl && !checked; j++) {
+      unsigned ch = (unsigned char)value[j];
+      if (!om__http_is_fvchar(ch) && !om__http_is_ows(ch))
+        return OM_EINVAL;
+    }
+    if (om__http_ci_eq(name, nl, "content-length")) {
+      uint64_t v = 0;
+      if (!allow_cl || out->has_cl || vl == 0 || vl > 19)
+        return OM_EINVAL;
+      for (j = 0; j < vl; j++) {
+        if (!om__http_is_digit((unsigned char)value[j]))
+          return OM_EINVAL;
+        v = v * 10 + (uint64_t)(value[j] - '0');
+      }
+      out->has_cl = 1;
+      out->cl = v;
+    } else if (om__http_ci_eq(name, nl, "transfer-encoding")) {
+      return OM_EINVAL;
+    } else if (om__http_ci_eq(name, nl, "connection")) {
+      if (!om__http_ci_eq(value, vl, "close"))
+        return OM_EINVAL;
+      out->close = 1;
+    } else if (om__http_ci_eq(name, nl, "date")) {
+      out->has_date = 1;
+    }
+    out->bytes += nl + vl + 4;
+  }
+  return 0;
+}
+
+/*
+ * The status line and header section; returned in stackbuf when it fits,
+ * else malloc'ed (the caller frees it when it differs from stackbuf).
+ * NULL on ENOMEM.
+ */
+char *om__http_build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
+                          int status, const om_http_header_t *h, size_t n,
+                          const rh_t *rh, int add_cl, uint64_t cl, int chunked,
+                          int conn_hdr, size_t *len) {
+  size_t cap = 256 + rh->bytes, i;
+  sb_t b;
+  char *p = cap <= stackcap ? stackbuf : malloc(cap);
+  if (p == NULL)
+    return NULL;
+  b.p = p;
+  b.len = 0;
+  sb_puts(&b, "HTTP/1.1 ");
+  sb_u64(&b, (uint64_t)status);
+  sb_puts(&b, " ");
+  /* reason phrases are at most 31 bytes in om_http1_reason_phrase */
+  {
+    const char *r = om__http_reason_phrase(status);
+    size_t rl = strlen(r);
+    sb_put(&b, r, rl > 40 ? 40 : rl);
+  }
+  sb_puts(&b, "\r\n");
+  for (i = 0; i < n; i++) {
+    sb_put(&b, h[i].name, hdr_len(h[i].name, h[i].name_len));
+    sb_puts(&b, ": ");
+    sb_put(&b, h[i].value, hdr_len(h[i].value, h[i].value_len));
+    sb_puts(&b, "\r\n");
+  }
+  if (!rh->has_date) {
+    sb_puts(&b, "Date: ");
+    sb_puts(&b, om__http_date(s));
+    sb_puts(&b, "\r\n");
+  }
+  if (add_cl) {
+    sb_puts(&b, "Content-Length: ");
+    sb_u64(&b, cl);
+    sb_puts(&b, "\r\n");
+  }
+  if (chunked)
+    sb_puts(&b, "Transfer-Encoding: chunked\r\n");
+  if (conn_hdr == CH_CLOSE)
+    sb_puts(&b, "Connection: close\r\n");
+  else if (conn_hdr == CH_KEEP_ALIVE)
+    sb_puts(&b, "Connection: keep-alive\r\n");
+  sb_puts(&b, "\r\n");
+  *len = b.len;
+  return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* connection teardown */
+
+static void on_conn_handle_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  om_http_server_t *s = c->srv;
+  if (--c->handles > 0)
+    return;
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  s->m.connections_active--;
+  ob_release(c);
+  free(c->in);
+  free(c->fields);
+  free(c);
+  om__http_srv_maybe_finish(s);
+}
+
+/*
+ * Close now. Runs on_close of the active request, so only from loop
+ * callbacks (or when no request is active). reset: RST instead of FIN.
+ */
+void om__http_conn_close(conn_t *c, int reset) {
+  enum phase was = c->phase;
+  req_t *r;
+  if (c->phase == PH_CLOSING)
+    return;
+  if (!reset && c->phase != PH_FAILED && c->ob_len > 0) {
+    /* what a write before the close would have sent at once */
+    uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
+    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+  }
+  ob_release(c);
+  c->phase = PH_CLOSING;
+  om__http_conn_drop_requests(c);
+  r = c->active;
+  c->active = NULL;
+  if (r != NULL) {
+    r->conn = NULL;
+    c->srv->m.responses_aborted++;
+    if (r->on_close != NULL) {
+      r->in_close_cb = 1;
+      r->on_close(&r->pub);
+      om__http_req_free(r);
+    }
+  }
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+  }
+  /* after our FIN, a reset would only destroy what the client has yet
+   * to read */
+  if (!reset || was == PH_SHUTTING || was == PH_LINGERING ||
+      uv_tcp_close_reset(&c->tcp, on_conn_handle_closed) != 0)
+    uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *sr, int status) {
+  conn_t *c = sr->handle->data;
+  if (c->phase >= PH_FAILED || status == UV_ECANCELED)
+    return; /* closing, or to be closed from the timer */
+  if (status < 0 || c->no_linger || c->eof || c->srv->closing) {
+    om__http_conn_close(c, 0);
+    return;
+  }
+  /* RFC 9112 9.6: keep reading (and dropping) until the client closes,
+   * so unread bytes do not turn our FIN into a reset that could destroy
+   * the answer before the client reads it. */
+  c->phase = PH_LINGERING;
+  c->t_linger = om__http_now_ms(c);
+  om__http_conn_update(c);
+}
+
+/*
+ * Finish the connection gracefully: nothing more is parsed or dispatched,
+ * queued bytes are flushed, then FIN (and a lingering read unless
+ * no_linger). Safe inside API calls (no request is active).
+ */
+void om__http_conn_finish(conn_t *c, int no_linger) {
+  if (c->phase >= PH_SHUTTING)
+    return;
+  om__http_conn_drop_requests(c);
+  conn_flush(c); /* uv_shutdown waits for queued writes, not corked ones */
+  if (c->phase == PH_FAILED)
+    return;
+  c->phase = PH_SHUTTING;
+  c->discarded = 0; /* what lingering may drop before the cut */
+  c->no_linger = no_linger ? 1 : 0;
+  c->shut.data = c;
+  if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+    om__http_conn_fail(c);
+    return;
+  }
+  om__http_conn_update(c);
+}

@@ -1,0 +1,191 @@
+/*
+ * om_upstream_internal.h: what the files of the upstream client share:
+ * the peer, connection, request and pool structs and the functions one
+ * file calls in another. Not a public header: om_upstream.c (URLs,
+ * peers, requests, the kick, the pool, sending) and om_upstream_conn.c
+ * (connections and reading responses) include it.
+ */
+#ifndef OM_UPSTREAM_INTERNAL_H
+#define OM_UPSTREAM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "om_http1.h"
+#include "om_upstream.h"
+
+#define DEF_MAX_IDLE 32u
+#define DEF_IDLE_TIMEOUT_MS 60000u
+#define DEF_MAX_HEADER_BYTES (64u * 1024u)
+#define MAX_HEADER_BYTES (64u * 1024u)
+#define MIN_HEADER_BYTES 256u
+#define DEF_MAX_HEADERS 100u
+#define MAX_MAX_HEADERS 10000u
+#define DEF_READ_BUFFER (16u * 1024u)
+#define MIN_READ_BUFFER 1024u
+#define DEF_MAX_PEERS 4096u
+
+#define READ_MIN 1024u      /* compact or grow below this much room */
+#define FREE_REQS_MAX 256u  /* request objects kept for reuse */
+#define REQ_HEAD_KEEP 8192u /* a recycled request keeps this much head */
+#define HDRS_INITIAL 16u
+
+/* ------------------------------------------------------------------ */
+/* types */
+
+typedef struct peer_s peer_t;
+typedef struct conn_s conn_t;
+typedef om_upstream_req_t req_t;
+
+typedef struct {
+  uint16_t family;
+  uint16_t port; /* network order */
+  uint8_t addr[16];
+} pkey_t;
+
+struct peer_s {
+  peer_t *hnext;
+  uint64_t hash;
+  pkey_t key;
+  om_upstream_target_t target;   /* the address to connect to */
+  conn_t *idle_head, *idle_tail; /* most .. least recently used */
+  size_t refs;                   /* connections and requests pointing here */
+  om_upstream_stats_t st;
+};
+
+enum { PH_CONNECTING, PH_HEAD, PH_BODY_CL, PH_CHUNKED, PH_BODY_EOF, PH_IDLE };
+
+struct conn_s {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_connect_t creq;
+  uv_write_t wreq;
+  om_upstream_pool_t *pool;
+  peer_t *peer;
+  conn_t *prev, *next;   /* the pool's open connections */
+  conn_t *iprev, *inext; /* the peer's idle list */
+  req_t *req;
+  int phase;
+  int handles; /* libuv handles not yet closed */
+  unsigned closing : 1, reading : 1, writing : 1, broken : 1, keepalive : 1;
+  uint64_t timer_due; /* loop ms the timer is armed for; 0: not armed */
+  uint64_t idle_since;
+  /* read buffer: unconsumed bytes are [pos, len) */
+  char *buf;
+  size_t cap, cap_max, len, pos;
+  /* the head, relative to pos */
+  om_http1_head_t head;
+  om_http1_field_t *fields;
+  size_t fields_cap;
+  size_t interim_bytes; /* 1xx heads already skipped for this response */
+  /* body */
+  uint64_t remaining;
+  om_http1_chunked_t ch; /* a chunked body being read */
+  /* the head as handed to on_headers */
+  om_http_header_t *hdrs;
+  size_t hdrs_cap;
+  om_upstream_response_t resp;
+  /* the second opinion, for a head with Transfer-Encoding and its body */
+};
+
+enum { R_FREE, R_ACTIVE, R_DONE };
+enum { PEND_NONE, PEND_DONE, PEND_PROCESS };
+
+struct om_upstream_req_s {
+  om_upstream_pool_t *pool;
+  peer_t *peer; /* held (refs) until the request ends */
+  conn_t *conn;
+  req_t *next, *prev; /* free list or pending list */
+  om_upstream_callbacks_t cb;
+  void *ud;
+  const char *body;
+  size_t body_len;
+  char *head;
+  size_t head_len, head_cap;
+  uint64_t connect_ms, first_byte_ms;
+  uint64_t connect_due, first_byte_due, total_due; /* loop ms; 0 none */
+  int state;
+  int pend;
+  unsigned idempotent : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
+      got_bytes : 1;
+  om_upstream_result_t res;
+};
+
+struct om_upstream_pool_s {
+  uv_loop_t *loop;
+  uv_idle_t kick;
+  om_upstream_pool_opts_t o;
+  peer_t **buckets;
+  size_t nbuckets, npeers;
+  conn_t *conns; /* open (not closing) connections */
+  size_t nconns; /* connections not yet freed */
+  req_t *free_reqs;
+  size_t nfree;
+  req_t *pend_head, *pend_tail;
+  int api; /* om_upstream_* calls on the stack */
+  unsigned closing : 1, kick_on : 1, finishing : 1;
+  om_upstream_closed_fn on_closed;
+  void *closed_ud;
+  om_upstream_stats_t st;
+};
+
+static uint64_t now_ms(const om_upstream_pool_t *p) {
+  return uv_now(p->loop);
+}
+
+/* Field names the client handles itself, by kind. */
+enum { F_OTHER, F_HOP, F_CONNECTION, F_CONTENT_LENGTH, F_TE, F_HOST };
+
+/* What a Connection field says (RFC 9110 7.6.1). */
+typedef struct {
+  int close;  /* "close" seen */
+  int others; /* a name other than close / keep-alive seen */
+} conn_opts_t;
+
+/* om_upstream.c */
+
+/* The kind of a field name (F_*), for the fields the client handles. */
+int om__up_field_kind(const char *n, size_t len);
+/* Walk the elements of a Connection value (#token): fn per element, which
+ * returns nonzero to stop; returns that, 0, or -1 for an element that is
+ * not a token. */
+int om__up_conn_walk(const char *v, size_t n,
+                     int (*fn)(void *arg, const char *t, size_t len),
+                     void *arg);
+/* om__up_conn_walk's fn that fills a conn_opts_t. */
+int om__up_conn_opt(void *arg, const char *t, size_t len);
+/* Whether a Connection field of h[0, n) names the field name[0, len). */
+int om__up_named_in_connection(const om_http_header_t *h, size_t n,
+                               const char *name, size_t len);
+/* Drop a reference to a peer (connections and requests hold one). */
+void om__up_peer_unref(peer_t *e);
+/* Detach c's request from c (the request goes on without it). */
+void om__up_detach(conn_t *c);
+/* End r with this outcome: on_done now, or from the kick when an
+ * om_upstream_* call is on the stack. */
+void om__up_req_end(req_t *r, om_upstream_fail_t fail, int err,
+                    const char *detail);
+/* Return a cancelled or finished request object to the free list. */
+void om__up_req_recycle(req_t *r);
+/* Free the pool once it is closing and nothing of it is left open. */
+void om__up_pool_maybe_finish(om_upstream_pool_t *p);
+
+/* om_upstream_conn.c */
+
+/* Take c off its peer's idle list. */
+void om__up_idle_unlink(conn_t *c);
+/* Close c (its request, if any, must be detached first). */
+void om__up_conn_close(conn_t *c);
+/* Start or stop reading c. */
+void om__up_read_on(conn_t *c);
+void om__up_read_off(conn_t *c);
+/* c (connected or pooled) starts carrying its request. */
+void om__up_conn_start(conn_t *c);
+/* A new connection for r to r->peer: 0 (connecting, or r already ended
+ * by a synchronous connect error), OM_ENOMEM with nothing changed. */
+int om__up_conn_connect(req_t *r);
+/* Run c's request through what is buffered, until more bytes are needed
+ * or the request stops. */
+void om__up_conn_process(conn_t *c);
+
+#endif /* OM_UPSTREAM_INTERNAL_H */
