@@ -184,6 +184,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     reject_connection(s);
     return;
   }
+  om_list_init(&c->dlink);
   c->srv = s;
   om__http_scan_reset(c);
   uv_tcp_init(s->loop, &c->tcp);
@@ -191,10 +192,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   c->tcp.data = c;
   c->timer.data = c;
   c->handles = 2;
-  c->next = s->conns;
-  if (s->conns != NULL)
-    s->conns->prev = c;
-  s->conns = c;
+  om_list_push_front(&s->conns, &c->link);
   s->m.connections_active++;
   if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
     om__http_conn_close(c, 0);
@@ -262,6 +260,8 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   s = calloc(1, sizeof *s);
   if (s == NULL)
     return OM_ENOMEM;
+  om_list_init(&s->conns);
+  om_list_init(&s->dirty);
   s->loop = loop;
   s->o = o;
   s->on_request = on_request;
@@ -326,7 +326,8 @@ static void on_srv_handle_closed(uv_handle_t *h) {
 }
 
 void om__http_srv_maybe_finish(om_http_server_t *s) {
-  if (!s->closing || s->finished || s->conns != NULL || s->rejects_open > 0)
+  if (!s->closing || s->finished || !om_list_empty(&s->conns) ||
+      s->rejects_open > 0)
     return;
   if (!s->timer_closing) {
     s->timer_closing = 1;
@@ -346,15 +347,12 @@ void om__http_srv_maybe_finish(om_http_server_t *s) {
 
 static void on_drain(uv_timer_t *t) {
   om_http_server_t *s = t->data;
-  conn_t *c, *next;
-  for (c = s->conns; c != NULL; c = next) {
-    next = c->next;
-    om__http_conn_close(c, 0);
+  OM_LIST_FOREACH_SAFE(it, &s->conns) {
+    om__http_conn_close(OM_LIST_ENTRY(it, conn_t, link), 0);
   }
 }
 
 int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
-  conn_t *c, *next;
   if (s == NULL)
     return OM_EINVAL;
   if (s->closing)
@@ -362,8 +360,8 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
   s->closing = 1;
   s->on_closed = on_closed;
   uv_close((uv_handle_t *)&s->listener, on_srv_handle_closed);
-  for (c = s->conns; c != NULL; c = next) {
-    next = c->next;
+  OM_LIST_FOREACH_SAFE(it, &s->conns) {
+    conn_t *c = OM_LIST_ENTRY(it, conn_t, link);
     /* a response in flight, or being flushed, may finish */
     if (c->phase >= PH_FAILED || c->active != NULL)
       continue;
@@ -372,7 +370,7 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
     else
       om__http_conn_finish(c, 1);
   }
-  if (s->conns != NULL)
+  if (!om_list_empty(&s->conns))
     uv_timer_start(&s->drain_timer, on_drain, s->o.drain_timeout_ms, 0);
   om__http_srv_maybe_finish(s);
   return 0;

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "om_http1.h"
+#include "om_list.h"
 #include "om_http_server.h"
 
 /* ------------------------------------------------------------------ */
@@ -110,7 +111,7 @@ struct om_http_conn_s {
   uv_timer_t timer;
   uv_shutdown_t shut;
   om_http_server_t *srv;
-  conn_t *prev, *next;
+  om_list_t link; /* on the server's conns */
   int handles;
   char *in;
   size_t in_off, in_len, in_cap;
@@ -128,13 +129,13 @@ struct om_http_conn_s {
   /* facts independent of the phase: the error answer is to a HEAD; the
    * header timer's start (the accept for the first request, hstart_set
    * once its first byte came); the client's FIN came; libuv is reading;
-   * the pump is running or asked to run again; on the corked list; how
-   * the FIN ends (no_linger: no lingering read after it) */
+   * the pump is running or asked to run again; how the FIN ends
+   * (no_linger: no lingering read after it) */
   unsigned err_head : 1, fresh : 1, hstart_set : 1, eof : 1, reading : 1,
-      in_pump : 1, pump_again : 1, dirty : 1, no_linger : 1;
+      in_pump : 1, pump_again : 1, no_linger : 1;
   char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
   size_t ob_len;
-  conn_t *dprev, *dnext; /* the server's list of corked connections */
+  om_list_t dlink; /* on the server's dirty list while output is corked */
   uint64_t t_header, t_read, t_idle, t_write, t_linger;
   size_t discarded;
   struct sockaddr_storage remote;
@@ -152,7 +153,7 @@ struct om_http_server_s {
   uv_tcp_t listener;
   uv_timer_t drain_timer;
   uv_check_t flush_check; /* flushes corked output once per loop turn */
-  conn_t *dirty;
+  om_list_t dirty;        /* conn_t with corked output, by dlink */
   char *ob_spare[OB_SPARES];
   size_t n_ob_spare;
   uv_tcp_t spare; /* rejects a connection when even malloc fails */
@@ -160,7 +161,7 @@ struct om_http_server_s {
   om_http_handler_fn on_request;
   void *ud;
   om_http_closed_fn on_closed;
-  conn_t *conns;
+  om_list_t conns; /* every conn_t not yet freed, by link */
   size_t handles, rejects_open;
   unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
       spare_busy : 1, finished : 1;

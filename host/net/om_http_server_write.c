@@ -113,24 +113,10 @@ static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   return 0;
 }
 
-static void dirty_unlink(conn_t *c) {
-  om_http_server_t *s = c->srv;
-  if (!c->dirty)
-    return;
-  if (c->dprev != NULL)
-    c->dprev->dnext = c->dnext;
-  else
-    s->dirty = c->dnext;
-  if (c->dnext != NULL)
-    c->dnext->dprev = c->dprev;
-  c->dprev = c->dnext = NULL;
-  c->dirty = 0;
-}
-
 /* Drop what is corked (sent or not) and lend the buffer back. */
 static void ob_release(conn_t *c) {
   om_http_server_t *s = c->srv;
-  dirty_unlink(c);
+  om_list_remove(&c->dlink); /* off the dirty list, if on it */
   if (c->ob != NULL) {
     if (s->n_ob_spare < OB_SPARES)
       s->ob_spare[s->n_ob_spare++] = c->ob;
@@ -152,8 +138,9 @@ static void conn_flush(conn_t *c) {
 
 static void on_flush_check(uv_check_t *h) {
   om_http_server_t *s = h->data;
-  while (s->dirty != NULL) {
-    conn_t *c = s->dirty;
+  om_list_t *it;
+  while ((it = om_list_first(&s->dirty)) != NULL) {
+    conn_t *c = OM_LIST_ENTRY(it, conn_t, dlink);
     conn_flush(c);
     conn_check_drain(c);
   }
@@ -186,15 +173,10 @@ int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
         memcpy(c->ob + c->ob_len, bufs[i].base, bufs[i].len);
         c->ob_len += bufs[i].len;
       }
-      if (!c->dirty) {
-        if (s->dirty == NULL)
+      if (!om_list_linked(&c->dlink)) {
+        if (om_list_empty(&s->dirty))
           uv_check_start(&s->flush_check, on_flush_check);
-        c->dirty = 1;
-        c->dprev = NULL;
-        c->dnext = s->dirty;
-        if (s->dirty != NULL)
-          s->dirty->dprev = c;
-        s->dirty = c;
+        om_list_push_front(&s->dirty, &c->dlink);
       }
       return 0;
     }
@@ -357,12 +339,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   om_http_server_t *s = c->srv;
   if (--c->handles > 0)
     return;
-  if (c->prev != NULL)
-    c->prev->next = c->next;
-  else
-    s->conns = c->next;
-  if (c->next != NULL)
-    c->next->prev = c->prev;
+  om_list_remove(&c->link);
   s->m.connections_active--;
   ob_release(c);
   free(c->in);

@@ -413,6 +413,7 @@ static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t) {
   e = calloc(1, sizeof *e);
   if (e == NULL)
     return NULL;
+  om_list_init(&e->idle);
   if (p->npeers >= p->o.max_peers)
     peer_evict_one(p);
   e->key = k;
@@ -429,16 +430,7 @@ static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t) {
 /* pending work (the kick) */
 
 static void pend_unlink(req_t *r) {
-  om_upstream_pool_t *p = r->pool;
-  if (r->prev != NULL)
-    r->prev->next = r->next;
-  else
-    p->pend_head = r->next;
-  if (r->next != NULL)
-    r->next->prev = r->prev;
-  else
-    p->pend_tail = r->prev;
-  r->next = r->prev = NULL;
+  om_list_remove(&r->plink);
   r->pend = PEND_NONE;
 }
 
@@ -449,13 +441,7 @@ static void pend_push(req_t *r, int kind) {
   if (r->pend != PEND_NONE)
     pend_unlink(r);
   r->pend = kind;
-  r->next = NULL;
-  r->prev = p->pend_tail;
-  if (p->pend_tail != NULL)
-    p->pend_tail->next = r;
-  else
-    p->pend_head = r;
-  p->pend_tail = r;
+  om_list_push_back(&p->pend, &r->plink);
   if (!p->kick_on) {
     uv_idle_start(&p->kick, on_kick);
     p->kick_on = 1;
@@ -540,8 +526,9 @@ void om__up_detach(conn_t *c) {
 
 static void on_kick(uv_idle_t *h) {
   om_upstream_pool_t *p = h->data;
-  req_t *r;
-  while ((r = p->pend_head) != NULL) {
+  om_list_t *it;
+  while ((it = om_list_first(&p->pend)) != NULL) {
+    req_t *r = OM_LIST_ENTRY(it, req_t, plink);
     int kind = r->pend;
     pend_unlink(r);
     if (kind == PEND_DONE) {
@@ -583,8 +570,8 @@ static void on_kick_closed(uv_handle_t *h) {
 }
 
 void om__up_pool_maybe_finish(om_upstream_pool_t *p) {
-  if (!p->closing || p->finishing || p->nconns > 0 || p->pend_head != NULL ||
-      p->api > 0)
+  if (!p->closing || p->finishing || p->nconns > 0 ||
+      !om_list_empty(&p->pend) || p->api > 0)
     return;
   p->finishing = 1;
   uv_close((uv_handle_t *)&p->kick, on_kick_closed);
@@ -620,6 +607,8 @@ int om_upstream_pool_new(uv_loop_t *loop, const om_upstream_pool_opts_t *opts,
   p = calloc(1, sizeof *p);
   if (p == NULL)
     return OM_ENOMEM;
+  om_list_init(&p->conns);
+  om_list_init(&p->pend);
   p->nbuckets = 16;
   p->buckets = calloc(p->nbuckets, sizeof *p->buckets);
   if (p->buckets == NULL) {
@@ -645,8 +634,10 @@ int om_upstream_pool_close(om_upstream_pool_t *p,
   p->on_closed = on_closed;
   p->closed_ud = ud;
   p->api++;
-  while ((c = p->conns) != NULL) {
-    req_t *r = c->req;
+  while (!om_list_empty(&p->conns)) {
+    req_t *r;
+    c = OM_LIST_ENTRY(om_list_first(&p->conns), conn_t, link);
+    r = c->req;
     om__up_detach(c);
     om__up_conn_close(c);
     if (r != NULL)
@@ -826,6 +817,7 @@ static req_t *req_get(om_upstream_pool_t *p) {
     r = calloc(1, sizeof *r);
     if (r == NULL)
       return NULL;
+    om_list_init(&r->plink);
   }
   {
     char *head = r->head;
@@ -899,7 +891,9 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->peer = e;
   e->refs++;
   p->api++;
-  c = e->idle_head;
+  c = om_list_empty(&e->idle)
+          ? NULL
+          : OM_LIST_ENTRY(om_list_first(&e->idle), conn_t, ilink);
   if (c != NULL) {
     om__up_idle_unlink(c);
     c->req = r;

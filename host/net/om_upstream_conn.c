@@ -34,34 +34,19 @@ static void on_conn_closed(uv_handle_t *h) {
 
 void om__up_idle_unlink(conn_t *c) {
   peer_t *e = c->peer;
-  if (c->iprev != NULL)
-    c->iprev->inext = c->inext;
-  else
-    e->idle_head = c->inext;
-  if (c->inext != NULL)
-    c->inext->iprev = c->iprev;
-  else
-    e->idle_tail = c->iprev;
-  c->iprev = c->inext = NULL;
+  om_list_remove(&c->ilink);
   e->st.idle--;
   c->pool->st.idle--;
 }
 
 /* Close c (its request, if any, must be detached first). */
 void om__up_conn_close(conn_t *c) {
-  om_upstream_pool_t *p = c->pool;
   if (c->closing)
     return;
   c->closing = 1;
   if (c->phase == PH_IDLE)
     om__up_idle_unlink(c);
-  if (c->prev != NULL)
-    c->prev->next = c->next;
-  else
-    p->conns = c->next;
-  if (c->next != NULL)
-    c->next->prev = c->prev;
-  c->prev = c->next = NULL;
+  om_list_remove(&c->link);
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
@@ -111,18 +96,12 @@ static void conn_make_idle(conn_t *c) {
   c->phase = PH_IDLE;
   c->pos = c->len = 0;
   c->idle_since = now_ms(p);
-  c->iprev = NULL;
-  c->inext = e->idle_head;
-  if (e->idle_head != NULL)
-    e->idle_head->iprev = c;
-  else
-    e->idle_tail = c;
-  e->idle_head = c;
+  om_list_push_front(&e->idle, &c->ilink);
   e->st.idle++;
   p->st.idle++;
   om__up_read_on(c); /* an EOF or a stray byte closes it */
   if (e->st.idle > p->o.max_idle_per_peer)
-    om__up_conn_close(e->idle_tail);
+    om__up_conn_close(OM_LIST_ENTRY(om_list_last(&e->idle), conn_t, ilink));
   else
     conn_arm(c);
 }
@@ -315,6 +294,8 @@ int om__up_conn_connect(req_t *r) {
   int rc;
   if (c == NULL)
     return OM_ENOMEM;
+  om_list_init(&c->link);
+  om_list_init(&c->ilink);
   c->cap = p->o.read_buffer_bytes;
   c->cap_max = p->o.max_header_bytes + READ_MIN > c->cap
                    ? p->o.max_header_bytes + READ_MIN
@@ -332,10 +313,7 @@ int om__up_conn_connect(req_t *r) {
   uv_timer_init(p->loop, &c->timer);
   c->tcp.data = c->timer.data = c->creq.data = c->wreq.data = c;
   c->handles = 2;
-  c->next = p->conns;
-  if (p->conns != NULL)
-    p->conns->prev = c;
-  p->conns = c;
+  om_list_push_front(&p->conns, &c->link);
   c->phase = PH_CONNECTING;
   c->req = r;
   r->conn = c;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "om_http1.h"
+#include "om_list.h"
 #include "om_upstream.h"
 
 #define DEF_MAX_IDLE 32u
@@ -47,9 +48,9 @@ struct peer_s {
   peer_t *hnext;
   uint64_t hash;
   pkey_t key;
-  om_upstream_target_t target;   /* the address to connect to */
-  conn_t *idle_head, *idle_tail; /* most .. least recently used */
-  size_t refs;                   /* connections and requests pointing here */
+  om_upstream_target_t target; /* the address to connect to */
+  om_list_t idle;              /* conn_t by ilink, most recently used first */
+  size_t refs;                 /* connections and requests pointing here */
   om_upstream_stats_t st;
 };
 
@@ -62,8 +63,8 @@ struct conn_s {
   uv_write_t wreq;
   om_upstream_pool_t *pool;
   peer_t *peer;
-  conn_t *prev, *next;   /* the pool's open connections */
-  conn_t *iprev, *inext; /* the peer's idle list */
+  om_list_t link;  /* on the pool's conns while open */
+  om_list_t ilink; /* on the peer's idle list while PH_IDLE */
   req_t *req;
   int phase;
   int handles; /* libuv handles not yet closed */
@@ -85,7 +86,6 @@ struct conn_s {
   om_http_header_t *hdrs;
   size_t hdrs_cap;
   om_upstream_response_t resp;
-  /* the second opinion, for a head with Transfer-Encoding and its body */
 };
 
 enum { R_FREE, R_ACTIVE, R_DONE };
@@ -95,7 +95,8 @@ struct om_upstream_req_s {
   om_upstream_pool_t *pool;
   peer_t *peer; /* held (refs) until the request ends */
   conn_t *conn;
-  req_t *next, *prev; /* free list or pending list */
+  req_t *next;     /* the free list */
+  om_list_t plink; /* the pending list, while pend != PEND_NONE */
   om_upstream_callbacks_t cb;
   void *ud;
   const char *body;
@@ -117,12 +118,12 @@ struct om_upstream_pool_s {
   om_upstream_pool_opts_t o;
   peer_t **buckets;
   size_t nbuckets, npeers;
-  conn_t *conns; /* open (not closing) connections */
-  size_t nconns; /* connections not yet freed */
+  om_list_t conns; /* open (not closing) conn_t, by link */
+  size_t nconns;   /* connections not yet freed */
   req_t *free_reqs;
   size_t nfree;
-  req_t *pend_head, *pend_tail;
-  int api; /* om_upstream_* calls on the stack */
+  om_list_t pend; /* req_t with deferred work, by plink, oldest first */
+  int api;        /* om_upstream_* calls on the stack */
   unsigned closing : 1, kick_on : 1, finishing : 1;
   om_upstream_closed_fn on_closed;
   void *closed_ud;
