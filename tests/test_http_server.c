@@ -564,9 +564,9 @@ static void put_pairs(char **w, char **x, const char *pair, size_t n) {
   }
 }
 
-/* http-parser (the cross-check) is fed each HTAB as a SP through a copy,
- * 4 KiB at a time: a value and a chunked body with thousands of HTABs,
- * each across slices, are read whole and as they were sent. */
+/* HTAB as whitespace in bulk: a value and a chunked body with thousands
+ * of HTABs, each across read slices, are read whole and as they were
+ * sent. */
 static void many_htabs_across_slices(void **state) {
   static char req[16384], want[16384];
   char *w = req, *x = want;

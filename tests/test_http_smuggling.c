@@ -211,9 +211,9 @@ static const case_t cases[] = {
          "POST /c" H11 "Transfer-Encoding: Chunked\r\n\r\n"
          "5\r\nhello\r\n0\r\n\r\n",
          V_HELLO, 200),
-    /* HTAB is OWS/BWS like SP (RFC 9110 5.6.3, 9112 7.1.1). http-parser
-     * 2.9, the cross-check, refuses it in these three places, so it is fed
-     * each HTAB as a SP; the message is read as the RFC says. */
+    /* HTAB is OWS/BWS like SP (RFC 9110 5.6.3, 9112 7.1.1), also in the
+     * three places http-parser 2.9 refuses it (the differential test
+     * feeds it a SP there); the message is read as the RFC says. */
     KEEP("te chunked + trailing htab",
          "POST /c" H11 "Transfer-Encoding: chunked\t\r\n\r\n"
          "5\r\nhello\r\n0\r\n\r\n",
@@ -243,11 +243,10 @@ static const case_t cases[] = {
         "POST /c" H11 "Content-Length\t: 5\r\n\r\nhello", 400, "bad_header"),
     BAD("htab before a chunk's CRLF", CH "5\r\nhello\t\r\n0\r\n\r\n", 400,
         "bad_chunk"),
-    /* Stricter than the RFC, because http-parser 2.9 (the cross-check)
-     * refuses them and a message the two parsers read differently is
-     * refused (om_http_server.h): empty elements in the Transfer-Encoding
-     * list (RFC 9110 5.6.1.2 asks recipients to skip them); for the
-     * framing header the strict reading is the safe one. */
+    /* Stricter than the RFC: empty elements in the Transfer-Encoding list
+     * (RFC 9110 5.6.1.2 asks recipients to skip them). For the framing
+     * header the strict reading is the safe one: http-parser 2.9, like
+     * other readers a proxy may sit in front of, refuses them. */
     BAD("te chunked + empty element (stricter)",
         "POST /c" H11 "Transfer-Encoding: chunked,\r\n\r\n0\r\n\r\n", 400,
         "bad_transfer_encoding"),
