@@ -511,7 +511,7 @@ static void reply_store_error(ctx_t *x, int rc) {
                   "the %s store is unreachable: the change was not applied; "
                   "retry later (reads serve the last known state, see "
                   "/status)",
-                  x->c->store->ops->name);
+                  om_store_name(x->c->store));
     return;
   }
   default:
@@ -907,8 +907,7 @@ static void on_burst_list(void *ud, int status, const om_service_rev_t *list,
       int rc;
       w->outstanding++;
       w->refs++;
-      rc = c->store->ops->snapshot(c->store, list[i].service, on_burst_snapshot,
-                                   w);
+      rc = om_store_snapshot(c->store, list[i].service, on_burst_snapshot, w);
       if (rc != 0) {
         w->outstanding--;
         w->refs--;
@@ -1100,7 +1099,7 @@ static void on_service_event(void *ud, om_snapshot_t *snap) {
   if (rev > c->rev_max)
     c->rev_max = rev;
   memset(&st, 0, sizeof st);
-  c->store->ops->status(c->store, &st);
+  om_store_status(c->store, &st);
   if (!c->writing && !ring_has(&c->answered, om_snapshot_service(snap), rev)) {
     log_store_change(c, found ? c->mirror[i] : NULL, snap,
                      st.last_removal == OM_STORE_DELETED   ? "deleted"
@@ -1296,7 +1295,7 @@ static void h_put_instance(ctx_t *x, const char *svc, const char *id) {
   snprintf(op->id, sizeof op->id, "%s", id);
   op_writing(op, 0);
   c->writing++;
-  rc = c->store->ops->put_instance(c->store, svc, &in, on_write_done, op);
+  rc = om_store_put_instance(c->store, svc, &in, on_write_done, op);
   c->writing--;
   om_instance_clear(&in);
   if (rc != 0)
@@ -1318,9 +1317,9 @@ static void h_instance_op(ctx_t *x, const char *svc, const char *id,
     op_writing(op, 1);
   c->writing++;
   if (heartbeat)
-    rc = c->store->ops->renew(c->store, svc, id, on_write_done, op);
+    rc = om_store_renew(c->store, svc, id, on_write_done, op);
   else
-    rc = c->store->ops->delete_instance(c->store, svc, id, on_write_done, op);
+    rc = om_store_delete_instance(c->store, svc, id, on_write_done, op);
   c->writing--;
   if (rc != 0)
     op_fail(op, rc);
@@ -1410,7 +1409,7 @@ static void h_get_service(ctx_t *x, const char *svc) {
     op->token_len = (size_t)tl;
     op->has_token = 1;
   }
-  rc = c->store->ops->snapshot(c->store, svc, on_service_snapshot, op);
+  rc = om_store_snapshot(c->store, svc, on_service_snapshot, op);
   if (rc != 0)
     op_fail(op, rc);
 }
@@ -1453,7 +1452,7 @@ static void h_list_services(ctx_t *x) {
     reply_store_error(x, OM_ENOMEM);
     return;
   }
-  rc = c->store->ops->list_services(c->store, on_service_list, op);
+  rc = om_store_list_services(c->store, on_service_list, op);
   if (rc != 0)
     op_fail(op, rc);
 }
@@ -1574,8 +1573,8 @@ static void h_put_config(ctx_t *x, const char *name) {
     return;
   }
   snprintf(op->service, sizeof op->service, "%s", name);
-  rc = c->store->ops->config_put(c->store, name, ctype, req->body,
-                                 req->body_len, on_config_written, op);
+  rc = om_store_config_put(c->store, name, ctype, req->body, req->body_len,
+                           on_config_written, op);
   if (rc != 0)
     op_fail(op, rc);
 }
@@ -1612,7 +1611,7 @@ static void h_get_config(ctx_t *x, const char *name) {
     return;
   }
   snprintf(op->service, sizeof op->service, "%s", name);
-  rc = c->store->ops->config_get(c->store, name, on_config_read, op);
+  rc = om_store_config_get(c->store, name, on_config_read, op);
   if (rc != 0)
     op_fail(op, rc);
 }
@@ -1696,11 +1695,11 @@ static void h_watch(ctx_t *x, tkind_t kind, const char *name) {
     return;
   w->refs++;
   if (kind == T_SERVICE)
-    rc = c->store->ops->snapshot(c->store, name, on_watch_snapshot, w);
+    rc = om_store_snapshot(c->store, name, on_watch_snapshot, w);
   else if (kind == T_CONFIG)
-    rc = c->store->ops->config_get(c->store, name, on_watch_doc, w);
+    rc = om_store_config_get(c->store, name, on_watch_doc, w);
   else
-    rc = c->store->ops->list_services(c->store, on_burst_list, w);
+    rc = om_store_list_services(c->store, on_burst_list, w);
   if (rc != 0) {
     w->refs--;
     watcher_finish(w, FIN_ABORT);
@@ -1725,7 +1724,7 @@ static void sync_metrics(om_control_t *c) {
   om_store_status_t st;
   metrics_t *m = &c->m;
   memset(&st, 0, sizeof st);
-  c->store->ops->status(c->store, &st);
+  om_store_status(c->store, &st);
   sync_counter(m->registrations, st.registrations);
   sync_counter(m->renewals, st.renewals);
   sync_counter(m->deletions, st.deletions);
@@ -1768,9 +1767,9 @@ static void h_status(ctx_t *x) {
   json_t *o = json_object(), *docs = json_array();
   char *body = NULL;
   memset(&st, 0, sizeof st);
-  c->store->ops->status(c->store, &st);
+  om_store_status(c->store, &st);
   if (o != NULL && docs != NULL) {
-    json_object_set_new(o, "store", json_string(c->store->ops->name));
+    json_object_set_new(o, "store", json_string(om_store_name(c->store)));
     json_object_set_new(o, "stale", json_boolean(st.stale));
     json_object_set_new(o, "services", json_integer((json_int_t)st.services));
     json_object_set_new(o, "instances", json_integer((json_int_t)st.instances));
@@ -2219,10 +2218,10 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
                                                   : om_lib_dir())) == NULL ||
       metrics_init(c) != 0)
     goto fail;
-  rc = st->ops->subscribe(st, NULL, on_service_event, c, &c->svc_sub);
+  rc = om_store_subscribe(st, NULL, on_service_event, c, &c->svc_sub);
   if (rc != 0)
     goto fail;
-  rc = st->ops->subscribe_config(st, NULL, on_config_event, c, &c->cfg_sub);
+  rc = om_store_subscribe_config(st, NULL, on_config_event, c, &c->cfg_sub);
   if (rc != 0)
     goto fail_sub;
   rc = om_http_server_new(loop, &opts->http, on_request, c, &c->srv);
@@ -2235,9 +2234,9 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   *out = c;
   return 0;
 fail_cfg:
-  st->ops->unsubscribe(st, c->cfg_sub);
+  om_store_unsubscribe(st, c->cfg_sub);
 fail_sub:
-  st->ops->unsubscribe(st, c->svc_sub);
+  om_store_unsubscribe(st, c->svc_sub);
 fail:
   control_free(c);
   return rc;
@@ -2348,8 +2347,8 @@ int om_control_close(om_control_t *c, void (*done)(void *ud), void *ud) {
     t->busy = 0;
     topic_release(c, t);
   }
-  c->store->ops->unsubscribe(c->store, c->svc_sub);
-  c->store->ops->unsubscribe(c->store, c->cfg_sub);
+  om_store_unsubscribe(c->store, c->svc_sub);
+  om_store_unsubscribe(c->store, c->cfg_sub);
   c->svc_sub = c->cfg_sub = NULL;
   om_http_server_close(c->srv, on_srv_closed);
   return 0;

@@ -43,6 +43,7 @@
 #include "om_errno.h"
 #include "om_log.h"
 #include "om_snapshot_json.h"
+#include "om_store_subs.h"
 
 #define DEFAULT_PREFIX "openmesh:"
 #define PREFIX_MAX 64
@@ -51,7 +52,6 @@
 #define DEFAULT_BACKOFF_MAX 5000
 #define DEFAULT_CMD_TIMEOUT 5000
 #define DEFAULT_MAX_CONFIG ((size_t)1 << 20)
-#define CONTENT_TYPE_MAX 255
 #define SWEEP_BATCH "1000"
 /* Instance hashes outlive their last lease by this much (PEXPIRE). */
 #define KEY_GRACE_MS "60000"
@@ -286,19 +286,6 @@ typedef struct rcfg_s {
   int fetching;
 } rcfg_t;
 
-enum { SUB_SERVICE, SUB_CONFIG };
-
-typedef struct rsub_s {
-  struct rsub_s *next;
-  int kind;
-  char *name; /* NULL: every service / document */
-  om_store_watch_cb cb;
-  om_store_config_watch_cb ccb;
-  void *ud;
-  uint64_t since;
-  int dead;
-} rsub_t;
-
 enum { S_DOWN, S_CONNECTING, S_SYNCING, S_UP };
 
 typedef struct rstore_s {
@@ -335,11 +322,7 @@ typedef struct rstore_s {
   size_t n_svcs, cap_svcs;
   rcfg_t **cfgs;
   size_t n_cfgs, cap_cfgs;
-  rsub_t *subs;
-  int delivering;
-  uint64_t ev_seq;
   om_store_status_t st;
-  int closing;
   void (*done)(void *);
   void *done_ud;
 } rstore_t;
@@ -386,21 +369,9 @@ static char *dup_str(const char *s) {
   return d != NULL ? memcpy(d, s, n) : NULL;
 }
 
+/* Names read back from Redis are checked as the front checks callers'. */
 static int valid_name(const char *s) {
   return s != NULL && om_valid_name(s, strnlen(s, OM_NAME_MAX + 1));
-}
-
-static int valid_content_type(const char *s) {
-  size_t n;
-  if (s == NULL)
-    return 0;
-  n = strnlen(s, CONTENT_TYPE_MAX + 1);
-  if (n == 0 || n > CONTENT_TYPE_MAX)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
-      return 0;
-  return 1;
 }
 
 static uint64_t realtime_us(rstore_t *r) {
@@ -529,37 +500,6 @@ NAMED_TABLE(cfg, rcfg_t, cfgs, n_cfgs, cap_cfgs)
 
 /* ---- delivery ---- */
 
-static void purge_dead(rstore_t *r) {
-  rsub_t **pp = &r->subs;
-  while (*pp != NULL) {
-    rsub_t *s = *pp;
-    if (s->dead) {
-      *pp = s->next;
-      free(s->name);
-      free(s);
-    } else {
-      pp = &s->next;
-    }
-  }
-}
-
-static void deliver(rstore_t *r, int kind, const char *name,
-                    om_snapshot_t *snap, om_config_doc_t *doc) {
-  uint64_t seq = ++r->ev_seq;
-  r->delivering++;
-  for (rsub_t *s = r->subs; s != NULL && !r->closing; s = s->next) {
-    if (s->dead || s->kind != kind || s->since >= seq ||
-        (s->name != NULL && strcmp(s->name, name) != 0))
-      continue;
-    if (kind == SUB_SERVICE)
-      s->cb(s->ud, snap);
-    else
-      s->ccb(s->ud, doc);
-  }
-  if (--r->delivering == 0 && !r->closing)
-    purge_dead(r);
-}
-
 /*
  * Make snap (one reference, taken over) the replica's state of svc if it
  * is newer, and deliver it: the one place a service moves forward, so no
@@ -575,7 +515,7 @@ static void replica_set(rstore_t *r, rsvc_t *svc, om_snapshot_t *snap) {
   om_snapshot_unref(svc->snap);
   svc->snap = snap;
   svc->rev = rev;
-  deliver(r, SUB_SERVICE, svc->name, snap, NULL);
+  om__store_deliver(&r->base, om__store_stamp(&r->base), snap);
 }
 
 static void cfg_set(rstore_t *r, rcfg_t *c, om_config_doc_t *doc) {
@@ -586,7 +526,7 @@ static void cfg_set(rstore_t *r, rcfg_t *c, om_config_doc_t *doc) {
   }
   om_config_doc_unref(c->doc);
   c->doc = doc;
-  deliver(r, SUB_CONFIG, c->name, NULL, doc);
+  om__store_deliver_config(&r->base, om__store_stamp(&r->base), doc);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1012,7 +952,7 @@ static void on_resync(rstore_t *r, redisReply *rep) {
 static void on_sub_message(redisAsyncContext *ac, void *reply, void *pd) {
   rstore_t *r = pd;
   redisReply *rep = reply;
-  if (rep == NULL || r->closing || ac != r->sub)
+  if (rep == NULL || r->base.closing || ac != r->sub)
     return;
   if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3 ||
       rep->element[0]->type != REDIS_REPLY_STRING)
@@ -1084,7 +1024,7 @@ static void session_start(rstore_t *r) {
 
 static void on_connected(const redisAsyncContext *ac, int status) {
   rstore_t *r = ac->data;
-  if (r == NULL || r->closing)
+  if (r == NULL || r->base.closing)
     return;
   if (ac != r->cmd && ac != r->sub)
     return;
@@ -1107,7 +1047,7 @@ static void on_connected(const redisAsyncContext *ac, int status) {
 
 static void on_disconnected(const redisAsyncContext *ac, int status) {
   rstore_t *r = ac->data;
-  if (r == NULL || r->closing)
+  if (r == NULL || r->base.closing)
     return;
   if (ac == r->cmd) {
     r->cmd = NULL;
@@ -1204,7 +1144,7 @@ static void resolve_failed(rstore_t *r, int rc) {
 
 static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res) {
   rstore_t *r = g->data;
-  int rc = status, closing = r->closing;
+  int rc = status, closing = r->base.closing;
   r->resolving = 0;
   if (rc == 0) {
     const struct addrinfo *a, *pick = NULL;
@@ -1289,7 +1229,7 @@ static void drop_connections(rstore_t *r) {
 static void session_fail(rstore_t *r, const char *why) {
   int was_up = r->state == S_UP;
   char delay[24], tries[24];
-  if (r->closing || r->state == S_DOWN)
+  if (r->base.closing || r->state == S_DOWN)
     return;
   r->state = S_DOWN;
   drop_connections(r);
@@ -1316,7 +1256,7 @@ static void session_fail(rstore_t *r, const char *why) {
 
 static void on_retry(uv_timer_t *t) {
   rstore_t *r = t->data;
-  if (!r->closing && r->state == S_DOWN)
+  if (!r->base.closing && r->state == S_DOWN)
     session_connect(r);
 }
 
@@ -1457,7 +1397,7 @@ static void answer_snapshot(rstore_t *r, req_t *q, redisReply *rep) {
     q->scb(q->ud, 0, snap);
   if (svc != NULL) {
     replica_set(r, svc, snap); /* takes our reference */
-    if (!r->closing && svc->want > svc->rev)
+    if (!r->base.closing && svc->want > svc->rev)
       fetch_service(r, svc); /* something newer was announced meanwhile */
   } else {
     om_snapshot_unref(snap);
@@ -1538,7 +1478,7 @@ static void answer_config(rstore_t *r, req_t *q, redisReply *rep) {
     c = cfg_get(r, q->name);
   if (c != NULL) {
     cfg_set(r, c, doc);
-    if (!r->closing && c->want > (c->doc != NULL ? c->doc->revision : 0))
+    if (!r->base.closing && c->want > (c->doc != NULL ? c->doc->revision : 0))
       fetch_config(r, c);
   } else {
     om_config_doc_unref(doc);
@@ -1554,7 +1494,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata) {
       r->inflight--;
     r->progress_ms = uv_now(r->loop);
   }
-  if (r->closing) {
+  if (r->base.closing) {
     free(q);
     return;
   }
@@ -1628,7 +1568,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata) {
 static void on_sweep(uv_timer_t *t) {
   rstore_t *r = t->data;
   char fl[24];
-  if (r->closing)
+  if (r->base.closing)
     return;
   if (r->state != S_DOWN && r->inflight > 0 &&
       uv_now(r->loop) - r->progress_ms > r->opts.command_timeout_ms) {
@@ -1660,10 +1600,6 @@ static void on_sweep(uv_timer_t *t) {
 /* ------------------------------------------------------------------ */
 /* the contract */
 
-static int check_open(rstore_t *r) {
-  return r->closing ? OM_ESTATE : 0;
-}
-
 static int r_put_instance(om_store_t *s, const char *service,
                           const om_instance_t *in, om_store_write_cb cb,
                           void *ud) {
@@ -1676,11 +1612,6 @@ static int r_put_instance(om_store_t *s, const char *service,
   size_t lens[7];
   req_t *q;
   int rc;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (!valid_name(service) || in == NULL ||
-      om_instance_validate(in, NULL, NULL) != 0)
-    return OM_EINVAL;
   if (r->state != S_UP) {
     if (cb != NULL)
       cb(ud, OM_EIO, OM_STORE_NOCHANGE, 0);
@@ -1732,10 +1663,6 @@ static int instance_op(rstore_t *r, int kind, const char *service,
   char ihash[PREFIX_MAX + OM_NAME_MAX + 4], fl[24];
   const char *keys[4], *args[4];
   req_t *q;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (!valid_name(service) || !valid_name(id))
-    return OM_EINVAL;
   if (r->state != S_UP) {
     if (cb != NULL)
       cb(ud, OM_EIO, OM_STORE_NOCHANGE, 0);
@@ -1778,10 +1705,6 @@ static int r_snapshot(om_store_t *s, const char *service,
   const char *keys[2], *args[2];
   rsvc_t *svc;
   req_t *q;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (!valid_name(service) || cb == NULL)
-    return OM_EINVAL;
   if (r->state != S_UP) {
     serve_snapshot(r, service, cb, ud);
     return 0;
@@ -1830,10 +1753,6 @@ static int r_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   const char *keys[2] = {r->k_services, r->k_configs};
   const char *args[1] = {r->prefix};
   req_t *q;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (cb == NULL)
-    return OM_EINVAL;
   if (r->state != S_UP) {
     serve_list(r, cb, ud);
     return 0;
@@ -1848,59 +1767,6 @@ static int r_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   return 0;
 }
 
-static int subscribe_common(rstore_t *r, int kind, const char *name,
-                            om_store_watch_cb cb, om_store_config_watch_cb ccb,
-                            void *ud, om_store_sub_t **out) {
-  rsub_t *sub, **pp;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (out == NULL || (name != NULL && !valid_name(name)))
-    return OM_EINVAL;
-  sub = calloc(1, sizeof *sub);
-  if (sub == NULL)
-    return OM_ENOMEM;
-  if (name != NULL && (sub->name = dup_str(name)) == NULL) {
-    free(sub);
-    return OM_ENOMEM;
-  }
-  sub->kind = kind;
-  sub->cb = cb;
-  sub->ccb = ccb;
-  sub->ud = ud;
-  sub->since = r->ev_seq;
-  for (pp = &r->subs; *pp != NULL; pp = &(*pp)->next)
-    ;
-  *pp = sub;
-  *out = (om_store_sub_t *)sub;
-  return 0;
-}
-
-static int r_subscribe(om_store_t *s, const char *service, om_store_watch_cb cb,
-                       void *ud, om_store_sub_t **out) {
-  if (cb == NULL)
-    return OM_EINVAL;
-  return subscribe_common((rstore_t *)s, SUB_SERVICE, service, cb, NULL, ud,
-                          out);
-}
-
-static int r_subscribe_config(om_store_t *s, const char *name,
-                              om_store_config_watch_cb cb, void *ud,
-                              om_store_sub_t **out) {
-  if (cb == NULL)
-    return OM_EINVAL;
-  return subscribe_common((rstore_t *)s, SUB_CONFIG, name, NULL, cb, ud, out);
-}
-
-static void r_unsubscribe(om_store_t *s, om_store_sub_t *handle) {
-  rstore_t *r = (rstore_t *)s;
-  rsub_t *sub = (rsub_t *)handle;
-  if (sub == NULL || r->closing || sub->dead)
-    return;
-  sub->dead = 1;
-  if (r->delivering == 0)
-    purge_dead(r);
-}
-
 static int r_config_put(om_store_t *s, const char *name,
                         const char *content_type, const char *body, size_t len,
                         om_store_write_cb cb, void *ud) {
@@ -1909,11 +1775,6 @@ static int r_config_put(om_store_t *s, const char *name,
   const char *keys[3], *args[5];
   size_t lens[5];
   req_t *q;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (!valid_name(name) || !valid_content_type(content_type) ||
-      (body == NULL && len != 0))
-    return OM_EINVAL;
   if (len > r->opts.max_config_bytes)
     return OM_ETOOBIG;
   if (r->state != S_UP) {
@@ -1947,10 +1808,6 @@ static int r_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
   size_t lens[5];
   rcfg_t *c;
   req_t *q;
-  if (check_open(r) != 0)
-    return OM_ESTATE;
-  if (!valid_name(name) || cb == NULL)
-    return OM_EINVAL;
   if (r->state != S_UP) {
     c = cfg_find(r, name);
     if (c != NULL && c->doc != NULL)
@@ -1982,8 +1839,6 @@ static int r_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
 
 static void r_status(om_store_t *s, om_store_status_t *out) {
   rstore_t *r = (rstore_t *)s;
-  if (out == NULL)
-    return;
   *out = r->st;
   out->stale = r->state != S_UP;
   out->services = 0;
@@ -1996,7 +1851,6 @@ static void r_status(om_store_t *s, om_store_status_t *out) {
 }
 
 static void free_all(rstore_t *r) {
-  rsub_t *sub, *next;
   for (size_t i = 0; i < r->n_svcs; i++) {
     om_snapshot_unref(r->svcs[i]->snap);
     free(r->svcs[i]->name);
@@ -2007,11 +1861,7 @@ static void free_all(rstore_t *r) {
     free(r->cfgs[i]->name);
     free(r->cfgs[i]);
   }
-  for (sub = r->subs; sub != NULL; sub = next) {
-    next = sub->next;
-    free(sub->name);
-    free(sub);
-  }
+  om__subs_free(&r->base.subs);
   free(r->svcs);
   free(r->cfgs);
   free(r);
@@ -2022,7 +1872,7 @@ static void free_all(rstore_t *r) {
 static void release(rstore_t *r) {
   void (*done)(void *);
   void *ud;
-  if (--r->handles_open > 0 || !r->closing)
+  if (--r->handles_open > 0 || !r->base.closing)
     return;
   done = r->done;
   ud = r->done_ud;
@@ -2037,9 +1887,6 @@ static void on_handle_closed(uv_handle_t *h) {
 
 static void r_close(om_store_t *s, void (*done)(void *ud), void *ud) {
   rstore_t *r = (rstore_t *)s;
-  if (r->closing)
-    return;
-  r->closing = 1;
   r->done = done;
   r->done_ud = ud;
   drop_connections(r);
@@ -2082,11 +1929,8 @@ static const om_store_ops_t redis_ops = {
     .delete_instance = r_delete_instance,
     .snapshot = r_snapshot,
     .list_services = r_list_services,
-    .subscribe = r_subscribe,
     .config_put = r_config_put,
     .config_get = r_config_get,
-    .subscribe_config = r_subscribe_config,
-    .unsubscribe = r_unsubscribe,
     .status = r_status,
     .close = r_close,
 };
@@ -2250,7 +2094,7 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
   if (uv_timer_init(loop, &r->retry) != 0) {
     /* an initialised handle must be closed before its memory goes */
     r->handles_open = 1;
-    r->closing = 1;
+    r->base.closing = 1;
     r->sweep.data = r;
     uv_close((uv_handle_t *)&r->sweep, on_handle_closed);
     return OM_ENOMEM;
