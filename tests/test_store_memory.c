@@ -1,11 +1,12 @@
 /*
  * test_store_memory.c: the memory store on a real libuv loop. Leases are
  * driven by a fake monotonic clock (om_store_memory_expire after moving
- * it), plus one real-time test on the default clocks. Revisions across
- * store re-creation, subscriber order and re-entrancy, 10,000 leases
- * expiring in heap order (with the memory each one costs), configuration
- * documents, fault injection on every write, and close freeing everything
- * (ASan).
+ * it), plus one real-time test on the default clocks. The storage
+ * contract's cases (tests/support/om_store_contract.c) run here as on the
+ * Redis store; this file adds what only the memory store does: revisions
+ * across store re-creation, 10,000 leases expiring in heap order (with the
+ * memory each one costs), fault injection on every write, and close
+ * freeing everything (ASan).
  */
 #include "om_test.h"
 
@@ -25,6 +26,7 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "om_errno.h"
 #include "om_rng.h"
 #include "om_snapshot.h"
+#include "om_store_contract.h"
 #include "om_store_memory.h"
 
 /* ---- fixtures ---- */
@@ -212,118 +214,28 @@ static void assert_increasing(const watch_t *w) {
 
 /* ---- lifecycle ---- */
 
-static void create_renew_update_delete(void **state) {
+/*
+ * What only the memory store promises beside the contract
+ * (om_store_contract.c): the first revision is the wall clock, and a
+ * renewal hands back the very snapshot object it had.
+ */
+static void renewal_keeps_the_snapshot(void **state) {
   fx_t f;
-  om_store_t *st;
   om_instance_t in = inst("i1", "http://10.0.0.1:80", 5000);
-  om_kv_t kv[1] = {{"k", "v"}};
-  wres_t w, w0;
+  wres_t w;
   sres_t r, r2;
-  om_store_status_t ss;
   (void)state;
   fx_open(&f, 0);
-  st = f.st;
-  r = get(st, "api");
-  assert_int_equal(r.status, OM_ENOTFOUND);
-  assert_null(r.snap);
-
-  w0 = put(st, "api", &in);
-  assert_int_equal(w0.status, 0);
-  assert_int_equal(w0.change, OM_STORE_CREATED);
-  assert_int_equal(w0.revision, 1700000000000000ull);
-  r = get(st, "api");
-  assert_int_equal(r.status, 0);
-  assert_int_equal(om_snapshot_revision(r.snap), w0.revision);
-  assert_string_equal(om_snapshot_find(r.snap, "i1")->url,
-                      "http://10.0.0.1:80");
-
-  /* renewal with identical fields: same revision, same snapshot object */
-  w = put(st, "api", &in);
+  w = put(f.st, "api", &in);
+  assert_int_equal(w.change, OM_STORE_CREATED);
+  assert_int_equal(w.revision, 1700000000000000ull);
+  r = get(f.st, "api");
+  w = put(f.st, "api", &in);
   assert_int_equal(w.change, OM_STORE_NOCHANGE);
-  assert_int_equal(w.revision, w0.revision);
-  r2 = get(st, "api");
+  r2 = get(f.st, "api");
   assert_ptr_equal(r2.snap, r.snap);
   om_snapshot_unref(r2.snap);
-
-  /* every field is part of the identity of a registration */
-  in.weight = 2;
-  w = put(st, "api", &in);
-  assert_int_equal(w.change, OM_STORE_UPDATED);
-  assert_true(w.revision > w0.revision);
-  w0 = w;
-  in.ttl_ms = 6000;
-  w = put(st, "api", &in);
-  assert_int_equal(w.change, OM_STORE_UPDATED);
-  assert_true(w.revision > w0.revision);
-  in.metadata = kv;
-  in.n_metadata = 1;
-  w0 = w;
-  w = put(st, "api", &in);
-  assert_int_equal(w.change, OM_STORE_UPDATED);
-  assert_true(w.revision > w0.revision);
-  in.zone = "z1";
-  w0 = w;
-  w = put(st, "api", &in);
-  assert_int_equal(w.change, OM_STORE_UPDATED);
-  w = put(st, "api", &in);
-  assert_int_equal(w.change, OM_STORE_NOCHANGE);
-  /* the old snapshot we hold is untouched */
-  assert_true(om_snapshot_find(r.snap, "i1")->weight == 1.0);
   om_snapshot_unref(r.snap);
-
-  /* renew(): existing leases only */
-  w = (wres_t){0};
-  assert_int_equal(om_store_renew(st, "api", "i1", on_write, &w), 0);
-  assert_int_equal(w.calls, 1);
-  assert_int_equal(w.status, 0);
-  assert_int_equal(w.change, OM_STORE_NOCHANGE);
-  assert_int_equal(w.revision, rev_of(st, "api"));
-  w = (wres_t){0};
-  assert_int_equal(om_store_renew(st, "api", "nope", on_write, &w), 0);
-  assert_int_equal(w.status, OM_ENOTFOUND);
-  w = (wres_t){0};
-  assert_int_equal(om_store_renew(st, "other", "i1", on_write, &w), 0);
-  assert_int_equal(w.status, OM_ENOTFOUND);
-  assert_int_equal(w.revision, 0);
-
-  /* delete, then the service stays with an empty snapshot */
-  w0.revision = rev_of(st, "api");
-  w = (wres_t){0};
-  assert_int_equal(om_store_delete_instance(st, "api", "i1", on_write, &w), 0);
-  assert_int_equal(w.status, 0);
-  assert_int_equal(w.change, OM_STORE_DELETED);
-  assert_true(w.revision > w0.revision);
-  assert_int_equal(count_of(st, "api"), 0);
-  assert_int_equal(rev_of(st, "api"), w.revision);
-  w = (wres_t){0};
-  assert_int_equal(om_store_delete_instance(st, "api", "i1", on_write, &w), 0);
-  assert_int_equal(w.status, OM_ENOTFOUND);
-
-  /* argument errors: returned, no callback, nothing changes */
-  w = (wres_t){0};
-  in.url = "ftp://x";
-  assert_int_equal(om_store_put_instance(st, "api", &in, on_write, &w),
-                   OM_EINVAL);
-  in.url = "http://x";
-  assert_int_equal(om_store_put_instance(st, "a/b", &in, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_put_instance(st, "api", NULL, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_delete_instance(st, "api", "..", on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_snapshot(st, "api", NULL, NULL), OM_EINVAL);
-  assert_int_equal(w.calls, 0);
-  /* a NULL callback is fine */
-  assert_int_equal(om_store_put_instance(st, "api", &in, NULL, NULL), 0);
-
-  om_store_status(st, &ss);
-  assert_int_equal(ss.registrations, 6); /* 2 creates + 4 updates */
-  assert_int_equal(ss.renewals, 3);
-  assert_int_equal(ss.deletions, 1);
-  assert_int_equal(ss.expiries, 0);
-  assert_int_equal(ss.services, 1);
-  assert_int_equal(ss.instances, 1);
-  assert_int_equal(ss.stale, 0);
   fx_close(&f);
 }
 
@@ -501,137 +413,6 @@ static void revisions_on_the_real_clock(void **state) {
 
 /* ---- subscribers ---- */
 
-static void subscribers_see_every_change_in_order(void **state) {
-  fx_t f;
-  om_store_t *st;
-  watch_t wa = {0}, wb = {0}, all = {0}, early = {0};
-  wres_t w[6];
-  (void)state;
-  fx_open(&f, 0);
-  st = f.st;
-  /* subscribed before "a" exists: a placeholder, invisible to reads */
-  watch(st, "a", &early);
-  {
-    om_store_status_t ss;
-    om_store_status(st, &ss);
-    assert_int_equal(ss.services, 0);
-    assert_int_equal(get(st, "a").status, OM_ENOTFOUND);
-  }
-  w[0] = put_simple(st, "a", "1", 5000);
-  watch(st, "a", &wa);
-  watch(st, "b", &wb);
-  watch(st, NULL, &all);
-  w[1] = put_simple(st, "b", "1", 5000);
-  w[2] = put_simple(st, "a", "2", 5000);
-  w[3] = put_simple(st, "a", "2", 5000); /* no change: no event */
-  w[4] = put_simple(st, "a", "1", 7000);
-  assert_int_equal(om_store_delete_instance(st, "b", "1", NULL, NULL), 0);
-  w[5].revision = rev_of(st, "b");
-  assert_int_equal(early.n, 3);
-  assert_int_equal(early.rev[0], w[0].revision);
-  assert_int_equal(wa.n, 2); /* the first callback is not immediate */
-  assert_int_equal(wa.rev[0], w[2].revision);
-  assert_int_equal(wa.count[0], 2);
-  assert_int_equal(wa.rev[1], w[4].revision);
-  assert_int_equal(wb.n, 2);
-  assert_int_equal(wb.rev[0], w[1].revision);
-  assert_int_equal(wb.count[1], 0);
-  assert_int_equal(all.n, 4);
-  assert_string_equal(all.service[0], "b");
-  assert_string_equal(all.service[1], "a");
-  assert_string_equal(all.service[2], "a");
-  assert_string_equal(all.service[3], "b");
-  assert_int_equal(all.rev[3], w[5].revision);
-  for (int i = 1; i < all.n; i++)
-    assert_true(all.rev[i] > all.rev[i - 1]);
-  om_store_unsubscribe(st, wa.sub);
-  om_store_unsubscribe(st, NULL);
-  put_simple(st, "a", "3", 5000);
-  assert_int_equal(wa.n, 2);
-  assert_int_equal(all.n, 5);
-  {
-    om_store_sub_t *sub;
-    assert_int_equal(om_store_subscribe(st, "a/b", on_watch, &wa, &sub),
-                     OM_EINVAL);
-    assert_int_equal(om_store_subscribe(st, "a", NULL, &wa, &sub), OM_EINVAL);
-    assert_int_equal(om_store_subscribe(st, "a", on_watch, &wa, NULL),
-                     OM_EINVAL);
-  }
-  fx_close(&f); /* frees the remaining subscriptions */
-}
-
-static void reentrant_callbacks(void **state) {
-  fx_t f;
-  om_store_t *st;
-  watch_t self = {0}, killer = {0}, victim = {0}, spawner = {0}, spawned = {0},
-          nester = {0}, tail = {0};
-  (void)state;
-  fx_open(&f, 0);
-  st = f.st;
-  self.unsubscribe_self_after = 1;
-  watch(st, "s", &self);
-  killer.unsubscribe_other = &victim;
-  watch(st, "s", &killer);
-  watch(st, "s", &victim); /* after killer in the list: never called */
-  spawner.subscribe_other = &spawned;
-  watch(st, "s", &spawner);
-  nester.put_service = "s"; /* a nested change during delivery */
-  watch(st, "s", &nester);
-  watch(st, NULL, &tail);
-  put_simple(st, "s", "first", 5000);
-  /* everyone saw "first" before anyone saw "nested" */
-  assert_int_equal(self.n, 1);
-  assert_int_equal(victim.n, 0);
-  assert_int_equal(killer.n, 2);
-  assert_int_equal(spawner.n, 2);
-  assert_int_equal(nester.n, 2);
-  assert_int_equal(tail.n, 2);
-  assert_int_equal(tail.count[0], 1);
-  assert_int_equal(tail.count[1], 2);
-  assert_true(tail.rev[1] > tail.rev[0]);
-  /* subscribed during the first event: sees the nested one only */
-  assert_int_equal(spawned.n, 1);
-  assert_int_equal(spawned.rev[0], tail.rev[1]);
-  assert_increasing(&killer);
-  put_simple(st, "s", "again", 5000);
-  assert_int_equal(self.n, 1);
-  assert_int_equal(victim.n, 0);
-  assert_int_equal(tail.n, 3);
-  assert_int_equal(spawned.n, 2);
-  om_store_unsubscribe(st, spawned.sub);
-  om_store_unsubscribe(st, killer.sub);
-  fx_close(&f);
-}
-
-static void close_inside_a_callback(void **state) {
-  fx_t f;
-  watch_t closer = {0}, after = {0};
-  wres_t w = {0};
-  (void)state;
-  fx_open(&f, 0);
-  closer.close_store = 1;
-  watch(f.st, "s", &closer);
-  watch(f.st, "s", &after);
-  assert_int_equal(om_store_put_instance(f.st, "s",
-                                         &(om_instance_t){
-                                             .id = "i",
-                                             .url = "http://h",
-                                             .weight = 1,
-                                             .ttl_ms = 5000,
-                                         },
-                                         on_write, &w),
-                   0);
-  assert_int_equal(closer.n, 1);
-  assert_int_equal(after.n, 0); /* nothing runs after close */
-  assert_int_equal(w.calls, 1); /* the write itself still completes */
-  assert_int_equal(om_store_put_instance(f.st, "s", NULL, NULL, NULL),
-                   OM_ESTATE);
-  assert_int_equal(om_store_snapshot(f.st, "s", on_snap, NULL), OM_ESTATE);
-  om_store_close(f.st, NULL, NULL); /* a second close is ignored */
-  assert_int_equal(uv_run(&f.loop, UV_RUN_DEFAULT), 0);
-  assert_int_equal(uv_loop_close(&f.loop), 0);
-}
-
 /* ---- scale: 10,000 leases ---- */
 
 static size_t heap_bytes(void) {
@@ -773,114 +554,25 @@ static void on_cfg_watch(void *ud, om_config_doc_t *doc) {
     om_store_unsubscribe(w->st, w->sub);
 }
 
-static void config_documents(void **state) {
-  fx_t f;
-  om_store_t *st;
-  cwatch_t named = {0}, all = {0}, once = {0};
-  cres_t r = {0};
-  wres_t w1 = {0}, w2 = {0}, w3 = {0}, w = {0};
-  const char bin[] = "a\0b";
+/* The documents and change names every store shares (om_store.c). */
+static void shared_helpers(void **state) {
+  om_config_doc_t *d = om_config_doc_new("n", "t", NULL, 0, 5);
   (void)state;
-  fx_open(&f, 0);
-  st = f.st;
-  assert_int_equal(om_store_config_get(st, "traffic", on_cfg, &r), 0);
-  assert_int_equal(r.status, OM_ENOTFOUND);
-  assert_null(r.doc);
-  named.st = all.st = once.st = st;
-  assert_int_equal(om_store_subscribe_config(st, "traffic", on_cfg_watch,
-                                             &named, &named.sub),
-                   0);
-  assert_int_equal(
-      om_store_subscribe_config(st, NULL, on_cfg_watch, &all, &all.sub), 0);
-  once.unsubscribe_self = 1;
-  assert_int_equal(
-      om_store_subscribe_config(st, "traffic", on_cfg_watch, &once, &once.sub),
-      0);
-
-  assert_int_equal(om_store_config_put(st, "traffic", "text/x-lua", "return {}",
-                                       9, on_write, &w1),
-                   0);
-  assert_int_equal(w1.change, OM_STORE_CREATED);
-  assert_int_equal(om_store_config_get(st, "traffic", on_cfg, &r), 0);
-  assert_int_equal(r.status, 0);
-  assert_string_equal(r.doc->name, "traffic");
-  assert_string_equal(r.doc->content_type, "text/x-lua");
-  assert_int_equal(r.doc->len, 9);
-  assert_string_equal(r.doc->body, "return {}");
-  assert_int_equal(r.doc->revision, w1.revision);
-
-  /* identical: no change, no event */
-  assert_int_equal(om_store_config_put(st, "traffic", "text/x-lua", "return {}",
-                                       9, on_write, &w2),
-                   0);
-  assert_int_equal(w2.change, OM_STORE_NOCHANGE);
-  assert_int_equal(w2.revision, w1.revision);
-  /* another content type is a change */
-  assert_int_equal(om_store_config_put(st, "traffic", "application/json",
-                                       "return {}", 9, on_write, &w2),
-                   0);
-  assert_int_equal(w2.change, OM_STORE_UPDATED);
-  assert_true(w2.revision > w1.revision);
-  assert_int_equal(om_store_config_put(st, "other", "application/octet-stream",
-                                       bin, 3, on_write, &w3),
-                   0);
-  assert_int_equal(w3.change, OM_STORE_CREATED);
-  /* the document we held is still the old one */
-  assert_string_equal(r.doc->content_type, "text/x-lua");
-  om_config_doc_unref(r.doc);
-  assert_int_equal(om_store_config_get(st, "other", on_cfg, &r), 0);
-  assert_int_equal(r.doc->len, 3);
-  assert_memory_equal(r.doc->body, bin, 4);
-  om_config_doc_unref(r.doc);
-
-  assert_int_equal(named.n, 2);
-  assert_int_equal(named.rev[0], w1.revision);
-  assert_int_equal(named.rev[1], w2.revision);
-  assert_int_equal(once.n, 1);
-  assert_int_equal(all.n, 3);
-  assert_string_equal(all.name[2], "other");
-  assert_int_equal(all.rev[2], w3.revision);
-
-  /* argument errors */
-  assert_int_equal(om_store_config_put(st, "../x", "a/b", "", 0, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_config_put(st, "x", "", "", 0, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_config_put(st, "x", "a\r\nb", "", 0, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_config_put(st, "x", "a/b", NULL, 1, on_write, &w),
-                   OM_EINVAL);
-  {
-    size_t big = ((size_t)1 << 20) + 1;
-    char *b = calloc(1, big);
-    assert_int_equal(om_store_config_put(st, "x", "a/b", b, big, on_write, &w),
-                     OM_ETOOBIG);
-    free(b);
-  }
-  assert_int_equal(w.calls, 0);
-  assert_int_equal(om_store_config_put(st, "empty", "a/b", NULL, 0, NULL, NULL),
-                   0);
-  fx_close(&f);
-
-  /* the shared helpers */
-  {
-    om_config_doc_t *d = om_config_doc_new("n", "t", NULL, 0, 5);
-    assert_non_null(d);
-    assert_int_equal(d->len, 0);
-    assert_string_equal(d->body, "");
-    assert_ptr_equal(om_config_doc_ref(d), d);
-    om_config_doc_unref(d);
-    om_config_doc_unref(d);
-    om_config_doc_unref(NULL);
-    assert_null(om_config_doc_new(NULL, "t", "", 0, 1));
-    assert_null(om_config_doc_new("n", "t", NULL, 1, 1));
-    om_test_fail_alloc_after(0);
-    assert_null(om_config_doc_new("n", "t", "x", 1, 1));
-    om_test_alloc_reset();
-    assert_string_equal(om_store_change_name(OM_STORE_EXPIRED), "expired");
-    assert_string_equal(om_store_change_name(OM_STORE_NOCHANGE), "nochange");
-    assert_string_equal(om_store_change_name((om_store_change_t)99), "?");
-  }
+  assert_non_null(d);
+  assert_int_equal(d->len, 0);
+  assert_string_equal(d->body, "");
+  assert_ptr_equal(om_config_doc_ref(d), d);
+  om_config_doc_unref(d);
+  om_config_doc_unref(d);
+  om_config_doc_unref(NULL);
+  assert_null(om_config_doc_new(NULL, "t", "", 0, 1));
+  assert_null(om_config_doc_new("n", "t", NULL, 1, 1));
+  om_test_fail_alloc_after(0);
+  assert_null(om_config_doc_new("n", "t", "x", 1, 1));
+  om_test_alloc_reset();
+  assert_string_equal(om_store_change_name(OM_STORE_EXPIRED), "expired");
+  assert_string_equal(om_store_change_name(OM_STORE_NOCHANGE), "nochange");
+  assert_string_equal(om_store_change_name((om_store_change_t)99), "?");
 }
 
 typedef struct {
@@ -903,41 +595,6 @@ static void on_list(void *ud, int status, const om_service_rev_t *sv,
     l->counts[i] = sv[i].instances;
     l->revs[i] = sv[i].revision;
   }
-}
-
-static void list_services(void **state) {
-  fx_t f;
-  watch_t ph = {0};
-  list_t l = {0};
-  (void)state;
-  fx_open(&f, 0);
-  assert_int_equal(om_store_list_services(f.st, on_list, &l), 0);
-  assert_int_equal(l.calls, 1);
-  assert_int_equal(l.n, 0);
-  watch(f.st, "zz-placeholder", &ph); /* not a service yet */
-  put_simple(f.st, "b", "1", 5000);
-  put_simple(f.st, "a", "1", 5000);
-  put_simple(f.st, "a", "2", 5000);
-  assert_int_equal(om_store_list_services(f.st, on_list, &l), 0);
-  assert_int_equal(l.n, 2);
-  assert_string_equal(l.names[0], "a");
-  assert_string_equal(l.names[1], "b");
-  assert_int_equal(l.counts[0], 2);
-  assert_int_equal(l.counts[1], 1);
-  assert_int_equal(l.revs[0], rev_of(f.st, "a"));
-  assert_true(l.revs[0] > l.revs[1]);
-  /* the placeholder goes with its last subscription */
-  om_store_unsubscribe(f.st, ph.sub);
-  put_simple(f.st, "zz-placeholder", "1", 5000);
-  assert_int_equal(om_store_list_services(f.st, on_list, &l), 0);
-  assert_int_equal(l.n, 3);
-  assert_int_equal(ph.n, 0);
-  assert_int_equal(om_store_list_services(f.st, NULL, NULL), OM_EINVAL);
-  om_test_fail_alloc_after(0);
-  assert_int_equal(om_store_list_services(f.st, on_list, &l), OM_ENOMEM);
-  om_test_alloc_reset();
-  assert_int_equal(l.calls, 3);
-  fx_close(&f);
 }
 
 /* ---- fault injection: a failed write changes nothing ---- */
@@ -1110,19 +767,25 @@ static void real_time_expiry(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The contract suite's memory store: real clocks, default limits. */
+static om_store_t *open_memory(uv_loop_t *loop) {
+  om_store_t *st = NULL;
+  assert_int_equal(om_store_memory_new(loop, NULL, &st), 0);
+  return st;
+}
+
+static om_store_backend_t memory_backend = {"memory", open_memory, 1};
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(create_renew_update_delete),
+      OM_STORE_CONTRACT_TESTS(&memory_backend),
+      cmocka_unit_test(renewal_keeps_the_snapshot),
       cmocka_unit_test(leases_expire_and_renew),
       cmocka_unit_test(one_revision_per_sweep),
       cmocka_unit_test(revisions_never_go_backwards),
       cmocka_unit_test(revisions_on_the_real_clock),
-      cmocka_unit_test(subscribers_see_every_change_in_order),
-      cmocka_unit_test(reentrant_callbacks),
-      cmocka_unit_test(close_inside_a_callback),
       cmocka_unit_test(ten_thousand_leases_expire_in_order),
-      cmocka_unit_test(config_documents),
-      cmocka_unit_test(list_services),
+      cmocka_unit_test(shared_helpers),
       cmocka_unit_test(fault_injection_on_writes),
       cmocka_unit_test(fault_injection_in_the_sweep),
       cmocka_unit_test(real_time_expiry),

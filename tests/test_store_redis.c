@@ -3,9 +3,9 @@
  * binary starts on a free loopback port in a temporary directory (no
  * persistence) and stops at the end. Each test uses its own key prefix.
  *
- * What it proves: the URL parser refuses hostile input; the contract's
- * semantics (created/updated/nochange/deleted, revisions strictly
- * increasing, renewals do not bump); two stores on one Redis see each
+ * What it proves: the URL parser refuses hostile input; the storage
+ * contract's cases (tests/support/om_store_contract.c, shared with the
+ * memory store); two stores on one Redis see each
  * other's changes as full snapshots at the same revision, with identical
  * page tokens; a lease expiry is performed once for two sweeping stores;
  * documents; an unreachable Redis (stale, writes OM_EIO, reads from the
@@ -34,6 +34,7 @@
 #include "om_errno.h"
 #include "om_snapshot.h"
 #include "om_snapshot_json.h"
+#include "om_store_contract.h"
 #include "om_store_redis.h"
 
 extern char **environ;
@@ -249,14 +250,6 @@ static wres_t del(uv_loop_t *loop, om_store_t *s, const char *svc,
   return w;
 }
 
-static wres_t renew(uv_loop_t *loop, om_store_t *s, const char *svc,
-                    const char *id) {
-  wres_t w = {0};
-  assert_int_equal(om_store_renew(s, svc, id, on_write, &w), 0);
-  assert_true(run_until(loop, &w.calls, 3000));
-  return w;
-}
-
 typedef struct {
   int calls, status;
   om_snapshot_t *snap;
@@ -425,61 +418,6 @@ static void url_parsing(void **state) {
   }
 }
 
-static void contract_semantics(void **state) {
-  uv_loop_t loop;
-  state_t st = {0};
-  char prefix[32];
-  om_store_t *s;
-  wres_t w1, w2, w3, w4;
-  sres_t r;
-  om_store_status_t ss;
-  (void)state;
-  new_prefix(prefix, sizeof prefix);
-  uv_loop_init(&loop);
-  s = open_store(&loop, prefix, g_port, &st, 1);
-  r = get(&loop, s, "orders");
-  assert_int_equal(r.status, OM_ENOTFOUND);
-  w1 = put(&loop, s, "orders", "a", "http://h:1", 5000);
-  assert_int_equal(w1.status, 0);
-  assert_int_equal(w1.change, OM_STORE_CREATED);
-  w2 = put(&loop, s, "orders", "a", "http://h:1", 5000);
-  assert_int_equal(w2.change, OM_STORE_NOCHANGE);
-  assert_int_equal(w2.revision, w1.revision); /* a renewal does not bump */
-  w3 = put(&loop, s, "orders", "a", "http://h:2", 5000);
-  assert_int_equal(w3.change, OM_STORE_UPDATED);
-  assert_true(w3.revision > w1.revision);
-  w4 = renew(&loop, s, "orders", "a");
-  assert_int_equal(w4.status, 0);
-  assert_int_equal(w4.revision, w3.revision);
-  w4 = renew(&loop, s, "orders", "nope");
-  assert_int_equal(w4.status, OM_ENOTFOUND);
-  put(&loop, s, "orders", "b", "http://h:3", 5000);
-  r = get(&loop, s, "orders");
-  assert_int_equal(r.status, 0);
-  assert_int_equal(om_snapshot_count(r.snap), 2);
-  assert_string_equal(om_snapshot_instance(r.snap, 0)->url, "http://h:2");
-  om_snapshot_unref(r.snap);
-  w4 = del(&loop, s, "orders", "a");
-  assert_int_equal(w4.change, OM_STORE_DELETED);
-  assert_true(w4.revision > w3.revision);
-  w4 = del(&loop, s, "orders", "a");
-  assert_int_equal(w4.status, OM_ENOTFOUND);
-  /* argument errors are returned, nothing started */
-  assert_int_equal(om_store_put_instance(s, "bad name", NULL, NULL, NULL),
-                   OM_EINVAL);
-  assert_int_equal(om_store_renew(s, "orders", "..", NULL, NULL), OM_EINVAL);
-  assert_int_equal(om_store_snapshot(s, "orders", NULL, NULL), OM_EINVAL);
-  sleep_loop(&loop, 100);
-  om_store_status(s, &ss);
-  assert_int_equal(ss.stale, 0);
-  assert_int_equal(ss.registrations, 3);
-  assert_int_equal(ss.deletions, 1);
-  assert_int_equal(ss.services, 1);
-  assert_int_equal(ss.instances, 1);
-  close_store(&loop, s);
-  assert_int_equal(uv_loop_close(&loop), 0);
-}
-
 typedef struct {
   int calls, status;
   size_t n;
@@ -634,7 +572,7 @@ static void on_cfg_watch(void *ud, om_config_doc_t *doc) {
   r->doc = om_config_doc_ref(doc);
 }
 
-static void config_documents(void **state) {
+static void config_documents_across_planes(void **state) {
   uv_loop_t loop;
   state_t sa = {0}, sb = {0};
   char prefix[32];
@@ -978,13 +916,24 @@ static void close_with_commands_in_flight(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The contract suite's Redis store: its own prefix, ready for writes. */
+static om_store_t *open_redis(uv_loop_t *loop) {
+  static state_t st; /* on_state counts; one store at a time */
+  char prefix[32];
+  memset(&st, 0, sizeof st);
+  new_prefix(prefix, sizeof prefix);
+  return open_store(loop, prefix, g_port, &st, 1);
+}
+
+static om_store_backend_t redis_backend = {"redis", open_redis, 0};
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(url_parsing),
-      cmocka_unit_test(contract_semantics),
+      OM_STORE_CONTRACT_TESTS(&redis_backend),
       cmocka_unit_test(two_stores_one_redis),
       cmocka_unit_test(expiry_once_for_two_planes),
-      cmocka_unit_test(config_documents),
+      cmocka_unit_test(config_documents_across_planes),
       cmocka_unit_test(unreachable_redis),
       cmocka_unit_test(host_names_resolve_off_the_loop),
       cmocka_unit_test(fault_injection),

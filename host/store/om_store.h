@@ -248,9 +248,10 @@ int om_store_subscribe_config(om_store_t *s, const char *name,
                               om_store_sub_t **out);
 
 /*
- * om_store_unsubscribe: end sub (NULL, a second call and a closed store
- * are ignored). Safe inside any callback, also for the subscription being
- * called: it is not called again, and is freed once the delivery is over.
+ * om_store_unsubscribe: end sub (NULL and a closed store are ignored;
+ * sub is gone afterwards, so do not pass it again). Safe inside any
+ * callback, also for the subscription being called: it is not called
+ * again, and is freed once the delivery is over.
  */
 void om_store_unsubscribe(om_store_t *s, om_store_sub_t *sub);
 

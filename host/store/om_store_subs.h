@@ -26,9 +26,9 @@ int om__subs_add(om__subs_t *r, int kind, const char *name,
                  om_store_sub_t **out);
 
 /*
- * om__subs_remove: end sub (a second call is ignored). During a delivery
- * it is only marked: it is not called again and is freed when the last
- * delivery returns.
+ * om__subs_remove: end sub. During a delivery it is only marked (a
+ * second call then is ignored): it is not called again and is freed when the
+ * last delivery returns.
  */
 void om__subs_remove(om__subs_t *r, om_store_sub_t *sub);
 
