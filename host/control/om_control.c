@@ -47,30 +47,36 @@
 
 /* Why we refused a request: the "error" member and the metric label. */
 #define CONTROL_REJECT_MAP(XX)                                                 \
-  XX(UNAUTHORIZED, "unauthorized")                                             \
-  XX(FORBIDDEN, "forbidden")                                                   \
-  XX(NOT_FOUND, "not_found")                                                   \
-  XX(METHOD_NOT_ALLOWED, "method_not_allowed")                                 \
-  XX(INVALID_JSON, "invalid_json")                                             \
-  XX(INVALID_FIELD, "invalid_field")                                           \
-  XX(INVALID_POLICY, "invalid_policy")                                         \
-  XX(TOO_LARGE, "too_large")                                                   \
-  XX(UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")                         \
-  XX(REVISION_CHANGED, "revision_changed")                                     \
-  XX(UNAVAILABLE, "unavailable")                                               \
-  XX(SHUTTING_DOWN, "shutting_down")
+  XX(UNAUTHORIZED, 401, "unauthorized")                                        \
+  XX(FORBIDDEN, 403, "forbidden")                                              \
+  XX(NOT_FOUND, 404, "not_found")                                              \
+  XX(METHOD_NOT_ALLOWED, 405, "method_not_allowed")                            \
+  XX(INVALID_JSON, 400, "invalid_json")                                        \
+  XX(INVALID_FIELD, 400, "invalid_field")                                      \
+  XX(INVALID_POLICY, 422, "invalid_policy")                                    \
+  XX(TOO_LARGE, 413, "too_large")                                              \
+  XX(UNSUPPORTED_MEDIA_TYPE, 415, "unsupported_media_type")                    \
+  XX(REVISION_CHANGED, 409, "revision_changed")                                \
+  XX(UNAVAILABLE, 503, "unavailable")                                          \
+  XX(SHUTTING_DOWN, 503, "shutting_down")
 
 typedef enum {
-#define REJ_ENUM(name, str) REJ_##name,
+#define REJ_ENUM(name, status, str) REJ_##name,
   CONTROL_REJECT_MAP(REJ_ENUM)
 #undef REJ_ENUM
       REJ__COUNT
 } rej_t;
 
 static const char *const rej_names[] = {
-#define REJ_STR(name, str) str,
+#define REJ_STR(name, status, str) str,
     CONTROL_REJECT_MAP(REJ_STR)
 #undef REJ_STR
+};
+
+static const int rej_status[] = {
+#define REJ_STATUS(name, status, str) status,
+    CONTROL_REJECT_MAP(REJ_STATUS)
+#undef REJ_STATUS
 };
 
 /* Latency histogram labels. */
@@ -443,13 +449,15 @@ static json_t *json_message(char *msg) {
 }
 
 /*
- * A refusal: {"error": reason, "field": field (null when ""), "message":
- * ..., "revision": R (when rev > 0)}, counted and logged.
+ * A refusal with the reason's status (CONTROL_REJECT_MAP): {"error":
+ * reason, "field": field (null when ""), "message": ..., "revision": R
+ * (when rev > 0)}, counted and logged.
  */
-static void reply_error_h(ctx_t *x, int status, rej_t why, const char *field,
-                          uint64_t rev, const om_http_header_t *extra,
-                          size_t n_extra, const char *fmt, ...) {
+static void reply_error_h(ctx_t *x, rej_t why, const char *field, uint64_t rev,
+                          const om_http_header_t *extra, size_t n_extra,
+                          const char *fmt, ...) {
   om_control_t *c = x->c;
+  int status = rej_status[why];
   char msg[1536], st[8];
   json_t *o = json_object();
   char *body = NULL;
@@ -483,23 +491,23 @@ static void reply_error_h(ctx_t *x, int status, rej_t why, const char *field,
   }
 }
 
-#define reply_error(x, status, why, field, ...)                                \
-  reply_error_h((x), (status), (why), (field), 0, NULL, 0, __VA_ARGS__)
+#define reply_error(x, why, field, ...)                                        \
+  reply_error_h((x), (why), (field), 0, NULL, 0, __VA_ARGS__)
 
 /* A store operation that failed to start or finished with an error. */
 static void reply_store_error(ctx_t *x, int rc) {
   switch (rc) {
   case OM_ENOTFOUND:
-    reply_error(x, 404, REJ_NOT_FOUND, NULL, "not found");
+    reply_error(x, REJ_NOT_FOUND, NULL, "not found");
     return;
   case OM_ETOOBIG:
-    reply_error(x, 413, REJ_TOO_LARGE, NULL, "the document is too large");
+    reply_error(x, REJ_TOO_LARGE, NULL, "the document is too large");
     return;
   case OM_EINVAL:
-    reply_error(x, 400, REJ_INVALID_FIELD, "", "rejected by the store");
+    reply_error(x, REJ_INVALID_FIELD, "", "rejected by the store");
     return;
   case OM_ESTATE:
-    reply_error(x, 503, REJ_SHUTTING_DOWN, NULL, "the store is closing");
+    reply_error(x, REJ_SHUTTING_DOWN, NULL, "the store is closing");
     return;
   case OM_EIO: {
     /* The Redis store while Redis is unreachable: reads still answer
@@ -507,7 +515,7 @@ static void reply_store_error(ctx_t *x, int rc) {
      * store reconnects within seconds: say when to come back (RFC 9110
      * section 10.2.3). */
     static const om_http_header_t retry[] = {{"Retry-After", "1", 0, 0}};
-    reply_error_h(x, 503, REJ_UNAVAILABLE, NULL, 0, retry, 1,
+    reply_error_h(x, REJ_UNAVAILABLE, NULL, 0, retry, 1,
                   "the %s store is unreachable: the change was not applied; "
                   "retry later (reads serve the last known state, see "
                   "/status)",
@@ -515,7 +523,7 @@ static void reply_store_error(ctx_t *x, int rc) {
     return;
   }
   default:
-    reply_error(x, 503, REJ_UNAVAILABLE, NULL, "store: %s", om_strerror(rc));
+    reply_error(x, REJ_UNAVAILABLE, NULL, "store: %s", om_strerror(rc));
     return;
   }
 }
@@ -1201,7 +1209,7 @@ static int authorize(ctx_t *x, int role) {
     memset(eh, 0, sizeof eh);
     eh[0].name = "WWW-Authenticate";
     eh[0].value = www;
-    reply_error_h(x, 403, REJ_FORBIDDEN, NULL, 0, eh, 1,
+    reply_error_h(x, REJ_FORBIDDEN, NULL, 0, eh, 1,
                   "the token lacks the '%s' role", role_name(role));
   } else {
     om_http_header_t eh[1];
@@ -1210,7 +1218,7 @@ static int authorize(ctx_t *x, int role) {
     eh[0].value = r == OM_AUTH_MISSING
                       ? "Bearer realm=\"openmesh\""
                       : "Bearer realm=\"openmesh\", error=\"invalid_token\"";
-    reply_error_h(x, 401, REJ_UNAUTHORIZED, NULL, 0, eh, 1,
+    reply_error_h(x, REJ_UNAUTHORIZED, NULL, 0, eh, 1,
                   r == OM_AUTH_MISSING ? "a bearer token is required"
                                        : "the bearer token is not valid");
   }
@@ -1230,7 +1238,7 @@ static void reply_change(op_t *op, int status, om_store_change_t change,
   int k;
   if (status != 0) {
     if (status == OM_ENOTFOUND)
-      reply_error(&op->x, 404, REJ_NOT_FOUND, NULL,
+      reply_error(&op->x, REJ_NOT_FOUND, NULL,
                   "no lease for instance '%s' of service '%s': register it "
                   "again",
                   op->id, op->service);
@@ -1268,15 +1276,15 @@ static void h_put_instance(ctx_t *x, const char *svc, const char *id) {
   memset(&err, 0, sizeof err);
   rc = om_instance_from_json(req->body, req->body_len, id, &in, &err);
   if (rc == OM_ETOOBIG) {
-    reply_error(x, 413, REJ_TOO_LARGE, NULL, "%s", err.text);
+    reply_error(x, REJ_TOO_LARGE, NULL, "%s", err.text);
     return;
   }
   if (rc == OM_EPARSE) {
-    reply_error(x, 400, REJ_INVALID_JSON, "", "%s", err.text);
+    reply_error(x, REJ_INVALID_JSON, "", "%s", err.text);
     return;
   }
   if (rc == OM_EINVAL) {
-    reply_error(x, 400, REJ_INVALID_FIELD, err.field, "%s", err.text);
+    reply_error(x, REJ_INVALID_FIELD, err.field, "%s", err.text);
     return;
   }
   if (rc != 0) {
@@ -1330,7 +1338,7 @@ static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
   ctx_t *x = &op->x;
   if (status != 0 || snap == NULL) {
     if (status == OM_ENOTFOUND || status == 0)
-      reply_error(x, 404, REJ_NOT_FOUND, NULL, "no service '%s'", op->service);
+      reply_error(x, REJ_NOT_FOUND, NULL, "no service '%s'", op->service);
     else
       reply_store_error(x, status);
   } else if (!op->paged) {
@@ -1357,10 +1365,10 @@ static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
     if (rc == 0)
       reply_json(x, 200, out, len);
     else if (rc == OM_ESTATE)
-      reply_error_h(x, 409, REJ_REVISION_CHANGED, "page_token",
+      reply_error_h(x, REJ_REVISION_CHANGED, "page_token",
                     om_snapshot_revision(snap), NULL, 0, "%s", err.text);
     else if (rc == OM_EPARSE || rc == OM_ERANGE)
-      reply_error(x, 400, REJ_INVALID_FIELD, "page_token", "%s", err.text);
+      reply_error(x, REJ_INVALID_FIELD, "page_token", "%s", err.text);
     else
       reply_store_error(x, rc);
     free(out);
@@ -1381,7 +1389,7 @@ static void h_get_service(ctx_t *x, const char *svc) {
   v = query_param(req->query, req->query_len, "page_size", &vl, &dup);
   if (v != NULL && (dup || parse_u64(v, vl, &ps) != 0 || ps < 1 ||
                     ps > OM_CONTROL_MAX_PAGE_SIZE)) {
-    reply_error(x, 400, REJ_INVALID_FIELD, "page_size",
+    reply_error(x, REJ_INVALID_FIELD, "page_size",
                 "field 'page_size': must be an integer in [1, %u]",
                 OM_CONTROL_MAX_PAGE_SIZE);
     return;
@@ -1390,7 +1398,7 @@ static void h_get_service(ctx_t *x, const char *svc) {
   if (v != NULL) {
     tl = pct_decode(v, vl, 1, tok, sizeof tok);
     if (dup || tl != OM_PAGE_TOKEN_LEN) {
-      reply_error(x, 400, REJ_INVALID_FIELD, "page_token",
+      reply_error(x, REJ_INVALID_FIELD, "page_token",
                   "field 'page_token': is malformed or was not issued by "
                   "this service");
       return;
@@ -1518,13 +1526,13 @@ static void h_put_config(ctx_t *x, const char *name) {
     int is_obj = root != NULL && json_is_object(root);
     json_decref(root);
     if (root == NULL) {
-      reply_error(x, 400, REJ_INVALID_JSON, "",
+      reply_error(x, REJ_INVALID_JSON, "",
                   "invalid JSON at line %d, column %d: %s", je.line, je.column,
                   je.text);
       return;
     }
     if (!is_obj) {
-      reply_error(x, 400, REJ_INVALID_JSON, "",
+      reply_error(x, REJ_INVALID_JSON, "",
                   "the document must be a JSON object");
       return;
     }
@@ -1541,7 +1549,7 @@ static void h_put_config(ctx_t *x, const char *name) {
     ev.retry_ms = -1;
     /* watch events carry it as text: it must be valid UTF-8 */
     if (om_sse_encode(&ev, NULL, 0, &need) == OM_EINVAL) {
-      reply_error(x, 400, REJ_INVALID_FIELD, "body",
+      reply_error(x, REJ_INVALID_FIELD, "body",
                   "policy source must be valid UTF-8");
       return;
     }
@@ -1555,13 +1563,13 @@ static void h_put_config(ctx_t *x, const char *name) {
       return;
     }
     if (rc != 0) {
-      reply_error(x, 422, REJ_INVALID_POLICY, NULL, "%s", err);
+      reply_error(x, REJ_INVALID_POLICY, NULL, "%s", err);
       return;
     }
     om_policy_free(p);
     ctype = "text/x-lua";
   } else {
-    reply_error(x, 415, REJ_UNSUPPORTED_MEDIA_TYPE, NULL,
+    reply_error(x, REJ_UNSUPPORTED_MEDIA_TYPE, NULL,
                 "Content-Type must be application/json or text/x-lua");
     return;
   }
@@ -1583,8 +1591,7 @@ static void on_config_read(void *ud, int status, om_config_doc_t *doc) {
   op_t *op = ud;
   if (status != 0 || doc == NULL) {
     if (status == OM_ENOTFOUND || status == 0)
-      reply_error(&op->x, 404, REJ_NOT_FOUND, NULL, "no document '%s'",
-                  op->service);
+      reply_error(&op->x, REJ_NOT_FOUND, NULL, "no document '%s'", op->service);
     else
       reply_store_error(&op->x, status);
   } else {
@@ -1645,7 +1652,7 @@ static void h_watch(ctx_t *x, tkind_t kind, const char *name) {
   watcher_t *w;
   int rc;
   if (c->closing) {
-    reply_error(x, 503, REJ_SHUTTING_DOWN, NULL, "shutting down");
+    reply_error(x, REJ_SHUTTING_DOWN, NULL, "shutting down");
     return;
   }
   sse_headers(c, h, &nh);
@@ -1961,7 +1968,7 @@ static void h_options(ctx_t *x, route_t r) {
 static int take_name(ctx_t *x, const seg_t *s, const char *field, char *out) {
   long k = pct_decode(s->p, s->n, 0, out, OM_NAME_MAX + 1);
   if (k < 0 || !om_valid_name(out, (size_t)k)) {
-    reply_error(x, 400, REJ_INVALID_FIELD, field,
+    reply_error(x, REJ_INVALID_FIELD, field,
                 "field '%s': must be 1 to 128 characters of [A-Za-z0-9._-], "
                 "not \".\" or \"..\"",
                 field);
@@ -1984,7 +1991,7 @@ static void on_request(om_http_request_t *req, void *ud) {
   x.method = method_bit(req);
   x.label = route_label(r, x.method);
   if (r == R_NONE) {
-    reply_error(&x, 404, REJ_NOT_FOUND, NULL, "no route for %s", req->path);
+    reply_error(&x, REJ_NOT_FOUND, NULL, "no route for %s", req->path);
     return;
   }
   if ((routes[r].methods & x.method) == 0) {
@@ -1992,7 +1999,7 @@ static void on_request(om_http_request_t *req, void *ud) {
     memset(h, 0, sizeof h);
     h[0].name = "Allow";
     h[0].value = routes[r].allow;
-    reply_error_h(&x, 405, REJ_METHOD_NOT_ALLOWED, NULL, 0, h, 1,
+    reply_error_h(&x, REJ_METHOD_NOT_ALLOWED, NULL, 0, h, 1,
                   "%s is not allowed here; allowed: %s", req->method,
                   routes[r].allow);
     return;
@@ -2054,7 +2061,7 @@ static void on_request(om_http_request_t *req, void *ud) {
     h_watch(&x, T_CONFIG, a);
     return;
   default:
-    reply_error(&x, 404, REJ_NOT_FOUND, NULL, "no route for %s", req->path);
+    reply_error(&x, REJ_NOT_FOUND, NULL, "no route for %s", req->path);
     return;
   }
 }
