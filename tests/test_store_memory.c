@@ -83,42 +83,18 @@ static void fx_close(fx_t *f) {
   assert_int_equal(uv_loop_close(&f->loop), 0);
 }
 
-typedef struct {
-  int calls;
-  int status;
-  om_store_change_t change;
-  uint64_t revision;
-} wres_t;
-
-static void on_write(void *ud, int status, om_store_change_t change,
-                     uint64_t revision) {
-  wres_t *w = ud;
-  w->calls++;
-  w->status = status;
-  w->change = change;
-  w->revision = revision;
-}
-
-static om_instance_t inst(const char *id, const char *url, uint64_t ttl) {
-  om_instance_t in;
-  memset(&in, 0, sizeof in);
-  in.id = (char *)id;
-  in.url = (char *)url;
-  in.weight = 1.0;
-  in.ttl_ms = ttl;
-  return in;
-}
-
-static wres_t put(om_store_t *st, const char *svc, const om_instance_t *in) {
-  wres_t w = {0};
-  assert_int_equal(om_store_put_instance(st, svc, in, on_write, &w), 0);
+static om_store_wres_t put(om_store_t *st, const char *svc,
+                           const om_instance_t *in) {
+  om_store_wres_t w = {0};
+  assert_int_equal(
+      om_store_put_instance(st, svc, in, om_store_test_on_write, &w), 0);
   assert_int_equal(w.calls, 1);
   return w;
 }
 
-static wres_t put_simple(om_store_t *st, const char *svc, const char *id,
-                         uint64_t ttl) {
-  om_instance_t in = inst(id, "http://h:80", ttl);
+static om_store_wres_t put_simple(om_store_t *st, const char *svc,
+                                  const char *id, uint64_t ttl) {
+  om_instance_t in = om_store_test_inst(id, "http://h:80", ttl);
   return put(st, svc, &in);
 }
 
@@ -191,7 +167,7 @@ static void on_watch(void *ud, om_snapshot_t *snap) {
                                         &w->subscribe_other->sub),
                      0);
   if (w->n == 1 && w->put_service != NULL) {
-    wres_t r = put_simple(w->st, w->put_service, "nested", 5000);
+    om_store_wres_t r = put_simple(w->st, w->put_service, "nested", 5000);
     assert_int_equal(r.change, OM_STORE_CREATED);
   }
   if (w->n == 1 && w->close_store)
@@ -221,8 +197,8 @@ static void assert_increasing(const watch_t *w) {
  */
 static void renewal_keeps_the_snapshot(void **state) {
   fx_t f;
-  om_instance_t in = inst("i1", "http://10.0.0.1:80", 5000);
-  wres_t w;
+  om_instance_t in = om_store_test_inst("i1", "http://10.0.0.1:80", 5000);
+  om_store_wres_t w;
   sres_t r, r2;
   (void)state;
   fx_open(&f, 0);
@@ -334,16 +310,16 @@ static void revisions_never_go_backwards(void **state) {
   watch(f.st, NULL, &all);
   for (int i = 0; i < 20; i++) {
     char id[8];
-    wres_t w;
+    om_store_wres_t w;
     snprintf(id, sizeof id, "i%d", i);
     w = put_simple(f.st, i % 2 ? "odd" : "even", id, 5000);
     assert_true(w.revision > last);
     last = w.revision;
   }
   {
-    wres_t w = {0};
+    om_store_wres_t w = {0};
     assert_int_equal(om_store_config_put(f.st, "cfg", "application/json", "{}",
-                                         2, on_write, &w),
+                                         2, om_store_test_on_write, &w),
                      0);
     assert_true(w.revision > last); /* one counter for everything */
     last = w.revision;
@@ -455,7 +431,7 @@ static void ten_thousand_leases_expire_in_order(void **state) {
     snprintf(b[i].svc, sizeof b[i].svc, "%s", svcs[i % 4]);
     snprintf(url, sizeof url, "http://10.%d.%d.%d:8080", (i >> 16) & 255,
              (i >> 8) & 255, i & 255);
-    in = inst(b[i].id, url, 1000 + om_rng_below(&rng, 100000));
+    in = om_store_test_inst(b[i].id, url, 1000 + om_rng_below(&rng, 100000));
     in.zone = "eu-west-1a";
     in.metadata = kv;
     in.n_metadata = 2;
@@ -611,27 +587,29 @@ enum {
   OP_COUNT
 };
 
-static int do_op(om_store_t *st, int op, wres_t *w, watch_t *subw) {
-  om_instance_t in = inst("1", "http://h:80", 5000);
+static int do_op(om_store_t *st, int op, om_store_wres_t *w, watch_t *subw) {
+  om_instance_t in = om_store_test_inst("1", "http://h:80", 5000);
   om_kv_t kv[2] = {{"b", "2"}, {"a", "1"}};
   in.metadata = kv;
   in.n_metadata = 2;
   in.zone = "z";
   switch (op) {
   case OP_CREATE_SERVICE:
-    return om_store_put_instance(st, "b", &in, on_write, w);
+    return om_store_put_instance(st, "b", &in, om_store_test_on_write, w);
   case OP_CREATE_INSTANCE:
     in.id = "2";
-    return om_store_put_instance(st, "a", &in, on_write, w);
+    return om_store_put_instance(st, "a", &in, om_store_test_on_write, w);
   case OP_UPDATE:
     in.weight = 3;
-    return om_store_put_instance(st, "a", &in, on_write, w);
+    return om_store_put_instance(st, "a", &in, om_store_test_on_write, w);
   case OP_DELETE:
-    return om_store_delete_instance(st, "a", "1", on_write, w);
+    return om_store_delete_instance(st, "a", "1", om_store_test_on_write, w);
   case OP_CONFIG_NEW:
-    return om_store_config_put(st, "new", "a/b", "{}", 2, on_write, w);
+    return om_store_config_put(st, "new", "a/b", "{}", 2,
+                               om_store_test_on_write, w);
   case OP_CONFIG_UPDATE:
-    return om_store_config_put(st, "cfg", "a/b", "{\"x\":1}", 7, on_write, w);
+    return om_store_config_put(st, "cfg", "a/b", "{\"x\":1}", 7,
+                               om_store_test_on_write, w);
   case OP_SUBSCRIBE:
     subw->st = st;
     return om_store_subscribe(st, "later", on_watch, subw, &subw->sub);
@@ -648,7 +626,7 @@ static void fault_injection_on_writes(void **state) {
     for (long n = 0;; n++) {
       fx_t f;
       watch_t all = {0}, subw = {0};
-      wres_t w = {0};
+      om_store_wres_t w = {0};
       sres_t a0, a1, b1;
       cres_t c0 = {0}, c1 = {0};
       om_store_status_t s0, s1;

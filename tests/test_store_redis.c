@@ -208,44 +208,21 @@ static void new_prefix(char *out, size_t cap) {
 
 /* ---- operations, waited for ---- */
 
-typedef struct {
-  int calls, status;
-  om_store_change_t change;
-  uint64_t revision;
-} wres_t;
-
-static void on_write(void *ud, int status, om_store_change_t change,
-                     uint64_t revision) {
-  wres_t *w = ud;
-  w->calls++;
-  w->status = status;
-  w->change = change;
-  w->revision = revision;
-}
-
-static om_instance_t inst(const char *id, const char *url, uint64_t ttl) {
-  om_instance_t in;
-  memset(&in, 0, sizeof in);
-  in.id = (char *)id;
-  in.url = (char *)url;
-  in.weight = 1.0;
-  in.ttl_ms = ttl;
-  return in;
-}
-
-static wres_t put(uv_loop_t *loop, om_store_t *s, const char *svc,
-                  const char *id, const char *url, uint64_t ttl) {
-  wres_t w = {0};
-  om_instance_t in = inst(id, url, ttl);
-  assert_int_equal(om_store_put_instance(s, svc, &in, on_write, &w), 0);
+static om_store_wres_t put(uv_loop_t *loop, om_store_t *s, const char *svc,
+                           const char *id, const char *url, uint64_t ttl) {
+  om_store_wres_t w = {0};
+  om_instance_t in = om_store_test_inst(id, url, ttl);
+  assert_int_equal(
+      om_store_put_instance(s, svc, &in, om_store_test_on_write, &w), 0);
   assert_true(run_until(loop, &w.calls, 3000));
   return w;
 }
 
-static wres_t del(uv_loop_t *loop, om_store_t *s, const char *svc,
-                  const char *id) {
-  wres_t w = {0};
-  assert_int_equal(om_store_delete_instance(s, svc, id, on_write, &w), 0);
+static om_store_wres_t del(uv_loop_t *loop, om_store_t *s, const char *svc,
+                           const char *id) {
+  om_store_wres_t w = {0};
+  assert_int_equal(
+      om_store_delete_instance(s, svc, id, om_store_test_on_write, &w), 0);
   assert_true(run_until(loop, &w.calls, 3000));
   return w;
 }
@@ -443,7 +420,7 @@ static void two_stores_one_redis(void **state) {
   om_store_t *a, *b;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   sres_t ra, rb;
   lres_t l = {0};
   char *pa = NULL, *pb = NULL;
@@ -513,7 +490,7 @@ static void expiry_once_for_two_planes(void **state) {
   om_store_t *a, *b;
   om_store_sub_t *suba, *subb;
   watch_t wa = {0}, wb = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   om_store_status_t xa, xb;
   (void)state;
   new_prefix(prefix, sizeof prefix);
@@ -578,7 +555,7 @@ static void config_documents_across_planes(void **state) {
   char prefix[32];
   om_store_t *a, *b;
   om_store_sub_t *sub;
-  wres_t w1 = {0}, w2 = {0};
+  om_store_wres_t w1 = {0}, w2 = {0};
   cres_t got = {0}, watched = {0};
   static const char body[] = "return {kind = 'traffic'}\0tail";
   (void)state;
@@ -589,12 +566,14 @@ static void config_documents_across_planes(void **state) {
   assert_int_equal(
       om_store_subscribe_config(b, "traffic", on_cfg_watch, &watched, &sub), 0);
   assert_int_equal(om_store_config_put(a, "traffic", "text/x-lua", body,
-                                       sizeof body - 1, on_write, &w1),
+                                       sizeof body - 1, om_store_test_on_write,
+                                       &w1),
                    0);
   assert_true(run_until(&loop, &w1.calls, 2000));
   assert_int_equal(w1.change, OM_STORE_CREATED);
   assert_int_equal(om_store_config_put(a, "traffic", "text/x-lua", body,
-                                       sizeof body - 1, on_write, &w2),
+                                       sizeof body - 1, om_store_test_on_write,
+                                       &w2),
                    0);
   assert_true(run_until(&loop, &w2.calls, 2000));
   assert_int_equal(w2.change, OM_STORE_NOCHANGE);
@@ -636,9 +615,9 @@ static void unreachable_redis(void **state) {
   state_t st = {0};
   om_store_t *s;
   om_store_status_t ss;
-  wres_t w = {0};
+  om_store_wres_t w = {0};
   sres_t r = {0};
-  om_instance_t in = inst("a", "http://h:1", 5000);
+  om_instance_t in = om_store_test_inst("a", "http://h:1", 5000);
   int port = free_port();
   (void)state;
   uv_loop_init(&loop);
@@ -647,7 +626,8 @@ static void unreachable_redis(void **state) {
   om_store_status(s, &ss);
   assert_int_equal(ss.stale, 1);
   assert_int_equal(om_store_redis_ready(s), 0);
-  assert_int_equal(om_store_put_instance(s, "orders", &in, on_write, &w), 0);
+  assert_int_equal(
+      om_store_put_instance(s, "orders", &in, om_store_test_on_write, &w), 0);
   assert_int_equal(w.calls, 1);
   assert_int_equal(w.status, OM_EIO);
   assert_int_equal(om_store_snapshot(s, "orders", on_snap, &r), 0);
@@ -668,8 +648,8 @@ static void host_names_resolve_off_the_loop(void **state) {
   char prefix[32], url[64];
   om_store_t *s, *x, *c;
   om_store_status_t ss;
-  wres_t w;
-  wres_t wx = {0};
+  om_store_wres_t w;
+  om_store_wres_t wx = {0};
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
@@ -686,8 +666,10 @@ static void host_names_resolve_off_the_loop(void **state) {
   assert_int_equal(om_store_redis_ready(x), 0);
   assert_int_equal(sx.ready, 0);
   {
-    om_instance_t in = inst("b", "http://h:1", 5000);
-    assert_int_equal(om_store_put_instance(x, "orders", &in, on_write, &wx), 0);
+    om_instance_t in = om_store_test_inst("b", "http://h:1", 5000);
+    assert_int_equal(
+        om_store_put_instance(x, "orders", &in, om_store_test_on_write, &wx),
+        0);
     assert_int_equal(wx.status, OM_EIO);
   }
   /* the store that resolved is untouched by the one that did not */
@@ -709,7 +691,7 @@ static void hostile_redis_content(void **state) {
   om_store_t *s;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   sres_t r;
   redisContext *rc;
   static const char *const junk[] = {
@@ -772,10 +754,10 @@ static void redis_restart_loses_data(void **state) {
   om_store_t *s;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr, w2 = {0};
+  om_store_wres_t wr, w2 = {0};
   sres_t r;
   om_store_status_t ss;
-  om_instance_t in = inst("b", "http://h:1", 5000);
+  om_instance_t in = om_store_test_inst("b", "http://h:1", 5000);
   uint64_t before;
   (void)state;
   new_prefix(prefix, sizeof prefix);
@@ -796,7 +778,8 @@ static void redis_restart_loses_data(void **state) {
   assert_int_equal(r.status, 0);
   assert_int_equal(om_snapshot_revision(r.snap), before);
   om_snapshot_unref(r.snap);
-  assert_int_equal(om_store_put_instance(s, "svc", &in, on_write, &w2), 0);
+  assert_int_equal(
+      om_store_put_instance(s, "svc", &in, om_store_test_on_write, &w2), 0);
   assert_int_equal(w2.status, OM_EIO);
   /* Redis comes back empty (no persistence) */
   assert_int_equal(redis_start(), 0);
@@ -847,14 +830,14 @@ static void fault_injection(void **state) {
   close_store(&loop, s);
   s = open_store(&loop, prefix, g_port, &st, 1);
   for (n = 0;; n++) {
-    wres_t w = {0};
-    om_instance_t in = inst("a", "http://h:1", 5000);
+    om_store_wres_t w = {0};
+    om_instance_t in = om_store_test_inst("a", "http://h:1", 5000);
     om_kv_t md[2] = {{"zone", "z1"}, {"app", "x"}};
     int rc;
     in.metadata = md;
     in.n_metadata = 2;
     om_test_fail_alloc_after(n);
-    rc = om_store_put_instance(s, "faults", &in, on_write, &w);
+    rc = om_store_put_instance(s, "faults", &in, om_store_test_on_write, &w);
     om_test_alloc_reset();
     if (rc == 0) {
       assert_true(run_until(&loop, &w.calls, 2000));
@@ -866,10 +849,10 @@ static void fault_injection(void **state) {
     assert_int_equal(w.calls, 0);
   }
   for (n = 0;; n++) {
-    wres_t w = {0};
+    om_store_wres_t w = {0};
     int rc;
     om_test_fail_alloc_after(n);
-    rc = om_store_delete_instance(s, "faults", "a", on_write, &w);
+    rc = om_store_delete_instance(s, "faults", "a", om_store_test_on_write, &w);
     om_test_alloc_reset();
     if (rc == 0) {
       assert_true(run_until(&loop, &w.calls, 2000));
@@ -900,7 +883,7 @@ static void close_with_commands_in_flight(void **state) {
   state_t st = {0};
   char prefix[32], id[16];
   om_store_t *s;
-  wres_t w = {0};
+  om_store_wres_t w = {0};
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
@@ -908,8 +891,9 @@ static void close_with_commands_in_flight(void **state) {
   for (int i = 0; i < 100; i++) {
     om_instance_t in;
     snprintf(id, sizeof id, "i%d", i);
-    in = inst(id, "http://h:1", 5000);
-    assert_int_equal(om_store_put_instance(s, "busy", &in, on_write, &w), 0);
+    in = om_store_test_inst(id, "http://h:1", 5000);
+    assert_int_equal(
+        om_store_put_instance(s, "busy", &in, om_store_test_on_write, &w), 0);
   }
   close_store(&loop, s);
   assert_int_equal(w.calls, 0); /* after close, no callback */

@@ -73,22 +73,17 @@ static void fx_close(fx_t *f) {
 
 /* ---- operations, waited for ---- */
 
-typedef struct {
-  int calls, status;
-  om_store_change_t change;
-  uint64_t revision;
-} wres_t;
-
-static void on_write(void *ud, int status, om_store_change_t change,
-                     uint64_t revision) {
-  wres_t *w = ud;
+void om_store_test_on_write(void *ud, int status, om_store_change_t change,
+                            uint64_t revision) {
+  om_store_wres_t *w = ud;
   w->calls++;
   w->status = status;
   w->change = change;
   w->revision = revision;
 }
 
-static om_instance_t inst(const char *id, const char *url, uint64_t ttl) {
+om_instance_t om_store_test_inst(const char *id, const char *url,
+                                 uint64_t ttl) {
   om_instance_t in;
   memset(&in, 0, sizeof in);
   in.id = (char *)id;
@@ -98,30 +93,33 @@ static om_instance_t inst(const char *id, const char *url, uint64_t ttl) {
   return in;
 }
 
-static wres_t put(fx_t *f, const char *svc, const om_instance_t *in) {
-  wres_t w = {0};
-  assert_int_equal(om_store_put_instance(f->st, svc, in, on_write, &w), 0);
+static om_store_wres_t put(fx_t *f, const char *svc, const om_instance_t *in) {
+  om_store_wres_t w = {0};
+  assert_int_equal(
+      om_store_put_instance(f->st, svc, in, om_store_test_on_write, &w), 0);
   wait_for(&f->loop, &w.calls, 1, "put callback");
   assert_int_equal(w.status, 0);
   return w;
 }
 
-static wres_t put_simple(fx_t *f, const char *svc, const char *id,
-                         uint64_t ttl) {
-  om_instance_t in = inst(id, "http://h:80", ttl);
+static om_store_wres_t put_simple(fx_t *f, const char *svc, const char *id,
+                                  uint64_t ttl) {
+  om_instance_t in = om_store_test_inst(id, "http://h:80", ttl);
   return put(f, svc, &in);
 }
 
-static wres_t renew(fx_t *f, const char *svc, const char *id) {
-  wres_t w = {0};
-  assert_int_equal(om_store_renew(f->st, svc, id, on_write, &w), 0);
+static om_store_wres_t renew(fx_t *f, const char *svc, const char *id) {
+  om_store_wres_t w = {0};
+  assert_int_equal(om_store_renew(f->st, svc, id, om_store_test_on_write, &w),
+                   0);
   wait_for(&f->loop, &w.calls, 1, "renew callback");
   return w;
 }
 
-static wres_t del(fx_t *f, const char *svc, const char *id) {
-  wres_t w = {0};
-  assert_int_equal(om_store_delete_instance(f->st, svc, id, on_write, &w), 0);
+static om_store_wres_t del(fx_t *f, const char *svc, const char *id) {
+  om_store_wres_t w = {0};
+  assert_int_equal(
+      om_store_delete_instance(f->st, svc, id, om_store_test_on_write, &w), 0);
   wait_for(&f->loop, &w.calls, 1, "delete callback");
   return w;
 }
@@ -172,7 +170,7 @@ typedef struct watch_s {
   struct watch_s *unsubscribe_other; /* on the first event */
   struct watch_s *subscribe_other;   /* on the first event, to "every" */
   const char *put_service;           /* on the first event: a nested put */
-  wres_t nested;                     /* that put's outcome */
+  om_store_wres_t nested;            /* that put's outcome */
   int *close_store;                  /* on the first event, done counts */
 } watch_t;
 
@@ -196,10 +194,10 @@ static void on_watch(void *ud, om_snapshot_t *snap) {
                                         &w->subscribe_other->sub),
                      0);
   if (w->n == 1 && w->put_service != NULL) {
-    om_instance_t in = inst("nested", "http://h:80", 5000);
-    assert_int_equal(
-        om_store_put_instance(w->st, w->put_service, &in, on_write, &w->nested),
-        0);
+    om_instance_t in = om_store_test_inst("nested", "http://h:80", 5000);
+    assert_int_equal(om_store_put_instance(w->st, w->put_service, &in,
+                                           om_store_test_on_write, &w->nested),
+                     0);
   }
   if (w->n == 1 && w->close_store != NULL)
     om_store_close(w->st, on_closed, w->close_store);
@@ -223,9 +221,9 @@ static void assert_increasing(const watch_t *w) {
 
 void om_store_contract_lifecycle(void **state) {
   fx_t f;
-  om_instance_t in = inst("i1", "http://10.0.0.1:80", 5000);
+  om_instance_t in = om_store_test_inst("i1", "http://10.0.0.1:80", 5000);
   om_kv_t kv[1] = {{"k", "v"}};
-  wres_t w, w0;
+  om_store_wres_t w, w0;
   sres_t r;
   om_store_status_t ss;
   fx_open(&f, state);
@@ -296,23 +294,31 @@ void om_store_contract_lifecycle(void **state) {
   assert_int_equal(w.status, OM_ENOTFOUND);
 
   /* argument errors: returned, no callback, nothing changes */
-  w = (wres_t){0};
+  w = (om_store_wres_t){0};
   in.url = "ftp://x";
-  assert_int_equal(om_store_put_instance(f.st, "api", &in, on_write, &w),
-                   OM_EINVAL);
+  assert_int_equal(
+      om_store_put_instance(f.st, "api", &in, om_store_test_on_write, &w),
+      OM_EINVAL);
   in.url = "http://x";
-  assert_int_equal(om_store_put_instance(f.st, "a/b", &in, on_write, &w),
+  assert_int_equal(
+      om_store_put_instance(f.st, "a/b", &in, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(
+      om_store_put_instance(f.st, "bad name", &in, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(
+      om_store_put_instance(f.st, "api", NULL, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(
+      om_store_put_instance(NULL, "api", &in, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(
+      om_store_delete_instance(f.st, "api", "..", om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(
+      om_store_renew(f.st, "api", "..", om_store_test_on_write, &w), OM_EINVAL);
+  assert_int_equal(om_store_renew(f.st, NULL, "i1", om_store_test_on_write, &w),
                    OM_EINVAL);
-  assert_int_equal(om_store_put_instance(f.st, "bad name", &in, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_put_instance(f.st, "api", NULL, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_put_instance(NULL, "api", &in, on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_delete_instance(f.st, "api", "..", on_write, &w),
-                   OM_EINVAL);
-  assert_int_equal(om_store_renew(f.st, "api", "..", on_write, &w), OM_EINVAL);
-  assert_int_equal(om_store_renew(f.st, NULL, "i1", on_write, &w), OM_EINVAL);
   assert_int_equal(om_store_snapshot(f.st, "api", NULL, NULL), OM_EINVAL);
   assert_int_equal(om_store_snapshot(f.st, "a b", on_snap, &r), OM_EINVAL);
   /* a NULL callback is fine: the renewal after it finds the instance */
@@ -338,7 +344,7 @@ void om_store_contract_lifecycle(void **state) {
 void om_store_contract_subscribers(void **state) {
   fx_t f;
   watch_t wa = {0}, wb = {0}, all = {0}, early = {0};
-  wres_t w[7];
+  om_store_wres_t w[7];
   om_store_status_t ss;
   om_store_sub_t *sub;
   fx_open(&f, state);
@@ -446,14 +452,15 @@ void om_store_contract_reentrant_callbacks(void **state) {
 void om_store_contract_close_inside_a_callback(void **state) {
   fx_t f;
   watch_t closer = {0}, after = {0};
-  wres_t w = {0};
+  om_store_wres_t w = {0};
   sres_t r = {0};
-  om_instance_t in = inst("i", "http://h", 5000);
+  om_instance_t in = om_store_test_inst("i", "http://h", 5000);
   fx_open(&f, state);
   closer.close_store = &f.closed;
   watch(f.st, "s", &closer);
   watch(f.st, "s", &after);
-  assert_int_equal(om_store_put_instance(f.st, "s", &in, on_write, &w), 0);
+  assert_int_equal(
+      om_store_put_instance(f.st, "s", &in, om_store_test_on_write, &w), 0);
   wait_for(&f.loop, &closer.n, 1, "the closing subscriber");
   if (f.b->sync)
     assert_int_equal(w.calls, 1); /* the write itself still completes */
@@ -495,11 +502,12 @@ static cres_t cfg_get(fx_t *f, const char *name) {
   return r;
 }
 
-static wres_t cfg_put(fx_t *f, const char *name, const char *ct,
-                      const char *body, size_t len) {
-  wres_t w = {0};
-  assert_int_equal(
-      om_store_config_put(f->st, name, ct, body, len, on_write, &w), 0);
+static om_store_wres_t cfg_put(fx_t *f, const char *name, const char *ct,
+                               const char *body, size_t len) {
+  om_store_wres_t w = {0};
+  assert_int_equal(om_store_config_put(f->st, name, ct, body, len,
+                                       om_store_test_on_write, &w),
+                   0);
   wait_for(&f->loop, &w.calls, 1, "config_put callback");
   assert_int_equal(w.status, 0);
   return w;
@@ -528,7 +536,7 @@ void om_store_contract_config_documents(void **state) {
   fx_t f;
   cwatch_t named = {0}, all = {0}, once = {0};
   cres_t r;
-  wres_t w1, w2, w3, w = {0};
+  om_store_wres_t w1, w2, w3, w = {0};
   const char bin[] = "a\0b";
   fx_open(&f, state);
   r = cfg_get(&f, "traffic");
@@ -585,15 +593,20 @@ void om_store_contract_config_documents(void **state) {
   assert_int_equal(all.rev[2], w3.revision);
 
   /* argument errors */
-  assert_int_equal(
-      om_store_config_put(f.st, "../x", "a/b", "", 0, on_write, &w), OM_EINVAL);
-  assert_int_equal(om_store_config_put(f.st, "x", "", "", 0, on_write, &w),
+  assert_int_equal(om_store_config_put(f.st, "../x", "a/b", "", 0,
+                                       om_store_test_on_write, &w),
                    OM_EINVAL);
   assert_int_equal(
-      om_store_config_put(f.st, "x", "a\r\nb", "", 0, on_write, &w), OM_EINVAL);
-  assert_int_equal(om_store_config_put(f.st, "x", NULL, "", 0, on_write, &w),
+      om_store_config_put(f.st, "x", "", "", 0, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(om_store_config_put(f.st, "x", "a\r\nb", "", 0,
+                                       om_store_test_on_write, &w),
                    OM_EINVAL);
-  assert_int_equal(om_store_config_put(f.st, "x", "a/b", NULL, 1, on_write, &w),
+  assert_int_equal(
+      om_store_config_put(f.st, "x", NULL, "", 0, om_store_test_on_write, &w),
+      OM_EINVAL);
+  assert_int_equal(om_store_config_put(f.st, "x", "a/b", NULL, 1,
+                                       om_store_test_on_write, &w),
                    OM_EINVAL);
   assert_int_equal(om_store_config_get(f.st, "x", NULL, NULL), OM_EINVAL);
   assert_int_equal(om_store_config_get(f.st, "a b", on_cfg, &r), OM_EINVAL);
@@ -601,9 +614,9 @@ void om_store_contract_config_documents(void **state) {
     size_t big = ((size_t)1 << 20) + 1;
     char *b = calloc(1, big);
     assert_non_null(b);
-    assert_int_equal(
-        om_store_config_put(f.st, "x", "a/b", b, big, on_write, &w),
-        OM_ETOOBIG);
+    assert_int_equal(om_store_config_put(f.st, "x", "a/b", b, big,
+                                         om_store_test_on_write, &w),
+                     OM_ETOOBIG);
     free(b);
   }
   assert_int_equal(w.calls, 0);

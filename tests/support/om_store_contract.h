@@ -25,6 +25,20 @@ typedef struct om_store_backend_s {
   int sync;
 } om_store_backend_t;
 
+/* A write's outcome, as om_store_test_on_write records it. */
+typedef struct om_store_wres_s {
+  int calls, status;
+  om_store_change_t change;
+  uint64_t revision;
+} om_store_wres_t;
+
+/* An om_store_write_cb that counts calls into the om_store_wres_t ud. */
+void om_store_test_on_write(void *ud, int status, om_store_change_t change,
+                            uint64_t revision);
+
+/* An instance of weight 1 (the strings are borrowed, not copied). */
+om_instance_t om_store_test_inst(const char *id, const char *url, uint64_t ttl);
+
 void om_store_contract_lifecycle(void **state);
 void om_store_contract_subscribers(void **state);
 void om_store_contract_reentrant_callbacks(void **state);
