@@ -146,7 +146,7 @@ static void bare_handler(om_http_request_t *req, void *ud) {
 
 static void on_ctl_closed(void *ud) {
   server_t *s = ud;
-  s->store->ops->close(s->store, NULL, NULL);
+  om_store_close(s->store, NULL, NULL);
 }
 
 static void on_stop(uv_async_t *a) {

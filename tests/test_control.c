@@ -99,7 +99,7 @@ static void fx_free(fx_t *fx) {
     if (fx->sse[i] != NULL)
       sse_free(fx->sse[i]);
   fx_close_control(fx);
-  fx->store->ops->close(fx->store, on_store_closed, fx);
+  om_store_close(fx->store, on_store_closed, fx);
   uv_run(&fx->loop, UV_RUN_DEFAULT);
   assert_true(fx->store_closed);
   assert_int_equal(uv_loop_close(&fx->loop), 0);
@@ -428,7 +428,7 @@ static void new_rejects_bad_arguments(void **state) {
   assert_null(c);
   assert_int_equal(om_control_close(NULL, NULL, NULL), OM_EINVAL);
   assert_int_equal(om_control_port(NULL), OM_ESTATE);
-  store->ops->close(store, NULL, NULL);
+  om_store_close(store, NULL, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&loop), 0);
 }
@@ -461,7 +461,7 @@ static void new_fails_cleanly_without_memory(void **state) {
   }
   assert_true(n >= 10);
   OM_TEST_NOTE("om_control_new: %d allocations failed one by one", n);
-  store->ops->close(store, NULL, NULL);
+  om_store_close(store, NULL, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&loop), 0);
 }

@@ -23,7 +23,7 @@ static void on_snapshot(void *ud, int status, om_snapshot_t *snap) {
 
 static size_t registered(fx_t *fx) {
   size_t count = 99;
-  fx->store->ops->snapshot(fx->store, "orders", on_snapshot, &count);
+  om_store_snapshot(fx->store, "orders", on_snapshot, &count);
   for (int i = 0; i < 100 && count == 99; i++)
     uv_run(&fx->loop, UV_RUN_NOWAIT);
   return count;
@@ -108,7 +108,7 @@ static void behaviours_and_leases(void **state) {
   while (fx.stopped < 3)
     uv_run(&fx.loop, UV_RUN_ONCE);
   assert_int_equal(registered(&fx), 0);
-  fx.store->ops->close(fx.store, on_store_closed, NULL);
+  om_store_close(fx.store, on_store_closed, NULL);
   uv_run(&fx.loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&fx.loop), 0);
 }

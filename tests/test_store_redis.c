@@ -3,9 +3,9 @@
  * binary starts on a free loopback port in a temporary directory (no
  * persistence) and stops at the end. Each test uses its own key prefix.
  *
- * What it proves: the URL parser refuses hostile input; the contract's
- * semantics (created/updated/nochange/deleted, revisions strictly
- * increasing, renewals do not bump); two stores on one Redis see each
+ * What it proves: the URL parser refuses hostile input; the storage
+ * contract's cases (tests/support/om_store_contract.c, shared with the
+ * memory store); two stores on one Redis see each
  * other's changes as full snapshots at the same revision, with identical
  * page tokens; a lease expiry is performed once for two sweeping stores;
  * documents; an unreachable Redis (stale, writes OM_EIO, reads from the
@@ -34,6 +34,7 @@
 #include "om_errno.h"
 #include "om_snapshot.h"
 #include "om_snapshot_json.h"
+#include "om_store_contract.h"
 #include "om_store_redis.h"
 
 extern char **environ;
@@ -177,7 +178,7 @@ static om_store_t *open_store_url(uv_loop_t *loop, const char *prefix,
   o.on_state = on_state;
   o.state_ud = st;
   assert_int_equal(om_store_redis_new(loop, &o, &s), 0);
-  assert_string_equal(s->ops->name, "redis");
+  assert_string_equal(om_store_name(s), "redis");
   if (wait)
     assert_true(run_until(loop, &st->ready, 3000));
   return s;
@@ -196,7 +197,7 @@ static void on_closed(void *ud) {
 
 static void close_store(uv_loop_t *loop, om_store_t *s) {
   int closed = 0;
-  s->ops->close(s, on_closed, &closed);
+  om_store_close(s, on_closed, &closed);
   assert_int_equal(closed, 0);
   assert_true(run_until(loop, &closed, 3000));
 }
@@ -207,52 +208,21 @@ static void new_prefix(char *out, size_t cap) {
 
 /* ---- operations, waited for ---- */
 
-typedef struct {
-  int calls, status;
-  om_store_change_t change;
-  uint64_t revision;
-} wres_t;
-
-static void on_write(void *ud, int status, om_store_change_t change,
-                     uint64_t revision) {
-  wres_t *w = ud;
-  w->calls++;
-  w->status = status;
-  w->change = change;
-  w->revision = revision;
-}
-
-static om_instance_t inst(const char *id, const char *url, uint64_t ttl) {
-  om_instance_t in;
-  memset(&in, 0, sizeof in);
-  in.id = (char *)id;
-  in.url = (char *)url;
-  in.weight = 1.0;
-  in.ttl_ms = ttl;
-  return in;
-}
-
-static wres_t put(uv_loop_t *loop, om_store_t *s, const char *svc,
-                  const char *id, const char *url, uint64_t ttl) {
-  wres_t w = {0};
-  om_instance_t in = inst(id, url, ttl);
-  assert_int_equal(s->ops->put_instance(s, svc, &in, on_write, &w), 0);
+static om_store_wres_t put(uv_loop_t *loop, om_store_t *s, const char *svc,
+                           const char *id, const char *url, uint64_t ttl) {
+  om_store_wres_t w = {0};
+  om_instance_t in = om_store_test_inst(id, url, ttl);
+  assert_int_equal(
+      om_store_put_instance(s, svc, &in, om_store_test_on_write, &w), 0);
   assert_true(run_until(loop, &w.calls, 3000));
   return w;
 }
 
-static wres_t del(uv_loop_t *loop, om_store_t *s, const char *svc,
-                  const char *id) {
-  wres_t w = {0};
-  assert_int_equal(s->ops->delete_instance(s, svc, id, on_write, &w), 0);
-  assert_true(run_until(loop, &w.calls, 3000));
-  return w;
-}
-
-static wres_t renew(uv_loop_t *loop, om_store_t *s, const char *svc,
-                    const char *id) {
-  wres_t w = {0};
-  assert_int_equal(s->ops->renew(s, svc, id, on_write, &w), 0);
+static om_store_wres_t del(uv_loop_t *loop, om_store_t *s, const char *svc,
+                           const char *id) {
+  om_store_wres_t w = {0};
+  assert_int_equal(
+      om_store_delete_instance(s, svc, id, om_store_test_on_write, &w), 0);
   assert_true(run_until(loop, &w.calls, 3000));
   return w;
 }
@@ -271,7 +241,7 @@ static void on_snap(void *ud, int status, om_snapshot_t *snap) {
 
 static sres_t get(uv_loop_t *loop, om_store_t *s, const char *svc) {
   sres_t r = {0};
-  assert_int_equal(s->ops->snapshot(s, svc, on_snap, &r), 0);
+  assert_int_equal(om_store_snapshot(s, svc, on_snap, &r), 0);
   assert_true(run_until(loop, &r.calls, 3000));
   return r;
 }
@@ -425,61 +395,6 @@ static void url_parsing(void **state) {
   }
 }
 
-static void contract_semantics(void **state) {
-  uv_loop_t loop;
-  state_t st = {0};
-  char prefix[32];
-  om_store_t *s;
-  wres_t w1, w2, w3, w4;
-  sres_t r;
-  om_store_status_t ss;
-  (void)state;
-  new_prefix(prefix, sizeof prefix);
-  uv_loop_init(&loop);
-  s = open_store(&loop, prefix, g_port, &st, 1);
-  r = get(&loop, s, "orders");
-  assert_int_equal(r.status, OM_ENOTFOUND);
-  w1 = put(&loop, s, "orders", "a", "http://h:1", 5000);
-  assert_int_equal(w1.status, 0);
-  assert_int_equal(w1.change, OM_STORE_CREATED);
-  w2 = put(&loop, s, "orders", "a", "http://h:1", 5000);
-  assert_int_equal(w2.change, OM_STORE_NOCHANGE);
-  assert_int_equal(w2.revision, w1.revision); /* a renewal does not bump */
-  w3 = put(&loop, s, "orders", "a", "http://h:2", 5000);
-  assert_int_equal(w3.change, OM_STORE_UPDATED);
-  assert_true(w3.revision > w1.revision);
-  w4 = renew(&loop, s, "orders", "a");
-  assert_int_equal(w4.status, 0);
-  assert_int_equal(w4.revision, w3.revision);
-  w4 = renew(&loop, s, "orders", "nope");
-  assert_int_equal(w4.status, OM_ENOTFOUND);
-  put(&loop, s, "orders", "b", "http://h:3", 5000);
-  r = get(&loop, s, "orders");
-  assert_int_equal(r.status, 0);
-  assert_int_equal(om_snapshot_count(r.snap), 2);
-  assert_string_equal(om_snapshot_instance(r.snap, 0)->url, "http://h:2");
-  om_snapshot_unref(r.snap);
-  w4 = del(&loop, s, "orders", "a");
-  assert_int_equal(w4.change, OM_STORE_DELETED);
-  assert_true(w4.revision > w3.revision);
-  w4 = del(&loop, s, "orders", "a");
-  assert_int_equal(w4.status, OM_ENOTFOUND);
-  /* argument errors are returned, nothing started */
-  assert_int_equal(s->ops->put_instance(s, "bad name", NULL, NULL, NULL),
-                   OM_EINVAL);
-  assert_int_equal(s->ops->renew(s, "orders", "..", NULL, NULL), OM_EINVAL);
-  assert_int_equal(s->ops->snapshot(s, "orders", NULL, NULL), OM_EINVAL);
-  sleep_loop(&loop, 100);
-  s->ops->status(s, &ss);
-  assert_int_equal(ss.stale, 0);
-  assert_int_equal(ss.registrations, 3);
-  assert_int_equal(ss.deletions, 1);
-  assert_int_equal(ss.services, 1);
-  assert_int_equal(ss.instances, 1);
-  close_store(&loop, s);
-  assert_int_equal(uv_loop_close(&loop), 0);
-}
-
 typedef struct {
   int calls, status;
   size_t n;
@@ -505,7 +420,7 @@ static void two_stores_one_redis(void **state) {
   om_store_t *a, *b;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   sres_t ra, rb;
   lres_t l = {0};
   char *pa = NULL, *pb = NULL;
@@ -515,7 +430,7 @@ static void two_stores_one_redis(void **state) {
   uv_loop_init(&loop);
   a = open_store(&loop, prefix, g_port, &sa, 1);
   b = open_store(&loop, prefix, g_port, &sb, 1);
-  assert_int_equal(b->ops->subscribe(b, "pay", on_watch, &w, &sub), 0);
+  assert_int_equal(om_store_subscribe(b, "pay", on_watch, &w, &sub), 0);
   for (int i = 0; i < 5; i++) {
     snprintf(ids, sizeof ids, "i%d", i);
     wr = put(&loop, a, "pay", ids, "http://h:1", 5000);
@@ -555,13 +470,13 @@ static void two_stores_one_redis(void **state) {
   assert_int_equal(om_snapshot_revision(ra.snap), wr.revision);
   assert_int_equal(om_snapshot_count(ra.snap), 4);
   om_snapshot_unref(ra.snap);
-  assert_int_equal(a->ops->list_services(a, on_list, &l), 0);
+  assert_int_equal(om_store_list_services(a, on_list, &l), 0);
   assert_true(run_until(&loop, &l.calls, 2000));
   assert_int_equal(l.status, 0);
   assert_int_equal(l.n, 1);
   assert_string_equal(l.first, "pay");
   assert_int_equal(l.rev, wr.revision);
-  b->ops->unsubscribe(b, sub);
+  om_store_unsubscribe(b, sub);
   om_snapshot_unref(w.last);
   close_store(&loop, a);
   close_store(&loop, b);
@@ -575,22 +490,22 @@ static void expiry_once_for_two_planes(void **state) {
   om_store_t *a, *b;
   om_store_sub_t *suba, *subb;
   watch_t wa = {0}, wb = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   om_store_status_t xa, xb;
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
   a = open_store(&loop, prefix, g_port, &sa, 1);
   b = open_store(&loop, prefix, g_port, &sb, 1);
-  assert_int_equal(a->ops->subscribe(a, NULL, on_watch, &wa, &suba), 0);
-  assert_int_equal(b->ops->subscribe(b, NULL, on_watch, &wb, &subb), 0);
+  assert_int_equal(om_store_subscribe(a, NULL, on_watch, &wa, &suba), 0);
+  assert_int_equal(om_store_subscribe(b, NULL, on_watch, &wb, &subb), 0);
   put(&loop, a, "cart", "x", "http://h:1", 1000);
   wr = put(&loop, b, "cart", "y", "http://h:1", 1000);
   put(&loop, b, "cart", "keep", "http://h:1", 3600000);
   /* both leases pass their ttl; both stores sweep every 50 ms */
   sleep_loop(&loop, 1600);
-  a->ops->status(a, &xa);
-  b->ops->status(b, &xb);
+  om_store_status(a, &xa);
+  om_store_status(b, &xb);
   assert_int_equal(xa.expiries + xb.expiries, 2); /* once, not per plane */
   assert_int_equal(xa.instances, 1);
   assert_int_equal(xb.instances, 1);
@@ -634,13 +549,13 @@ static void on_cfg_watch(void *ud, om_config_doc_t *doc) {
   r->doc = om_config_doc_ref(doc);
 }
 
-static void config_documents(void **state) {
+static void config_documents_across_planes(void **state) {
   uv_loop_t loop;
   state_t sa = {0}, sb = {0};
   char prefix[32];
   om_store_t *a, *b;
   om_store_sub_t *sub;
-  wres_t w1 = {0}, w2 = {0};
+  om_store_wres_t w1 = {0}, w2 = {0};
   cres_t got = {0}, watched = {0};
   static const char body[] = "return {kind = 'traffic'}\0tail";
   (void)state;
@@ -649,14 +564,16 @@ static void config_documents(void **state) {
   a = open_store(&loop, prefix, g_port, &sa, 1);
   b = open_store(&loop, prefix, g_port, &sb, 1);
   assert_int_equal(
-      b->ops->subscribe_config(b, "traffic", on_cfg_watch, &watched, &sub), 0);
-  assert_int_equal(a->ops->config_put(a, "traffic", "text/x-lua", body,
-                                      sizeof body - 1, on_write, &w1),
+      om_store_subscribe_config(b, "traffic", on_cfg_watch, &watched, &sub), 0);
+  assert_int_equal(om_store_config_put(a, "traffic", "text/x-lua", body,
+                                       sizeof body - 1, om_store_test_on_write,
+                                       &w1),
                    0);
   assert_true(run_until(&loop, &w1.calls, 2000));
   assert_int_equal(w1.change, OM_STORE_CREATED);
-  assert_int_equal(a->ops->config_put(a, "traffic", "text/x-lua", body,
-                                      sizeof body - 1, on_write, &w2),
+  assert_int_equal(om_store_config_put(a, "traffic", "text/x-lua", body,
+                                       sizeof body - 1, om_store_test_on_write,
+                                       &w2),
                    0);
   assert_true(run_until(&loop, &w2.calls, 2000));
   assert_int_equal(w2.change, OM_STORE_NOCHANGE);
@@ -665,12 +582,12 @@ static void config_documents(void **state) {
   assert_int_equal(watched.doc->revision, w1.revision);
   assert_int_equal(watched.doc->len, sizeof body - 1); /* binary-safe */
   assert_memory_equal(watched.doc->body, body, sizeof body - 1);
-  assert_int_equal(b->ops->config_get(b, "traffic", on_cfg, &got), 0);
+  assert_int_equal(om_store_config_get(b, "traffic", on_cfg, &got), 0);
   assert_true(run_until(&loop, &got.calls, 2000));
   assert_int_equal(got.status, 0);
   assert_string_equal(got.doc->content_type, "text/x-lua");
   got.calls = 0;
-  assert_int_equal(b->ops->config_get(b, "nope", on_cfg, &got), 0);
+  assert_int_equal(om_store_config_get(b, "nope", on_cfg, &got), 0);
   assert_true(run_until(&loop, &got.calls, 2000));
   assert_int_equal(got.status, OM_ENOTFOUND);
   {
@@ -678,16 +595,16 @@ static void config_documents(void **state) {
     char *huge = calloc(1, big);
     assert_non_null(huge);
     assert_int_equal(
-        a->ops->config_put(a, "traffic", "text/x-lua", huge, big, NULL, NULL),
+        om_store_config_put(a, "traffic", "text/x-lua", huge, big, NULL, NULL),
         OM_ETOOBIG);
     free(huge);
   }
   assert_int_equal(
-      a->ops->config_put(a, "traffic", "bad\nct", "x", 1, NULL, NULL),
+      om_store_config_put(a, "traffic", "bad\nct", "x", 1, NULL, NULL),
       OM_EINVAL);
   om_config_doc_unref(got.doc);
   om_config_doc_unref(watched.doc);
-  b->ops->unsubscribe(b, sub);
+  om_store_unsubscribe(b, sub);
   close_store(&loop, a);
   close_store(&loop, b);
   assert_int_equal(uv_loop_close(&loop), 0);
@@ -698,21 +615,22 @@ static void unreachable_redis(void **state) {
   state_t st = {0};
   om_store_t *s;
   om_store_status_t ss;
-  wres_t w = {0};
+  om_store_wres_t w = {0};
   sres_t r = {0};
-  om_instance_t in = inst("a", "http://h:1", 5000);
+  om_instance_t in = om_store_test_inst("a", "http://h:1", 5000);
   int port = free_port();
   (void)state;
   uv_loop_init(&loop);
   s = open_store(&loop, "x:", port, &st, 0);
   sleep_loop(&loop, 150); /* a few refused attempts */
-  s->ops->status(s, &ss);
+  om_store_status(s, &ss);
   assert_int_equal(ss.stale, 1);
   assert_int_equal(om_store_redis_ready(s), 0);
-  assert_int_equal(s->ops->put_instance(s, "orders", &in, on_write, &w), 0);
+  assert_int_equal(
+      om_store_put_instance(s, "orders", &in, om_store_test_on_write, &w), 0);
   assert_int_equal(w.calls, 1);
   assert_int_equal(w.status, OM_EIO);
-  assert_int_equal(s->ops->snapshot(s, "orders", on_snap, &r), 0);
+  assert_int_equal(om_store_snapshot(s, "orders", on_snap, &r), 0);
   assert_int_equal(r.calls, 1);
   assert_int_equal(r.status, OM_EIO); /* never synced: no last good state */
   assert_int_equal(st.ready, 0);
@@ -730,8 +648,8 @@ static void host_names_resolve_off_the_loop(void **state) {
   char prefix[32], url[64];
   om_store_t *s, *x, *c;
   om_store_status_t ss;
-  wres_t w;
-  wres_t wx = {0};
+  om_store_wres_t w;
+  om_store_wres_t wx = {0};
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
@@ -743,13 +661,15 @@ static void host_names_resolve_off_the_loop(void **state) {
   x = open_store_url(&loop, prefix, "redis://no-such-host.invalid:6379/0", &sx,
                      0);
   sleep_loop(&loop, 300);
-  x->ops->status(x, &ss);
+  om_store_status(x, &ss);
   assert_int_equal(ss.stale, 1);
   assert_int_equal(om_store_redis_ready(x), 0);
   assert_int_equal(sx.ready, 0);
   {
-    om_instance_t in = inst("b", "http://h:1", 5000);
-    assert_int_equal(x->ops->put_instance(x, "orders", &in, on_write, &wx), 0);
+    om_instance_t in = om_store_test_inst("b", "http://h:1", 5000);
+    assert_int_equal(
+        om_store_put_instance(x, "orders", &in, om_store_test_on_write, &wx),
+        0);
     assert_int_equal(wx.status, OM_EIO);
   }
   /* the store that resolved is untouched by the one that did not */
@@ -771,7 +691,7 @@ static void hostile_redis_content(void **state) {
   om_store_t *s;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr;
+  om_store_wres_t wr;
   sres_t r;
   redisContext *rc;
   static const char *const junk[] = {
@@ -794,7 +714,7 @@ static void hostile_redis_content(void **state) {
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
   s = open_store(&loop, prefix, g_port, &st, 1);
-  assert_int_equal(s->ops->subscribe(s, NULL, on_watch, &w, &sub), 0);
+  assert_int_equal(om_store_subscribe(s, NULL, on_watch, &w, &sub), 0);
   wr = put(&loop, s, "svc", "good", "http://h:1", 60000);
   wait_rev(&loop, &w, wr.revision);
   rc = redisConnect("127.0.0.1", g_port);
@@ -820,7 +740,7 @@ static void hostile_redis_content(void **state) {
   om_snapshot_unref(r.snap);
   wait_rev(&loop, &w, wr.revision);
   assert_increasing(&w);
-  s->ops->unsubscribe(s, sub);
+  om_store_unsubscribe(s, sub);
   om_snapshot_unref(w.last);
   close_store(&loop, s);
   assert_int_equal(uv_loop_close(&loop), 0);
@@ -834,23 +754,23 @@ static void redis_restart_loses_data(void **state) {
   om_store_t *s;
   om_store_sub_t *sub;
   watch_t w = {0};
-  wres_t wr, w2 = {0};
+  om_store_wres_t wr, w2 = {0};
   sres_t r;
   om_store_status_t ss;
-  om_instance_t in = inst("b", "http://h:1", 5000);
+  om_instance_t in = om_store_test_inst("b", "http://h:1", 5000);
   uint64_t before;
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
   s = open_store(&loop, prefix, g_port, &st, 1);
-  assert_int_equal(s->ops->subscribe(s, "svc", on_watch, &w, &sub), 0);
+  assert_int_equal(om_store_subscribe(s, "svc", on_watch, &w, &sub), 0);
   wr = put(&loop, s, "svc", "a", "http://h:1", 60000);
   assert_true(run_until(&loop, &w.n, 2000));
   before = om_snapshot_revision(w.last);
   assert_int_equal(before, wr.revision);
   redis_stop();
   sleep_loop(&loop, 200);
-  s->ops->status(s, &ss);
+  om_store_status(s, &ss);
   assert_int_equal(ss.stale, 1);
   assert_int_equal(st.lost, 1);
   /* reads keep the last good state; writes fail */
@@ -858,7 +778,8 @@ static void redis_restart_loses_data(void **state) {
   assert_int_equal(r.status, 0);
   assert_int_equal(om_snapshot_revision(r.snap), before);
   om_snapshot_unref(r.snap);
-  assert_int_equal(s->ops->put_instance(s, "svc", &in, on_write, &w2), 0);
+  assert_int_equal(
+      om_store_put_instance(s, "svc", &in, om_store_test_on_write, &w2), 0);
   assert_int_equal(w2.status, OM_EIO);
   /* Redis comes back empty (no persistence) */
   assert_int_equal(redis_start(), 0);
@@ -875,7 +796,7 @@ static void redis_restart_loses_data(void **state) {
   wr = put(&loop, s, "svc", "a", "http://h:1", 60000);
   assert_int_equal(wr.change, OM_STORE_CREATED);
   assert_true(wr.revision > before);
-  s->ops->unsubscribe(s, sub);
+  om_store_unsubscribe(s, sub);
   om_snapshot_unref(w.last);
   close_store(&loop, s);
   assert_int_equal(uv_loop_close(&loop), 0);
@@ -909,14 +830,14 @@ static void fault_injection(void **state) {
   close_store(&loop, s);
   s = open_store(&loop, prefix, g_port, &st, 1);
   for (n = 0;; n++) {
-    wres_t w = {0};
-    om_instance_t in = inst("a", "http://h:1", 5000);
+    om_store_wres_t w = {0};
+    om_instance_t in = om_store_test_inst("a", "http://h:1", 5000);
     om_kv_t md[2] = {{"zone", "z1"}, {"app", "x"}};
     int rc;
     in.metadata = md;
     in.n_metadata = 2;
     om_test_fail_alloc_after(n);
-    rc = s->ops->put_instance(s, "faults", &in, on_write, &w);
+    rc = om_store_put_instance(s, "faults", &in, om_store_test_on_write, &w);
     om_test_alloc_reset();
     if (rc == 0) {
       assert_true(run_until(&loop, &w.calls, 2000));
@@ -928,10 +849,10 @@ static void fault_injection(void **state) {
     assert_int_equal(w.calls, 0);
   }
   for (n = 0;; n++) {
-    wres_t w = {0};
+    om_store_wres_t w = {0};
     int rc;
     om_test_fail_alloc_after(n);
-    rc = s->ops->delete_instance(s, "faults", "a", on_write, &w);
+    rc = om_store_delete_instance(s, "faults", "a", om_store_test_on_write, &w);
     om_test_alloc_reset();
     if (rc == 0) {
       assert_true(run_until(&loop, &w.calls, 2000));
@@ -945,10 +866,10 @@ static void fault_injection(void **state) {
     watch_t w = {0};
     int rc;
     om_test_fail_alloc_after(n);
-    rc = s->ops->subscribe(s, "faults", on_watch, &w, &sub);
+    rc = om_store_subscribe(s, "faults", on_watch, &w, &sub);
     om_test_alloc_reset();
     if (rc == 0) {
-      s->ops->unsubscribe(s, sub);
+      om_store_unsubscribe(s, sub);
       break;
     }
     assert_int_equal(rc, OM_ENOMEM);
@@ -962,7 +883,7 @@ static void close_with_commands_in_flight(void **state) {
   state_t st = {0};
   char prefix[32], id[16];
   om_store_t *s;
-  wres_t w = {0};
+  om_store_wres_t w = {0};
   (void)state;
   new_prefix(prefix, sizeof prefix);
   uv_loop_init(&loop);
@@ -970,21 +891,33 @@ static void close_with_commands_in_flight(void **state) {
   for (int i = 0; i < 100; i++) {
     om_instance_t in;
     snprintf(id, sizeof id, "i%d", i);
-    in = inst(id, "http://h:1", 5000);
-    assert_int_equal(s->ops->put_instance(s, "busy", &in, on_write, &w), 0);
+    in = om_store_test_inst(id, "http://h:1", 5000);
+    assert_int_equal(
+        om_store_put_instance(s, "busy", &in, om_store_test_on_write, &w), 0);
   }
   close_store(&loop, s);
   assert_int_equal(w.calls, 0); /* after close, no callback */
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The contract suite's Redis store: its own prefix, ready for writes. */
+static om_store_t *open_redis(uv_loop_t *loop) {
+  static state_t st; /* on_state counts; one store at a time */
+  char prefix[32];
+  memset(&st, 0, sizeof st);
+  new_prefix(prefix, sizeof prefix);
+  return open_store(loop, prefix, g_port, &st, 1);
+}
+
+static om_store_backend_t redis_backend = {"redis", open_redis, 0};
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(url_parsing),
-      cmocka_unit_test(contract_semantics),
+      OM_STORE_CONTRACT_TESTS(&redis_backend),
       cmocka_unit_test(two_stores_one_redis),
       cmocka_unit_test(expiry_once_for_two_planes),
-      cmocka_unit_test(config_documents),
+      cmocka_unit_test(config_documents_across_planes),
       cmocka_unit_test(unreachable_redis),
       cmocka_unit_test(host_names_resolve_off_the_loop),
       cmocka_unit_test(fault_injection),

@@ -180,7 +180,7 @@ static void ctl_close(fx_t *fx) {
 static void store_close(fx_t *fx) {
   if (fx->store == NULL)
     return;
-  fx->store->ops->close(fx->store, on_store_closed, fx);
+  om_store_close(fx->store, on_store_closed, fx);
   RUN_UNTIL(fx, fx->store_closed, 5000);
   assert_true(fx->store_closed);
   fx->store = NULL;
@@ -202,16 +202,15 @@ static void put(fx_t *fx, const char *svc, const char *id, const char *url) {
   in.url = (char *)url;
   in.weight = 1.0;
   in.ttl_ms = 60000;
-  assert_int_equal(
-      fx->store->ops->put_instance(fx->store, svc, &in, on_put, &st), 0);
+  assert_int_equal(om_store_put_instance(fx->store, svc, &in, on_put, &st), 0);
   RUN_UNTIL(fx, st != 1, 1000);
   assert_int_equal(st, 0);
 }
 
 static void del(fx_t *fx, const char *svc, const char *id) {
   int st = 1;
-  assert_int_equal(
-      fx->store->ops->delete_instance(fx->store, svc, id, on_put, &st), 0);
+  assert_int_equal(om_store_delete_instance(fx->store, svc, id, on_put, &st),
+                   0);
   RUN_UNTIL(fx, st != 1, 1000);
   assert_int_equal(st, 0);
 }

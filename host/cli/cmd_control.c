@@ -127,7 +127,7 @@ static void on_store_closed(void *ud) {
 static void on_control_closed(void *ud) {
   app_t *app = ud;
   app->ctl = NULL;
-  app->store->ops->close(app->store, on_store_closed, app);
+  om_store_close(app->store, on_store_closed, app);
   om_cli_signals_close(&app->sigs);
 }
 
@@ -295,7 +295,7 @@ int om_cmd_control(int argc, char **argv) {
               "%" PRIu64 " ms\n",
               store, store_wait_ms);
       om_auth_free(auth);
-      app->store->ops->close(app->store, NULL, NULL);
+      om_store_close(app->store, NULL, NULL);
       uv_run(&app->loop, UV_RUN_DEFAULT);
       uv_loop_close(&app->loop);
       free(app);
@@ -314,7 +314,7 @@ int om_cmd_control(int argc, char **argv) {
               "header value\n",
               co.cors_origin != NULL ? co.cors_origin : "");
       om_auth_free(auth);
-      app->store->ops->close(app->store, NULL, NULL);
+      om_store_close(app->store, NULL, NULL);
       uv_run(&app->loop, UV_RUN_DEFAULT);
       uv_loop_close(&app->loop);
       free(app);
@@ -325,7 +325,7 @@ int om_cmd_control(int argc, char **argv) {
     fprintf(stderr, "openmesh control: cannot start: %s\n", om_strerror(rc));
     om_auth_free(auth);
     if (app->store != NULL)
-      app->store->ops->close(app->store, NULL, NULL);
+      om_store_close(app->store, NULL, NULL);
     uv_run(&app->loop, UV_RUN_DEFAULT);
     uv_loop_close(&app->loop);
     free(app);
@@ -338,7 +338,7 @@ int om_cmd_control(int argc, char **argv) {
              strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
              host, port);
     om_log(OM_LOG_INFO, "control_listening", "url", url, "store",
-           app->store->ops->name, "auth", auth != NULL ? "bearer" : "off",
+           om_store_name(app->store), "auth", auth != NULL ? "bearer" : "off",
            NULL);
     om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   } else {
@@ -346,7 +346,7 @@ int om_cmd_control(int argc, char **argv) {
             om_strerror(rc));
     om_control_close(app->ctl, NULL, NULL);
     uv_run(&app->loop, UV_RUN_DEFAULT);
-    app->store->ops->close(app->store, NULL, NULL);
+    om_store_close(app->store, NULL, NULL);
   }
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);

@@ -61,7 +61,7 @@ static void on_store_closed(void *ud) {
 
 static void on_control_closed(void *ud) {
   up_t *up = ud;
-  up->store->ops->close(up->store, on_store_closed, up);
+  om_store_close(up->store, on_store_closed, up);
   uv_close((uv_handle_t *)&up->sig_int, NULL);
   uv_close((uv_handle_t *)&up->sig_term, NULL);
 }
@@ -76,7 +76,7 @@ static void on_proxy_closed(void *ud) {
  * control plane ends its watch streams, then the store. */
 static void after_examples(up_t *up) {
   if (up->sub != NULL) {
-    up->store->ops->unsubscribe(up->store, up->sub);
+    om_store_unsubscribe(up->store, up->sub);
     up->sub = NULL;
   }
   if (up->proxy != NULL)
@@ -145,7 +145,7 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
             host, port, admin);
     return OM_EXIT_FAILURE;
   }
-  if (up->store->ops->subscribe(up->store, NULL, on_change, up, &up->sub)) {
+  if (om_store_subscribe(up->store, NULL, on_change, up, &up->sub)) {
     fprintf(stderr, "openmesh up: out of memory\n");
     return OM_EXIT_FAILURE;
   }
@@ -236,7 +236,7 @@ static void tour(up_t *up, const char *host, int port) {
   printf("\nOpenMesh is up.\n\n"
          "  control plane   http://%s:%d   (%s store)\n"
          "  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
-         host, port, up->store->ops->name, host, pp, host, ap);
+         host, port, om_store_name(up->store), host, pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
@@ -329,7 +329,7 @@ int om_cmd_up(int argc, char **argv) {
     if (om_store_redis_wait_ready(&up->loop, up->store, 10000) != 0) {
       fprintf(stderr, "openmesh up: --store: cannot reach Redis at %s\n",
               store);
-      up->store->ops->close(up->store, NULL, NULL);
+      om_store_close(up->store, NULL, NULL);
       uv_run(&up->loop, UV_RUN_DEFAULT);
       rc = OM_EXIT_FAILURE;
       goto done;
@@ -364,7 +364,7 @@ int om_cmd_up(int argc, char **argv) {
   } else if (up->ctl != NULL) {
     stop(up);
   } else {
-    up->store->ops->close(up->store, on_store_closed, up);
+    om_store_close(up->store, on_store_closed, up);
     uv_close((uv_handle_t *)&up->sig_int, NULL);
     uv_close((uv_handle_t *)&up->sig_term, NULL);
   }

@@ -122,8 +122,8 @@ static void on_registered(void *ud, int status, om_store_change_t change,
 
 static void put(om_example_t *e) {
   e->pending++;
-  if (e->store->ops->put_instance(e->store, e->service, &e->self, on_registered,
-                                  e) != 0)
+  if (om_store_put_instance(e->store, e->service, &e->self, on_registered, e) !=
+      0)
     e->pending--;
 }
 
@@ -242,7 +242,7 @@ void om_example_stop(om_example_t *e, void (*done)(void *ud), void *ud) {
   if (om_http_server_close(e->http, on_http_closed) != 0)
     e->pending--;
   /* the lease goes first: nothing new is routed here while it drains */
-  if (e->store->ops->delete_instance(e->store, e->service, e->self.id,
-                                     on_deleted, e) != 0)
+  if (om_store_delete_instance(e->store, e->service, e->self.id, on_deleted,
+                               e) != 0)
     e->pending--;
 }

@@ -2,7 +2,8 @@
  * om_store.h: the storage contract of the control plane.
  *
  * The HTTP layer and the watches talk to this interface only; the memory
- * store implements it now, the Redis store later. Every operation is
+ * store (om_store_memory.h) and the Redis store (om_store_redis.h)
+ * implement it. Every operation is
  * asynchronous (the Redis store answers from its event loop): it returns 0
  * when the operation was started (the callback will run exactly once, maybe
  * before the call returns) or a negative code when it was not (no callback).
@@ -10,7 +11,9 @@
  * Argument errors (an invalid name or instance, NULL where a value is
  * required, a closed store) and OM_ENOMEM are returned and nothing
  * changes; outcomes (OM_ENOTFOUND, a backend failure) go to the callback.
- * A write callback may be NULL (nothing to report back).
+ * A write callback may be NULL (nothing to report back). The front
+ * functions below check the arguments once and then call the backend
+ * (om_store_ops_t), as libuv's uv_* functions check and call uv__*.
  *
  * Semantics every store must keep:
  * - put_instance registers or renews; a renewal that changes nothing does
@@ -102,15 +105,36 @@ typedef struct om_store_status_s {
   size_t services, instances;
 } om_store_status_t;
 
+/*
+ * The subscriber registry every store shares (om_store_subs.c): named
+ * subscriptions in one sorted bucket array per kind, the subscriptions to
+ * every service or document in one list per kind, and the deferred
+ * unsubscribe of a delivery. Only the store layer reads these fields.
+ */
+typedef struct om__subs_bucket_s om__subs_bucket_t;
+typedef struct om__subs_list_s {
+  om_store_sub_t *head, *tail;
+} om__subs_list_t;
+typedef struct om__subs_s {
+  om__subs_bucket_t **named[2]; /* [0] services, [1] documents, by name */
+  size_t n_named[2], cap_named[2];
+  om__subs_list_t every[2];
+  uint64_t seq;         /* the last change stamped (om__store_stamp) */
+  int delivering;       /* deliveries running (they may nest) */
+  om_store_sub_t *dead; /* unsubscribed during a delivery: freed after */
+} om__subs_t;
+
+/*
+ * The backend half of a store: what om_store_* calls once the arguments
+ * are valid and the store is open (the front functions below check both,
+ * so a backend never sees a NULL or invalid name, a NULL read callback or
+ * a closed store). Subscriptions are not here: the store layer keeps them
+ * (om_store_subs.h) and a backend only delivers.
+ */
 typedef struct om_store_ops_s {
   const char *name; /* "memory", "redis" */
-  /*
-   * Register, renew (identical fields: OM_STORE_NOCHANGE, the lease is
-   * extended by in->ttl_ms) or update. The store copies what it keeps.
-   */
   int (*put_instance)(om_store_t *s, const char *service,
                       const om_instance_t *in, om_store_write_cb cb, void *ud);
-  /* Renew an existing lease only (POST .../heartbeat). */
   int (*renew)(om_store_t *s, const char *service, const char *id,
                om_store_write_cb cb, void *ud);
   int (*delete_instance)(om_store_t *s, const char *service, const char *id,
@@ -118,31 +142,129 @@ typedef struct om_store_ops_s {
   int (*snapshot)(om_store_t *s, const char *service, om_store_snapshot_cb cb,
                   void *ud);
   int (*list_services)(om_store_t *s, om_store_list_cb cb, void *ud);
-  /* service NULL: every service. The first callback is NOT immediate. */
-  int (*subscribe)(om_store_t *s, const char *service, om_store_watch_cb cb,
-                   void *ud, om_store_sub_t **out);
   int (*config_put)(om_store_t *s, const char *name, const char *content_type,
                     const char *body, size_t len, om_store_write_cb cb,
                     void *ud);
   int (*config_get)(om_store_t *s, const char *name, om_store_config_cb cb,
                     void *ud);
-  /* name NULL: every document. The first callback is NOT immediate. */
-  int (*subscribe_config)(om_store_t *s, const char *name,
-                          om_store_config_watch_cb cb, void *ud,
-                          om_store_sub_t **out);
-  /* Safe inside any callback, also for the subscription being called. */
-  void (*unsubscribe)(om_store_t *s, om_store_sub_t *sub);
   void (*status)(om_store_t *s, om_store_status_t *out);
-  /*
-   * Stop timers and connections; free once closed, then call done (from
-   * the loop, never before close returns; done may be NULL). After close
-   * no other callback runs and every subscription is gone.
-   */
+  /* Called once; closing is already set and no subscriber runs again. */
   void (*close)(om_store_t *s, void (*done)(void *ud), void *ud);
 } om_store_ops_t;
 
+/*
+ * The head of every store (a backend's struct starts with it). Callers
+ * use the om_store_* functions, never these fields.
+ */
 struct om_store_s {
   const om_store_ops_t *ops;
+  int closing; /* set by om_store_close */
+  om__subs_t subs;
 };
+
+/* ---- the contract: every caller goes through these ---- */
+
+/* The backend's name: "memory" or "redis" ("?" for NULL). */
+const char *om_store_name(const om_store_t *s);
+
+/*
+ * om_store_put_instance: register, renew (identical fields: the change is
+ * OM_STORE_NOCHANGE and the lease is extended by in->ttl_ms) or update
+ * in under service. service must be om_valid_name and in must pass
+ * om_instance_validate; the store copies what it keeps. Returns 0 (cb,
+ * which may be NULL, runs once with the outcome), OM_ESTATE (s closed),
+ * OM_EINVAL (s NULL or an invalid argument) or OM_ENOMEM; on an error
+ * nothing changed and cb does not run.
+ */
+int om_store_put_instance(om_store_t *s, const char *service,
+                          const om_instance_t *in, om_store_write_cb cb,
+                          void *ud);
+
+/*
+ * om_store_renew: extend the existing lease service/id by its own ttl
+ * (POST .../heartbeat); an unknown instance is OM_ENOTFOUND to cb. Both
+ * names must be om_valid_name. Returns as om_store_put_instance.
+ */
+int om_store_renew(om_store_t *s, const char *service, const char *id,
+                   om_store_write_cb cb, void *ud);
+
+/*
+ * om_store_delete_instance: remove service/id (OM_STORE_DELETED, a new
+ * revision); an unknown instance is OM_ENOTFOUND to cb. Returns as
+ * om_store_renew.
+ */
+int om_store_delete_instance(om_store_t *s, const char *service, const char *id,
+                             om_store_write_cb cb, void *ud);
+
+/*
+ * om_store_snapshot: the current snapshot of service to cb (required;
+ * OM_ENOTFOUND and a NULL snapshot for a service that never existed).
+ * Returns 0, OM_ESTATE (closed), OM_EINVAL (s or cb NULL, an invalid
+ * name) or OM_ENOMEM; on an error cb does not run.
+ */
+int om_store_snapshot(om_store_t *s, const char *service,
+                      om_store_snapshot_cb cb, void *ud);
+
+/*
+ * om_store_list_services: every service with its revision and instance
+ * count to cb (required; the array is the store's until cb returns).
+ * Returns as om_store_snapshot.
+ */
+int om_store_list_services(om_store_t *s, om_store_list_cb cb, void *ud);
+
+/*
+ * om_store_config_put: store a configuration document (name om_valid_name,
+ * content_type 1..255 bytes of printable ASCII, body NULL only when len is
+ * 0; copied). A put equal to the current document is OM_STORE_NOCHANGE.
+ * Returns as om_store_put_instance, and OM_ETOOBIG for a body over the
+ * store's limit.
+ */
+int om_store_config_put(om_store_t *s, const char *name,
+                        const char *content_type, const char *body, size_t len,
+                        om_store_write_cb cb, void *ud);
+
+/*
+ * om_store_config_get: the current document name to cb (required;
+ * OM_ENOTFOUND and NULL when there is none). Returns as om_store_snapshot.
+ */
+int om_store_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
+                        void *ud);
+
+/*
+ * om_store_subscribe: call cb (required) with each new snapshot of
+ * service, or of every service when service is NULL, from the next change
+ * on (the first callback is NOT immediate). *out receives the handle for
+ * om_store_unsubscribe. Returns 0, OM_ESTATE (closed), OM_EINVAL (s, cb or
+ * out NULL, an invalid name) or OM_ENOMEM; on an error nothing is
+ * registered. Named subscribers of a change are called before the
+ * subscribers to every service, each group in subscription order.
+ */
+int om_store_subscribe(om_store_t *s, const char *service, om_store_watch_cb cb,
+                       void *ud, om_store_sub_t **out);
+
+/* om_store_subscribe_config: om_store_subscribe for documents. */
+int om_store_subscribe_config(om_store_t *s, const char *name,
+                              om_store_config_watch_cb cb, void *ud,
+                              om_store_sub_t **out);
+
+/*
+ * om_store_unsubscribe: end sub (NULL and a closed store are ignored;
+ * sub is gone afterwards, so do not pass it again). Safe inside any
+ * callback, also for the subscription being called: it is not called
+ * again, and is freed once the delivery is over.
+ */
+void om_store_unsubscribe(om_store_t *s, om_store_sub_t *sub);
+
+/* om_store_status: the store's counters into *out (ignored when NULL). */
+void om_store_status(om_store_t *s, om_store_status_t *out);
+
+/*
+ * om_store_close: stop timers and connections; the store frees itself once
+ * closed, then calls done (from the loop, never before close returns; done
+ * may be NULL). After close no other callback runs, every subscription is
+ * gone and every other call answers OM_ESTATE; a second close (and NULL)
+ * is ignored.
+ */
+void om_store_close(om_store_t *s, void (*done)(void *ud), void *ud);
 
 #endif /* OM_STORE_H */

@@ -11,9 +11,8 @@
  * delivery event, the next snapshot) before it changes anything, so a
  * failure at any allocation leaves the store exactly as it was.
  *
- * A service or document entry without a snapshot/document is a placeholder
- * that only carries subscriptions made before its first write; it is
- * invisible to reads and goes away with its last subscription.
+ * Subscriptions live in the store layer's registry (om_store_subs.h), so
+ * a service or document exists here from its first write on only.
  */
 #include "om_store_memory.h"
 
@@ -22,10 +21,10 @@
 #include <time.h>
 
 #include "om_errno.h"
+#include "om_store_subs.h"
 
 #define RETRY_MS 100
 #define DEFAULT_MAX_CONFIG ((size_t)1 << 20)
-#define CONTENT_TYPE_MAX 255
 #define NOT_IN_HEAP SIZE_MAX
 
 /* The common head of services and documents, listed sorted by name. */
@@ -35,7 +34,6 @@ typedef struct entry_s {
 
 typedef struct service_s service_t;
 typedef struct cfg_s cfg_t;
-typedef struct sub_s sub_t;
 
 typedef struct lease_s {
   size_t heap_idx;
@@ -46,32 +44,12 @@ typedef struct lease_s {
   struct lease_s *next_expired;
 } lease_t;
 
-typedef struct sub_list_s {
-  sub_t *head, *tail;
-} sub_list_t;
-
-enum { SUB_SERVICE, SUB_CONFIG };
-
-struct sub_s {
-  sub_t *prev, *next;
-  sub_list_t *list;
-  int kind;
-  void *owner; /* service_t, cfg_t, or NULL for "every" */
-  om_store_watch_cb cb;
-  om_store_config_watch_cb ccb;
-  void *ud;
-  uint64_t since; /* sees events with a larger sequence number only */
-  int dead;       /* unsubscribed during a delivery; freed after it */
-  sub_t *next_dead;
-};
-
 struct service_s {
   entry_t e;
   uint64_t revision;
-  om_snapshot_t *snap; /* NULL: placeholder */
+  om_snapshot_t *snap; /* NULL only while the first write commits */
   lease_t **leases;    /* sorted by instance id */
   size_t n, cap;
-  sub_list_t subs;
   lease_t *expired; /* collected by a sweep */
   size_t n_expired;
   service_t *next_dirty;
@@ -79,13 +57,12 @@ struct service_s {
 
 struct cfg_s {
   entry_t e;
-  om_config_doc_t *doc; /* NULL: placeholder */
-  sub_list_t subs;
+  om_config_doc_t *doc; /* NULL only while the first put commits */
 };
 
 typedef struct event_s {
   struct event_s *next;
-  uint64_t seq;
+  uint64_t seq; /* om__store_stamp */
   service_t *svc;
   om_snapshot_t *snap;
   cfg_t *cfg;
@@ -103,12 +80,9 @@ typedef struct mstore_s {
   size_t n_cfgs, cap_cfgs;
   lease_t **heap;
   size_t heap_n, heap_cap;
-  uint64_t last_rev, lease_seq, event_seq;
-  sub_list_t all_svc_subs, all_cfg_subs;
+  uint64_t last_rev, lease_seq;
   event_t *q_head, *q_tail;
   int draining;
-  sub_t *dead;
-  int closing;
   int armed;
   uint64_t armed_at;
   om_store_status_t st;
@@ -252,7 +226,7 @@ static void on_timer(uv_timer_t *t);
  */
 static void arm(mstore_t *m, uint64_t floor) {
   uint64_t due, now;
-  if (m->closing)
+  if (m->base.closing)
     return;
   if (m->heap_n == 0) {
     uv_timer_stop(&m->timer);
@@ -321,15 +295,6 @@ static void arr_insert(entry_t **arr, size_t *n, entry_t *item) {
   (*n)++;
 }
 
-static void arr_remove(entry_t **arr, size_t *n, const char *name) {
-  int found;
-  size_t i = name_pos(arr, *n, name, &found);
-  if (!found)
-    return;
-  memmove(arr + i, arr + i + 1, (*n - i - 1) * sizeof *arr);
-  (*n)--;
-}
-
 static char *dup_str(const char *s) {
   size_t n = strlen(s) + 1;
   char *d = malloc(n);
@@ -367,47 +332,7 @@ static lease_t *lease_find(const service_t *svc, const char *id, size_t *pos) {
   return NULL;
 }
 
-static int valid_name(const char *s) {
-  return s != NULL && om_valid_name(s, strnlen(s, OM_NAME_MAX + 1));
-}
-
-static int valid_content_type(const char *s) {
-  size_t n;
-  if (s == NULL)
-    return 0;
-  n = strnlen(s, CONTENT_TYPE_MAX + 1);
-  if (n == 0 || n > CONTENT_TYPE_MAX)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
-      return 0;
-  return 1;
-}
-
 /* ---- subscriptions and delivery ---- */
-
-static void list_append(sub_list_t *l, sub_t *s) {
-  s->list = l;
-  s->next = NULL;
-  s->prev = l->tail;
-  if (l->tail != NULL)
-    l->tail->next = s;
-  else
-    l->head = s;
-  l->tail = s;
-}
-
-static void list_unlink(sub_t *s) {
-  sub_list_t *l = s->list;
-  if (s->prev != NULL)
-    s->prev->next = s->next;
-  else
-    l->head = s->next;
-  if (s->next != NULL)
-    s->next->prev = s->prev;
-  else
-    l->tail = s->prev;
-}
 
 static void service_free(service_t *svc) {
   for (size_t i = 0; i < svc->n; i++)
@@ -424,25 +349,6 @@ static void cfg_free(cfg_t *c) {
   free(c);
 }
 
-/* Unlink and free a subscription; drop a placeholder it leaves empty. */
-static void sub_destroy(mstore_t *m, sub_t *s) {
-  list_unlink(s);
-  if (s->kind == SUB_SERVICE && s->owner != NULL) {
-    service_t *svc = s->owner;
-    if (svc->snap == NULL && svc->subs.head == NULL) {
-      arr_remove(m->svcs, &m->n_svcs, svc->e.name);
-      service_free(svc);
-    }
-  } else if (s->kind == SUB_CONFIG && s->owner != NULL) {
-    cfg_t *c = s->owner;
-    if (c->doc == NULL && c->subs.head == NULL) {
-      arr_remove(m->cfgs, &m->n_cfgs, c->e.name);
-      cfg_free(c);
-    }
-  }
-  free(s);
-}
-
 static void event_free(event_t *ev) {
   om_snapshot_unref(ev->snap);
   om_config_doc_unref(ev->doc);
@@ -450,26 +356,13 @@ static void event_free(event_t *ev) {
 }
 
 static void enqueue(mstore_t *m, event_t *ev) {
-  ev->seq = ++m->event_seq;
+  ev->seq = om__store_stamp(&m->base);
   ev->next = NULL;
   if (m->q_tail != NULL)
     m->q_tail->next = ev;
   else
     m->q_head = ev;
   m->q_tail = ev;
-}
-
-static void deliver_list(mstore_t *m, sub_list_t *l, const event_t *ev) {
-  /* Subscriptions are only marked dead while we walk, never unlinked, and
-   * new ones are appended with since >= ev->seq: the walk stays valid. */
-  for (sub_t *s = l->head; s != NULL && !m->closing; s = s->next) {
-    if (s->dead || s->since >= ev->seq)
-      continue;
-    if (s->kind == SUB_SERVICE)
-      s->cb(s->ud, ev->snap);
-    else
-      s->ccb(s->ud, ev->doc);
-  }
 }
 
 /*
@@ -481,28 +374,18 @@ static void drain(mstore_t *m) {
   if (m->draining)
     return;
   m->draining = 1;
-  while (m->q_head != NULL && !m->closing) {
+  while (m->q_head != NULL && !m->base.closing) {
     event_t *ev = m->q_head;
     m->q_head = ev->next;
     if (m->q_head == NULL)
       m->q_tail = NULL;
-    if (ev->svc != NULL) {
-      deliver_list(m, &ev->svc->subs, ev);
-      deliver_list(m, &m->all_svc_subs, ev);
-    } else {
-      deliver_list(m, &ev->cfg->subs, ev);
-      deliver_list(m, &m->all_cfg_subs, ev);
-    }
+    if (ev->svc != NULL)
+      om__store_deliver(&m->base, ev->seq, ev->snap);
+    else
+      om__store_deliver_config(&m->base, ev->seq, ev->doc);
     event_free(ev);
   }
   m->draining = 0;
-  if (m->closing)
-    return; /* the close callback frees everything */
-  while (m->dead != NULL) {
-    sub_t *s = m->dead;
-    m->dead = s->next_dead;
-    sub_destroy(m, s);
-  }
 }
 
 /* Make snap the service's current state at rev and queue its delivery. */
@@ -618,11 +501,6 @@ static int m_put_instance(om_store_t *s, const char *service,
   lease_t *l = NULL;
   size_t pos = 0;
   uint64_t now;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(service) || in == NULL ||
-      om_instance_validate(in, NULL, NULL) != 0)
-    return OM_EINVAL;
   now = now_ms(m);
   svc = svc_find(m, service);
   if (svc != NULL)
@@ -640,16 +518,11 @@ static int m_put_instance(om_store_t *s, const char *service,
 
 /*
  * The lease of service/id for renew and delete. Returns 1 with *svc, *l
- * and *pos set; otherwise what the operation returns: OM_ESTATE (closing),
- * OM_EINVAL (bad names), or 0 after answering cb with OM_ENOTFOUND.
+ * and *pos set; otherwise 0 after answering cb with OM_ENOTFOUND.
  */
 static int find_lease(mstore_t *m, const char *service, const char *id,
                       om_store_write_cb cb, void *ud, service_t **svc,
                       lease_t **l, size_t *pos) {
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(service) || !valid_name(id))
-    return OM_EINVAL;
   *svc = svc_find(m, service);
   *l = *svc != NULL ? lease_find(*svc, id, pos) : NULL;
   if (*l == NULL) {
@@ -760,7 +633,7 @@ size_t om_store_memory_expire(om_store_t *s) {
   size_t removed = 0;
   uint64_t now;
   int retry = 0;
-  if (s == NULL || s->ops != &memory_ops || m->closing)
+  if (s == NULL || s->ops != &memory_ops || m->base.closing)
     return 0;
   now = now_ms(m);
   while (m->heap_n != 0 && m->heap[0]->expires_at <= now) {
@@ -812,13 +685,8 @@ static void on_timer(uv_timer_t *t) {
 static int m_snapshot(om_store_t *s, const char *service,
                       om_store_snapshot_cb cb, void *ud) {
   mstore_t *m = (mstore_t *)s;
-  service_t *svc;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(service) || cb == NULL)
-    return OM_EINVAL;
-  svc = svc_find(m, service);
-  if (svc == NULL || svc->snap == NULL)
+  service_t *svc = svc_find(m, service);
+  if (svc == NULL)
     cb(ud, OM_ENOTFOUND, NULL);
   else
     cb(ud, 0, svc->snap);
@@ -829,17 +697,11 @@ static int m_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   mstore_t *m = (mstore_t *)s;
   om_service_rev_t *list;
   size_t n = 0;
-  if (m->closing)
-    return OM_ESTATE;
-  if (cb == NULL)
-    return OM_EINVAL;
   list = malloc((m->n_svcs != 0 ? m->n_svcs : 1) * sizeof *list);
   if (list == NULL)
     return OM_ENOMEM;
   for (size_t i = 0; i < m->n_svcs; i++) {
     service_t *svc = (service_t *)m->svcs[i];
-    if (svc->snap == NULL)
-      continue;
     list[n].service = svc->e.name;
     list[n].revision = svc->revision;
     list[n].instances = svc->n;
@@ -848,90 +710,6 @@ static int m_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   cb(ud, 0, list, n);
   free(list);
   return 0;
-}
-
-/* ---- subscriptions ---- */
-
-static int subscribe_common(mstore_t *m, int kind, const char *name,
-                            om_store_watch_cb cb, om_store_config_watch_cb ccb,
-                            void *ud, om_store_sub_t **out) {
-  sub_t *sub;
-  void *owner = NULL;
-  sub_list_t *list;
-  if (m->closing)
-    return OM_ESTATE;
-  if (out == NULL || (cb == NULL && ccb == NULL) ||
-      (name != NULL && !valid_name(name)))
-    return OM_EINVAL;
-  sub = calloc(1, sizeof *sub);
-  if (sub == NULL)
-    return OM_ENOMEM;
-  if (name == NULL) {
-    list = kind == SUB_SERVICE ? &m->all_svc_subs : &m->all_cfg_subs;
-  } else if (kind == SUB_SERVICE) {
-    service_t *svc = svc_find(m, name);
-    if (svc == NULL) {
-      if (grow_svcs(m) != 0 ||
-          (svc = (service_t *)entry_new(sizeof *svc, name)) == NULL) {
-        free(sub);
-        return OM_ENOMEM;
-      }
-      arr_insert(m->svcs, &m->n_svcs, &svc->e);
-    }
-    owner = svc;
-    list = &svc->subs;
-  } else {
-    cfg_t *c = cfg_find(m, name);
-    if (c == NULL) {
-      if (grow_cfgs(m) != 0 ||
-          (c = (cfg_t *)entry_new(sizeof *c, name)) == NULL) {
-        free(sub);
-        return OM_ENOMEM;
-      }
-      arr_insert(m->cfgs, &m->n_cfgs, &c->e);
-    }
-    owner = c;
-    list = &c->subs;
-  }
-  sub->kind = kind;
-  sub->owner = owner;
-  sub->cb = cb;
-  sub->ccb = ccb;
-  sub->ud = ud;
-  sub->since = m->event_seq;
-  list_append(list, sub);
-  *out = (om_store_sub_t *)sub;
-  return 0;
-}
-
-static int m_subscribe(om_store_t *s, const char *service, om_store_watch_cb cb,
-                       void *ud, om_store_sub_t **out) {
-  if (cb == NULL)
-    return OM_EINVAL;
-  return subscribe_common((mstore_t *)s, SUB_SERVICE, service, cb, NULL, ud,
-                          out);
-}
-
-static int m_subscribe_config(om_store_t *s, const char *name,
-                              om_store_config_watch_cb cb, void *ud,
-                              om_store_sub_t **out) {
-  if (cb == NULL)
-    return OM_EINVAL;
-  return subscribe_common((mstore_t *)s, SUB_CONFIG, name, NULL, cb, ud, out);
-}
-
-static void m_unsubscribe(om_store_t *s, om_store_sub_t *handle) {
-  mstore_t *m = (mstore_t *)s;
-  sub_t *sub = (sub_t *)handle;
-  if (sub == NULL || m->closing || sub->dead)
-    return;
-  if (m->draining) {
-    sub->dead = 1;
-    sub->next_dead = m->dead;
-    m->dead = sub;
-    return;
-  }
-  sub_destroy(m, sub);
 }
 
 /* ---- configuration documents ---- */
@@ -945,15 +723,10 @@ static int m_config_put(om_store_t *s, const char *name,
   event_t *ev;
   uint64_t rev;
   int created;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(name) || !valid_content_type(content_type) ||
-      (body == NULL && len != 0))
-    return OM_EINVAL;
   if (len > m->opts.max_config_bytes)
     return OM_ETOOBIG;
   c = cfg_find(m, name);
-  if (c != NULL && c->doc != NULL && c->doc->len == len &&
+  if (c != NULL && c->doc->len == len &&
       strcmp(c->doc->content_type, content_type) == 0 &&
       (len == 0 || memcmp(c->doc->body, body, len) == 0)) {
     if (cb != NULL)
@@ -991,13 +764,8 @@ static int m_config_put(om_store_t *s, const char *name,
 static int m_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
                         void *ud) {
   mstore_t *m = (mstore_t *)s;
-  cfg_t *c;
-  if (m->closing)
-    return OM_ESTATE;
-  if (!valid_name(name) || cb == NULL)
-    return OM_EINVAL;
-  c = cfg_find(m, name);
-  if (c == NULL || c->doc == NULL)
+  cfg_t *c = cfg_find(m, name);
+  if (c == NULL)
     cb(ud, OM_ENOTFOUND, NULL);
   else
     cb(ud, 0, c->doc);
@@ -1007,18 +775,7 @@ static int m_config_get(om_store_t *s, const char *name, om_store_config_cb cb,
 /* ---- status and lifetime ---- */
 
 static void m_status(om_store_t *s, om_store_status_t *out) {
-  mstore_t *m = (mstore_t *)s;
-  if (out != NULL)
-    *out = m->st;
-}
-
-static void free_list(sub_list_t *l) {
-  sub_t *s = l->head, *next;
-  for (; s != NULL; s = next) {
-    next = s->next;
-    free(s);
-  }
-  l->head = l->tail = NULL;
+  *out = ((mstore_t *)s)->st;
 }
 
 static void free_all(mstore_t *m) {
@@ -1028,17 +785,12 @@ static void free_all(mstore_t *m) {
     event_free(ev);
   }
   for (size_t i = 0; i < m->n_svcs; i++) {
-    service_t *svc = (service_t *)m->svcs[i];
-    free_list(&svc->subs);
-    service_free(svc);
+    service_free((service_t *)m->svcs[i]);
   }
   for (size_t i = 0; i < m->n_cfgs; i++) {
-    cfg_t *c = (cfg_t *)m->cfgs[i];
-    free_list(&c->subs);
-    cfg_free(c);
+    cfg_free((cfg_t *)m->cfgs[i]);
   }
-  free_list(&m->all_svc_subs);
-  free_list(&m->all_cfg_subs);
+  om__subs_free(&m->base.subs);
   free(m->svcs);
   free(m->cfgs);
   free(m->heap);
@@ -1056,9 +808,6 @@ static void on_closed(uv_handle_t *h) {
 
 static void m_close(om_store_t *s, void (*done)(void *ud), void *ud) {
   mstore_t *m = (mstore_t *)s;
-  if (m->closing)
-    return;
-  m->closing = 1;
   m->done = done;
   m->done_ud = ud;
   uv_timer_stop(&m->timer);
@@ -1072,11 +821,8 @@ static const om_store_ops_t memory_ops = {
     .delete_instance = m_delete_instance,
     .snapshot = m_snapshot,
     .list_services = m_list_services,
-    .subscribe = m_subscribe,
     .config_put = m_config_put,
     .config_get = m_config_get,
-    .subscribe_config = m_subscribe_config,
-    .unsubscribe = m_unsubscribe,
     .status = m_status,
     .close = m_close,
 };

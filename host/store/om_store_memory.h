@@ -67,7 +67,7 @@ typedef struct om_store_memory_opts_s {
 
 /*
  * om_store_memory_new: an empty memory store on loop (opts may be NULL:
- * all defaults). Returns 0 with *out set (release with ops->close, then
+ * all defaults). Returns 0 with *out set (release with om_store_close, then
  * let the loop run so close can finish), OM_EINVAL (loop or out NULL) or
  * OM_ENOMEM; nothing is left behind on error.
  *

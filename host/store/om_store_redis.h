@@ -83,7 +83,7 @@ int om_store_redis_parse_url(const char *url, char *host, size_t host_cap,
 /*
  * om_store_redis_new: a Redis store on loop; starts connecting at once and
  * returns without waiting (opts->on_state says when it is ready). Returns 0
- * with *out set (release with ops->close, then run the loop so close can
+ * with *out set (release with om_store_close, then run the loop so close can
  * finish), OM_EINVAL (loop or out NULL, a malformed url or prefix) or
  * OM_ENOMEM; nothing is left behind on error. Names, sizes and change
  * kinds are as in the memory store (om_store_memory.h).
