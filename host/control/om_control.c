@@ -339,6 +339,7 @@ op_t *om__op_new(ctx_t *x) {
   op_t *op = calloc(1, sizeof *op);
   if (op == NULL)
     return NULL;
+  om_list_init(&op->wlink);
   op->x = *x;
   x->c->pending_ops++;
   return op;
@@ -362,14 +363,7 @@ op_t *om__op_start(ctx_t *x, const char *name) {
 
 void om__op_free(op_t *op) {
   om_control_t *c = op->x.c;
-  if (op->in_writes) {
-    if (op->wprev != NULL)
-      op->wprev->wnext = op->wnext;
-    else
-      c->writes = op->wnext;
-    if (op->wnext != NULL)
-      op->wnext->wprev = op->wprev;
-  }
+  om_list_remove(&op->wlink);
   free(op->url);
   free(op);
   c->pending_ops--;
@@ -379,13 +373,8 @@ void om__op_free(op_t *op) {
 /* op writes an instance (a PUT, or a DELETE: deleting) until it is freed. */
 void om__op_writing(op_t *op, int deleting) {
   om_control_t *c = op->x.c;
-  op->in_writes = 1;
   op->deleting = deleting;
-  op->wprev = NULL;
-  op->wnext = c->writes;
-  if (c->writes != NULL)
-    c->writes->wprev = op;
-  c->writes = op;
+  om_list_push_front(&c->writes, &op->wlink);
 }
 
 /* The store refused to start the operation: answer and drop it. */
@@ -788,6 +777,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   c = calloc(1, sizeof *c);
   if (c == NULL)
     return OM_ENOMEM;
+  om_list_init(&c->writes);
   c->loop = loop;
   c->store = st;
   c->ping_ms = opts->ping_interval_ms ? opts->ping_interval_ms
@@ -929,8 +919,9 @@ int om_control_close(om_control_t *c, void (*done)(void *ud), void *ud) {
   while (c->n_topics > 0) {
     topic_t *t = c->topics[0];
     t->busy = 1;
-    while (t->head != NULL)
-      om__watcher_finish(t->head, FIN_END);
+    while (!om_list_empty(&t->watchers))
+      om__watcher_finish(
+          OM_LIST_ENTRY(om_list_first(&t->watchers), watcher_t, link), FIN_END);
     t->busy = 0;
     om__topic_release(c, t);
   }

@@ -7,6 +7,7 @@
 #ifndef OM_CONTROL_INTERNAL_H
 #define OM_CONTROL_INTERNAL_H
 
+#include "om_list.h"
 #include "om_control.h"
 
 #include <inttypes.h>
@@ -109,7 +110,7 @@ typedef struct watcher_s watcher_t;
 typedef struct topic_s {
   tkind_t kind;
   char name[OM_NAME_MAX + 1]; /* "" for T_ALL */
-  watcher_t *head;
+  om_list_t watchers;         /* watcher_t by link, newest first */
   size_t n;
   int busy;             /* being walked: kept even when empty */
   om_config_doc_t *doc; /* T_CONFIG: the document ev encodes */
@@ -118,7 +119,7 @@ typedef struct topic_s {
 } topic_t;
 
 struct watcher_s {
-  watcher_t *prev, *next;
+  om_list_t link; /* on its topic's watchers while the stream is on */
   topic_t *topic; /* NULL once the stream is over */
   om_control_t *c;
   om_http_request_t *req; /* NULL once released */
@@ -182,7 +183,7 @@ struct om_control_s {
   /* Our instance writes still waiting for the store's answer: a change
    * that comes back as an event first is logged with its caller's
    * address (struct op_s, write_remote). */
-  struct op_s *writes;
+  om_list_t writes; /* op_t by wlink */
   size_t watchers;
   uint64_t events_sent, pings_sent, dropped, rev_max, t_start;
   size_t pending_ops;
@@ -208,9 +209,9 @@ typedef struct op_s {
   char service[OM_NAME_MAX + 1];
   char id[OM_NAME_MAX + 1];
   char *url; /* registrations: for the log line */
-  /* a PUT or DELETE of an instance, in c->writes until freed */
-  struct op_s *wprev, *wnext;
-  int in_writes, deleting;
+  /* a PUT or DELETE of an instance, on c->writes until freed */
+  om_list_t wlink;
+  int deleting;
   int paged;
   size_t page_size;
   char token[OM_PAGE_TOKEN_LEN + 1];

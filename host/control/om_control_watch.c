@@ -77,6 +77,7 @@ static topic_t *topic_get(om_control_t *c, tkind_t kind, const char *name) {
   t = calloc(1, sizeof *t);
   if (t == NULL)
     return NULL;
+  om_list_init(&t->watchers);
   t->kind = kind;
   snprintf(t->name, sizeof t->name, "%s", name);
   memmove(c->topics + i + 1, c->topics + i,
@@ -125,12 +126,7 @@ void om__watcher_finish(watcher_t *w, int how) {
     return;
   w->req = NULL;
   w->topic = NULL;
-  if (w->prev != NULL)
-    w->prev->next = w->next;
-  else
-    t->head = w->next;
-  if (w->next != NULL)
-    w->next->prev = w->prev;
+  om_list_remove(&w->link);
   t->n--;
   c->watchers--;
   om_metric_set(c->m.watchers, (double)c->watchers);
@@ -361,11 +357,10 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
   topic_t *ts = topic_find(c, T_SERVICE, om_snapshot_service(snap));
   topic_t *ta = topic_find(c, T_ALL, "");
   uint64_t rev = om_snapshot_revision(snap);
-  watcher_t *w, *next;
   if (ts != NULL) {
     ts->busy = 1;
-    for (w = ts->head; w != NULL; w = next) {
-      next = w->next;
+    OM_LIST_FOREACH_SAFE(it, &ts->watchers) {
+      watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
       if (rev > w->last_rev) {
         w->last_rev = rev;
         watcher_send_snapshot(w, snap, 1);
@@ -376,8 +371,8 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
   }
   if (ta != NULL) {
     ta->busy = 1;
-    for (w = ta->head; w != NULL; w = next) {
-      next = w->next;
+    OM_LIST_FOREACH_SAFE(it, &ta->watchers) {
+      watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
       if (w->ready)
         watcher_send_snapshot(w, snap, 1);
     }
@@ -388,12 +383,11 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
 
 static void fanout_doc(om_control_t *c, om_config_doc_t *doc) {
   topic_t *t = topic_find(c, T_CONFIG, doc->name);
-  watcher_t *w, *next;
   if (t == NULL)
     return;
   t->busy = 1;
-  for (w = t->head; w != NULL; w = next) {
-    next = w->next;
+  OM_LIST_FOREACH_SAFE(it, &t->watchers) {
+    watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
     if (doc->revision > w->last_rev) {
       w->last_rev = doc->revision;
       watcher_send_doc(w, doc, 1);
@@ -409,10 +403,9 @@ void om__on_ping(uv_timer_t *timer) {
   size_t i = 0;
   while (i < c->n_topics) {
     topic_t *t = c->topics[i];
-    watcher_t *w, *next;
     t->busy = 1;
-    for (w = t->head; w != NULL; w = next) {
-      next = w->next;
+    OM_LIST_FOREACH_SAFE(it, &t->watchers) {
+      watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
       if (watcher_send(w, ping, sizeof ping - 1, 1) == 0) {
         c->pings_sent++;
         om_metric_inc(c->m.pings);
@@ -472,11 +465,13 @@ void om__log_change(const char *change, const char *service, const char *id,
  */
 static const char *write_remote(const om_control_t *c, const char *svc,
                                 const char *id, const char *url) {
-  for (const op_t *op = c->writes; op != NULL; op = op->wnext)
+  OM_LIST_FOREACH(it, &c->writes) {
+    const op_t *op = OM_LIST_ENTRY(it, op_t, wlink);
     if (op->deleting == (url == NULL) && strcmp(op->id, id) == 0 &&
         strcmp(op->service, svc) == 0 &&
         (url == NULL || (op->url != NULL && strcmp(op->url, url) == 0)))
       return op->x.req->remote_ip;
+  }
   return NULL;
 }
 
@@ -651,10 +646,7 @@ void om__h_watch(ctx_t *x, tkind_t kind, const char *name) {
   }
   w->req = req;
   w->topic = t;
-  w->next = t->head;
-  if (t->head != NULL)
-    t->head->prev = w;
-  t->head = w;
+  om_list_push_front(&t->watchers, &w->link);
   t->n++;
   c->watchers++;
   om_metric_set(c->m.watchers, (double)c->watchers);

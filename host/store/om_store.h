@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "om_list.h"
 #include "om_snapshot.h"
 
 typedef struct om_store_s om_store_t;
@@ -112,9 +113,7 @@ typedef struct om_store_status_s {
  * unsubscribe of a delivery. Only the store layer reads these fields.
  */
 typedef struct om__subs_bucket_s om__subs_bucket_t;
-typedef struct om__subs_list_s {
-  om_store_sub_t *head, *tail;
-} om__subs_list_t;
+typedef om_list_t om__subs_list_t; /* om_store_sub_t, oldest first */
 typedef struct om__subs_s {
   om__subs_bucket_t **named[2]; /* [0] services, [1] documents, by name */
   size_t n_named[2], cap_named[2];

@@ -842,6 +842,7 @@ int om_store_memory_new(uv_loop_t *loop, const om_store_memory_opts_t *opts,
   m->last_rev = m->opts.min_revision;
   m->loop = loop;
   m->base.ops = &memory_ops;
+  om__subs_init(&m->base.subs);
   if (uv_timer_init(loop, &m->timer) != 0) {
     free(m);
     return OM_ENOMEM;

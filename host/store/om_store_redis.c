@@ -1001,6 +1001,7 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
     om__sha1_hex(om__redis_scripts[i], r->sha[i]);
   r->loop = loop;
   r->base.ops = &redis_ops;
+  om__subs_init(&r->base.subs);
   if (uv_timer_init(loop, &r->sweep) != 0) {
     free(r);
     return OM_ENOMEM;

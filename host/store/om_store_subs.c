@@ -22,7 +22,7 @@ struct om__subs_bucket_s {
 };
 
 struct om_store_sub_s {
-  om_store_sub_t *prev, *next;
+  om_list_t link;            /* on list_of(its registry, itself) */
   om__subs_bucket_t *bucket; /* NULL: in the every list of its kind */
   int kind;
   om_store_watch_cb cb;
@@ -76,6 +76,7 @@ static om__subs_bucket_t *bucket_get(om__subs_t *r, int kind,
     return NULL;
   }
   memcpy(b->name, name, n);
+  om_list_init(&b->list);
   memmove(a + i + 1, a + i, (r->n_named[kind] - i) * sizeof *a);
   a[i] = b;
   r->n_named[kind]++;
@@ -99,15 +100,8 @@ static om__subs_list_t *list_of(om__subs_t *r, const om_store_sub_t *s) {
 
 static void destroy(om__subs_t *r, om_store_sub_t *s) {
   om__subs_list_t *l = list_of(r, s);
-  if (s->prev != NULL)
-    s->prev->next = s->next;
-  else
-    l->head = s->next;
-  if (s->next != NULL)
-    s->next->prev = s->prev;
-  else
-    l->tail = s->prev;
-  if (s->bucket != NULL && l->head == NULL)
+  om_list_remove(&s->link);
+  if (s->bucket != NULL && om_list_empty(l))
     bucket_drop(r, s->kind, s->bucket);
   free(s);
 }
@@ -129,12 +123,7 @@ int om__subs_add(om__subs_t *r, int kind, const char *name,
   s->ud = ud;
   s->since = r->seq;
   l = list_of(r, s);
-  s->prev = l->tail;
-  if (l->tail != NULL)
-    l->tail->next = s;
-  else
-    l->head = s;
-  l->tail = s;
+  om_list_push_back(l, &s->link);
   *out = s;
   return 0;
 }
@@ -157,7 +146,12 @@ uint64_t om__store_stamp(om_store_t *s) {
 
 static void walk(om_store_t *st, const om__subs_list_t *l, uint64_t seq,
                  om_snapshot_t *snap, om_config_doc_t *doc) {
-  for (om_store_sub_t *s = l->head; s != NULL && !st->closing; s = s->next) {
+  /* nothing is unlinked while a delivery runs (om__subs_remove defers it),
+   * and a subscription added by a callback is newer than seq */
+  OM_LIST_FOREACH(it, l) {
+    om_store_sub_t *s = OM_LIST_ENTRY(it, om_store_sub_t, link);
+    if (st->closing)
+      return;
     if (s->dead || s->since >= seq)
       continue;
     if (s->kind == OM__SUB_SERVICE)
@@ -195,12 +189,16 @@ void om__store_deliver_config(om_store_t *s, uint64_t seq,
 }
 
 static void free_list(om__subs_list_t *l) {
-  om_store_sub_t *s = l->head, *next;
-  for (; s != NULL; s = next) {
-    next = s->next;
-    free(s);
+  OM_LIST_FOREACH_SAFE(it, l) {
+    free(OM_LIST_ENTRY(it, om_store_sub_t, link));
   }
-  l->head = l->tail = NULL;
+  om_list_init(l);
+}
+
+void om__subs_init(om__subs_t *r) {
+  memset(r, 0, sizeof *r);
+  om_list_init(&r->every[0]);
+  om_list_init(&r->every[1]);
 }
 
 void om__subs_free(om__subs_t *r) {

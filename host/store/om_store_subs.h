@@ -52,6 +52,10 @@ void om__store_deliver(om_store_t *s, uint64_t seq, om_snapshot_t *snap);
 void om__store_deliver_config(om_store_t *s, uint64_t seq,
                               om_config_doc_t *doc);
 
+/* om__subs_init: an empty registry (a backend's constructor calls it
+ * before anything can subscribe). */
+void om__subs_init(om__subs_t *r);
+
 /* om__subs_free: free every subscription (the store is going away). */
 void om__subs_free(om__subs_t *r);
 
