@@ -5,6 +5,7 @@
  */
 #include "om_store.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,4 +216,21 @@ void om_store_close(om_store_t *s, void (*done)(void *ud), void *ud) {
     return;
   s->closing = 1;
   s->ops->close(s, done, ud);
+}
+
+void *om__store_grow(void *arr, size_t *cap, size_t need, size_t elem) {
+  size_t c;
+  void *p;
+  if (need <= *cap)
+    return arr;
+  c = *cap != 0 ? *cap : 8;
+  while (c < need) {
+    if (c > SIZE_MAX / 2 / elem)
+      return NULL;
+    c *= 2;
+  }
+  p = realloc(arr, c * elem);
+  if (p != NULL)
+    *cap = c;
+  return p;
 }

@@ -161,6 +161,14 @@ struct om_store_s {
   om__subs_t subs;
 };
 
+/*
+ * om__store_grow: for a backend's arrays, reserved before any change so
+ * that a change never half-applies: arr itself when it has room for need
+ * elements of elem bytes, else a larger copy (capacity doubled from 8,
+ * *cap updated), or NULL with arr and *cap untouched.
+ */
+void *om__store_grow(void *arr, size_t *cap, size_t need, size_t elem);
+
 /* ---- the contract: every caller goes through these ---- */
 
 /* The backend's name: "memory" or "redis" ("?" for NULL). */

@@ -121,29 +121,8 @@ static uint64_t deadline(uint64_t now, uint64_t ttl) {
 
 /* ---- growable arrays: reserve before any change ---- */
 
-/*
- * arr with room for need elements: arr itself when it has it, else a
- * larger copy (*cap updated), or NULL with arr and *cap untouched.
- */
-static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
-  size_t c;
-  void *p;
-  if (need <= *cap)
-    return arr;
-  c = *cap != 0 ? *cap : 8;
-  while (c < need) {
-    if (c > SIZE_MAX / 2 / elem)
-      return NULL;
-    c *= 2;
-  }
-  p = realloc(arr, c * elem);
-  if (p != NULL)
-    *cap = c;
-  return p;
-}
-
 static int grow_svcs(mstore_t *m) {
-  entry_t **p = grow(m->svcs, &m->cap_svcs, m->n_svcs + 1, sizeof *p);
+  entry_t **p = om__store_grow(m->svcs, &m->cap_svcs, m->n_svcs + 1, sizeof *p);
   if (p == NULL)
     return OM_ENOMEM;
   m->svcs = p;
@@ -151,7 +130,7 @@ static int grow_svcs(mstore_t *m) {
 }
 
 static int grow_cfgs(mstore_t *m) {
-  entry_t **p = grow(m->cfgs, &m->cap_cfgs, m->n_cfgs + 1, sizeof *p);
+  entry_t **p = om__store_grow(m->cfgs, &m->cap_cfgs, m->n_cfgs + 1, sizeof *p);
   if (p == NULL)
     return OM_ENOMEM;
   m->cfgs = p;
@@ -446,11 +425,11 @@ static int put_create(mstore_t *m, const char *service, service_t *svc,
     svc = fresh;
     pos = 0;
   }
-  leases = grow(svc->leases, &svc->cap, svc->n + 1, sizeof *leases);
+  leases = om__store_grow(svc->leases, &svc->cap, svc->n + 1, sizeof *leases);
   if (leases == NULL)
     goto fail;
   svc->leases = leases;
-  heap = grow(m->heap, &m->heap_cap, m->heap_n + 1, sizeof *heap);
+  heap = om__store_grow(m->heap, &m->heap_cap, m->heap_n + 1, sizeof *heap);
   if (heap == NULL)
     goto fail;
   m->heap = heap;

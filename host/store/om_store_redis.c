@@ -99,23 +99,6 @@ int om__reply_rev(const redisReply *e, uint64_t *out) {
   return -1;
 }
 
-static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
-  size_t c;
-  void *p;
-  if (need <= *cap)
-    return arr;
-  c = *cap != 0 ? *cap : 8;
-  while (c < need) {
-    if (c > SIZE_MAX / 2 / elem)
-      return NULL;
-    c *= 2;
-  }
-  p = realloc(arr, c * elem);
-  if (p != NULL)
-    *cap = c;
-  return p;
-}
-
 /* ---- the replica: services and documents by name ---- */
 
 /*
@@ -153,7 +136,7 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
     type *e, **a;                                                              \
     if (found)                                                                 \
       return r->arr[i];                                                        \
-    a = grow(r->arr, &r->cap, r->n + 1, sizeof *a);                            \
+    a = om__store_grow(r->arr, &r->cap, r->n + 1, sizeof *a);                  \
     if (a == NULL)                                                             \
       return NULL;                                                             \
     r->arr = a;                                                                \
