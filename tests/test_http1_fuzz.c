@@ -70,10 +70,13 @@ typedef struct {
   size_t n;
 } buf_t;
 
+/* Append what fits (a message is cut at MSG_MAX, never overrun). */
 static void put(buf_t *m, const char *s, size_t n) {
-  if (m->n + n > sizeof m->b)
-    n = sizeof m->b - m->n;
-  memcpy(m->b + m->n, s, n);
+  size_t room = m->n < sizeof m->b ? sizeof m->b - m->n : 0;
+  if (n > room)
+    n = room;
+  if (n > 0)
+    memcpy(m->b + m->n, s, n);
   m->n += n;
 }
 
