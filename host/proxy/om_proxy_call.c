@@ -36,52 +36,7 @@
 /* response heads up to this many fields go through a stack array */
 #define STACK_HEADERS 128
 
-typedef struct call_s {
-  om_proxy_t *p;
-  om__proxy_service_t *s;
-  om__proxy_view_t *view; /* the view the policy routed on */
-  om_http_request_t *req; /* NULL once released or gone */
-  om_admission_waiter_t waiter;
-  om__proxy_settings_t set;
-  om_deadline_t deadline;
-  uint64_t t0;
-  /* the subset, as indices into view, and bitmaps over the view */
-  uint32_t *subset;
-  size_t n_subset, words;
-  uint64_t *in_subset, *tried, *exclude;
-  uint32_t *rank; /* keyed: the view's rendezvous rank for the key */
-  uint64_t key_hash;
-  int keyed, ranked;
-  const char *idem_key;
-  size_t idem_len;
-  int replayable, admitted, queued;
-  unsigned attempts;
-  /* the attempt in flight */
-  om__proxy_peer_t *peer;
-  om_upstream_req_t *up;
-  uint64_t attempt_t0, head_ns;
-  int status;           /* of the attempt's response head; 0 before */
-  int circuit_pending;  /* allowed, outcome not yet recorded */
-  int deadline_limited; /* the attempt's timeout was the deadline */
-  int committed, discarding, paused;
-  uint64_t wait_ns; /* backoff before the next attempt */
-  /* why the latest attempt failed, for the caller's error */
-  om_upstream_fail_t last_fail;
-  int last_status, last_timeout, last_deadline_limited;
-  char last_peer[OM_NAME_MAX + 1];
-  uv_timer_t timer; /* backoff */
-  int timer_init;
-  /* the forwarded request */
-  om_http_header_t *fwd;
-  size_t n_fwd, n_fwd_fixed;
-  char *target; /* prefix + path[?query], rebuilt per peer */
-  const char *path_q;
-  size_t path_q_len;
-  char attempt_buf[24], deadline_buf[24], request_id[33];
-  char *xff;
-} call_t;
-
-static void start_attempt(call_t *c);
+static void start_attempt(om__proxy_call_t *c);
 
 /* ------------------------------------------------------------------ */
 /* small helpers */
@@ -159,8 +114,8 @@ static int parse_ms(const char *v, size_t len, uint64_t *out) {
 /* ------------------------------------------------------------------ */
 /* the end of a call */
 
-static void on_call_timer_closed(uv_handle_t *h) {
-  call_t *c = h->data;
+static void on_om__proxy_call_timer_closed(uv_handle_t *h) {
+  om__proxy_call_t *c = h->data;
   om_proxy_t *p = c->p;
   free(c);
   om__proxy_call_gone(p);
@@ -170,7 +125,7 @@ static void on_call_timer_closed(uv_handle_t *h) {
  * The caller has its answer (or is gone): count the outcome, give the
  * slot back (which may admit the next queued call) and free the call.
  */
-static void call_end(call_t *c, om__proxy_outcome_t o) {
+static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   om__proxy_service_t *s = c->s;
   om_metric_inc(s->outcomes[o]);
   if (c->queued) {
@@ -185,7 +140,7 @@ static void call_end(call_t *c, om__proxy_outcome_t o) {
     om__proxy_arm_queue_timer(s);
   }
   if (c->timer_init) {
-    uv_close((uv_handle_t *)&c->timer, on_call_timer_closed);
+    uv_close((uv_handle_t *)&c->timer, on_om__proxy_call_timer_closed);
   } else {
     om_proxy_t *p = c->p;
     free(c);
@@ -193,7 +148,8 @@ static void call_end(call_t *c, om__proxy_outcome_t o) {
   }
 }
 
-static void fail(call_t *c, om__proxy_outcome_t o, const char *message) {
+static void fail(om__proxy_call_t *c, om__proxy_outcome_t o,
+                 const char *message) {
   if (c->req != NULL) {
     om_http_request_t *req = c->req;
     const char *rid = om_http_request_header(req, "x-request-id", NULL);
@@ -204,7 +160,7 @@ static void fail(call_t *c, om__proxy_outcome_t o, const char *message) {
 }
 
 /* No (further) attempt: tell the caller why the last one failed. */
-static void fail_last(call_t *c, uint64_t now) {
+static void fail_last(om__proxy_call_t *c, uint64_t now) {
   char msg[512];
   if (om_deadline_expired(c->deadline, now + NS_PER_MS) ||
       (c->last_timeout && c->last_deadline_limited)) {
@@ -240,7 +196,8 @@ static void fail_last(call_t *c, uint64_t now) {
  * when none; *all_open then says whether untried peers exist but every
  * one is behind an open circuit.
  */
-static om__proxy_peer_t *select_peer(call_t *c, uint64_t now, int *all_open) {
+static om__proxy_peer_t *select_peer(om__proxy_call_t *c, uint64_t now,
+                                     int *all_open) {
   om__proxy_view_t *v = c->view;
   size_t untried = 0;
   *all_open = 0;
@@ -289,7 +246,7 @@ static om__proxy_peer_t *select_peer(call_t *c, uint64_t now, int *all_open) {
 }
 
 /* Whether select_peer could find a peer now (nothing is taken). */
-static int has_candidate(const call_t *c, uint64_t now) {
+static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
   for (size_t k = 0; k < c->n_subset; k++) {
     uint32_t i = c->subset[k];
     if (!bit(c->tried, i) && om_circuit_peek(&c->view->peers[i]->circuit, now))
@@ -309,8 +266,9 @@ static int has_candidate(const call_t *c, uint64_t now) {
  * wait, a peer left in the subset, and last the retry budget (spent only when
  * everything else said yes).
  */
-static int decide_retry(call_t *c, int status, om_retry_error_t err, int has_ra,
-                        uint64_t ra_ns, uint64_t now, uint64_t *wait_out) {
+static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
+                        int has_ra, uint64_t ra_ns, uint64_t now,
+                        uint64_t *wait_out) {
   om_proxy_t *p = c->p;
   om_retry_req_t rr;
   uint64_t remaining, min_ns = p->opts.min_attempt_ms * NS_PER_MS, wait;
@@ -375,7 +333,7 @@ static int retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
  * latency estimate, its circuit (if the head did not already decide it)
  * and the adaptive limit learn its outcome.
  */
-static void attempt_done(call_t *c, int ok, int dropped, int record,
+static void attempt_done(om__proxy_call_t *c, int ok, int dropped, int record,
                          uint64_t now) {
   om__proxy_peer_t *peer = c->peer;
   om__proxy_service_t *s = c->s;
@@ -407,12 +365,12 @@ static void attempt_done(call_t *c, int ok, int dropped, int record,
   c->peer = NULL;
 }
 
-static void stop_timer(call_t *c) {
+static void stop_timer(om__proxy_call_t *c) {
   if (c->timer_init)
     uv_timer_stop(&c->timer);
 }
 
-static void ensure_timer(call_t *c) {
+static void ensure_timer(om__proxy_call_t *c) {
   if (!c->timer_init) {
     uv_timer_init(c->p->loop, &c->timer);
     c->timer.data = c;
@@ -424,7 +382,7 @@ static void on_backoff(uv_timer_t *t) {
   start_attempt(t->data);
 }
 
-static void schedule_retry(call_t *c) {
+static void schedule_retry(om__proxy_call_t *c) {
   if (c->wait_ns == 0) {
     start_attempt(c);
     return;
@@ -436,7 +394,7 @@ static void schedule_retry(call_t *c) {
 
 /* Downstream drained below the low-water mark: read upstream again. */
 static void on_client_drained(om_http_request_t *req) {
-  call_t *c = req->user;
+  om__proxy_call_t *c = req->user;
   if (c == NULL || !c->paused || c->up == NULL)
     return;
   c->paused = 0;
@@ -444,7 +402,7 @@ static void on_client_drained(om_http_request_t *req) {
 }
 
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
-  call_t *c = ud;
+  om__proxy_call_t *c = ud;
   om_proxy_t *p = c->p;
   om__proxy_peer_t *peer = c->peer;
   om_http_header_t stack[STACK_HEADERS], *h = stack;
@@ -525,7 +483,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
 }
 
 static void up_on_body(void *ud, const char *data, size_t len) {
-  call_t *c = ud;
+  om__proxy_call_t *c = ud;
   if (!c->committed || c->req == NULL)
     return;
   om_http_response_write(c->req, data, len);
@@ -560,7 +518,7 @@ static om_retry_error_t retry_class(om_upstream_fail_t f) {
 }
 
 static void up_on_done(void *ud, const om_upstream_result_t *res) {
-  call_t *c = ud;
+  om__proxy_call_t *c = ud;
   uint64_t now = uv_hrtime();
   int timeout = res->fail == OM_UPSTREAM_FAIL_TIMEOUT_CONNECT ||
                 res->fail == OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE ||
@@ -627,7 +585,7 @@ static const om_upstream_callbacks_t UP_CB = {up_on_headers, up_on_body,
                                               up_on_done};
 
 /* Build prefix + path[?query] for peer into c->target. */
-static void build_target(call_t *c, const om__proxy_peer_t *peer) {
+static void build_target(om__proxy_call_t *c, const om__proxy_peer_t *peer) {
   size_t k = 0;
   if (!(c->path_q_len == 1 && c->path_q[0] == '*')) {
     memcpy(c->target, peer->prefix, peer->prefix_len);
@@ -637,7 +595,7 @@ static void build_target(call_t *c, const om__proxy_peer_t *peer) {
   c->target[k + c->path_q_len] = '\0';
 }
 
-static void start_attempt(call_t *c) {
+static void start_attempt(om__proxy_call_t *c) {
   om_proxy_t *p = c->p;
   om__proxy_service_t *s = c->s;
   om_upstream_request_t ur;
@@ -739,7 +697,7 @@ static void start_attempt(call_t *c) {
 /* admission */
 
 void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud) {
-  call_t *c = w->data;
+  om__proxy_call_t *c = w->data;
   (void)ud;
   c->queued = 0;
   if (status != 0) {
@@ -781,7 +739,7 @@ void om__proxy_arm_queue_timer(om__proxy_service_t *s) {
 /* the handler */
 
 static void on_client_close(om_http_request_t *req) {
-  call_t *c = req->user;
+  om__proxy_call_t *c = req->user;
   c->req = NULL;
   stop_timer(c);
   c->paused = 0;
@@ -815,15 +773,16 @@ static int skip_forward(const om_http_header_t *h) {
  * subset, the rank, the forwarded headers, the target and the
  * X-Forwarded-For value.
  */
-static call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
-                        om_http_request_t *req, size_t n_subset, int keyed) {
+static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
+                                  om_http_request_t *req, size_t n_subset,
+                                  int keyed) {
   om__proxy_view_t *v = s->view;
   size_t words = OM_P2C_BITMAP_WORDS(v->n ? v->n : 1), max_prefix = 0;
   /* ours: via, x-request-id, x-forwarded-for, attempt, deadline */
   size_t n_fwd = req->n_headers + 5, xff_len = 0, path_q_len, size;
   int has_rid = om_http_request_header(req, "x-request-id", NULL) != NULL;
   char *at;
-  call_t *c;
+  om__proxy_call_t *c;
   for (size_t k = 0; k < n_subset; k++) {
     const om__proxy_peer_t *peer = v->peers[p->scratch[k]];
     if (peer->prefix_len > max_prefix)
@@ -966,7 +925,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   uint32_t limit, inflight, queued;
   char err[1024];
   const char *v;
-  call_t *c;
+  om__proxy_call_t *c;
   int rc;
   s = service_of(p, req, &host, &host_len);
   if (s == NULL) {

@@ -21,6 +21,7 @@
 #include "om_rendezvous.h"
 #include "om_retry.h"
 #include "om_rng.h"
+#include "om_upstream.h"
 
 typedef struct om__proxy_service_s om__proxy_service_t;
 
@@ -135,6 +136,58 @@ struct om_proxy_s {
   int closing, server_open, admin_open, pool_open;
   void (*on_closed)(void *ud);
   void *closed_ud;
+};
+
+/*
+ * One call through the proxy, from admission to the caller's answer
+ * (om_proxy_call.c). Everything it carries is in one allocation
+ * (call_new): bitmaps, the subset, the rank, the forwarded headers, the
+ * target and the X-Forwarded-For value.
+ */
+typedef struct om__proxy_call_s om__proxy_call_t;
+struct om__proxy_call_s {
+  om_proxy_t *p;
+  om__proxy_service_t *s;
+  om__proxy_view_t *view; /* the view the policy routed on */
+  om_http_request_t *req; /* NULL once released or gone */
+  om_admission_waiter_t waiter;
+  om__proxy_settings_t set;
+  om_deadline_t deadline;
+  uint64_t t0;
+  /* the subset, as indices into view, and bitmaps over the view */
+  uint32_t *subset;
+  size_t n_subset, words;
+  uint64_t *in_subset, *tried, *exclude;
+  uint32_t *rank; /* keyed: the view's rendezvous rank for the key */
+  uint64_t key_hash;
+  int keyed, ranked;
+  const char *idem_key;
+  size_t idem_len;
+  int replayable, admitted, queued;
+  unsigned attempts;
+  /* the attempt in flight */
+  om__proxy_peer_t *peer;
+  om_upstream_req_t *up;
+  uint64_t attempt_t0, head_ns;
+  int status;           /* of the attempt's response head; 0 before */
+  int circuit_pending;  /* allowed, outcome not yet recorded */
+  int deadline_limited; /* the attempt's timeout was the deadline */
+  int committed, discarding, paused;
+  uint64_t wait_ns; /* backoff before the next attempt */
+  /* why the latest attempt failed, for the caller's error */
+  om_upstream_fail_t last_fail;
+  int last_status, last_timeout, last_deadline_limited;
+  char last_peer[OM_NAME_MAX + 1];
+  uv_timer_t timer; /* backoff */
+  int timer_init;
+  /* the forwarded request */
+  om_http_header_t *fwd;
+  size_t n_fwd, n_fwd_fixed;
+  char *target; /* prefix + path[?query], rebuilt per peer */
+  const char *path_q;
+  size_t path_q_len;
+  char attempt_buf[24], deadline_buf[24], request_id[33];
+  char *xff;
 };
 
 /* om_proxy.c */
