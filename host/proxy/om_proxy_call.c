@@ -776,15 +776,15 @@ static void on_client_close(om_http_request_t *req) {
 
 /*
  * One allocation for the call and everything it carries: bitmaps, the
- * subset, the rank, the forwarded headers, the target and the
- * X-Forwarded-For value.
+ * subset, the rank, the forwarded headers, the target and the bytes of
+ * the fields the proxy builds (om__proxy_headers_size says how many).
  */
 static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
                                   om_http_request_t *req, size_t n_subset,
                                   int keyed) {
   om__proxy_view_t *v = s->view;
   size_t words = OM_P2C_BITMAP_WORDS(v->n ? v->n : 1), max_prefix = 0;
-  size_t n_fwd, xff_len, path_q_len, size;
+  size_t n_fwd, hdr_bytes, path_q_len, size;
   char *at;
   om__proxy_call_t *c;
   for (size_t k = 0; k < n_subset; k++) {
@@ -792,12 +792,12 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
     if (peer->prefix_len > max_prefix)
       max_prefix = peer->prefix_len;
   }
-  om__proxy_headers_size(req, &n_fwd, &xff_len);
+  om__proxy_headers_size(req, &n_fwd, &hdr_bytes);
   path_q_len = req->path_len + (req->query ? 1 + req->query_len : 0);
   size = sizeof *c + 3 * words * sizeof(uint64_t) +
          n_fwd * sizeof(om_http_header_t) + n_subset * sizeof(uint32_t) +
          (keyed ? v->n : 0) * sizeof(uint32_t) + max_prefix + 2 * path_q_len +
-         2 + xff_len;
+         2 + hdr_bytes;
   c = calloc(1, size);
   if (c == NULL)
     return NULL;

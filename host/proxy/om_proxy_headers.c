@@ -125,9 +125,9 @@ int om__proxy_traceparent_valid(const char *v, size_t len) {
     return 0;
   if (!lower_hex_nonzero(v, 2, 1) || (v[0] == 'f' && v[1] == 'f'))
     return 0;
-  if (v[0] == '0' && v[1] == '0' ? len != TRACEPARENT_LEN
-                                 : len > TRACEPARENT_LEN &&
-                                       v[TRACEPARENT_LEN] != '-')
+  if (v[0] == '0' && v[1] == '0'
+          ? len != TRACEPARENT_LEN
+          : len > TRACEPARENT_LEN && v[TRACEPARENT_LEN] != '-')
     return 0;
   return v[2] == '-' && lower_hex_nonzero(v + 3, 32, 0) && v[35] == '-' &&
          lower_hex_nonzero(v + 36, 16, 0) && v[52] == '-' &&
@@ -220,8 +220,8 @@ void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
   memcpy(xff + xk, req->remote_ip, strlen(req->remote_ip) + 1);
   trace = xff + xk + strlen(req->remote_ip) + 1;
   if (xff[0] != '\0')
-    c->fwd[c->n_fwd_fixed++] = (om_http_header_t){"x-forwarded-for", xff, 15,
-                                                  strlen(xff)};
+    c->fwd[c->n_fwd_fixed++] =
+        (om_http_header_t){"x-forwarded-for", xff, 15, strlen(xff)};
   c->fwd[c->n_fwd_fixed++] = (om_http_header_t){"via", "1.1 openmesh", 3, 12};
   if (rid == NULL) {
     uint64_t a = om_rng_next(&p->rng), b = om_rng_next(&p->rng);

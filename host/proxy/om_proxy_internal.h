@@ -144,7 +144,8 @@ struct om_proxy_s {
  * One call through the proxy, from admission to the caller's answer
  * (om_proxy_call.c). Everything it carries is in one allocation
  * (call_new): bitmaps, the subset, the rank, the forwarded headers, the
- * target and the X-Forwarded-For value.
+ * target and the bytes of the fields the proxy builds (X-Forwarded-For,
+ * traceparent).
  */
 typedef struct om__proxy_call_s om__proxy_call_t;
 struct om__proxy_call_s {
