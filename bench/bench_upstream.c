@@ -300,6 +300,7 @@ int main(void) {
   r.q.connect_timeout_ms = 1000;
   r.q.first_byte_timeout_ms = 5000;
   r.q.timeout_ms = 10000;
+  r.q.retry_stale = 1; /* a GET: safe to re-send after a stale reuse */
 
   curl_global_init(CURL_GLOBAL_DEFAULT);
   e = curl_easy_init();

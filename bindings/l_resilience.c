@@ -19,7 +19,10 @@
  *     (attempt 1 = the first retry, waits up to base_ms; r in [0, 1))
  *   om.retryable{method = "POST", headers = {...}, status = 503 |
  *                error = "timeout"|"connect"|"reset", opt_in = false,
- *                statuses = {502, 503, 504}, errors = {...}} -> bool, reason
+ *                sent = true|false, statuses = {502, 503, 504},
+ *                errors = {...}} -> bool, reason
+ *     (sent = false: no byte of the request left, with an error only; any
+ *     method may go again, reason "not_sent"; absent: as sent = true)
  *   local b = om.retry_budget{ratio = 0.2, window_ms = 10000, min_per_s = 10}
  *   b:request(now_ms)   b:withdraw(now_ms) -> bool   b:balance(now_ms) -> n
  *   b:close()
@@ -349,8 +352,9 @@ static void errors_field(lua_State *L, int idx, om_retry_policy_t *p) {
 }
 
 static int l_retryable(lua_State *L) {
-  static const char *const fields[] = {"method", "headers",  "status", "error",
-                                       "opt_in", "statuses", "errors", NULL};
+  static const char *const fields[] = {"method", "headers", "status",
+                                       "error",  "opt_in",  "statuses",
+                                       "errors", "sent",    NULL};
   om_retry_req_t req;
   om_retry_policy_t policy;
   om_retry_reason_t why;
@@ -384,6 +388,16 @@ static int l_retryable(lua_State *L) {
     if (!lua_isboolean(L, -1))
       om__lua_field_fail(L, 1, "opt_in", "boolean expected");
     req.opt_in = lua_toboolean(L, -1);
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, 1, "sent") != LUA_TNIL) { /* [..., sent] */
+    if (!lua_isboolean(L, -1))
+      om__lua_field_fail(L, 1, "sent", "boolean expected");
+    if (!lua_toboolean(L, -1) && req.status != 0)
+      om__lua_field_fail(L, 1, "sent",
+                         "false only with 'error': a status means it was sent");
+    req.phase = lua_toboolean(L, -1) ? OM_RETRY_PHASE_POST_SEND
+                                     : OM_RETRY_PHASE_PRE_SEND;
   }
   lua_pop(L, 1);
   statuses_field(L, 1, &policy);

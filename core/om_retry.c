@@ -76,7 +76,9 @@ bool om_retry_decide(const om_retry_req_t *req, om_retry_reason_t *reason) {
   if (req == NULL || req->method == NULL ||
       (req->status != 0) == (req->error != OM_RETRY_ERR_NONE) ||
       (req->status != 0 && (req->status < 100 || req->status > 599)) ||
-      (unsigned)req->error > OM_RETRY_ERR_RESET) {
+      (unsigned)req->error > OM_RETRY_ERR_RESET ||
+      (unsigned)req->phase > OM_RETRY_PHASE_POST_SEND ||
+      (req->phase == OM_RETRY_PHASE_PRE_SEND && req->status != 0)) {
     why = OM_RETRY_INVALID;
     goto done;
   }
@@ -102,6 +104,8 @@ bool om_retry_decide(const om_retry_req_t *req, om_retry_reason_t *reason) {
     why = OM_RETRY_IDEMPOTENCY_KEY;
   else if (req->opt_in)
     why = OM_RETRY_OPT_IN;
+  else if (req->phase == OM_RETRY_PHASE_PRE_SEND)
+    why = OM_RETRY_NOT_SENT; /* no server saw it: nothing to duplicate */
   else {
     why = OM_RETRY_NON_IDEMPOTENT;
     retry = false;

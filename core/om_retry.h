@@ -6,7 +6,10 @@
  *
  * 1. om_retry_decide: is this outcome retryable, and is the request safe to
  *    send again? Outcome first (status in the retryable set, or a transport
- *    error class in the retryable set), then the method: idempotent methods
+ *    error class in the retryable set), then the send phase: a transport
+ *    failure before any byte of the request left (connect refused, connect
+ *    timeout, a fresh connection reset before its first write) reached no
+ *    server, so any method may go again; then the method: idempotent methods
  *    (RFC 9110 section 9.2.2: GET, HEAD, OPTIONS, PUT, DELETE, TRACE; method
  *    names are case-sensitive, section 9.1) always; any other method only
  *    with a non-empty `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-
@@ -38,11 +41,23 @@ typedef enum {
 
 #define OM_RETRY_ERR_BIT(e) (1u << (e))
 
+/*
+ * How far the failed attempt got in sending the request. Unknown is the
+ * zero value and is read as post-send: only a client that can prove no
+ * byte left (om_upstream_result_t.sent == 0) says pre-send.
+ */
+typedef enum {
+  OM_RETRY_PHASE_UNKNOWN = 0, /* treated as post-send */
+  OM_RETRY_PHASE_PRE_SEND,    /* provably nothing of the request left */
+  OM_RETRY_PHASE_POST_SEND,   /* bytes left: the server may have acted */
+} om_retry_phase_t;
+
 /* Why om_retry_decide answered as it did; stable names for logs/metrics. */
 #define OM_RETRY_REASON_MAP(XX)                                                \
   XX(IDEMPOTENT_METHOD, "idempotent_method")       /* retry */                 \
   XX(IDEMPOTENCY_KEY, "idempotency_key")           /* retry */                 \
   XX(OPT_IN, "opt_in")                             /* retry */                 \
+  XX(NOT_SENT, "not_sent")                         /* retry */                 \
   XX(NON_IDEMPOTENT, "non_idempotent")             /* no */                    \
   XX(STATUS_NOT_RETRYABLE, "status_not_retryable") /* no */                    \
   XX(ERROR_NOT_RETRYABLE, "error_not_retryable")   /* no */                    \
@@ -92,6 +107,9 @@ typedef struct om_retry_req_s {
   om_retry_error_t error; /* OM_RETRY_ERR_NONE with a status */
   bool opt_in;            /* the policy declares this request retry-safe */
   const om_retry_policy_t *policy; /* NULL: om_retry_policy_default */
+  /* OM_RETRY_PHASE_PRE_SEND only with error set (a status means the
+   * request reached a server) */
+  om_retry_phase_t phase;
 } om_retry_req_t;
 
 /*
@@ -99,7 +117,10 @@ typedef struct om_retry_req_s {
  * far as the request itself is concerned: the budget, deadline and attempt
  * limits are separate gates)? Sets *reason (if not NULL) to why.
  * Exactly one of status (100-599) and error must be set; otherwise, or with
- * req/method NULL, the answer is false with OM_RETRY_INVALID.
+ * req/method NULL, a phase out of range, or PRE_SEND with a status, the
+ * answer is false with OM_RETRY_INVALID. A retryable error in the pre-send
+ * phase is retried whatever the method (OM_RETRY_NOT_SENT): the reason is
+ * the phase only when the method or key would not have allowed it.
  */
 bool om_retry_decide(const om_retry_req_t *req, om_retry_reason_t *reason);
 

@@ -11,9 +11,12 @@
  */
 #include "om_test.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -65,6 +68,8 @@ struct fx_s {
   char last_attempt[16], last_rid[64], last_xff[128], last_foo[32];
   char last_hop[32], last_deadline[32], last_target[256], last_host[64];
   char last_via[64];
+  char last_headers[2048]; /* every field of the last request, one a line */
+  const char *resp_name, *resp_value; /* an extra field of FX_OK answers */
   size_t last_body_len;
   fx_pend_t pend[FX_PEND];
 };
@@ -109,10 +114,13 @@ static void fx_release(fx_pend_t *pd) {
 }
 
 static void fx_answer(fx_t *fx, om_http_request_t *req, int status) {
-  static const om_http_header_t h[] = {{"content-type", "text/plain", 12, 10}};
+  om_http_header_t h[2] = {{"content-type", "text/plain", 12, 10}};
   char body[64];
   int n = snprintf(body, sizeof body, "%s\n", fx->id);
-  om_http_respond(req, status, h, 1, body, (size_t)n);
+  size_t nh = 1;
+  if (fx->resp_name != NULL)
+    h[nh++] = (om_http_header_t){fx->resp_name, fx->resp_value, 0, 0};
+  om_http_respond(req, status, h, nh, body, (size_t)n);
 }
 
 static void on_slow(uv_timer_t *t) {
@@ -175,6 +183,14 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
               sizeof fx->last_deadline);
   copy_header(req, "host", fx->last_host, sizeof fx->last_host);
   copy_header(req, "via", fx->last_via, sizeof fx->last_via);
+  {
+    size_t k = 0;
+    fx->last_headers[0] = '\0';
+    for (size_t i = 0; i < req->n_headers && k < sizeof fx->last_headers; i++)
+      k += (size_t)snprintf(fx->last_headers + k, sizeof fx->last_headers - k,
+                            "%s: %s\n", req->headers[i].name,
+                            req->headers[i].value);
+  }
   snprintf(fx->last_target, sizeof fx->last_target, "%.*s",
            (int)req->target_len, req->target);
   fx->last_body_len = req->body_len;
@@ -2004,6 +2020,337 @@ static void request_path_survives_allocation_failures(void **state) {
   env_close(&e);
 }
 
+/* ------------------------------------------------------------------ */
+/* retries by send phase, and what is forwarded */
+
+/* A loopback port nothing listens on (bound, read, closed). */
+static int closed_port(void) {
+  struct sockaddr_in a;
+  socklen_t len = sizeof a;
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+  assert_true(fd >= 0);
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+static void post_is_retried_after_a_refused_connection(void **state) {
+  env_t e;
+  fx_t *live;
+  res_t r;
+  om_proxy_stats_t st;
+  om_instance_t in[2];
+  om_snapshot_t *snap = NULL;
+  char err[256], dead_url[64], want[160], *body;
+  int ok = 0, status;
+  (void)state;
+  env_init(&e);
+  live = env_fx(&e, "live", FX_OK);
+  env_proxy(&e, NULL, policy_file("all.lua", ""));
+  snprintf(dead_url, sizeof dead_url, "http://127.0.0.1:%d", closed_port());
+  memset(in, 0, sizeof in);
+  in[0] = (om_instance_t){
+      .id = "dead", .url = dead_url, .weight = 1, .ttl_ms = 10000};
+  in[1] = (om_instance_t){
+      .id = "live", .url = live->url, .weight = 1, .ttl_ms = 10000};
+  assert_int_equal(om_snapshot_new("orders", 1, in, 2, &snap, NULL, NULL, NULL),
+                   0);
+  assert_int_equal(om_proxy_set_snapshot(e.proxy, snap, err, sizeof err), 0);
+  om_snapshot_unref(snap);
+  /* POST without Idempotency-Key: the refused connect sent nothing, so
+   * it goes to the live peer; nginx does the same */
+  for (int i = 0; i < 100; i++) {
+    call(&e, "POST", "orders", "/o", NULL, "{}", &r);
+    if (r.status == 200 && strcmp(r.peer, "live") == 0)
+      ok++;
+    else
+      print_message("POST %d: %d %s %s\n", i, r.status, r.reason, r.body);
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  print_message("%d of 100 POSTs succeeded; %llu pre-send retries, %llu "
+                "retries in all\n",
+                ok, (unsigned long long)st.retries_pre_send,
+                (unsigned long long)st.retries);
+  OM_ASSERT_CMP(ok, ==, 100);
+  OM_ASSERT_CMP(live->posts, ==, 100);
+  /* the dead peer was picked (else the test proves nothing), and every
+   * retry after it was pre-send */
+  OM_ASSERT_CMP(st.retries_pre_send, >=, 1);
+  OM_ASSERT_CMP(st.retries_pre_send, ==, st.retries);
+  body = admin_get(&e, "/metrics", &status);
+  snprintf(want, sizeof want,
+           "openmesh_proxy_retries_total{service=\"orders\","
+           "phase=\"pre_send\"} %llu",
+           (unsigned long long)st.retries_pre_send);
+  if (strstr(body, want) == NULL ||
+      strstr(body, "openmesh_proxy_retries_total{service=\"orders\","
+                   "phase=\"post_send\"} 0") == NULL)
+    fail_msg("want '%s' and post_send 0 in:\n%s", want, body);
+  free(body);
+  body = admin_get(&e, "/status", &status);
+  {
+    json_t *j = json_loads(body, 0, NULL), *ph;
+    assert_non_null(j);
+    ph = json_object_get(
+        json_object_get(
+            json_object_get(json_object_get(j, "services"), "orders"), "calls"),
+        "retries_by_phase");
+    OM_ASSERT_CMP(json_integer_value(json_object_get(ph, "pre_send")), ==,
+                  (json_int_t)st.retries_pre_send);
+    OM_ASSERT_CMP(json_integer_value(json_object_get(ph, "post_send")), ==, 0);
+    json_decref(j);
+  }
+  free(body);
+  /* a failure after bytes left still follows the method: a reset POST is
+   * not retried, and counts nothing */
+  live->mode = FX_RESET;
+  {
+    om_proxy_stats_t before = st;
+    fx_t *one[] = {live};
+    snap = snap_of("orders", 2, one, 1);
+    assert_int_equal(om_proxy_set_snapshot(e.proxy, snap, err, sizeof err), 0);
+    om_snapshot_unref(snap);
+    call(&e, "POST", "orders", "/o", NULL, "{}", &r);
+    assert_int_equal(r.status, 502);
+    assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+    OM_ASSERT_CMP(st.retries, ==, before.retries);
+  }
+  env_close(&e);
+}
+
+/*
+ * The value of the field name in the upstream's last request; NULL when
+ * absent. Fails, printing every field the upstream saw, when the field
+ * is there more than once.
+ */
+static const char *fwd_value(const fx_t *fx, const char *name, char *out,
+                             size_t cap) {
+  size_t nl = strlen(name);
+  int found = 0;
+  for (const char *l = fx->last_headers; *l != '\0';) {
+    const char *nlp = strchr(l, '\n');
+    size_t len = nlp ? (size_t)(nlp - l) : strlen(l);
+    if (len > nl + 1 && memcmp(l, name, nl) == 0 && l[nl] == ':') {
+      if (found++)
+        fail_msg("'%s' forwarded twice; the upstream saw:\n%s", name,
+                 fx->last_headers);
+      snprintf(out, cap, "%.*s", (int)(len - nl - 2), l + nl + 2);
+    }
+    l += len + (nlp != NULL);
+  }
+  return found ? out : NULL;
+}
+
+/* The upstream saw name with value want (NULL: not at all). */
+static void expect_fwd(const fx_t *fx, const char *name, const char *want) {
+  char v[512];
+  const char *got = fwd_value(fx, name, v, sizeof v);
+  if (want == NULL ? got != NULL : got == NULL || strcmp(got, want) != 0)
+    fail_msg("upstream '%s': got '%s', want '%s'; it saw:\n%s", name,
+             got ? got : "(absent)", want ? want : "(absent)",
+             fx->last_headers);
+}
+
+static void connection_strips_only_what_the_caller_sent(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  char v[512];
+  const char *got;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  env_proxy(&e, NULL, policy_file("all.lua", ""));
+  env_topology(&e, "orders", 1);
+  /* naming the proxy's fields (with none of them sent): ours survive */
+  call(&e, "GET", "orders", "/",
+       "Connection: x-forwarded-for, via, x-request-id, "
+       "x-openmesh-deadline-ms\r\n",
+       NULL, &r);
+  assert_int_equal(r.status, 200);
+  expect_fwd(a, "x-forwarded-for", "127.0.0.1");
+  expect_fwd(a, "via", "1.1 openmesh");
+  expect_fwd(a, "connection", NULL);
+  got = fwd_value(a, "x-request-id", v, sizeof v);
+  if (got == NULL || strlen(got) != 32)
+    fail_msg("want a generated x-request-id; the upstream saw:\n%s",
+             a->last_headers);
+  got = fwd_value(a, "x-openmesh-deadline-ms", v, sizeof v);
+  if (got == NULL)
+    fail_msg("want x-openmesh-deadline-ms; the upstream saw:\n%s",
+             a->last_headers);
+  assert_in_range(atoi(got), 9001, 10000);
+  /* the caller's own copies, named: removed; ours in their place. The
+   * caller's deadline is the proxy's to read (it still applies) */
+  call(&e, "GET", "orders", "/",
+       "Connection: X-Forwarded-For, via,,x-request-id , x-openmesh-attempt, "
+       "keep-alive, x-hop\r\n"
+       "X-Forwarded-For: 10.9.9.9\r\nVia: 1.0 client\r\n"
+       "x-request-id: theirs\r\nx-openmesh-deadline-ms: 3000\r\n"
+       "x-openmesh-attempt: 7\r\nx-hop: 1\r\nKeep-Alive: timeout=5\r\n"
+       "foo: bar\r\n",
+       NULL, &r);
+  assert_int_equal(r.status, 200);
+  expect_fwd(a, "x-forwarded-for", "127.0.0.1");
+  expect_fwd(a, "via", "1.1 openmesh");
+  expect_fwd(a, "x-hop", NULL);
+  expect_fwd(a, "keep-alive", NULL);
+  expect_fwd(a, "x-openmesh-attempt", NULL);
+  expect_fwd(a, "foo", "bar");
+  got = fwd_value(a, "x-request-id", v, sizeof v);
+  if (got == NULL || strlen(got) != 32)
+    fail_msg("want a generated x-request-id; the upstream saw:\n%s",
+             a->last_headers);
+  got = fwd_value(a, "x-openmesh-deadline-ms", v, sizeof v);
+  if (got == NULL)
+    fail_msg("want x-openmesh-deadline-ms; the upstream saw:\n%s",
+             a->last_headers);
+  assert_in_range(atoi(got), 2001, 3000);
+  /* Connection: idempotency-key strips the key, and the retry rules see
+   * the request as forwarded: a key-less POST, not retried */
+  a->mode = FX_FAIL;
+  b = env_fx(&e, "b", FX_FAIL);
+  env_topology(&e, "orders", 2);
+  call(&e, "POST", "orders", "/o",
+       "Idempotency-Key: k-1\r\nConnection: idempotency-key\r\n", "{}", &r);
+  assert_int_equal(r.status, 503);
+  assert_string_equal(r.attempts, "1");
+  OM_ASSERT_CMP(a->posts + b->posts, ==, 1);
+  expect_fwd(a->posts ? a : b, "idempotency-key", NULL);
+  /* the same key, not named: forwarded, and the POST is retried */
+  call(&e, "POST", "orders", "/o", "Idempotency-Key: k-2\r\n", "{}", &r);
+  assert_int_equal(r.status, 503);
+  assert_string_equal(r.attempts, "2");
+  OM_ASSERT_CMP(a->posts + b->posts, ==, 3);
+  expect_fwd(a, "idempotency-key", "k-2");
+  expect_fwd(b, "idempotency-key", "k-2");
+  env_close(&e);
+}
+
+static void proxy_authentication_fields_are_not_forwarded(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  a->resp_name = "Proxy-Authenticate";
+  a->resp_value = "Basic realm=\"upstream\"";
+  env_proxy(&e, NULL, policy_file("all.lua", ""));
+  env_topology(&e, "orders", 1);
+  call(&e, "GET", "orders", "/",
+       "Proxy-Authorization: Basic b206cGFzcw==\r\n"
+       "Authorization: Bearer t\r\n",
+       NULL, &r);
+  assert_int_equal(r.status, 200);
+  /* RFC 9110 11.7.2: consumed by the proxy it is addressed to */
+  expect_fwd(a, "proxy-authorization", NULL);
+  expect_fwd(a, "authorization", "Bearer t");
+  /* RFC 9110 11.7.1: for the next outbound client only */
+  {
+    char low[sizeof r.head];
+    for (size_t i = 0; i < sizeof low; i++)
+      low[i] = (char)((r.head[i] >= 'A' && r.head[i] <= 'Z') ? r.head[i] | 0x20
+                                                             : r.head[i]);
+    if (strstr(low, "proxy-authenticate") != NULL ||
+        strstr(low, "content-type: text/plain") == NULL)
+      fail_msg("the caller got:\n%s", r.head);
+  }
+  env_close(&e);
+}
+
+/* The forwarded traceparent looks like one the proxy made: version 00,
+ * lower-hex, non-zero ids, sampled. */
+static void expect_new_traceparent(const fx_t *fx, const char *sent) {
+  char v[512];
+  const char *got = fwd_value(fx, "traceparent", v, sizeof v);
+  int ok = got != NULL && strlen(got) == 55 && strncmp(got, "00-", 3) == 0 &&
+           got[35] == '-' && strcmp(got + 52, "-01") == 0 &&
+           strspn(got + 3, "0123456789abcdef") == 32 &&
+           strspn(got + 36, "0123456789abcdef") == 16 &&
+           strncmp(got + 3, "00000000000000000000000000000000", 32) != 0 &&
+           strncmp(got + 36, "0000000000000000", 16) != 0 &&
+           (sent == NULL || strcmp(got, sent) != 0);
+  if (!ok)
+    fail_msg("sent traceparent '%s': want a new one, the upstream saw:\n%s",
+             sent ? sent : "(none)", fx->last_headers);
+  expect_fwd(fx, "tracestate", NULL);
+}
+
+static void traceparent_is_passed_through_or_created(void **state) {
+  static const char *const invalid[] = {
+      /* upper-case hex */
+      "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+      /* all-zero trace-id, all-zero parent-id */
+      "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+      /* version ff is forbidden; 00 is exactly 55 characters */
+      "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+      /* a later version must go on with '-' */
+      "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+      /* not hex, wrong separators */
+      "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+      "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0z"};
+  static const char valid[] =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  static const char later[] =
+      "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-what-comes";
+  env_t e;
+  fx_t *a;
+  res_t r;
+  char extra[512], first[64], v[512];
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  env_proxy(&e, NULL, policy_file("all.lua", ""));
+  env_topology(&e, "orders", 1);
+  /* valid: passed through with its tracestate */
+  snprintf(extra, sizeof extra,
+           "traceparent: %s\r\ntracestate: congo=t61rcWkgMzE\r\n", valid);
+  get(&e, "orders", extra, &r);
+  assert_int_equal(r.status, 200);
+  expect_fwd(a, "traceparent", valid);
+  expect_fwd(a, "tracestate", "congo=t61rcWkgMzE");
+  snprintf(extra, sizeof extra, "traceparent: %s\r\n", later);
+  get(&e, "orders", extra, &r);
+  expect_fwd(a, "traceparent", later);
+  /* absent: created (a lone tracestate has no parent: dropped); two
+   * calls, two traces */
+  get(&e, "orders", "tracestate: congo=t61rcWkgMzE\r\n", &r);
+  assert_int_equal(r.status, 200);
+  expect_new_traceparent(a, NULL);
+  snprintf(first, sizeof first, "%s", fwd_value(a, "traceparent", v, sizeof v));
+  get(&e, "orders", NULL, &r);
+  expect_new_traceparent(a, first);
+  /* invalid, or more than one: replaced, and tracestate dropped with it */
+  for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+    snprintf(extra, sizeof extra,
+             "traceparent: %s\r\ntracestate: congo=t61rcWkgMzE\r\n",
+             invalid[i]);
+    get(&e, "orders", extra, &r);
+    assert_int_equal(r.status, 200);
+    expect_new_traceparent(a, invalid[i]);
+  }
+  snprintf(extra, sizeof extra, "traceparent: %s\r\ntraceparent: %s\r\n", valid,
+           valid);
+  get(&e, "orders", extra, &r);
+  expect_new_traceparent(a, valid);
+  /* named in Connection: the caller's is gone, a new trace starts */
+  snprintf(extra, sizeof extra,
+           "traceparent: %s\r\nConnection: traceparent\r\n", valid);
+  get(&e, "orders", extra, &r);
+  expect_new_traceparent(a, valid);
+  env_close(&e);
+}
+
 static int group_setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/om-proxy-test.XXXXXX");
@@ -2048,6 +2395,10 @@ int main(void) {
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),
+      cmocka_unit_test(post_is_retried_after_a_refused_connection),
+      cmocka_unit_test(connection_strips_only_what_the_caller_sent),
+      cmocka_unit_test(proxy_authentication_fields_are_not_forwarded),
+      cmocka_unit_test(traceparent_is_passed_through_or_created),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

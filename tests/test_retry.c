@@ -1,5 +1,5 @@
-/* test_retry.c: retry eligibility (method, key, opt-in, outcome) and the
- * retry budget (ratio, floor, sliding window). */
+/* test_retry.c: retry eligibility (method, key, opt-in, outcome, send
+ * phase) and the retry budget (ratio, floor, sliding window). */
 #include "om_test.h"
 
 #include <math.h>
@@ -168,6 +168,70 @@ static void invalid_requests(void **state) {
   }
 }
 
+/* Decide a transport error in a send phase, returning the reason's name. */
+static const char *decide_phase(const char *method, const char *key, int status,
+                                om_retry_error_t err, om_retry_phase_t phase,
+                                const om_retry_policy_t *p, bool *retry) {
+  om_retry_req_t r;
+  om_retry_reason_t why = (om_retry_reason_t)-1;
+  memset(&r, 0, sizeof r);
+  r.method = method;
+  r.method_len = strlen(method);
+  r.idempotency_key = key;
+  r.idempotency_key_len = key != NULL ? strlen(key) : 0;
+  r.status = status;
+  r.error = err;
+  r.phase = phase;
+  r.policy = p;
+  *retry = om_retry_decide(&r, &why);
+  return om_retry_reason_name(why);
+}
+
+#define EXPECT_PHASE(want_retry, want_reason, ...)                             \
+  do {                                                                         \
+    bool om__r;                                                                \
+    const char *om__why = decide_phase(__VA_ARGS__, &om__r);                   \
+    if (om__r != (want_retry) || strcmp(om__why, want_reason) != 0)            \
+      fail_msg("decide_phase(%s) = %d %s, want %d %s", #__VA_ARGS__, om__r,    \
+               om__why, (int)(want_retry), want_reason);                       \
+  } while (0)
+
+static void send_phases(void **state) {
+  (void)state;
+  om_retry_policy_t p;
+  /* nothing left: any method, any retryable error class */
+  EXPECT_PHASE(true, "not_sent", "POST", NULL, 0, OM_RETRY_ERR_CONNECT,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  EXPECT_PHASE(true, "not_sent", "PATCH", NULL, 0, OM_RETRY_ERR_TIMEOUT,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  EXPECT_PHASE(true, "not_sent", "POST", NULL, 0, OM_RETRY_ERR_RESET,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  /* the method or key is the reason when it alone would allow it */
+  EXPECT_PHASE(true, "idempotent_method", "GET", NULL, 0, OM_RETRY_ERR_CONNECT,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  EXPECT_PHASE(true, "idempotency_key", "POST", "k", 0, OM_RETRY_ERR_CONNECT,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  /* after bytes left, and when the phase is unknown: the method rules */
+  EXPECT_PHASE(false, "non_idempotent", "POST", NULL, 0, OM_RETRY_ERR_RESET,
+               OM_RETRY_PHASE_POST_SEND, NULL);
+  EXPECT_PHASE(false, "non_idempotent", "POST", NULL, 0, OM_RETRY_ERR_CONNECT,
+               OM_RETRY_PHASE_UNKNOWN, NULL);
+  EXPECT_PHASE(true, "idempotency_key", "POST", "k", 0, OM_RETRY_ERR_RESET,
+               OM_RETRY_PHASE_POST_SEND, NULL);
+  /* the outcome gate still comes first */
+  om_retry_policy_default(&p);
+  p.error_bits &= ~OM_RETRY_ERR_BIT(OM_RETRY_ERR_CONNECT);
+  EXPECT_PHASE(false, "error_not_retryable", "POST", NULL, 0,
+               OM_RETRY_ERR_CONNECT, OM_RETRY_PHASE_PRE_SEND, &p);
+  /* a status means a server answered: pre-send with one is a contradiction */
+  EXPECT_PHASE(false, "invalid_request", "GET", NULL, 503, OM_RETRY_ERR_NONE,
+               OM_RETRY_PHASE_PRE_SEND, NULL);
+  EXPECT_PHASE(true, "idempotent_method", "GET", NULL, 503, OM_RETRY_ERR_NONE,
+               OM_RETRY_PHASE_POST_SEND, NULL);
+  EXPECT_PHASE(false, "invalid_request", "POST", NULL, 0, OM_RETRY_ERR_CONNECT,
+               (om_retry_phase_t)9, NULL);
+}
+
 static void reason_names(void **state) {
   (void)state;
   assert_string_equal(om_retry_reason_name(OM_RETRY_IDEMPOTENT_METHOD),
@@ -175,6 +239,7 @@ static void reason_names(void **state) {
   assert_string_equal(om_retry_reason_name(OM_RETRY_IDEMPOTENCY_KEY),
                       "idempotency_key");
   assert_string_equal(om_retry_reason_name(OM_RETRY_OPT_IN), "opt_in");
+  assert_string_equal(om_retry_reason_name(OM_RETRY_NOT_SENT), "not_sent");
   assert_string_equal(om_retry_reason_name(OM_RETRY_NON_IDEMPOTENT),
                       "non_idempotent");
   assert_string_equal(om_retry_reason_name(OM_RETRY_STATUS_NOT_RETRYABLE),
@@ -389,6 +454,7 @@ int main(void) {
       cmocka_unit_test(statuses),
       cmocka_unit_test(error_classes),
       cmocka_unit_test(invalid_requests),
+      cmocka_unit_test(send_phases),
       cmocka_unit_test(reason_names),
       cmocka_unit_test(budget_new_validates_and_survives_alloc_failure),
       cmocka_unit_test(budget_floor_at_low_traffic),

@@ -637,6 +637,8 @@ static int send_simple(cap_t *c, const char *m, const char *t) {
   q.method = m;
   q.target = t;
   q.timeout_ms = 5000;
+  /* what the proxy sets for the idempotent methods these tests send */
+  q.retry_stale = 1;
   return send_full(c, &q);
 }
 
@@ -1451,6 +1453,51 @@ static void stale_keep_alive_retried_for_get_reported_for_post(void **state) {
   fx_free(fx);
 }
 
+/* The caller decides what a stale reuse may repeat: retry_stale. */
+static void stale_keep_alive_retry_is_the_callers_call(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  (void)state;
+  cap_init(&C[0], fx, M_NONE);
+  roundtrip(&C[0], "GET", "/ok");
+  /* a GET the caller does not vouch for: reported, not re-sent */
+  srv_drop_all(&fx->srv);
+  memset(&q, 0, sizeof q);
+  q.method = "GET";
+  q.target = "/ok";
+  q.timeout_ms = 5000;
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(send_full(&C[1], &q), 0);
+  RUN_UNTIL(fx, C[1].done, 3000);
+  expect_fail(&C[1], OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, OM_EIO);
+  assert_int_equal(C[1].res.attempts, 1);
+  assert_int_equal(C[1].res.reused, 1);
+  assert_int_equal(C[1].res.sent, 1);
+  OM_ASSERT_CMP(peer_st(fx).retries, ==, 0);
+  /* a POST the caller vouches for (say, it carries an Idempotency-Key):
+   * re-sent once on a fresh connection */
+  cap_init(&C[2], fx, M_NONE);
+  roundtrip(&C[2], "GET", "/ok");
+  srv_drop_all(&fx->srv);
+  memset(&q, 0, sizeof q);
+  q.method = "POST";
+  q.target = "/echo";
+  q.body = "once";
+  q.body_len = 4;
+  q.timeout_ms = 5000;
+  q.retry_stale = 1;
+  cap_init(&C[3], fx, M_NONE);
+  assert_int_equal(send_full(&C[3], &q), 0);
+  RUN_UNTIL(fx, C[3].done, 3000);
+  if (C[3].res.err != 0)
+    fail_msg("POST failed: %s (%s)", C[3].res.reason, C[3].detail);
+  OM_ASSERT_CMP(C[3].res.attempts, ==, 2);
+  assert_int_equal(C[3].res.reused, 0);
+  OM_ASSERT_CMP(fx->srv.n_post, ==, 1);
+  OM_ASSERT_CMP(peer_st(fx).retries, ==, 1);
+  fx_free(fx);
+}
+
 static void h_reset_on_request(srv_t *s, sconn_t *sc, const sreq_t *q) {
   (void)s;
   (void)q;
@@ -2211,6 +2258,7 @@ int main(void) {
       cmocka_unit_test(connect_timeout),
       cmocka_unit_test(first_byte_and_total_timeouts),
       cmocka_unit_test(stale_keep_alive_retried_for_get_reported_for_post),
+      cmocka_unit_test(stale_keep_alive_retry_is_the_callers_call),
       cmocka_unit_test(reset_before_response_on_a_fresh_connection),
       cmocka_unit_test(reset_mid_body),
       cmocka_unit_test(malformed_responses_are_refused),

@@ -5,7 +5,8 @@
  * peer an MRU list of idle connections; a connection carries at most one
  * request at a time (no pipelining: a reused connection must be provably
  * in sync). A request object lives from om_upstream_send to the end of
- * on_done and can move to a fresh connection once (stale keep-alive).
+ * on_done and can move to a fresh connection once (stale keep-alive,
+ * when the caller allows it).
  * Request objects are recycled through a free list with their head
  * buffers, and connections keep their read buffers, so a warm pool
  * allocates nothing per request.
@@ -682,13 +683,6 @@ static int method_is(const char *m, size_t n, const char *lit) {
   return strlen(lit) == n && memcmp(m, lit, n) == 0;
 }
 
-/* RFC 9110 9.2.2 */
-static int method_idempotent(const char *m, size_t n) {
-  return method_is(m, n, "GET") || method_is(m, n, "HEAD") ||
-         method_is(m, n, "OPTIONS") || method_is(m, n, "PUT") ||
-         method_is(m, n, "DELETE") || method_is(m, n, "TRACE");
-}
-
 static int valid_target(const char *t, size_t n, const char *m, size_t ml) {
   size_t i = 0;
   int query = 0;
@@ -885,7 +879,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->connect_ms = q->connect_timeout_ms;
   r->first_byte_ms = q->first_byte_timeout_ms;
   r->total_due = q->timeout_ms != 0 ? now + q->timeout_ms : 0;
-  r->idempotent = method_idempotent(m, ml);
+  r->retry_stale = q->retry_stale != 0;
   r->is_head = method_is(m, ml, "HEAD");
   r->res.attempts = 1;
   r->peer = e;

@@ -54,13 +54,16 @@
  * Stale keep-alive (the server closed an idle connection just as we reused
  * it): when a request sent on a pooled connection sees EOF, a reset or a
  * write error before any response byte, it is re-sent ONCE on a fresh
- * connection, transparently, if its method is idempotent (GET HEAD OPTIONS
- * PUT DELETE TRACE, RFC 9110 9.2.2). Otherwise the failure is reported as
- * "reset_before_response" and the proxy decides (it knows about
- * Idempotency-Key and policy opt-ins; the server may have received the
- * request). Go's net/http transport applies the same rule to reused
- * connections (it also honours Idempotency-Key, which here is the proxy's
- * call).
+ * connection, transparently, only if the caller set retry_stale (it knows
+ * whether the request is safe to repeat: an idempotent method, an
+ * Idempotency-Key, a policy opt-in, a body it can replay), or if the first
+ * write failed at once so that provably nothing left. Otherwise the
+ * failure is reported as "reset_before_response" with res.sent = 1 and
+ * res.reused = 1, and the caller decides: the server may have read the
+ * request, even acted on it. nginx (proxy_next_upstream without
+ * non_idempotent) and Envoy (reset-before-request retries only where the
+ * route's retry policy allows) draw the same line; Go's net/http transport
+ * too, honouring Idempotency-Key.
  *
  * Threading: everything runs on the loop thread. The process must ignore
  * SIGPIPE (libuv writes with writev; a peer reset would kill the process).
@@ -271,6 +274,14 @@ typedef struct om_upstream_request_s {
    * field-content (they were parsed by om_http_server, or built by the
    * caller): the per-byte checks are skipped, the hop-by-hop rules kept. */
   int headers_valid;
+  /* Nonzero: the request is safe to send twice (a safe or idempotent
+   * method, an Idempotency-Key, an opt-in), so a stale pooled connection
+   * that closes under it before any response byte re-sends it once on a
+   * fresh connection (res.attempts 2). Zero: that failure is reported
+   * (reset_before_response, sent 1, reused 1) for the caller's own rules.
+   * Either way a request whose first write failed with nothing written is
+   * re-sent: no server saw it. */
+  int retry_stale;
 } om_upstream_request_t;
 
 /*
@@ -309,9 +320,10 @@ typedef struct om_upstream_response_s {
  * - TIMEOUT_CONNECT: connect_timeout_ms passed while connecting. Nothing
  *   was sent.
  * - RESET_BEFORE_RESPONSE: the connection closed or was reset, or the
- *   write failed, after (part of) the request was sent and before the
- *   response head was complete. The server may have received, even
- *   processed, the request: retry only what is idempotent.
+ *   write failed, before the response head was complete. With res.sent 1
+ *   (part of) the request left: the server may have received, even
+ *   processed, it: retry only what is idempotent. With res.sent 0 (a
+ *   fresh connection refused our first write) nothing left.
  * - TIMEOUT_FIRST_BYTE: first_byte_timeout_ms passed before the response
  *   head was complete.
  * - TIMEOUT_TOTAL: timeout_ms passed (in any phase; see res->sent and
@@ -364,9 +376,12 @@ typedef struct om_upstream_result_s {
   /* a static human-readable detail for logs ("connection refused",
    * "obs-fold in the response head", ...); "" when err is 0 */
   const char *detail;
-  /* 0 when provably no byte of the request left this process (the
-   * failure came before the connection was up, on every attempt): safe
-   * to retry whatever the method */
+  /* 0 when provably no byte of the request left this process on any
+   * attempt: the failure came before the connection was up (connect
+   * refused, connect timeout, address errors, a total timeout while
+   * connecting) or the first write was refused with nothing written.
+   * Safe to retry whatever the method. 1 as soon as a write took a byte
+   * or was queued. */
   int sent;
   int headers_delivered; /* on_headers ran: the response is committed */
   int reused;            /* the last attempt ran on a pooled connection */

@@ -141,7 +141,9 @@ static void conn_arm(conn_t *c) {
 /*
  * The attempt on c failed. c is closed. A request that met a stale pooled
  * connection (nothing of a response came back) goes again, once, on a
- * fresh connection when its method is idempotent; any other ends.
+ * fresh connection when the caller allowed it (retry_stale: the server may
+ * have read the request) or when provably nothing of it left (the first
+ * write failed at once); any other ends.
  */
 static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
                          const char *detail) {
@@ -152,7 +154,8 @@ static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
   if (r == NULL)
     return;
   if (fail == OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE && r->res.reused &&
-      !r->got_bytes && r->idempotent && r->res.attempts == 1 && !p->closing) {
+      !r->got_bytes && (r->retry_stale || !r->res.sent) &&
+      r->res.attempts == 1 && !p->closing) {
     r->res.attempts = 2;
     r->peer->st.retries++;
     p->st.retries++;
@@ -226,14 +229,17 @@ static void conn_write(conn_t *c) {
     b[1] = uv_buf_init((char *)r->body, (unsigned)r->body_len);
     nb = 2;
   }
-  r->res.sent = 1;
   n = uv_try_write((uv_stream_t *)&c->tcp, b, nb);
   if (n == UV_EAGAIN || n == UV_ENOSYS)
     n = 0;
   if (n < 0) {
+    /* refused at once (a reset that came before our first byte): nothing
+     * of this attempt left, so res.sent keeps what earlier attempts did */
     attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0, uv_strerror(n));
     return;
   }
+  if (n > 0)
+    r->res.sent = 1;
   if ((size_t)n == total)
     return;
   left = (size_t)n;
@@ -249,6 +255,7 @@ static void conn_write(conn_t *c) {
     attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0, uv_strerror(rc));
     return;
   }
+  r->res.sent = 1; /* queued: bytes may leave from here on */
   c->writing = 1;
 }
 

@@ -107,7 +107,7 @@ struct om_upstream_req_s {
   uint64_t connect_due, first_byte_due, total_due; /* loop ms; 0 none */
   int state;
   int pend;
-  unsigned idempotent : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
+  unsigned retry_stale : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
       got_bytes : 1;
   om_upstream_result_t res;
 };

@@ -489,8 +489,18 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
   s->m_attempts =
       om_metrics_counter(p->metrics, "openmesh_proxy_attempts_total",
                          "Upstream attempts started.", labels);
-  s->m_retries = om_metrics_counter(p->metrics, "openmesh_proxy_retries_total",
-                                    "Attempts after a call's first.", labels);
+  {
+    static const char help[] =
+        "Attempts after a call's first, by the send phase of the failure "
+        "retried (pre_send: no byte of the request had left; post_send).";
+    char ph[600];
+    snprintf(ph, sizeof ph, "%s,phase=\"pre_send\"", labels);
+    s->m_retries_pre = om_metrics_counter(
+        p->metrics, "openmesh_proxy_retries_total", help, ph);
+    snprintf(ph, sizeof ph, "%s,phase=\"post_send\"", labels);
+    s->m_retries_post = om_metrics_counter(
+        p->metrics, "openmesh_proxy_retries_total", help, ph);
+  }
   s->m_budget = om_metrics_counter(
       p->metrics, "openmesh_proxy_retry_budget_exhausted_total",
       "Retries refused because the service's retry budget was spent.", labels);
@@ -997,6 +1007,7 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->requests = s->requests;
   out->attempts = s->attempts;
   out->retries = s->retries;
+  out->retries_pre_send = s->retries_pre_send;
   out->budget_exhausted = s->budget_exhausted;
   out->paused = s->paused;
   out->inflight = om_admission_inflight(s->adm);

@@ -182,6 +182,8 @@ typedef struct om_proxy_stats_s {
   size_t peers;               /* in the current snapshot */
   uint64_t policy_cache_hits; /* decisions reused (a policy with `vary`) */
   uint64_t policy_cache_misses;
+  uint64_t retries_pre_send; /* of retries: no byte of the request had left
+                                (the rest are post-send) */
 } om_proxy_stats_t;
 
 /* Returns 0 and fills *out; OM_ENOTFOUND for an unknown service. */

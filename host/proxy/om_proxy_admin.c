@@ -211,7 +211,7 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   }
   o = json_pack(
       "{s:I, s:{s:s, s:s, s:I, s:I, s:s}, s:{s:i, s:i, s:i, s:i, s:b}, "
-      "s:{s:I, s:I, s:I, s:I, s:I}, s:o*}",
+      "s:{s:I, s:I, s:I, s:{s:I, s:I}, s:I, s:I}, s:o*}",
       "revision", (json_int_t)om_snapshot_revision(s->view->snap), "policy",
       "path", s->policy_path, "name",
       s->watch ? om_policy_name(om_policy_watch_current(s->watch)) : "",
@@ -224,6 +224,8 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
       (int)om_admission_limit(s->adm), "max_queue", (int)s->set.max_queue,
       "adaptive", s->set.adaptive, "calls", "requests", (json_int_t)s->requests,
       "attempts", (json_int_t)s->attempts, "retries", (json_int_t)s->retries,
+      "retries_by_phase", "pre_send", (json_int_t)s->retries_pre_send,
+      "post_send", (json_int_t)(s->retries - s->retries_pre_send),
       "retry_budget_exhausted", (json_int_t)s->budget_exhausted, "paused",
       (json_int_t)s->paused, "peers", peers);
   return o;

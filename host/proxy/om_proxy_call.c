@@ -152,9 +152,13 @@ static void fail(om__proxy_call_t *c, om__proxy_outcome_t o,
                  const char *message) {
   if (c->req != NULL) {
     om_http_request_t *req = c->req;
-    const char *rid = om_http_request_header(req, "x-request-id", NULL);
+    /* the id the upstream saw: ours when the caller's was absent or
+     * named in its Connection */
+    const char *rid = c->request_id[0] != '\0'
+                          ? c->request_id
+                          : om_http_request_header(req, "x-request-id", NULL);
     c->req = NULL;
-    respond_error(req, o, message, c->attempts, rid ? rid : c->request_id);
+    respond_error(req, o, message, c->attempts, rid);
   }
   call_end(c, o);
 }
@@ -259,21 +263,13 @@ static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
 /* retry decisions */
 
 /*
- * May the failed attempt be retried, and after how long? Every gate of
- * the call path in turn (docs/PROXY.md): attempts left, a replayable body, the
- * method (or Idempotency-Key, or the policy's opt-in) with a retryable outcome,
- * a Retry-After that fits, room in the deadline for a useful attempt after the
- * wait, a peer left in the subset, and last the retry budget (spent only when
- * everything else said yes).
+ * om_retry_decide for this call's request as forwarded (its
+ * Idempotency-Key is the one the upstream sees) and the given outcome.
  */
-static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
-                        int has_ra, uint64_t ra_ns, uint64_t now,
-                        uint64_t *wait_out) {
-  om_proxy_t *p = c->p;
+static int request_allows(const om__proxy_call_t *c, int status,
+                          om_retry_error_t err, om_retry_phase_t phase) {
+  const om_proxy_t *p = c->p;
   om_retry_req_t rr;
-  uint64_t remaining, min_ns = p->opts.min_attempt_ms * NS_PER_MS, wait;
-  if (c->attempts > c->set.retries || !c->replayable)
-    return 0;
   memset(&rr, 0, sizeof rr);
   rr.method = c->req->method;
   rr.method_len = c->req->method_len;
@@ -283,7 +279,29 @@ static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
   rr.error = err;
   rr.opt_in = c->set.retry_non_idempotent != 0;
   rr.policy = c->set.retry_429 ? &p->retry_policy_429 : &p->retry_policy;
-  if (!om_retry_decide(&rr, NULL))
+  rr.phase = phase;
+  return om_retry_decide(&rr, NULL);
+}
+
+/*
+ * May the failed attempt be retried, and after how long? Every gate of
+ * the call path in turn (docs/PROXY.md): attempts left, a replayable body
+ * (unless nothing was sent), the send phase, the method (or
+ * Idempotency-Key, or the policy's opt-in) with a retryable outcome, a
+ * Retry-After that fits, room in the deadline for a useful attempt after
+ * the wait, a peer left in the subset, and last the retry budget (spent
+ * only when everything else said yes). Records the phase of the retry for
+ * the metrics of the next attempt.
+ */
+static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
+                        om_retry_phase_t phase, int has_ra, uint64_t ra_ns,
+                        uint64_t now, uint64_t *wait_out) {
+  om_proxy_t *p = c->p;
+  uint64_t remaining, min_ns = p->opts.min_attempt_ms * NS_PER_MS, wait;
+  int pre = phase == OM_RETRY_PHASE_PRE_SEND;
+  if (c->attempts > c->set.retries || (!c->replayable && !pre))
+    return 0;
+  if (!request_allows(c, status, err, phase))
     return 0;
   remaining = om_deadline_remaining(c->deadline, now);
   if (remaining <= min_ns)
@@ -306,6 +324,7 @@ static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
     return 0;
   }
   *wait_out = wait;
+  c->retry_pre_send = pre;
   return 1;
 }
 
@@ -437,7 +456,8 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   if (om_retry_policy_has_status(c->set.retry_429 ? &p->retry_policy_429
                                                   : &p->retry_policy,
                                  r->status) &&
-      decide_retry(c, r->status, OM_RETRY_ERR_NONE, has_ra, ra, now, &wait)) {
+      decide_retry(c, r->status, OM_RETRY_ERR_NONE, OM_RETRY_PHASE_POST_SEND,
+                   has_ra, ra, now, &wait)) {
     c->discarding = 1; /* its body goes nowhere; the next attempt follows */
     c->wait_ns = wait;
     c->last_status = r->status;
@@ -451,17 +471,8 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   }
   for (size_t i = 0; i < r->n_headers; i++) {
     const om_http_header_t *f = &r->headers[i];
-    /* 204 has no body and may not say Content-Length (RFC 9110 8.6) */
-    if (r->status == 204 && f->name_len == 14 &&
-        strncasecmp(f->name, "content-length", 14) == 0)
-      continue;
-    /* ours replace a chained proxy's: the caller learns about this hop */
-    if ((f->name_len == 15 &&
-         strncasecmp(f->name, "x-openmesh-peer", 15) == 0) ||
-        (f->name_len == 19 &&
-         strncasecmp(f->name, "x-openmesh-attempts", 19) == 0))
-      continue;
-    h[n++] = *f;
+    if (!om__proxy_response_field_dropped(f, r->status))
+      h[n++] = *f;
   }
   att_len = om__http_u64_dec(att, c->attempts);
   h[n++] = (om_http_header_t){"x-openmesh-peer", peer->id, 15, 0};
@@ -570,9 +581,14 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   c->last_deadline_limited = c->deadline_limited;
   {
     om_retry_error_t rc = retry_class(res->fail);
+    /* nothing left (res->sent 0, exact on every path): no server saw the
+     * request, any method may go again; a streamed body cut under a
+     * reused connection ends with sent 1 and follows the method rules */
+    om_retry_phase_t ph =
+        res->sent ? OM_RETRY_PHASE_POST_SEND : OM_RETRY_PHASE_PRE_SEND;
     uint64_t wait;
     if (rc != OM_RETRY_ERR_NONE && !res->headers_delivered &&
-        decide_retry(c, 0, rc, 0, 0, now, &wait)) {
+        decide_retry(c, 0, rc, ph, 0, 0, now, &wait)) {
       c->wait_ns = wait;
       schedule_retry(c);
       return;
@@ -633,7 +649,9 @@ static void start_attempt(om__proxy_call_t *c) {
   om_metric_inc(s->m_attempts);
   if (c->attempts > 1) {
     s->retries++;
-    om_metric_inc(s->m_retries);
+    if (c->retry_pre_send)
+      s->retries_pre_send++;
+    om_metric_inc(c->retry_pre_send ? s->m_retries_pre : s->m_retries_post);
   }
   peer->refs++;
   peer->inflight++;
@@ -682,6 +700,10 @@ static void start_attempt(om__proxy_call_t *c) {
   /* the caller's fields passed om_http_server's RFC 9112 checks; ours are
    * built from ids, numbers and an address */
   ur.headers_valid = 1;
+  /* a stale pooled connection may re-send only what the retry rules would
+   * send again after bytes left (as nginx and Envoy): safe or keyed */
+  ur.retry_stale = c->replayable && request_allows(c, 0, OM_RETRY_ERR_RESET,
+                                                   OM_RETRY_PHASE_POST_SEND);
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];
@@ -752,35 +774,17 @@ static void on_client_close(om_http_request_t *req) {
   call_end(c, OM__PROXY_CLIENT_CLOSED);
 }
 
-static int skip_forward(const om_http_header_t *h) {
-  static const struct {
-    const char *name;
-    size_t len;
-  } skip[] = {{"x-openmesh-attempt", 18},
-              {"x-openmesh-deadline-ms", 22},
-              {"x-forwarded-for", 15},
-              /* the body is already read: the upstream gets it at once */
-              {"expect", 6}};
-  for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
-    if (h->name_len == skip[i].len &&
-        memcmp(h->name, skip[i].name, h->name_len) == 0)
-      return 1;
-  return 0;
-}
-
 /*
  * One allocation for the call and everything it carries: bitmaps, the
- * subset, the rank, the forwarded headers, the target and the
- * X-Forwarded-For value.
+ * subset, the rank, the forwarded headers, the target and the bytes of
+ * the fields the proxy builds (om__proxy_headers_size says how many).
  */
 static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
                                   om_http_request_t *req, size_t n_subset,
                                   int keyed) {
   om__proxy_view_t *v = s->view;
   size_t words = OM_P2C_BITMAP_WORDS(v->n ? v->n : 1), max_prefix = 0;
-  /* ours: via, x-request-id, x-forwarded-for, attempt, deadline */
-  size_t n_fwd = req->n_headers + 5, xff_len = 0, path_q_len, size;
-  int has_rid = om_http_request_header(req, "x-request-id", NULL) != NULL;
+  size_t n_fwd, hdr_bytes, path_q_len, size;
   char *at;
   om__proxy_call_t *c;
   for (size_t k = 0; k < n_subset; k++) {
@@ -788,16 +792,12 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
     if (peer->prefix_len > max_prefix)
       max_prefix = peer->prefix_len;
   }
-  for (size_t i = 0; i < req->n_headers; i++)
-    if (req->headers[i].name_len == 15 &&
-        memcmp(req->headers[i].name, "x-forwarded-for", 15) == 0)
-      xff_len += req->headers[i].value_len + 2;
-  xff_len += strlen(req->remote_ip) + 1;
+  om__proxy_headers_size(req, &n_fwd, &hdr_bytes);
   path_q_len = req->path_len + (req->query ? 1 + req->query_len : 0);
   size = sizeof *c + 3 * words * sizeof(uint64_t) +
          n_fwd * sizeof(om_http_header_t) + n_subset * sizeof(uint32_t) +
          (keyed ? v->n : 0) * sizeof(uint32_t) + max_prefix + 2 * path_q_len +
-         2 + xff_len;
+         2 + hdr_bytes;
   c = calloc(1, size);
   if (c == NULL)
     return NULL;
@@ -842,39 +842,9 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   memcpy(c->subset, p->scratch, n_subset * sizeof *c->subset);
   for (size_t k = 0; k < n_subset; k++)
     om_p2c_bitmap_set(c->in_subset, c->subset[k]);
-  /* forwarded fields: the caller's, minus ours; then ours */
-  {
-    size_t xk = 0;
-    for (size_t i = 0; i < req->n_headers; i++) {
-      const om_http_header_t *h = &req->headers[i];
-      if (h->name_len == 15 && memcmp(h->name, "x-forwarded-for", 15) == 0) {
-        memcpy(c->xff + xk, h->value, h->value_len);
-        xk += h->value_len;
-        memcpy(c->xff + xk, ", ", 2);
-        xk += 2;
-      }
-      if (!skip_forward(h))
-        c->fwd[c->n_fwd_fixed++] = *h;
-    }
-    memcpy(c->xff + xk, req->remote_ip, strlen(req->remote_ip) + 1);
-    if (c->xff[0] != '\0')
-      c->fwd[c->n_fwd_fixed++] =
-          (om_http_header_t){"x-forwarded-for", c->xff, 15, 0};
-  }
-  /* RFC 9110 7.6.3: each intermediary adds itself to Via */
-  c->fwd[c->n_fwd_fixed++] = (om_http_header_t){"via", "1.1 openmesh", 3, 12};
-  if (!has_rid) {
-    static const char hex[] = "0123456789abcdef";
-    uint64_t a = om_rng_next(&p->rng), b = om_rng_next(&p->rng);
-    for (int i = 0; i < 16; i++) {
-      c->request_id[i] = hex[(a >> (4 * i)) & 15];
-      c->request_id[16 + i] = hex[(b >> (4 * i)) & 15];
-    }
-    c->request_id[32] = '\0';
-    c->fwd[c->n_fwd_fixed++] =
-        (om_http_header_t){"x-request-id", c->request_id, 12, 32};
-  }
-  c->idem_key = om_http_request_header(req, "idempotency-key", &c->idem_len);
+  /* the forwarded set (om_proxy_headers.c); the retry rules read its
+   * Idempotency-Key */
+  om__proxy_headers_build(c, req, c->xff);
   c->replayable = req->body_len <= p->opts.replay_limit;
   p->calls++;
   return c;

@@ -108,8 +108,10 @@ struct om__proxy_service_s {
   uint64_t queue_timer_at;
   int queue_timer_open;
   uint64_t requests, attempts, retries, budget_exhausted, paused;
+  uint64_t retries_pre_send; /* of retries: after nothing was sent */
   om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
-  om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
+  om_metric_t *m_attempts, *m_budget, *m_latency;
+  om_metric_t *m_retries_pre, *m_retries_post; /* retries_total{phase} */
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
   om__proxy_cache_t cache;           /* the vary policy's decisions */
 };
@@ -142,7 +144,8 @@ struct om_proxy_s {
  * One call through the proxy, from admission to the caller's answer
  * (om_proxy_call.c). Everything it carries is in one allocation
  * (call_new): bitmaps, the subset, the rank, the forwarded headers, the
- * target and the X-Forwarded-For value.
+ * target and the bytes of the fields the proxy builds (X-Forwarded-For,
+ * traceparent).
  */
 typedef struct om__proxy_call_s om__proxy_call_t;
 struct om__proxy_call_s {
@@ -187,7 +190,8 @@ struct om__proxy_call_s {
   const char *path_q;
   size_t path_q_len;
   char attempt_buf[24], deadline_buf[24], request_id[33];
-  char *xff;
+  char *xff;          /* the buffer of om__proxy_headers_build */
+  int retry_pre_send; /* the retry about to start follows a pre-send failure */
 };
 
 /* om_proxy.c */
@@ -207,5 +211,42 @@ void om__proxy_arm_queue_timer(om__proxy_service_t *s);
 
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);
+
+/*
+ * om_proxy_headers.c: what the proxy forwards (the rules, RFC 9110 7.6.1,
+ * 7.6.3, 11.7 and W3C Trace Context, are listed at the top of that file).
+ *
+ * om__proxy_headers_size: the header slots (*n_fields) and the bytes
+ * (*n_bytes) the forwarded set of req needs: call_new sizes the call's
+ * one allocation with them.
+ */
+void om__proxy_headers_size(const om_http_request_t *req, size_t *n_fields,
+                            size_t *n_bytes);
+
+/*
+ * om__proxy_headers_build: the forwarded set of req into c->fwd
+ * (c->n_fwd_fixed fields, at most n_fields of om__proxy_headers_size):
+ * the caller's fields without those its Connection names and without the
+ * hop-by-hop and proxy-owned ones, then ours (X-Forwarded-For, Via,
+ * X-Request-Id when the caller has none, traceparent when the caller's is
+ * missing or invalid). buf holds n_bytes and must live as long as c
+ * (values point into it and into req). Sets c->idem_key to the forwarded
+ * Idempotency-Key (NULL when none is forwarded) and c->request_id when it
+ * made one. Cannot fail. Uses the proxy's generator (c->p->rng).
+ */
+void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
+                             char *buf);
+
+/*
+ * om__proxy_response_field_dropped: whether the response field f (of a
+ * response with status) is kept from the caller: Proxy-Authenticate, a
+ * 204's Content-Length, a chained proxy's X-Openmesh-Peer and
+ * X-Openmesh-Attempts (ours replace them).
+ */
+int om__proxy_response_field_dropped(const om_http_header_t *f, int status);
+
+/* om__proxy_traceparent_valid: v[0, len) is a traceparent the W3C rules
+ * accept (version 00 exactly; a later version by its 00 prefix). */
+int om__proxy_traceparent_valid(const char *v, size_t len);
 
 #endif /* OM_PROXY_INTERNAL_H */

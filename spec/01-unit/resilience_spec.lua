@@ -331,6 +331,25 @@ describe("om.retryable", function()
     assert.equal("status_not_retryable", why)
   end)
 
+  it("retries any method when nothing of the request was sent", function()
+    for _, e in ipairs{"timeout", "connect", "reset"} do
+      local ok, why = om.retryable{method = "POST", error = e, sent = false}
+      assert.is_true(ok)
+      assert.equal("not_sent", why)
+      ok, why = om.retryable{method = "POST", error = e, sent = true}
+      assert.is_false(ok)
+      assert.equal("non_idempotent", why)
+    end
+    local ok, why = om.retryable{method = "GET", error = "connect", sent = false}
+    assert.is_true(ok)
+    assert.equal("idempotent_method", why)
+    ok, why = om.retryable{method = "POST", error = "connect", sent = false, errors = {"reset"}}
+    assert.is_false(ok)
+    assert.equal("error_not_retryable", why)
+    assert.has_error(function() om.retryable{method = "GET", status = 503, sent = false} end)
+    assert.has_error(function() om.retryable{method = "GET", error = "reset", sent = 0} end)
+  end)
+
   it("classifies transport errors without a status", function()
     for _, e in ipairs{"timeout", "connect", "reset"} do
       assert.is_true((om.retryable{method = "GET", error = e}))
