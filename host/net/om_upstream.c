@@ -885,6 +885,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->connect_ms = q->connect_timeout_ms;
   r->first_byte_ms = q->first_byte_timeout_ms;
   r->total_due = q->timeout_ms != 0 ? now + q->timeout_ms : 0;
+  r->head_due = q->head_timeout_ms != 0 ? now + q->head_timeout_ms : 0;
   r->idempotent = method_idempotent(m, ml);
   r->is_head = method_is(m, ml, "HEAD");
   r->res.attempts = 1;
