@@ -37,8 +37,8 @@ typedef enum {
   FX_STREAM_BIG, /* 200 with Content-Length big_total, written in chunks */
   FX_SSE,        /* 200 SSE: sse_count events sse_every_ms apart, then the
                     end (or, with sse_hang, silence) */
-  FX_CL_STALL,   /* 200 with Content-Length cl_total: cl_sent bytes, then
-                    silence */
+  FX_CL_STALL,   /* cl_status (0: 200) with Content-Length cl_total:
+                    cl_sent bytes, then silence */
 } fx_mode_t;
 
 #define FX_PEND 64
@@ -75,6 +75,7 @@ struct fx_s {
   unsigned sse_every_ms, sse_count;
   int sse_hang;
   size_t cl_total, cl_sent;
+  int cl_status;
   uint64_t last_write_ms; /* htc_now_ms() of the latest body write */
 };
 
@@ -261,7 +262,7 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
     memset(bytes, 'x', sizeof bytes);
     snprintf(cl, sizeof cl, "%zu", fx->cl_total);
     fx_slot(fx, req); /* held, silent, until the proxy cuts it */
-    om_http_response_start(req, 200, h, 1);
+    om_http_response_start(req, fx->cl_status ? fx->cl_status : 200, h, 1);
     om_http_response_write(req, bytes, fx->cl_sent);
     fx->last_write_ms = htc_now_ms();
     return;
@@ -2282,6 +2283,100 @@ static void content_length_cut_is_a_short_read(void **state) {
   env_close(&e);
 }
 
+/*
+ * A client that reads slowly keeps the upstream paused and takes a little
+ * now and then, mostly from the kernel's buffers, so the proxy sees
+ * neither a drain callback nor upstream bytes for several idle timeouts:
+ * bytes waiting for the caller are not silence (whether it reads at all
+ * is the listener's write-progress timeout to judge).
+ */
+static void slow_reader_is_traffic_not_idle(void **state) {
+  env_t e;
+  fx_t *a;
+  om_proxy_opts_t o;
+  om_proxy_stats_t st;
+  struct sockaddr_in sa;
+  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
+  char buf[4096];
+  int fd, rcv = 4096, eof = 0;
+  size_t got = 0;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_STREAM_BIG);
+  a->big_total = (size_t)24 << 20;
+  memset(&o, 0, sizeof o);
+  o.high_water = 64 * 1024;
+  env_proxy(&e, &o,
+            policy_file("slowread.lua", "stream_idle_timeout_ms = 300,"));
+  env_topology(&e, "orders", 1);
+  /* a small receive window, so the proxy's queue is what backs up */
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  OM_ASSERT_CMP(fd, >=, 0);
+  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)e.port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
+                (ssize_t)(sizeof req - 1));
+  t0 = htc_now_ms();
+  /* 4 KiB every 50 ms (80 KB/s) for 1.5 s: five idle timeouts */
+  while (htc_now_ms() - t0 < 1500 && !eof) {
+    ssize_t n;
+    spin(&e, 50);
+    n = recv(fd, buf, sizeof buf, 0);
+    if (n > 0)
+      got += (size_t)n;
+    else if (n == 0 || errno != EAGAIN)
+      eof = 1;
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  OM_TEST_NOTE("slow reader, idle 300 ms: %zu bytes in %llu ms, eof %d, "
+               "paused %llu time(s)",
+               got, (unsigned long long)(htc_now_ms() - t0), eof,
+               (unsigned long long)st.paused);
+  OM_ASSERT_CMP(st.paused, >=, 1);
+  assert_int_equal(eof, 0);
+  OM_ASSERT_CMP(got, >=, (size_t)64 * 1024);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"idle\"} "),
+                ==, 0.0);
+  close(fd);
+  env_close(&e);
+}
+
+/* Before the commit the deadline bounds everything, also the discarded
+ * body of a 503 that is to be retried when that body stalls. */
+static void stalled_discarded_body_is_bounded_by_the_deadline(void **state) {
+  env_t e;
+  res_t r;
+  (void)state;
+  env_init(&e);
+  for (int i = 0; i < 2; i++) {
+    fx_t *f = env_fx(&e, i ? "b" : "a", FX_CL_STALL);
+    f->cl_status = 503;
+    f->cl_total = 1000;
+    f->cl_sent = 10;
+  }
+  env_proxy(&e, NULL,
+            policy_file("discard.lua", "deadline_ms = 300, retries = 2,"));
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", NULL, &r);
+  OM_TEST_NOTE("503 with a stalled body, deadline 300 ms: %d %s after %llu "
+               "ms, %u request(s) upstream",
+               r.status, r.reason, (unsigned long long)r.ms,
+               total_requests(&e));
+  assert_int_equal(r.status, 504);
+  assert_string_equal(r.reason, "deadline_exceeded");
+  OM_ASSERT_CMP(r.ms, >=, 270);
+  OM_ASSERT_CMP(r.ms, <, 1000);
+  assert_int_equal(total_requests(&e), 1);
+  env_close(&e);
+}
+
 static void slow_first_byte_is_waited_for_within_the_deadline(void **state) {
   env_t e;
   fx_t *a;
@@ -2401,6 +2496,8 @@ int main(void) {
       cmocka_unit_test(silent_stream_is_cut_after_idle_never_before),
       cmocka_unit_test(max_stream_cuts_a_flowing_stream),
       cmocka_unit_test(content_length_cut_is_a_short_read),
+      cmocka_unit_test(slow_reader_is_traffic_not_idle),
+      cmocka_unit_test(stalled_discarded_body_is_bounded_by_the_deadline),
       cmocka_unit_test(slow_first_byte_is_waited_for_within_the_deadline),
       cmocka_unit_test(deadline_header_is_capped_at_max_deadline),
   };

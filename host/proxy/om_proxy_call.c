@@ -404,6 +404,23 @@ static void on_client_drained(om_http_request_t *req) {
   om_upstream_resume(c->up);
 }
 
+/*
+ * The body of a retryable head being discarded stalled until the
+ * deadline: nothing was committed, so the deadline still bounds it. The
+ * connection is closed and the next attempt finds the deadline passed.
+ */
+static void on_discard_timeout(uv_timer_t *t) {
+  om__proxy_call_t *c = t->data;
+  if (!c->discarding || c->up == NULL)
+    return;
+  om_upstream_cancel(c->up);
+  c->up = NULL;
+  attempt_done(c, 0, c->status == 503, 1, uv_hrtime());
+  c->discarding = 0;
+  c->status = 0;
+  start_attempt(c);
+}
+
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   om__proxy_call_t *c = ud;
   om_proxy_t *p = c->p;
@@ -441,10 +458,15 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
                                                   : &p->retry_policy,
                                  r->status) &&
       decide_retry(c, r->status, OM_RETRY_ERR_NONE, has_ra, ra, now, &wait)) {
+    uint64_t left = om_deadline_remaining(c->deadline, now);
     c->discarding = 1; /* its body goes nowhere; the next attempt follows */
     c->wait_ns = wait;
     c->last_status = r->status;
     c->last_timeout = 0;
+    if (r->has_body && left != OM_DEADLINE_NEVER) {
+      ensure_timer(c);
+      uv_timer_start(&c->timer, on_discard_timeout, ceil_ms(left), 0);
+    }
     return 0;
   }
   if (r->n_headers + 2 > STACK_HEADERS) {
@@ -561,6 +583,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   if (c->discarding) {
     c->discarding = 0;
     c->status = 0;
+    stop_timer(c); /* the discard's bound */
     schedule_retry(c);
     return;
   }

@@ -78,6 +78,12 @@ static void on_stream_timer(uv_timer_t *t) {
     cut(c, 1, now);
     return;
   }
+  /* The upstream is paused because the caller reads slower than it
+   * sends: bytes are waiting for the caller, so the stream is not idle.
+   * Whether the caller still reads at all is the listener's write-progress
+   * timeout to judge (the kernel's buffers hide it from here). */
+  if (c->paused)
+    c->stream_last_ms = now;
   if (idle != 0 && now >= c->stream_last_ms + idle) {
     cut(c, 0, now);
     return;
