@@ -984,8 +984,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   s->requests++;
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
   /* a malformed value is ignored, as Envoy ignores a malformed
-   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies */
-  /* the caller may shorten the deadline, never raise it past the cap */
+   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
+   * valid one may shorten the deadline, never raise it past the cap */
   if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
     deadline =
         om_deadline_after(now, budget_ms >= s->set.max_deadline_ns / NS_PER_MS
