@@ -2178,7 +2178,7 @@ static void silent_stream_is_cut_after_idle_never_before(void **state) {
   stream_get(&e, "orders", NULL, 5000, &st);
   gap = st.end_ms - a->last_write_ms;
   OM_TEST_NOTE("idle 300 ms: cut %llu ms after the upstream's last byte "
-               "(bounds [300, 600)), %d events, complete %d, eof %d",
+               "(bounds [300, 800)), %d events, complete %d, eof %d",
                (unsigned long long)gap, st.events, st.complete, st.eof);
   assert_int_equal(st.status, 200);
   assert_int_equal(st.events, 3);
@@ -2188,7 +2188,7 @@ static void silent_stream_is_cut_after_idle_never_before(void **state) {
    * no earlier than the upstream's write, and the cut reaches the client
    * after it happens. The upper bound leaves a loaded machine room. */
   OM_ASSERT_CMP(gap, >=, 300);
-  OM_ASSERT_CMP(gap, <, 600);
+  OM_ASSERT_CMP(gap, <, 800);
   OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
                                  "\"orders\",reason=\"idle\"} "),
                 ==, 1.0);
@@ -2234,14 +2234,14 @@ static void max_stream_cuts_a_flowing_stream(void **state) {
   stream_get(&e, "orders", NULL, 5000, &st);
   dt = st.end_ms - st.t0;
   OM_TEST_NOTE("max_stream 400 ms, an event every 30 ms: cut after %llu ms "
-               "(bounds [400, 700)), %d events",
+               "(bounds [400, 900)), %d events",
                (unsigned long long)dt, st.events);
   assert_int_equal(st.status, 200);
   assert_int_equal(st.complete, 0);
   assert_int_equal(st.eof, 1);
   /* counted from the head, which came after the request left */
   OM_ASSERT_CMP(dt, >=, 400);
-  OM_ASSERT_CMP(dt, <, 700);
+  OM_ASSERT_CMP(dt, <, 900);
   OM_ASSERT_CMP(st.events, >=, 5); /* it flowed until the cut */
   OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
                                  "\"orders\",reason=\"max_stream\"} "),
@@ -2410,14 +2410,17 @@ static void deadline_header_is_capped_at_max_deadline(void **state) {
     const char *service, *asked;
     int lo, hi;
   } cases[] = {
+      /* The upper bounds are the caps; the lower ones leave a loaded
+       * machine room before the attempt and still tell the cap from the
+       * other answers (the 1e12 asked, or the 1000 of no header). */
       /* max_deadline_ms = 2000 */
-      {"orders", "1000000000000", 1900, 2000},
-      {"orders", "2001", 1900, 2000},
-      {"orders", "1500", 1400, 1500},
-      {"orders", NULL, 900, 1000},
+      {"orders", "1000000000000", 1500, 2000},
+      {"orders", "2001", 1500, 2000},
+      {"orders", "1500", 1001, 1500},
+      {"orders", NULL, 500, 1000},
       /* no max_deadline_ms: the service's deadline_ms is the cap */
-      {"users", "5000", 900, 1000},
-      {"users", "400", 300, 400},
+      {"users", "5000", 500, 1000},
+      {"users", "400", 1, 400},
   };
   char header[64];
   (void)state;
