@@ -14,8 +14,11 @@
  * cached time in c->stream_last_ms; the timer is armed for the earliest
  * moment the stream could be due and, when it fires early because bytes
  * moved meanwhile, re-armed from the timestamp (nginx's way with its read
- * and send timeouts). So a stream of a million chunks costs a few timer
- * updates per idle period, not one per chunk.
+ * and send timeouts). So a stream of a million chunks costs one timer
+ * update per idle period, not one per chunk. While the upstream is paused
+ * because the caller reads slowly, bytes wait for the caller: the stream
+ * is not idle, and the listener's write-progress timeout judges the
+ * caller.
  */
 #include <stdio.h>
 
