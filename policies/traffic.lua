@@ -20,8 +20,9 @@ return {
   max_inflight = 256, -- concurrent requests to the service from this proxy
   max_queue = 1024, -- requests waiting for a slot (FIFO), beyond: overloaded
   adaptive = false, -- fixed limit; true lets the limiter move below it
-  deadline_ms = 10000, -- whole request: queueing, attempts and backoffs
-  per_try_timeout_ms = 3000, -- one attempt (capped by what is left)
+  deadline_ms = 10000, -- queueing, attempts and backoffs, up to the response head
+  -- per_try_timeout_ms is left out: one attempt may wait for its head as
+  -- long as the deadline has left (set it to give up on a slow peer sooner)
   retries = 2, -- extra attempts for safe or idempotent requests
   retry_non_idempotent = false, -- POST without Idempotency-Key: never
 

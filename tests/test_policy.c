@@ -52,6 +52,7 @@ static void shipped_policies_load(void **state) {
       {OM_SOURCE_DIR "/examples/policies/zone_local.lua", OM_POLICY_TRAFFIC},
       {OM_SOURCE_DIR "/examples/policies/keyed_affinity.lua",
        OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/examples/policies/streaming.lua", OM_POLICY_TRAFFIC},
   };
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char err[1024];

@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,10 @@ typedef enum {
   FX_RESET,      /* close the connection without answering */
   FX_STREAM_DIE, /* 200 chunked SSE, one event, then cut */
   FX_STREAM_BIG, /* 200 with Content-Length big_total, written in chunks */
+  FX_SSE,        /* 200 SSE: sse_count events sse_every_ms apart, then the
+                    end (or, with sse_hang, silence) */
+  FX_CL_STALL,   /* cl_status (0: 200) with Content-Length cl_total:
+                    cl_sent bytes, then silence */
 } fx_mode_t;
 
 #define FX_PEND 64
@@ -72,6 +77,11 @@ struct fx_s {
   const char *resp_name, *resp_value; /* an extra field of FX_OK answers */
   size_t last_body_len;
   fx_pend_t pend[FX_PEND];
+  unsigned sse_every_ms, sse_count;
+  int sse_hang;
+  size_t cl_total, cl_sent;
+  int cl_status;
+  uint64_t last_write_ms; /* htc_now_ms() of the latest body write */
 };
 
 static void copy_header(const om_http_request_t *req, const char *name,
@@ -161,6 +171,29 @@ static void on_big(uv_timer_t *t) {
   }
 }
 
+static void on_sse(uv_timer_t *t) {
+  fx_pend_t *pd = t->data;
+  fx_t *fx = pd->fx;
+  char ev[32];
+  int n;
+  if (pd->req == NULL)
+    return;
+  if (pd->sent >= fx->sse_count) {
+    om_http_request_t *req = pd->req;
+    if (fx->sse_hang) {
+      uv_timer_stop(&pd->t); /* silent; the slot stays until the cut */
+      return;
+    }
+    fx_release(pd);
+    om_http_response_end(req);
+    return;
+  }
+  n = snprintf(ev, sizeof ev, "data: %zu\n\n", pd->sent);
+  om_http_response_write(pd->req, ev, (size_t)n);
+  pd->sent++;
+  fx->last_write_ms = htc_now_ms();
+}
+
 static void fx_on_request(om_http_request_t *req, void *ud) {
   fx_t *fx = ud;
   fx_pend_t *pd;
@@ -227,6 +260,27 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
     pd = fx_slot(fx, req);
     om_http_response_start(req, 200, h, 1);
     uv_timer_start(&pd->t, on_big, 1, 1);
+    return;
+  }
+  case FX_SSE: {
+    static const om_http_header_t h[] = {
+        {"content-type", "text/event-stream", 12, 17}};
+    pd = fx_slot(fx, req);
+    om_http_response_start(req, 200, h, 1);
+    uv_timer_start(&pd->t, on_sse, fx->sse_every_ms, fx->sse_every_ms);
+    return;
+  }
+  case FX_CL_STALL: {
+    static char bytes[4096];
+    char cl[32];
+    om_http_header_t h[1] = {{"content-length", cl, 14, 0}};
+    OM_ASSERT_CMP(fx->cl_sent, <=, sizeof bytes);
+    memset(bytes, 'x', sizeof bytes);
+    snprintf(cl, sizeof cl, "%zu", fx->cl_total);
+    fx_slot(fx, req); /* held, silent, until the proxy cuts it */
+    om_http_response_start(req, fx->cl_status ? fx->cl_status : 200, h, 1);
+    om_http_response_write(req, bytes, fx->cl_sent);
+    fx->last_write_ms = htc_now_ms();
     return;
   }
   default:
@@ -2351,6 +2405,399 @@ static void traceparent_is_passed_through_or_created(void **state) {
   env_close(&e);
 }
 
+/* ------------------------------------------------------------------ */
+/* the deadline ends at commit; stream timeouts after */
+
+typedef struct {
+  int complete, eof, status, events;
+  uint64_t t0, last_byte_ms, end_ms; /* htc_now_ms() */
+  size_t total, body_len;
+  char head[512];
+} stream_t;
+
+/*
+ * A GET read until its response ends, the connection closes or ms pass:
+ * when the last byte and the end came (client clock), how many SSE events
+ * ("data: ") arrived, whether the response ended cleanly.
+ */
+static void stream_get(env_t *e, const char *service, const char *extra, int ms,
+                       stream_t *st) {
+  char req[512];
+  htc_t *c = htc_new("127.0.0.1", e->port);
+  size_t seen = 0;
+  assert_non_null(c);
+  memset(st, 0, sizeof *st);
+  snprintf(req, sizeof req, "GET /events HTTP/1.1\r\nHost: %s\r\n%s\r\n",
+           service, extra ? extra : "");
+  st->t0 = htc_now_ms();
+  assert_int_equal(htc_sends(&e->loop, c, req), 0);
+  while (htc_now_ms() - st->t0 < (uint64_t)ms) {
+    htc_step(&e->loop, c, 1);
+    if (c->total != seen) {
+      seen = c->total;
+      st->last_byte_ms = htc_now_ms();
+    }
+    if (htc_responses(c, NULL, &g_r, 1) == 1) {
+      st->complete = 1;
+      break;
+    }
+    if (c->eof)
+      break;
+  }
+  st->end_ms = htc_now_ms();
+  st->eof = c->eof;
+  st->total = c->total;
+  if (c->len >= 12 && memcmp(c->buf, "HTTP/1.1 ", 9) == 0)
+    st->status = atoi(c->buf + 9);
+  for (size_t i = 0; i + 6 <= c->len; i++)
+    if (memcmp(c->buf + i, "data: ", 6) == 0)
+      st->events++;
+  for (size_t i = 0; i + 3 < c->len; i++)
+    if (memcmp(c->buf + i, "\r\n\r\n", 4) == 0) {
+      size_t k = i < sizeof st->head - 1 ? i : sizeof st->head - 1;
+      memcpy(st->head, c->buf, k);
+      st->head[k] = '\0';
+      st->body_len = c->len - (i + 4);
+      break;
+    }
+  htc_free(c);
+}
+
+/* The value of one series in the admin /metrics, -1 when absent. */
+static double metric_value(env_t *e, const char *series) {
+  int status;
+  char *body = admin_get(e, "/metrics", &status);
+  const char *at = strstr(body, series);
+  double v = at ? atof(at + strlen(series)) : -1;
+  assert_int_equal(status, 200);
+  free(body);
+  return v;
+}
+
+static void stream_outlives_the_deadline_while_it_flows(void **state) {
+  env_t e;
+  fx_t *a;
+  stream_t st;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_SSE);
+  a->sse_every_ms = 40;
+  a->sse_count = 20; /* 800 ms in all: four deadlines, eight per-tries */
+  env_proxy(&e, NULL,
+            policy_file("sse.lua", "deadline_ms = 200, per_try_timeout_ms = "
+                                   "100, stream_idle_timeout_ms = 300,"));
+  env_topology(&e, "orders", 1);
+  stream_get(&e, "orders", NULL, 5000, &st);
+  OM_TEST_NOTE("20 events 40 ms apart, deadline 200 ms: %d events, "
+               "complete %d, after %llu ms",
+               st.events, st.complete, (unsigned long long)(st.end_ms - st.t0));
+  assert_int_equal(st.status, 200);
+  assert_int_equal(st.complete, 1); /* the last chunk came: a clean end */
+  assert_int_equal(st.events, 20);
+  OM_ASSERT_CMP(st.end_ms - st.t0, >=, 700);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"idle\"} "),
+                ==, 0.0);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_requests_total{service="
+                                 "\"orders\",outcome=\"ok\"} "),
+                ==, 1.0);
+  env_close(&e);
+}
+
+static void silent_stream_is_cut_after_idle_never_before(void **state) {
+  env_t e;
+  fx_t *a;
+  stream_t st;
+  uint64_t gap;
+  int status;
+  char *body;
+  json_t *j, *t;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_SSE);
+  a->sse_every_ms = 30;
+  a->sse_count = 3;
+  a->sse_hang = 1; /* then silence, the connection open */
+  env_proxy(&e, NULL,
+            policy_file("idle.lua", "deadline_ms = 100, "
+                                    "stream_idle_timeout_ms = 300,"));
+  env_topology(&e, "orders", 1);
+  stream_get(&e, "orders", NULL, 5000, &st);
+  gap = st.end_ms - a->last_write_ms;
+  OM_TEST_NOTE("idle 300 ms: cut %llu ms after the upstream's last byte "
+               "(bounds [300, 800)), %d events, complete %d, eof %d",
+               (unsigned long long)gap, st.events, st.complete, st.eof);
+  assert_int_equal(st.status, 200);
+  assert_int_equal(st.events, 3);
+  assert_int_equal(st.complete, 0); /* no last chunk: never a clean end */
+  assert_int_equal(st.eof, 1);
+  /* Never before the idle timeout: the proxy's clock for the last byte is
+   * no earlier than the upstream's write, and the cut reaches the client
+   * after it happens. The upper bound leaves a loaded machine room. */
+  OM_ASSERT_CMP(gap, >=, 300);
+  OM_ASSERT_CMP(gap, <, 800);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"idle\"} "),
+                ==, 1.0);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_requests_total{service="
+                                 "\"orders\",outcome=\"aborted\"} "),
+                ==, 1.0);
+  /* /status shows the service's timeouts; none is null */
+  body = admin_get(&e, "/status", &status);
+  assert_int_equal(status, 200);
+  j = json_loads(body, 0, NULL);
+  assert_non_null(j);
+  t = json_object_get(json_object_get(json_object_get(j, "services"), "orders"),
+                      "timeouts");
+  assert_non_null(t);
+  OM_ASSERT_NEAR(json_number_value(json_object_get(t, "deadline_ms")), 100.0,
+                 1e-9);
+  OM_ASSERT_NEAR(json_number_value(json_object_get(t, "max_deadline_ms")),
+                 100.0, 1e-9);
+  OM_ASSERT_NEAR(
+      json_number_value(json_object_get(t, "stream_idle_timeout_ms")), 300.0,
+      1e-9);
+  assert_true(json_is_null(json_object_get(t, "per_try_timeout_ms")));
+  assert_true(json_is_null(json_object_get(t, "max_stream_ms")));
+  json_decref(j);
+  free(body);
+  env_close(&e);
+}
+
+static void max_stream_cuts_a_flowing_stream(void **state) {
+  env_t e;
+  fx_t *a;
+  stream_t st;
+  uint64_t dt;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_SSE);
+  a->sse_every_ms = 30;
+  a->sse_count = 1000; /* 30 s: flows far past the limit */
+  env_proxy(&e, NULL,
+            policy_file("max.lua", "stream_idle_timeout_ms = 300, "
+                                   "max_stream_ms = 400,"));
+  env_topology(&e, "orders", 1);
+  stream_get(&e, "orders", NULL, 5000, &st);
+  dt = st.end_ms - st.t0;
+  OM_TEST_NOTE("max_stream 400 ms, an event every 30 ms: cut after %llu ms "
+               "(bounds [400, 900)), %d events",
+               (unsigned long long)dt, st.events);
+  assert_int_equal(st.status, 200);
+  assert_int_equal(st.complete, 0);
+  assert_int_equal(st.eof, 1);
+  /* counted from the head, which came after the request left */
+  OM_ASSERT_CMP(dt, >=, 400);
+  OM_ASSERT_CMP(dt, <, 900);
+  OM_ASSERT_CMP(st.events, >=, 5); /* it flowed until the cut */
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"max_stream\"} "),
+                ==, 1.0);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"idle\"} "),
+                ==, 0.0);
+  env_close(&e);
+}
+
+static void content_length_cut_is_a_short_read(void **state) {
+  env_t e;
+  fx_t *a;
+  stream_t st;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_CL_STALL);
+  a->cl_total = 1000;
+  a->cl_sent = 100;
+  env_proxy(&e, NULL, policy_file("cl.lua", "stream_idle_timeout_ms = 200,"));
+  env_topology(&e, "orders", 1);
+  stream_get(&e, "orders", NULL, 5000, &st);
+  OM_TEST_NOTE("Content-Length 1000, 100 bytes then silence: %zu body bytes, "
+               "eof %d after %llu ms",
+               st.body_len, st.eof, (unsigned long long)(st.end_ms - st.t0));
+  assert_int_equal(st.status, 200);
+  {
+    const char *cl;
+    for (char *h = st.head; *h; h++) /* field names are case-insensitive */
+      *h = (char)tolower((unsigned char)*h);
+    cl = strstr(st.head, "\r\ncontent-length: 1000");
+    if (cl == NULL || (cl[22] != '\r' && cl[22] != '\0'))
+      fail_msg("no Content-Length: 1000 in the head: %s", st.head);
+  }
+  assert_int_equal(st.complete, 0);
+  assert_int_equal(st.eof, 1); /* the connection closed short of the length */
+  assert_int_equal(st.body_len, 100);
+  OM_ASSERT_CMP(st.end_ms - a->last_write_ms, >=, 200);
+  env_close(&e);
+}
+
+/*
+ * A client that reads slowly keeps the upstream paused and takes a little
+ * now and then, mostly from the kernel's buffers, so the proxy sees
+ * neither a drain callback nor upstream bytes for several idle timeouts:
+ * bytes waiting for the caller are not silence (whether it reads at all
+ * is the listener's write-progress timeout to judge).
+ */
+static void slow_reader_is_traffic_not_idle(void **state) {
+  env_t e;
+  fx_t *a;
+  om_proxy_opts_t o;
+  om_proxy_stats_t st;
+  struct sockaddr_in sa;
+  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
+  char buf[4096];
+  int fd, rcv = 4096, eof = 0;
+  size_t got = 0;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_STREAM_BIG);
+  a->big_total = (size_t)24 << 20;
+  memset(&o, 0, sizeof o);
+  o.high_water = 64 * 1024;
+  env_proxy(&e, &o,
+            policy_file("slowread.lua", "stream_idle_timeout_ms = 300,"));
+  env_topology(&e, "orders", 1);
+  /* a small receive window, so the proxy's queue is what backs up */
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  OM_ASSERT_CMP(fd, >=, 0);
+  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)e.port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
+                (ssize_t)(sizeof req - 1));
+  t0 = htc_now_ms();
+  /* 4 KiB every 50 ms (80 KB/s) for 1.5 s: five idle timeouts */
+  while (htc_now_ms() - t0 < 1500 && !eof) {
+    ssize_t n;
+    spin(&e, 50);
+    n = recv(fd, buf, sizeof buf, 0);
+    if (n > 0)
+      got += (size_t)n;
+    else if (n == 0 || errno != EAGAIN)
+      eof = 1;
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  OM_TEST_NOTE("slow reader, idle 300 ms: %zu bytes in %llu ms, eof %d, "
+               "paused %llu time(s)",
+               got, (unsigned long long)(htc_now_ms() - t0), eof,
+               (unsigned long long)st.paused);
+  OM_ASSERT_CMP(st.paused, >=, 1);
+  assert_int_equal(eof, 0);
+  OM_ASSERT_CMP(got, >=, (size_t)64 * 1024);
+  OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
+                                 "\"orders\",reason=\"idle\"} "),
+                ==, 0.0);
+  close(fd);
+  env_close(&e);
+}
+
+/* Before the commit the deadline bounds everything, also the discarded
+ * body of a 503 that is to be retried when that body stalls. */
+static void stalled_discarded_body_is_bounded_by_the_deadline(void **state) {
+  env_t e;
+  res_t r;
+  (void)state;
+  env_init(&e);
+  for (int i = 0; i < 2; i++) {
+    fx_t *f = env_fx(&e, i ? "b" : "a", FX_CL_STALL);
+    f->cl_status = 503;
+    f->cl_total = 1000;
+    f->cl_sent = 10;
+  }
+  env_proxy(&e, NULL,
+            policy_file("discard.lua", "deadline_ms = 300, retries = 2,"));
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", NULL, &r);
+  OM_TEST_NOTE("503 with a stalled body, deadline 300 ms: %d %s after %llu "
+               "ms, %u request(s) upstream",
+               r.status, r.reason, (unsigned long long)r.ms,
+               total_requests(&e));
+  assert_int_equal(r.status, 504);
+  assert_string_equal(r.reason, "deadline_exceeded");
+  OM_ASSERT_CMP(r.ms, >=, 270);
+  OM_ASSERT_CMP(r.ms, <, 1000);
+  assert_int_equal(total_requests(&e), 1);
+  env_close(&e);
+}
+
+static void slow_first_byte_is_waited_for_within_the_deadline(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_SLOW);
+  /* 1.2x the per-try timeout the default policy used to pin (3 s); its
+   * deadline (10 s) leaves room, and nothing else bounds the head now */
+  a->delay_ms = 3600;
+  env_proxy(&e, NULL, OM_SOURCE_DIR "/policies/traffic.lua");
+  env_topology(&e, "orders", 1);
+  get(&e, "orders", NULL, &r);
+  OM_TEST_NOTE("first byte after 3.6 s, default policy: %d after %llu ms, "
+               "%s attempt(s)",
+               r.status, (unsigned long long)r.ms, r.attempts);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.attempts, "1");
+  OM_ASSERT_CMP(r.ms, >=, 3600);
+  assert_int_equal(a->requests, 1);
+  env_close(&e);
+}
+
+static void deadline_header_is_capped_at_max_deadline(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  om_proxy_opts_t o;
+  om_proxy_service_policy_t sp;
+  static const struct {
+    const char *service, *asked;
+    int lo, hi;
+  } cases[] = {
+      /* The upper bounds are the caps; the lower ones leave a loaded
+       * machine room before the attempt and still tell the cap from the
+       * other answers (the 1e12 asked, or the 1000 of no header). */
+      /* max_deadline_ms = 2000 */
+      {"orders", "1000000000000", 1500, 2000},
+      {"orders", "2001", 1500, 2000},
+      {"orders", "1500", 1001, 1500},
+      {"orders", NULL, 500, 1000},
+      /* no max_deadline_ms: the service's deadline_ms is the cap */
+      {"users", "5000", 500, 1000},
+      {"users", "400", 1, 400},
+  };
+  char header[64];
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  memset(&o, 0, sizeof o);
+  sp.service = "users";
+  sp.path = policy_file("users.lua", "deadline_ms = 1000,");
+  o.service_policies = &sp;
+  o.n_service_policies = 1;
+  env_proxy(&e, &o,
+            policy_file("cap.lua", "deadline_ms = 1000, max_deadline_ms = "
+                                   "2000,"));
+  env_topology(&e, "orders", 1);
+  env_topology(&e, "users", 1);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    a->last_deadline[0] = '\0';
+    snprintf(header, sizeof header, "x-openmesh-deadline-ms: %s\r\n",
+             cases[i].asked ? cases[i].asked : "");
+    get(&e, cases[i].service, cases[i].asked ? header : NULL, &r);
+    OM_TEST_NOTE("%s, asked %s: forwarded x-openmesh-deadline-ms %s "
+                 "(want %d..%d)",
+                 cases[i].service, cases[i].asked ? cases[i].asked : "nothing",
+                 a->last_deadline, cases[i].lo, cases[i].hi);
+    assert_int_equal(r.status, 200);
+    assert_in_range(atoi(a->last_deadline), cases[i].lo, cases[i].hi);
+  }
+  env_close(&e);
+}
+
 static int group_setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/om-proxy-test.XXXXXX");
@@ -2399,6 +2846,14 @@ int main(void) {
       cmocka_unit_test(connection_strips_only_what_the_caller_sent),
       cmocka_unit_test(proxy_authentication_fields_are_not_forwarded),
       cmocka_unit_test(traceparent_is_passed_through_or_created),
+      cmocka_unit_test(stream_outlives_the_deadline_while_it_flows),
+      cmocka_unit_test(silent_stream_is_cut_after_idle_never_before),
+      cmocka_unit_test(max_stream_cuts_a_flowing_stream),
+      cmocka_unit_test(content_length_cut_is_a_short_read),
+      cmocka_unit_test(slow_reader_is_traffic_not_idle),
+      cmocka_unit_test(stalled_discarded_body_is_bounded_by_the_deadline),
+      cmocka_unit_test(slow_first_byte_is_waited_for_within_the_deadline),
+      cmocka_unit_test(deadline_header_is_capped_at_max_deadline),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

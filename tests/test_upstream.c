@@ -1319,6 +1319,21 @@ static void connect_timeout(void **state) {
     expect_fail(&C[1], OM_UPSTREAM_FAIL_TIMEOUT_TOTAL, OM_EDEADLINE);
     assert_int_equal(C[1].res.sent, 0);
   }
+  /* so does the head timeout, failing as a connect timeout */
+  {
+    om_upstream_request_t q;
+    memset(&q, 0, sizeof q);
+    q.method = "GET";
+    q.target = "/";
+    q.head_timeout_ms = 50;
+    cap_init(&C[3], fx, M_NONE);
+    t0 = uv_hrtime();
+    assert_int_equal(send_full(&C[3], &q), 0);
+    RUN_UNTIL(fx, C[3].done, 3000);
+    expect_fail(&C[3], OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, OM_EDEADLINE);
+    assert_int_equal(C[3].res.sent, 0);
+    OM_ASSERT_CMP(uv_hrtime() - t0, >=, 45u * 1000000u);
+  }
   /* a cancel while connecting: no callback, nothing left */
   {
     cap_init(&C[2], fx, M_NONE);
@@ -1387,6 +1402,41 @@ static void first_byte_and_total_timeouts(void **state) {
   assert_int_equal(peer_st(fx).failures, 4);
   assert_int_equal(peer_st(fx).active, 0);
   assert_int_equal(peer_st(fx).idle, 0);
+  fx_free(fx);
+}
+
+/* The head timeout bounds the wait for the head, never the body after it. */
+static void head_timeout_bounds_the_head_never_the_body(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  uint64_t t0;
+  static const char head_only[] =
+      "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial";
+  (void)state;
+  memset(&q, 0, sizeof q);
+  q.method = "GET";
+  q.target = "/stall";
+  q.head_timeout_ms = 60;
+  cap_init(&C[0], fx, M_NONE);
+  t0 = uv_hrtime();
+  assert_int_equal(send_full(&C[0], &q), 0);
+  RUN_UNTIL(fx, C[0].done, 3000);
+  expect_fail(&C[0], OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE, OM_EDEADLINE);
+  assert_int_equal(C[0].res.headers_delivered, 0);
+  OM_ASSERT_CMP(uv_hrtime() - t0, >=, 55u * 1000000u);
+  /* the head in time, then a stalled body: still running at 4x the
+   * timeout, until the caller gives up */
+  fx->srv.raw = head_only;
+  fx->srv.raw_len = strlen(head_only);
+  q.target = "/raw";
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(send_full(&C[1], &q), 0);
+  RUN_UNTIL(fx, C[1].headers == 1, 3000);
+  spin(fx, 240);
+  assert_int_equal(C[1].done, 0);
+  assert_string_equal(C[1].body, "partial");
+  assert_int_equal(om_upstream_cancel(C[1].req), 0);
+  assert_int_equal(peer_st(fx).failures, 1);
   fx_free(fx);
 }
 
@@ -2271,6 +2321,7 @@ int main(void) {
       cmocka_unit_test(abort_from_on_headers),
       cmocka_unit_test(pool_close_with_requests_in_flight),
       cmocka_unit_test(allocation_failures_end_cleanly),
+      cmocka_unit_test(head_timeout_bounds_the_head_never_the_body),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

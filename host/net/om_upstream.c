@@ -880,6 +880,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->first_byte_ms = q->first_byte_timeout_ms;
   r->total_due = q->timeout_ms != 0 ? now + q->timeout_ms : 0;
   r->retry_stale = q->retry_stale != 0;
+  r->head_due = q->head_timeout_ms != 0 ? now + q->head_timeout_ms : 0;
   r->is_head = method_is(m, ml, "HEAD");
   r->res.attempts = 1;
   r->peer = e;

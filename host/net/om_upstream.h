@@ -270,6 +270,12 @@ typedef struct om_upstream_request_s {
   uint64_t connect_timeout_ms;
   uint64_t first_byte_timeout_ms;
   uint64_t timeout_ms;
+  /* Timeout in ms, 0 = none: from om_upstream_send until the response
+   * head is complete, connect included (a stale keep-alive retry too), so
+   * one bound covers the whole wait for a head without bounding the body:
+   * a proxy's per-try timeout. It fails as TIMEOUT_CONNECT while
+   * connecting, else as TIMEOUT_FIRST_BYTE. */
+  uint64_t head_timeout_ms;
   /* The caller vouches that every header name is a token and every value
    * field-content (they were parsed by om_http_server, or built by the
    * caller): the per-byte checks are skipped, the hop-by-hop rules kept. */

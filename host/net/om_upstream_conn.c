@@ -119,6 +119,9 @@ static uint64_t conn_deadline(const conn_t *c) {
     x = r->first_byte_due;
   if (x != 0 && (d == 0 || x < d))
     d = x;
+  if ((c->phase == PH_CONNECTING || c->phase == PH_HEAD) && r->head_due != 0 &&
+      (d == 0 || r->head_due < d))
+    d = r->head_due;
   return d;
 }
 
@@ -181,14 +184,16 @@ static void on_timer(uv_timer_t *t) {
                    "the total timeout passed");
       return;
     }
-    if (c->phase == PH_CONNECTING && r->connect_due != 0 &&
-        now >= r->connect_due) {
+    if (c->phase == PH_CONNECTING &&
+        ((r->connect_due != 0 && now >= r->connect_due) ||
+         (r->head_due != 0 && now >= r->head_due))) {
       attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, 0,
                    "the connect timeout passed");
       return;
     }
-    if (c->phase == PH_HEAD && r->first_byte_due != 0 &&
-        now >= r->first_byte_due) {
+    if (c->phase == PH_HEAD &&
+        ((r->first_byte_due != 0 && now >= r->first_byte_due) ||
+         (r->head_due != 0 && now >= r->head_due))) {
       attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE, 0,
                    "no response head within the first-byte timeout");
       return;

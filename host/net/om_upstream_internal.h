@@ -105,6 +105,7 @@ struct om_upstream_req_s {
   size_t head_len, head_cap;
   uint64_t connect_ms, first_byte_ms;
   uint64_t connect_due, first_byte_due, total_due; /* loop ms; 0 none */
+  uint64_t head_due;                               /* loop ms; 0 none */
   int state;
   int pend;
   unsigned retry_stale : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,

@@ -27,7 +27,13 @@
 #define DEF_MAX_INFLIGHT 256u
 #define DEF_MAX_QUEUE 1024u
 #define DEF_DEADLINE_MS 10000.0
-#define DEF_PER_TRY_MS 3000.0
+/* none: an attempt may wait for its head as long as the deadline has left,
+ * as Envoy's per_try_timeout defaults to the route timeout */
+#define DEF_PER_TRY_MS INFINITY
+/* after commit: a minute of silence either way ends a stream (SSE
+ * heartbeats come far more often); no cap on a stream that flows */
+#define DEF_STREAM_IDLE_MS 60000.0
+#define DEF_MAX_STREAM_MS INFINITY
 #define DEF_RETRIES 2u
 /* retries beyond this are clamped: the budget bounds them anyway */
 #define MAX_RETRIES 100u
@@ -323,6 +329,14 @@ static int read_settings_l(lua_State *L) {
   set->deadline_ns = ms_to_ns(num_field(L, t, "deadline_ms", DEF_DEADLINE_MS));
   set->per_try_ns =
       ms_to_ns(num_field(L, t, "per_try_timeout_ms", DEF_PER_TRY_MS));
+  set->stream_idle_ns =
+      ms_to_ns(num_field(L, t, "stream_idle_timeout_ms", DEF_STREAM_IDLE_MS));
+  set->max_stream_ns =
+      ms_to_ns(num_field(L, t, "max_stream_ms", DEF_MAX_STREAM_MS));
+  /* a caller's deadline is capped here; by default at the service's own */
+  set->max_deadline_ns =
+      ms_to_ns(num_field(L, t, "max_deadline_ms",
+                         num_field(L, t, "deadline_ms", DEF_DEADLINE_MS)));
   lua_pushstring(L, "circuit");
   if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
     int c = lua_gettop(L);
@@ -509,6 +523,19 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
       p->metrics, "openmesh_proxy_upstream_latency_seconds",
       "Upstream attempt latency to the response head.", labels, bounds,
       sizeof bounds / sizeof bounds[0]);
+  {
+    static const char help[] =
+        "Committed streams cut by a stream timeout (idle: no byte either "
+        "way for stream_idle_timeout_ms; max_stream: max_stream_ms "
+        "reached).";
+    snprintf(labels, sizeof labels, "service=\"%s\",reason=\"idle\"", esc);
+    s->m_cut_idle = om_metrics_counter(
+        p->metrics, "openmesh_proxy_streams_cut_total", help, labels);
+    snprintf(labels, sizeof labels, "service=\"%s\",reason=\"max_stream\"",
+             esc);
+    s->m_cut_max = om_metrics_counter(
+        p->metrics, "openmesh_proxy_streams_cut_total", help, labels);
+  }
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

@@ -9,10 +9,12 @@
  *        optional adaptive limit; waits bounded by the call's deadline)
  *     -> selection inside the subset, skipping open circuits: rendezvous
  *        rank when keyed, power of two choices otherwise
- *     -> attempt, timeout min(per_try, remaining) -> classify
+ *     -> attempt, its head due within min(per_try, remaining) -> classify
  *     -> retry (safe method / Idempotency-Key / policy opt-in; retryable
  *        outcome; retry budget; room left in the deadline; same subset;
  *        next peer in rank or another P2C pick; full-jitter backoff)
+ *     -> commit (a non-5xx head relayed): the deadline ends; the stream
+ *        idle timeout and the optional max stream duration bound the body
  *
  * Topology comes in through one seam, om_proxy_set_snapshot, one service
  * at a time: the --static loader uses it now, the control-plane watch
@@ -48,8 +50,9 @@ typedef struct om_proxy_service_policy_s {
 /*
  * Options. Zero in a field means its default. Pool settings (max_inflight,
  * max_queue, adaptive, deadline_ms, per_try_timeout_ms, retries,
- * retry_non_idempotent) come from each service's traffic policy; a policy
- * that omits one gets the default listed in docs/PROXY.md.
+ * retry_non_idempotent) and the stream timeouts (stream_idle_timeout_ms,
+ * max_stream_ms, max_deadline_ms) come from each service's traffic policy;
+ * a policy that omits one gets the default listed in docs/PROXY.md.
  */
 typedef struct om_proxy_opts_s {
   /* The traffic policy for every service without its own: required. */

@@ -190,6 +190,25 @@ static void metrics(const om_proxy_t *p, om_http_request_t *req) {
   free(b.buf);
 }
 
+/* A timeout in ms for /status; null when it is none (NEVER). */
+static json_t *ms_or_null(uint64_t ns) {
+  return ns == OM_DEADLINE_NEVER ? json_null() : json_real((double)ns / 1e6);
+}
+
+/*
+ * The service's timeouts as its policy set them (docs/PROXY.md
+ * "Timeouts"): a null per_try_timeout_ms is what is left of the deadline,
+ * a null max_stream_ms is no limit.
+ */
+static json_t *timeouts_status(const om__proxy_settings_t *set) {
+  return json_pack("{s:o, s:o, s:o, s:o, s:o}", "deadline_ms",
+                   ms_or_null(set->deadline_ns), "max_deadline_ms",
+                   ms_or_null(set->max_deadline_ns), "per_try_timeout_ms",
+                   ms_or_null(set->per_try_ns), "stream_idle_timeout_ms",
+                   ms_or_null(set->stream_idle_ns), "max_stream_ms",
+                   ms_or_null(set->max_stream_ns));
+}
+
 static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   json_t *peers = json_array();
   json_t *o;
@@ -228,6 +247,11 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
       "post_send", (json_int_t)(s->retries - s->retries_pre_send),
       "retry_budget_exhausted", (json_int_t)s->budget_exhausted, "paused",
       (json_int_t)s->paused, "peers", peers);
+  if (o != NULL &&
+      json_object_set_new(o, "timeouts", timeouts_status(&s->set)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 

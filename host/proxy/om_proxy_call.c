@@ -10,13 +10,15 @@
  *
  * Then, per attempt: select a peer inside the subset (rendezvous rank
  * when keyed, P2C otherwise; open circuits skipped; peers already tried
- * excluded), send with timeout min(per_try, remaining), and classify.
+ * excluded), send with the head due within min(per_try, remaining), and
+ * classify.
  * A retryable 5xx head is never shown to the caller when a retry will
  * follow: its body is discarded (the connection stays reusable) and the
  * next attempt starts after a full-jitter backoff. Any other head commits
  * the response: it streams through, and a later upstream failure aborts
  * the caller's response instead of replaying it (RFC 9112 7.1: a chunked
- * message without its last chunk is incomplete).
+ * message without its last chunk is incomplete). The deadline ends at the
+ * commit: from there the stream timeouts (om_proxy_stream.c) bound it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,7 +419,25 @@ static void on_client_drained(om_http_request_t *req) {
   if (c == NULL || !c->paused || c->up == NULL)
     return;
   c->paused = 0;
+  om__proxy_stream_activity(c); /* the client took bytes */
   om_upstream_resume(c->up);
+}
+
+/*
+ * The body of a retryable head being discarded stalled until the
+ * deadline: nothing was committed, so the deadline still bounds it. The
+ * connection is closed and the next attempt finds the deadline passed.
+ */
+static void on_discard_timeout(uv_timer_t *t) {
+  om__proxy_call_t *c = t->data;
+  if (!c->discarding || c->up == NULL)
+    return;
+  om_upstream_cancel(c->up);
+  c->up = NULL;
+  attempt_done(c, 0, c->status == 503, 1, uv_hrtime());
+  c->discarding = 0;
+  c->status = 0;
+  start_attempt(c);
 }
 
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
@@ -458,10 +478,15 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
                                  r->status) &&
       decide_retry(c, r->status, OM_RETRY_ERR_NONE, OM_RETRY_PHASE_POST_SEND,
                    has_ra, ra, now, &wait)) {
+    uint64_t left = om_deadline_remaining(c->deadline, now);
     c->discarding = 1; /* its body goes nowhere; the next attempt follows */
     c->wait_ns = wait;
     c->last_status = r->status;
     c->last_timeout = 0;
+    if (r->has_body && left != OM_DEADLINE_NEVER) {
+      ensure_timer(c);
+      uv_timer_start(&c->timer, on_discard_timeout, ceil_ms(left), 0);
+    }
     return 0;
   }
   if (r->n_headers + 2 > STACK_HEADERS) {
@@ -490,6 +515,8 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     return 1;
   }
   c->committed = 1; /* OM_ESTATE: the client is gone; on_close follows */
+  if (rc == 0 && r->has_body)
+    om__proxy_stream_start(c);
   return 0;
 }
 
@@ -497,6 +524,7 @@ static void up_on_body(void *ud, const char *data, size_t len) {
   om__proxy_call_t *c = ud;
   if (!c->committed || c->req == NULL)
     return;
+  om__proxy_stream_activity(c);
   om_http_response_write(c->req, data, len);
   if (!c->paused && om_http_response_pending(c->req) > c->p->opts.high_water) {
     /* TCP flow control pushes back on the upstream from here, until the
@@ -566,6 +594,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   if (c->discarding) {
     c->discarding = 0;
     c->status = 0;
+    stop_timer(c); /* the discard's bound */
     schedule_retry(c);
     return;
   }
@@ -694,9 +723,9 @@ static void start_attempt(om__proxy_call_t *c) {
   ur.n_headers = c->n_fwd;
   ur.body = c->req->body;
   ur.body_len = c->req->body_len;
-  ur.connect_timeout_ms = ceil_ms(attempt_ns);
-  ur.first_byte_timeout_ms = ceil_ms(attempt_ns);
-  ur.timeout_ms = ceil_ms(remaining); /* the deadline bounds the stream too */
+  /* connect and the wait for the head; never the body, which the stream
+   * timeouts bound once the head is committed */
+  ur.head_timeout_ms = ceil_ms(attempt_ns);
   /* the caller's fields passed om_http_server's RFC 9112 checks; ours are
    * built from ids, numbers and an address */
   ur.headers_valid = 1;
@@ -713,6 +742,22 @@ static void start_attempt(om__proxy_call_t *c) {
              om_strerror(rc));
     fail(c, OM__PROXY_UPSTREAM, msg);
   }
+}
+
+void om__proxy_call_cut(om__proxy_call_t *c) {
+  om_http_request_t *req = c->req;
+  c->streaming = 0;
+  if (c->up != NULL) {
+    om_upstream_cancel(c->up);
+    c->up = NULL;
+    /* the head already judged the peer: the cut is the stream's limit */
+    attempt_done(c, c->status < 500, 0, 1, uv_hrtime());
+  }
+  c->paused = 0;
+  c->req = NULL;
+  if (req != NULL)
+    om_http_response_abort(req);
+  call_end(c, OM__PROXY_ABORTED);
 }
 
 /* ------------------------------------------------------------------ */
@@ -909,11 +954,13 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   s->requests++;
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
   /* a malformed value is ignored, as Envoy ignores a malformed
-   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies */
+   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
+   * valid one may shorten the deadline, never raise it past the cap */
   if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
-    deadline = om_deadline_after(now, budget_ms > OM_DEADLINE_NEVER / NS_PER_MS
-                                          ? OM_DEADLINE_NEVER
-                                          : budget_ms * NS_PER_MS);
+    deadline =
+        om_deadline_after(now, budget_ms >= s->set.max_deadline_ns / NS_PER_MS
+                                   ? s->set.max_deadline_ns
+                                   : budget_ms * NS_PER_MS);
   else
     deadline = om_deadline_after(now, s->set.deadline_ns);
   /* the policy narrows the peers: its answer is final, never widened */

@@ -61,7 +61,12 @@ typedef struct om__proxy_settings_s {
   int adaptive, retry_non_idempotent;
   int retry_429; /* the policy's retry_429, else the proxy's --retry-429 */
   om_circuit_opts_t circuit; /* the proxy's, with the policy's circuit = */
-  uint64_t deadline_ns, per_try_ns;
+  uint64_t deadline_ns, per_try_ns; /* per_try: NEVER = what is left */
+  /* after commit (om_proxy_stream.c): no byte either way for
+   * stream_idle_ns cuts the stream, and max_stream_ns (NEVER: none) cuts
+   * it whatever flows; a caller's deadline header is capped at
+   * max_deadline_ns */
+  uint64_t stream_idle_ns, max_stream_ns, max_deadline_ns;
 } om__proxy_settings_t;
 
 /*
@@ -112,6 +117,7 @@ struct om__proxy_service_s {
   om_metric_t *outcomes[OM__PROXY_OUTCOME_COUNT];
   om_metric_t *m_attempts, *m_budget, *m_latency;
   om_metric_t *m_retries_pre, *m_retries_post; /* retries_total{phase} */
+  om_metric_t *m_cut_idle, *m_cut_max;         /* streams_cut_total by reason */
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
   om__proxy_cache_t cache;           /* the vary policy's decisions */
 };
@@ -181,7 +187,7 @@ struct om__proxy_call_s {
   om_upstream_fail_t last_fail;
   int last_status, last_timeout, last_deadline_limited;
   char last_peer[OM_NAME_MAX + 1];
-  uv_timer_t timer; /* backoff */
+  uv_timer_t timer; /* backoff before commit, stream timeouts after */
   int timer_init;
   /* the forwarded request */
   om_http_header_t *fwd;
@@ -192,6 +198,9 @@ struct om__proxy_call_s {
   char attempt_buf[24], deadline_buf[24], request_id[33];
   char *xff;          /* the buffer of om__proxy_headers_build */
   int retry_pre_send; /* the retry about to start follows a pre-send failure */
+  /* the committed stream (om_proxy_stream.c), in loop ms */
+  uint64_t stream_t0_ms, stream_last_ms, stream_due_ms;
+  int streaming;
 };
 
 /* om_proxy.c */
@@ -208,6 +217,34 @@ void om__proxy_call_gone(om_proxy_t *p);
 void om__proxy_on_request(om_http_request_t *req, void *ud);
 void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud);
 void om__proxy_arm_queue_timer(om__proxy_service_t *s);
+
+/*
+ * om_proxy_call.c: cut the committed stream of c now (a stream timeout):
+ * the attempt is cancelled, the caller's response aborted (never a clean
+ * end: an unterminated chunked body, or a connection closed short of its
+ * Content-Length) and c freed, counted as "aborted".
+ */
+void om__proxy_call_cut(om__proxy_call_t *c);
+
+/*
+ * om_proxy_stream.c: the timeouts of a committed stream, one uv timer per
+ * call (c->timer, idle since the backoffs are over) re-armed lazily from
+ * a last-activity timestamp, so a byte costs a store, not a timer update.
+ *
+ * om__proxy_stream_start: c's response was committed; from now on
+ * c->set.stream_idle_ns without a byte either way, or c->set.max_stream_ns
+ * in all, cuts it (om__proxy_call_cut), counted in
+ * openmesh_proxy_streams_cut_total and logged. Nothing to undo: the timer
+ * is stopped and closed with the call.
+ */
+void om__proxy_stream_start(om__proxy_call_t *c);
+
+/*
+ * om__proxy_stream_activity: a byte of c's stream moved (response body
+ * relayed, the client took queued output, request body bytes forwarded
+ * after commit). A no-op before om__proxy_stream_start. Costs no syscall.
+ */
+void om__proxy_stream_activity(om__proxy_call_t *c);
 
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);

@@ -160,6 +160,19 @@ describe("contract.validate", function()
       rejects(traffic { circuit = { failure = 3 } }, "unknown field 'circuit.failure' (did you mean 'failures'?)")
     end)
 
+    it("checks the stream timeouts and the deadline cap", function()
+      accepts(traffic { stream_idle_timeout_ms = 60000, max_stream_ms = 3600000 })
+      accepts(traffic { deadline_ms = 1000, max_deadline_ms = 1000 })
+      accepts(traffic { max_deadline_ms = 30000 }) -- above the 10000 default
+      rejects(traffic { stream_idle_timeout_ms = 0 }, "field 'stream_idle_timeout_ms': number > 0 expected, got 0")
+      rejects(traffic { max_stream_ms = "1h" }, "field 'max_stream_ms': number > 0 expected, got '1h'")
+      rejects(traffic { max_deadline_ms = math.huge }, "field 'max_deadline_ms': number > 0 expected, got inf")
+      rejects(traffic { deadline_ms = 2000, max_deadline_ms = 1000 },
+        "field 'max_deadline_ms': must be >= deadline_ms (2000), got 1000")
+      rejects(traffic { max_deadline_ms = 5000 },
+        "field 'max_deadline_ms': must be >= deadline_ms (10000 when omitted), got 5000")
+    end)
+
     it("checks vary, and runs examples on what a vary policy sees", function()
       accepts(traffic { vary = {} })
       accepts(traffic { vary = { "x-user", "cookie", ":method", ":path" } })

@@ -15,7 +15,7 @@ describe("policies/traffic.lua", function()
     assert.equal(256, s.max_inflight)
     assert.equal(1024, s.max_queue)
     assert.equal(10000, s.deadline_ms)
-    assert.equal(3000, s.per_try_timeout_ms)
+    assert.is_nil(s.per_try_timeout_ms) -- what is left of the deadline
     assert.equal(2, s.retries)
     assert.is_false(s.adaptive)
     assert.is_false(s.retry_non_idempotent)

@@ -252,6 +252,19 @@ local function cooldown_cap_covers_period(policy, _path)
   return nil
 end
 
+-- A caller may shorten the deadline, never raise it past max_deadline_ms;
+-- a cap below the service's own deadline_ms (10000 when omitted) would
+-- give a caller who asks for more less than one who asks for nothing.
+local function max_deadline_covers_deadline(policy, _path)
+  local max = rawget(policy, "max_deadline_ms")
+  local deadline = rawget(policy, "deadline_ms")
+  if max ~= nil and max < (deadline or 10000) then
+    return field_error("max_deadline_ms", ("must be >= deadline_ms (%s), got %s")
+      :format(deadline and show(deadline) or "10000 when omitted", show(max)))
+  end
+  return nil
+end
+
 local function fallback_rule(policy, path)
   return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
 end
@@ -280,7 +293,13 @@ local KIND_SPECS = {
           ("must be >= cooldown_ms (%s), got %s"):format(show(cd), show(max)))
       end
     end) },
-  }),
+    -- after commit: no byte either way for this long cuts the stream
+    { "stream_idle_timeout_ms", number_above(0) },
+    -- after commit: the stream is cut this long after its head, flowing or not
+    { "max_stream_ms", number_above(0) },
+    -- the most a caller's x-openmesh-deadline-ms may ask for
+    { "max_deadline_ms", number_above(0) },
+  }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
     { "order", func },
