@@ -45,9 +45,8 @@ struct om_tunnel_s {
   size_t pending;  /* bytes in uv_write requests */
   size_t low;      /* on_drain threshold, while want_drain */
   unsigned writes; /* uv_write requests not yet called back */
-  unsigned paused : 1, reading : 1, eof_in : 1, shut_asked : 1,
-      shut_busy : 1, shut_done : 1, want_drain : 1, kick_closed : 1,
-      owner_gone : 1;
+  unsigned paused : 1, reading : 1, eof_in : 1, shut_asked : 1, shut_busy : 1,
+      shut_done : 1, want_drain : 1, kick_closed : 1, owner_gone : 1;
 };
 
 typedef struct {
