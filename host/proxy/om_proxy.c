@@ -28,6 +28,7 @@
 #define DEF_MAX_QUEUE 1024u
 #define DEF_DEADLINE_MS 10000.0
 #define DEF_PER_TRY_MS 3000.0
+#define DEF_STREAM_IDLE_MS 60000.0
 #define DEF_RETRIES 2u
 /* retries beyond this are clamped: the budget bounds them anyway */
 #define MAX_RETRIES 100u
@@ -337,6 +338,9 @@ static int read_settings_l(lua_State *L) {
       co->max_cooldown_ns = co->cooldown_ns;
   }
   lua_pop(L, 1);
+  set->stream_idle_ns =
+      ms_to_ns(num_field(L, t, "stream_idle_timeout_ms", DEF_STREAM_IDLE_MS));
+  om__proxy_read_upgrades_l(L, t, &set->upgrades);
   return 0;
 }
 
@@ -499,6 +503,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
       p->metrics, "openmesh_proxy_upstream_latency_seconds",
       "Upstream attempt latency to the response head.", labels, bounds,
       sizeof bounds / sizeof bounds[0]);
+  om__proxy_tunnel_metrics(p, s, esc);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

@@ -226,6 +226,8 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
       "attempts", (json_int_t)s->attempts, "retries", (json_int_t)s->retries,
       "retry_budget_exhausted", (json_int_t)s->budget_exhausted, "paused",
       (json_int_t)s->paused, "peers", peers);
+  if (o != NULL)
+    json_object_set_new(o, "upgrades", om__proxy_tunnel_status(s));
   return o;
 }
 

@@ -25,6 +25,27 @@
 
 typedef struct om__proxy_service_s om__proxy_service_t;
 
+/* The Upgrade tokens a traffic policy allows (`upgrades`), lower-cased;
+ * the contract bounds their number and length. */
+#define OM__PROXY_MAX_UPGRADES 8
+#define OM__PROXY_UPGRADE_LEN 32
+typedef struct {
+  size_t n;
+  char tok[OM__PROXY_MAX_UPGRADES][OM__PROXY_UPGRADE_LEN];
+} om__proxy_upgrades_t;
+
+/* How an upgrade request ended, for openmesh_proxy_upgrades_total:
+ * switched (101, tunnel open), declined (the peer answered otherwise),
+ * not_allowed (a token the policy does not allow: 403), failed (the
+ * hand-over failed). */
+enum {
+  OM__PROXY_UPG_SWITCHED,
+  OM__PROXY_UPG_DECLINED,
+  OM__PROXY_UPG_NOT_ALLOWED,
+  OM__PROXY_UPG_FAILED,
+  OM__PROXY_UPG_COUNT
+};
+
 /*
  * One peer, by id, as long as a view or an attempt holds it. Its state
  * outlives snapshot revisions: a new view takes over the record of a peer
@@ -62,6 +83,8 @@ typedef struct om__proxy_settings_s {
   int retry_429; /* the policy's retry_429, else the proxy's --retry-429 */
   om_circuit_opts_t circuit; /* the proxy's, with the policy's circuit = */
   uint64_t deadline_ns, per_try_ns;
+  uint64_t stream_idle_ns; /* stream_idle_timeout_ms: no byte either way */
+  om__proxy_upgrades_t upgrades;
 } om__proxy_settings_t;
 
 /*
@@ -79,7 +102,8 @@ typedef struct om__proxy_settings_s {
   XX(DEADLINE, 504, "deadline_exceeded")                                       \
   XX(POLICY_ERROR, 500, "policy_error")                                        \
   XX(ALL_OPEN, 503, "all_circuits_open")                                       \
-  XX(UPSTREAM, 502, "upstream")
+  XX(UPSTREAM, 502, "upstream")                                                \
+  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")
 
 typedef enum {
 #define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
@@ -112,6 +136,9 @@ struct om__proxy_service_s {
   om_metric_t *m_attempts, *m_retries, *m_budget, *m_latency;
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
   om__proxy_cache_t cache;           /* the vary policy's decisions */
+  /* upgrades (om_proxy_tunnel.c) */
+  om_metric_t *m_upgrades[OM__PROXY_UPG_COUNT], *m_tunnels, *m_tunnel_bytes[2];
+  uint64_t upgrades[OM__PROXY_UPG_COUNT], tunnels_open;
 };
 
 struct om_proxy_s {
@@ -188,6 +215,12 @@ struct om__proxy_call_s {
   size_t path_q_len;
   char attempt_buf[24], deadline_buf[24], request_id[33];
   char *xff;
+  /* an upgrade: the Upgrade list forwarded ("" for none), whether the
+   * latest attempt may have reached the peer (then it is never retried),
+   * and the relay once the peer switched */
+  char upgrade[OM__PROXY_MAX_UPGRADES * (OM__PROXY_UPGRADE_LEN + 2)];
+  int upgrade_sent;
+  struct om__proxy_tunnel_s *tun;
 };
 
 /* om_proxy.c */
@@ -204,6 +237,35 @@ void om__proxy_call_gone(om_proxy_t *p);
 void om__proxy_on_request(om_http_request_t *req, void *ud);
 void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud);
 void om__proxy_arm_queue_timer(om__proxy_service_t *s);
+
+/* End a call: count o, give the admission slot back, free the call. */
+void om__proxy_call_end(om__proxy_call_t *c, om__proxy_outcome_t o);
+
+/* om_proxy_tunnel.c: upgrades and the tunnel relay. */
+
+/* What to do with req's Upgrade: 0 none (no upgrade asked, or only h2c,
+ * which is served over HTTP/1.1), 1 forward out (the list to send), -1
+ * refuse (a token s's policy does not allow; *why says which). */
+int om__proxy_upgrade_classify(const om__proxy_service_t *s,
+                               const om_http_request_t *req, char *out,
+                               size_t cap, char *why, size_t why_cap);
+/* Count an upgrade outcome (OM__PROXY_UPG_*). */
+void om__proxy_upgrade_count(om__proxy_service_t *s, int outcome);
+/* A 101 from the peer: take both connections and relay; the verdict for
+ * on_headers (nonzero: abort the attempt). */
+int om__proxy_tunnel_start(om__proxy_call_t *c,
+                           const om_upstream_response_t *r);
+/* Register s's upgrade and tunnel metrics (esc: its escaped name). */
+void om__proxy_tunnel_metrics(om_proxy_t *p, om__proxy_service_t *s,
+                              const char *esc);
+struct lua_State;
+/* Read the policy table at index t's `upgrades` into *u (default
+ * {"websocket"}); validated by the contract. */
+void om__proxy_read_upgrades_l(struct lua_State *L, int t,
+                               om__proxy_upgrades_t *u);
+struct json_t;
+/* s's upgrade settings and counters for /status; NULL without memory. */
+struct json_t *om__proxy_tunnel_status(const om__proxy_service_t *s);
 
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);
