@@ -154,7 +154,8 @@ static void cut(om__proxy_tunnel_t *t, int err) {
 
 static void on_idle(uv_timer_t *h) {
   om__proxy_tunnel_t *t = h->data;
-  uint64_t now = uv_now(h->loop), idle_ms = t->c->set.stream_idle_ns / NS_PER_MS;
+  uint64_t now = uv_now(h->loop),
+           idle_ms = t->c->set.stream_idle_ns / NS_PER_MS;
   if (now - t->last_ms < idle_ms) {
     uv_timer_start(&t->idle, on_idle, idle_ms - (now - t->last_ms), 0);
     return;
