@@ -609,11 +609,12 @@ static int step_101(conn_t *c, char *b, size_t end) {
       om__up_req_recycle(r);
       return STEP_STOP;
     }
-    if (c->req != r || c->closing)
-      return STEP_STOP;
+    if (c->req != r)
+      return STEP_STOP; /* the pool closed: the request ended there */
   }
+  /* a tunnel taken and closed inside on_headers closed c: aborted */
   om__up_detach(c);
-  if (c->tunnel != NULL) {
+  if (c->tunnel != NULL && !c->closing) {
     r->res.upgraded = 1;
     om__up_req_end(r, OM_UPSTREAM_OK, 0, "");
     return STEP_STOP;

@@ -238,6 +238,18 @@ static const om_tunnel_callbacks_t DOWN_CB = {down_data, down_eof, down_drain,
 static const om_tunnel_callbacks_t UP_CB = {up_data, up_eof, up_drain,
                                             up_close};
 
+/* The hand-over failed: the attempt ends aborted and the caller gets 502. */
+static int handover_failed(om__proxy_call_t *c, om__proxy_tunnel_t *t,
+                           om_http_header_t *h, om_http_header_t *stack) {
+  free(t);
+  if (h != stack)
+    free(h);
+  c->last_status = 0;
+  c->last_fail = OM_UPSTREAM_FAIL_ABORTED;
+  om__proxy_upgrade_count(c->s, OM__PROXY_UPG_FAILED);
+  return 1;
+}
+
 int om__proxy_tunnel_start(om__proxy_call_t *c,
                            const om_upstream_response_t *r) {
   om__proxy_service_t *s = c->s;
@@ -248,21 +260,11 @@ int om__proxy_tunnel_start(om__proxy_call_t *c,
   t = calloc(1, sizeof *t);
   if (r->n_headers + 2 > sizeof stack / sizeof stack[0])
     h = malloc((r->n_headers + 2) * sizeof *h);
-  if (t == NULL || h == NULL) {
-    free(t);
-    if (h != stack)
-      free(h);
-    om__proxy_upgrade_count(s, OM__PROXY_UPG_FAILED);
-    return 1;
-  }
+  if (t == NULL || h == NULL)
+    return handover_failed(c, t, h, stack);
   t->c = c;
-  if (om_upstream_take_tunnel(c->up, &UP_CB, t, &t->up) != 0) {
-    free(t);
-    if (h != stack)
-      free(h);
-    om__proxy_upgrade_count(s, OM__PROXY_UPG_FAILED);
-    return 1;
-  }
+  if (om_upstream_take_tunnel(c->up, &UP_CB, t, &t->up) != 0)
+    return handover_failed(c, t, h, stack);
   /* the peer's protocol, its end-to-end fields (Sec-WebSocket-Accept,
    * ...), never a body's framing */
   h[n++] = (om_http_header_t){"Upgrade", r->upgrade, 7, r->upgrade_len};
@@ -275,14 +277,12 @@ int om__proxy_tunnel_start(om__proxy_call_t *c,
   }
   h[n++] = (om_http_header_t){"x-openmesh-peer", c->peer->id, 15, 0};
   rc = om_http_response_upgrade(c->req, h, n, &DOWN_CB, t, &t->down);
-  if (h != stack)
-    free(h);
   if (rc != 0) {
     om_tunnel_close(t->up, 1);
-    free(t);
-    om__proxy_upgrade_count(s, OM__PROXY_UPG_FAILED);
-    return 1;
+    return handover_failed(c, t, h, stack);
   }
+  if (h != stack)
+    free(h);
   /* the request is released: the call is the tunnel's now */
   c->req = NULL;
   c->committed = 1;
