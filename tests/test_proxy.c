@@ -2142,6 +2142,59 @@ static void upgrade_refusals_h2c_and_non_101_answers(void **state) {
   env_close(&e);
 }
 
+static void upgrade_goes_to_another_peer_only_before_send(void **state) {
+  env_t e;
+  fx_t *a, *dead;
+  char *m;
+  int st, switched = 0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  dead = env_fx(&e, "dead", FX_OK);
+  /* nothing listens on port 1: every connect is refused */
+  snprintf(dead->url, sizeof dead->url, "http://127.0.0.1:1");
+  env_proxy(&e, NULL, policy_file("ws3.lua", "retries = 2"));
+  env_topology(&e, "ws", 1);
+  for (int i = 0; i < 10; i++) {
+    htc_t *c = htc_new("127.0.0.1", e.port);
+    assert_non_null(c);
+    assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/chat", "websocket")),
+                     0);
+    if (wait_bytes(&e, c, "\r\n\r\n", 4, 3000) &&
+        strncmp(c->buf, "HTTP/1.1 101 ", 13) == 0)
+      switched++;
+    htc_free(c);
+  }
+  OM_ASSERT_CMP(switched, ==, 10);
+  OM_ASSERT_CMP(a->requests, ==, 10);
+  m = admin_get(&e, "/metrics", &st);
+  /* nothing was sent to the refusing peer: those went to the other one */
+  OM_ASSERT_CMP(
+      atoi(metric_line(m, "openmesh_proxy_retries_total{service=\"ws\"} ")), >=,
+      1);
+  free(m);
+  env_close(&e);
+  /* a peer that took the request and then failed is not asked again,
+   * where a plain GET is retried on the other peer */
+  env_init(&e);
+  a = env_fx(&e, "r1", FX_RESET);
+  dead = env_fx(&e, "r2", FX_RESET);
+  env_proxy(&e, NULL, policy_file("ws4.lua", "retries = 2"));
+  env_topology(&e, "ws", 1);
+  {
+    res_t r;
+    call(&e, "GET", "ws", "/chat",
+         "Connection: upgrade\r\nUpgrade: websocket\r\n", NULL, &r);
+    assert_int_equal(r.status, 502);
+    assert_string_equal(r.attempts, "1");
+    OM_ASSERT_CMP(a->requests + dead->requests, ==, 1);
+    call(&e, "GET", "ws", "/chat", NULL, NULL, &r);
+    assert_int_equal(r.status, 502);
+    OM_ASSERT_CMP(a->requests + dead->requests, >=, 3);
+  }
+  env_close(&e);
+}
+
 static void close_drains_in_flight_calls(void **state) {
   env_t e;
   fx_t *s;
@@ -2267,6 +2320,7 @@ int main(void) {
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(upgrade_tunnels_past_the_deadline_until_a_side_closes),
       cmocka_unit_test(upgrade_refusals_h2c_and_non_101_answers),
+      cmocka_unit_test(upgrade_goes_to_another_peer_only_before_send),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),
   };
