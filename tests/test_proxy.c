@@ -38,6 +38,7 @@ typedef enum {
 } fx_mode_t;
 
 #define FX_PEND 64
+#define FLOOD_MB 64
 #define BIG_CHUNK (64u * 1024u)
 
 typedef struct fx_s fx_t;
@@ -181,8 +182,18 @@ static void fx_upgrade(fx_t *fx, om_http_request_t *req) {
   om_http_header_t h[] = {
       {"Upgrade", "websocket", 0, 0},
       {"Sec-WebSocket-Accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=", 0, 0}};
-  if (om_http_response_upgrade(req, h, 2, &cb, fx, &fx->tun) != 0)
+  int flood = req->path_len == 6 && memcmp(req->path, "/flood", 6) == 0;
+  if (om_http_response_upgrade(req, h, 2, &cb, fx, &fx->tun) != 0) {
     om_http_response_abort(req);
+    return;
+  }
+  if (flood) { /* FLOOD_MB at once, then our FIN */
+    static char mb[1 << 20];
+    memset(mb, 'z', sizeof mb);
+    for (int i = 0; i < FLOOD_MB; i++)
+      om_tunnel_write(fx->tun, mb, sizeof mb);
+    om_tunnel_shutdown(fx->tun);
+  }
 }
 
 static void fx_on_request(om_http_request_t *req, void *ud) {
@@ -2142,6 +2153,56 @@ static void upgrade_refusals_h2c_and_non_101_answers(void **state) {
   env_close(&e);
 }
 
+static void
+upgrade_tunnel_pushes_back_on_a_peer_faster_than_the_client(void **state) {
+  env_t e;
+  fx_t *a;
+  htc_t *c;
+  char *m;
+  int st;
+  double relayed;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  env_proxy(&e, NULL, policy_file("ws5.lua", ""));
+  env_topology(&e, "ws", 1);
+  c = htc_new("127.0.0.1", e.port);
+  assert_non_null(c);
+  assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/flood", "websocket")),
+                   0);
+  /* the client reads nothing for a while: the proxy stops reading the
+   * peer once high_water is queued, and the peer's bytes wait there */
+  spin(&e, 500);
+  m = admin_get(&e, "/metrics", &st);
+  relayed = atof(metric_line(m, "openmesh_proxy_tunnel_bytes_total{service="
+                                "\"ws\",direction=\"downstream\"} "));
+  free(m);
+  OM_ASSERT_CMP(relayed, <, (double)FLOOD_MB * (1 << 20) / 2);
+  OM_ASSERT_CMP(om_tunnel_pending(a->tun), >, (size_t)FLOOD_MB << 19);
+  /* reading again resumes the peer: every byte arrives, then its FIN */
+  t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < 20000)
+    htc_step(&e.loop, c, 1);
+  assert_true(c->eof);
+  assert_false(c->reset);
+  {
+    const char *end = NULL;
+    for (size_t i = 0; i + 4 <= c->len && end == NULL; i++)
+      if (memcmp(c->buf + i, "\r\n\r\n", 4) == 0)
+        end = c->buf + i + 4;
+    assert_non_null(end);
+    OM_ASSERT_CMP(c->total - (size_t)(end - c->buf), ==,
+                  (size_t)FLOOD_MB << 20);
+  }
+  fprintf(stderr,
+          "# tunnel backpressure: %.1f MiB relayed of %d while the "
+          "client did not read\n",
+          relayed / (1 << 20), FLOOD_MB);
+  htc_free(c);
+  env_close(&e);
+}
+
 static void upgrade_goes_to_another_peer_only_before_send(void **state) {
   env_t e;
   fx_t *a, *dead;
@@ -2321,6 +2382,8 @@ int main(void) {
       cmocka_unit_test(upgrade_tunnels_past_the_deadline_until_a_side_closes),
       cmocka_unit_test(upgrade_refusals_h2c_and_non_101_answers),
       cmocka_unit_test(upgrade_goes_to_another_peer_only_before_send),
+      cmocka_unit_test(
+          upgrade_tunnel_pushes_back_on_a_peer_faster_than_the_client),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),
   };
