@@ -79,13 +79,16 @@ static void release(om_tunnel_t *t, int reset) {
   if (t->phase == TP_RELEASED)
     return;
   t->phase = TP_RELEASED;
-  if (t->reading) {
-    uv_read_stop((uv_stream_t *)t->tcp);
-    t->reading = 0;
-  }
-  t->tcp->data = t->owner;
-  if (!t->owner_gone)
+  /* after om__tunnel_owner_gone the handle (and the owner) may already
+   * be freed: never touch it again */
+  if (!t->owner_gone) {
+    if (t->reading) {
+      uv_read_stop((uv_stream_t *)t->tcp);
+      t->reading = 0;
+    }
+    t->tcp->data = t->owner;
     t->release(t->owner, reset);
+  }
   uv_close((uv_handle_t *)&t->kick, on_kick_closed);
 }
 
