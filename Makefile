@@ -73,6 +73,7 @@ bench: deps deps-bench
 	@for b in $(BENCH_BUILD)/bench/bench_*; do \
 	  [ -x "$$b" ] || continue; "$$b" || exit 1; done
 	bash bench/proxy_bench.sh $(BENCH_BUILD)/bin/openmesh
+	/usr/bin/python3 bench/ws_echo_bench.py $(BENCH_BUILD)/bin/openmesh
 
 # The HTTP/1.1 framing module against http-parser on many generated
 # messages (make check runs a few thousand). OM_FUZZ_SEED=N replays a run;

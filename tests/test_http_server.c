@@ -39,6 +39,9 @@ typedef struct fx_s {
   int misuse[15];
   size_t pending_after_write;
   int big_rc;
+  om_tunnel_t *tun;
+  int tun_rc, tun_eofs, tun_closes, tun_err;
+  size_t tun_bytes;
 } fx_t;
 
 static char echo_buf[1 << 16]; /* test-only, single thread */
@@ -108,6 +111,36 @@ static void misuse(fx_t *fx, om_http_request_t *req) {
   fx->misuse[11] = om_http_response_end(req);
 }
 
+/* The tunnel echoes what it reads, and carries the client's half-close
+ * back as its own. */
+static void tun_data(void *ud, const char *data, size_t len) {
+  fx_t *fx = ud;
+  fx->tun_bytes += len;
+  om_tunnel_write(fx->tun, data, len);
+}
+
+static void tun_eof(void *ud) {
+  fx_t *fx = ud;
+  fx->tun_eofs++;
+  om_tunnel_shutdown(fx->tun);
+}
+
+static void tun_close(void *ud, int err) {
+  fx_t *fx = ud;
+  fx->tun_closes++;
+  fx->tun_err = err;
+  fx->tun = NULL;
+}
+
+static void upgrade_to_echo(fx_t *fx, om_http_request_t *req) {
+  static const om_tunnel_callbacks_t cb = {tun_data, tun_eof, NULL, tun_close};
+  om_http_header_t h[] = {{"Upgrade", "echo", 0, 0}};
+  om_http_header_t conn[] = {{"Connection", "close", 0, 0}};
+  /* the framing fields are the server's */
+  fx->misuse[0] = om_http_response_upgrade(req, conn, 1, &cb, fx, &fx->tun);
+  fx->tun_rc = om_http_response_upgrade(req, h, 1, &cb, fx, &fx->tun);
+}
+
 static void handler(om_http_request_t *req, void *ud) {
   fx_t *fx = ud;
   const char *p = req->path;
@@ -129,7 +162,9 @@ static void handler(om_http_request_t *req, void *ud) {
     return;
   }
   fx->in_flight--;
-  if (strcmp(p, "/stream") == 0) {
+  if (strcmp(p, "/ws") == 0 && om_http_request_is_upgrade(req)) {
+    upgrade_to_echo(fx, req);
+  } else if (strcmp(p, "/stream") == 0) {
     om_http_header_t h[] = {{"Content-Type", "text/plain", 0, 0}};
     om_http_response_start(req, 200, h, 1);
     om_http_response_write(req, "hello ", 6);
@@ -1606,6 +1641,147 @@ static void close_drains_in_flight_then_cuts(void **state) {
 /* ------------------------------------------------------------------ */
 /* out of memory while serving */
 
+/* ------------------------------------------------------------------ */
+/* upgrades */
+
+/* Where the n bytes of what first occur in c's buffer; NULL if nowhere. */
+static const char *find(const htc_t *c, const char *what, size_t n) {
+  size_t i;
+  for (i = 0; n <= c->len && i <= c->len - n; i++)
+    if (memcmp(c->buf + i, what, n) == 0)
+      return c->buf + i;
+  return NULL;
+}
+
+/* Turn the loop until c's buffer holds what, or ms passed. */
+static int wait_for(fx_t *fx, htc_t *c, const char *what, int ms) {
+  uint64_t t0 = htc_now_ms();
+  while (htc_now_ms() - t0 < (uint64_t)ms) {
+    if (find(c, what, strlen(what)) != NULL)
+      return 1;
+    if (c->eof)
+      break;
+    htc_step(&fx->loop, c, 1);
+  }
+  return find(c, what, strlen(what)) != NULL;
+}
+
+static void upgrade_hands_the_connection_over(void **state) {
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  const char *head_end;
+  uint64_t t0;
+  (void)state;
+  /* the first frame right behind the head, in the same segment: it is
+   * the tunnel's first data, never parsed as HTTP */
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /ws" H11 "Connection: Upgrade\r\n"
+                             "Upgrade: echo\r\n\r\nGET /not-http"),
+                   0);
+  assert_true(wait_for(fx, c, "GET /not-http", 2000));
+  assert_int_equal(fx->tun_rc, 0);
+  assert_int_equal(fx->misuse[0], OM_EINVAL);
+  assert_int_equal(strncmp(c->buf, "HTTP/1.1 101 Switching Protocols\r\n", 34),
+                   0);
+  assert_non_null(find(c, "\r\nUpgrade: echo\r\n", 17));
+  assert_non_null(find(c, "\r\nConnection: upgrade\r\n", 23));
+  head_end = find(c, "\r\n\r\n", 4);
+  assert_non_null(head_end);
+  OM_ASSERT_CMP((size_t)(head_end + 4 - c->buf) + 13, ==, c->len);
+  assert_false(seen_target(fx, "/not-http"));
+  /* raw bytes both ways */
+  assert_int_equal(htc_sends(&fx->loop, c, "\x81\x02hi\r\n\r\n"), 0);
+  assert_true(wait_for(fx, c, "\x81\x02hi\r\n\r\n", 2000));
+  OM_ASSERT_CMP(M(fx)->upgrades, ==, 1);
+  OM_ASSERT_CMP(M(fx)->connections_active, ==, 1);
+  /* the client's half-close is carried: the echo's FIN comes back, and
+   * the tunnel ends cleanly once both directions are closed */
+  shutdown(c->fd, SHUT_WR);
+  assert_true(wait_eof(fx, c, 2000));
+  assert_false(c->reset);
+  t0 = htc_now_ms();
+  while (fx->tun_closes == 0 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1);
+  OM_ASSERT_CMP(fx->tun_eofs, ==, 1);
+  OM_ASSERT_CMP(fx->tun_closes, ==, 1);
+  OM_ASSERT_CMP(fx->tun_err, ==, 0);
+  OM_ASSERT_CMP(fx->tun_bytes, ==, 13 + 8);
+  t0 = htc_now_ms();
+  while (M(fx)->connections_active > 0 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1);
+  OM_ASSERT_CMP(M(fx)->connections_active, ==, 0);
+  htc_free(c);
+  fx_free(fx);
+}
+
+static void upgrade_reset_and_shutdown_reach_the_holder(void **state) {
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  struct linger lg = {1, 0};
+  uint64_t t0;
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /ws" H11 "Connection: upgrade\r\n"
+                             "Upgrade: echo\r\n\r\n"),
+                   0);
+  assert_true(wait_for(fx, c, "\r\n\r\n", 2000));
+  assert_int_equal(fx->tun_rc, 0);
+  /* a reset from the client ends the tunnel with an error */
+  setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  htc_free(c);
+  t0 = htc_now_ms();
+  while (fx->tun_closes == 0 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1);
+  OM_ASSERT_CMP(fx->tun_closes, ==, 1);
+  OM_ASSERT_CMP(fx->tun_err, ==, OM_EIO);
+  /* a tunnel open when the server closes hears OM_ESTATE */
+  fx->tun_closes = 0;
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /ws" H11 "Connection: upgrade\r\n"
+                             "Upgrade: echo\r\n\r\n"),
+                   0);
+  assert_true(wait_for(fx, c, "\r\n\r\n", 2000));
+  assert_non_null(fx->tun);
+  assert_int_equal(om_http_server_close(fx->srv, on_closed), 0);
+  t0 = htc_now_ms();
+  while (!fx->closed && htc_now_ms() - t0 < 10000)
+    htc_step(&fx->loop, c, 1);
+  assert_true(fx->closed);
+  OM_ASSERT_CMP(fx->tun_closes, ==, 1);
+  OM_ASSERT_CMP(fx->tun_err, ==, OM_ESTATE);
+  OM_ASSERT_CMP(fx->final.upgrades, ==, 2);
+  htc_free(c);
+  fx_free(fx);
+}
+
+static void upgrade_answered_otherwise_stays_http(void **state) {
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  /* not taken: an ordinary response, and the bytes behind the request
+   * are read as the next request */
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /plain" H11 "Connection: upgrade\r\n"
+                             "Upgrade: echo\r\n\r\n" GET("/next")),
+                   0);
+  assert_int_equal(wait_responses(fx, c, NULL, 2, 2000), 2);
+  assert_int_equal(R[0].status, 200);
+  assert_int_equal(R[1].status, 200);
+  assert_true(seen_target(fx, "/next"));
+  OM_ASSERT_CMP(M(fx)->upgrades, ==, 0);
+  /* with a body it is no upgrade request: answered as HTTP */
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /ws" H11 "Connection: upgrade\r\n"
+                             "Upgrade: echo\r\nContent-Length: 2\r\n\r\nab"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, NULL, 3, 2000), 3);
+  assert_int_equal(R[2].status, 200);
+  OM_ASSERT_CMP(M(fx)->upgrades, ==, 0);
+  htc_free(c);
+  fx_free(fx);
+}
+
 static void allocation_failures_while_serving(void **state) {
   fx_t *fx = fx_new(NULL);
   htc_t *warm[12];
@@ -1707,6 +1883,9 @@ int main(void) {
       cmocka_unit_test(bytes_after_a_last_request_stop_being_read),
       cmocka_unit_test(close_drains_in_flight_then_cuts),
       cmocka_unit_test(allocation_failures_while_serving),
+      cmocka_unit_test(upgrade_hands_the_connection_over),
+      cmocka_unit_test(upgrade_reset_and_shutdown_reach_the_holder),
+      cmocka_unit_test(upgrade_answered_otherwise_stays_http),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,9 +42,11 @@ typedef enum {
                     end (or, with sse_hang, silence) */
   FX_CL_STALL,   /* cl_status (0: 200) with Content-Length cl_total:
                     cl_sent bytes, then silence */
+  FX_UPGRADE,    /* 101 to an upgrade request (but /plain), then echo */
 } fx_mode_t;
 
 #define FX_PEND 64
+#define FLOOD_MB 64
 #define BIG_CHUNK (64u * 1024u)
 
 typedef struct fx_s fx_t;
@@ -72,10 +74,12 @@ struct fx_s {
   unsigned requests, gets, posts, puts, others;
   char last_attempt[16], last_rid[64], last_xff[128], last_foo[32];
   char last_hop[32], last_deadline[32], last_target[256], last_host[64];
-  char last_via[64];
+  char last_via[64], last_upgrade[64], last_connection[64];
   char last_headers[2048]; /* every field of the last request, one a line */
   const char *resp_name, *resp_value; /* an extra field of FX_OK answers */
   size_t last_body_len;
+  om_tunnel_t *tun; /* FX_UPGRADE: the echo tunnel open now */
+  int tun_closes, tun_err;
   fx_pend_t pend[FX_PEND];
   unsigned sse_every_ms, sse_count;
   int sse_hang;
@@ -194,6 +198,45 @@ static void on_sse(uv_timer_t *t) {
   fx->last_write_ms = htc_now_ms();
 }
 
+/* FX_UPGRADE's echo: what comes in goes back; the client's half-close
+ * is answered with ours. */
+static void fx_tun_data(void *ud, const char *d, size_t n) {
+  fx_t *fx = ud;
+  om_tunnel_write(fx->tun, d, n);
+}
+
+static void fx_tun_eof(void *ud) {
+  fx_t *fx = ud;
+  om_tunnel_shutdown(fx->tun);
+}
+
+static void fx_tun_close(void *ud, int err) {
+  fx_t *fx = ud;
+  fx->tun = NULL;
+  fx->tun_closes++;
+  fx->tun_err = err;
+}
+
+static void fx_upgrade(fx_t *fx, om_http_request_t *req) {
+  static const om_tunnel_callbacks_t cb = {fx_tun_data, fx_tun_eof, NULL,
+                                           fx_tun_close};
+  om_http_header_t h[] = {
+      {"Upgrade", "websocket", 0, 0},
+      {"Sec-WebSocket-Accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=", 0, 0}};
+  int flood = req->path_len == 6 && memcmp(req->path, "/flood", 6) == 0;
+  if (om_http_response_upgrade(req, h, 2, &cb, fx, &fx->tun) != 0) {
+    om_http_response_abort(req);
+    return;
+  }
+  if (flood) { /* FLOOD_MB at once, then our FIN */
+    static char mb[1 << 20];
+    memset(mb, 'z', sizeof mb);
+    for (int i = 0; i < FLOOD_MB; i++)
+      om_tunnel_write(fx->tun, mb, sizeof mb);
+    om_tunnel_shutdown(fx->tun);
+  }
+}
+
 static void fx_on_request(om_http_request_t *req, void *ud) {
   fx_t *fx = ud;
   fx_pend_t *pd;
@@ -224,6 +267,9 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
                             "%s: %s\n", req->headers[i].name,
                             req->headers[i].value);
   }
+  copy_header(req, "upgrade", fx->last_upgrade, sizeof fx->last_upgrade);
+  copy_header(req, "connection", fx->last_connection,
+              sizeof fx->last_connection);
   snprintf(fx->last_target, sizeof fx->last_target, "%.*s",
            (int)req->target_len, req->target);
   fx->last_body_len = req->body_len;
@@ -237,6 +283,14 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
     return;
   }
   switch (fx->mode) {
+  case FX_UPGRADE:
+    if (om_http_request_is_upgrade(req) &&
+        !(req->path_len == 6 && memcmp(req->path, "/plain", 6) == 0)) {
+      fx_upgrade(fx, req);
+      return;
+    }
+    fx_answer(fx, req, 200);
+    return;
   case FX_SLOW:
     pd = fx_slot(fx, req);
     uv_timer_start(&pd->t, on_slow, fx->delay_ms, 0);
@@ -1993,6 +2047,286 @@ static void admin_serves_metrics_status_and_health(void **state) {
   env_close(&e);
 }
 
+/* ------------------------------------------------------------------ */
+/* upgrades */
+
+/* Turn the loop until c's buffer holds what (n bytes), c closed, or ms
+ * passed; whether it holds it. */
+static int wait_bytes(env_t *e, htc_t *c, const char *what, size_t n, int ms) {
+  uint64_t t0 = htc_now_ms();
+  for (;;) {
+    for (size_t i = 0; n <= c->len && i <= c->len - n; i++)
+      if (memcmp(c->buf + i, what, n) == 0)
+        return 1;
+    if (c->eof || htc_now_ms() - t0 > (uint64_t)ms)
+      return 0;
+    htc_step(&e->loop, c, 1);
+  }
+}
+
+static const char *metric_line(const char *text, const char *prefix) {
+  const char *at = strstr(text, prefix);
+  return at != NULL ? at + strlen(prefix) : "";
+}
+
+#define UPGRADE_REQ(path, token)                                               \
+  "GET " path " HTTP/1.1\r\nHost: ws\r\nConnection: Upgrade\r\n"               \
+  "Upgrade: " token "\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+
+static void
+upgrade_tunnels_past_the_deadline_until_a_side_closes(void **state) {
+  env_t e;
+  fx_t *a;
+  htc_t *c;
+  char *m;
+  int st;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  env_proxy(&e, NULL,
+            policy_file("ws.lua", "deadline_ms = 200, per_try_timeout_ms = 200,"
+                                  " stream_idle_timeout_ms = 400"));
+  env_topology(&e, "ws", 1);
+  c = htc_new("127.0.0.1", e.port);
+  assert_non_null(c);
+  /* the first frame rides behind the head */
+  assert_int_equal(
+      htc_sends(&e.loop, c, UPGRADE_REQ("/chat", "WebSocket") "f0"), 0);
+  assert_true(wait_bytes(&e, c, "\r\n\r\nf0", 6, 3000));
+  assert_int_equal(strncmp(c->buf, "HTTP/1.1 101 Switching Protocols\r\n", 34),
+                   0);
+  assert_non_null(strstr(c->buf, "\r\nUpgrade: websocket\r\n"));
+  assert_non_null(strstr(c->buf, "\r\nConnection: upgrade\r\n"));
+  assert_non_null(
+      strstr(c->buf, "\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+  assert_non_null(strstr(c->buf, "\r\nx-openmesh-peer: a\r\n"));
+  /* forwarded as the client named it, with Connection: upgrade */
+  assert_string_equal(a->last_upgrade, "WebSocket");
+  assert_string_equal(a->last_connection, "upgrade");
+  /* frames well past the call's 200 ms deadline, each inside the idle
+   * timeout: the tunnel lives as long as it flows */
+  t0 = htc_now_ms();
+  for (int i = 1; i <= 4; i++) {
+    char f[8];
+    uint64_t t1 = htc_now_ms();
+    while (htc_now_ms() - t1 < 150)
+      htc_step(&e.loop, c, 1);
+    snprintf(f, sizeof f, "f%d", i);
+    assert_int_equal(htc_sends(&e.loop, c, f), 0);
+    assert_true(wait_bytes(&e, c, f, 2, 2000));
+  }
+  OM_ASSERT_CMP(htc_now_ms() - t0, >=, 600);
+  m = admin_get(&e, "/metrics", &st);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_tunnels_active{service=\"ws\"} ")),
+      1);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_upgrades_total{service=\"ws\","
+                          "outcome=\"switched\"} ")),
+      1);
+  free(m);
+  /* the client's half-close reaches the peer, whose FIN comes back */
+  shutdown(c->fd, SHUT_WR);
+  t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < 3000)
+    htc_step(&e.loop, c, 1);
+  assert_true(c->eof);
+  assert_false(c->reset);
+  t0 = htc_now_ms();
+  while (a->tun_closes == 0 && htc_now_ms() - t0 < 3000)
+    htc_step(&e.loop, NULL, 1);
+  OM_ASSERT_CMP(a->tun_closes, ==, 1);
+  OM_ASSERT_CMP(a->tun_err, ==, 0);
+  spin(&e, 50);
+  m = admin_get(&e, "/metrics", &st);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_tunnels_active{service=\"ws\"} ")),
+      0);
+  assert_int_equal(atoi(metric_line(m, "openmesh_proxy_requests_total{service="
+                                       "\"ws\",outcome=\"ok\"} ")),
+                   1);
+  OM_ASSERT_CMP(
+      atoi(metric_line(m, "openmesh_proxy_tunnel_bytes_total{service=\"ws\","
+                          "direction=\"upstream\"} ")),
+      ==, 10);
+  free(m);
+  htc_free(c);
+  /* silence in both directions for the idle timeout cuts both sides */
+  c = htc_new("127.0.0.1", e.port);
+  assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/chat", "websocket")), 0);
+  assert_true(wait_bytes(&e, c, "\r\n\r\n", 4, 3000));
+  t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < 3000)
+    htc_step(&e.loop, c, 1);
+  assert_true(c->eof);
+  OM_ASSERT_CMP(htc_now_ms() - t0, >=, 350);
+  t0 = htc_now_ms();
+  while (a->tun_closes < 2 && htc_now_ms() - t0 < 3000)
+    htc_step(&e.loop, NULL, 1);
+  OM_ASSERT_CMP(a->tun_closes, ==, 2);
+  m = admin_get(&e, "/metrics", &st);
+  assert_int_equal(atoi(metric_line(m, "openmesh_proxy_requests_total{service="
+                                       "\"ws\",outcome=\"aborted\"} ")),
+                   1);
+  free(m);
+  htc_free(c);
+  env_close(&e);
+}
+
+static void upgrade_refusals_h2c_and_non_101_answers(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  char *m;
+  int st;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  env_proxy(&e, NULL, policy_file("ws2.lua", ""));
+  env_topology(&e, "ws", 1);
+  /* a token the policy does not allow: 403, the peer never asked */
+  call(&e, "GET", "ws", "/chat",
+       "Connection: upgrade\r\nUpgrade: websocket, x-raw\r\n", NULL, &r);
+  assert_int_equal(r.status, 403);
+  assert_string_equal(r.reason, "upgrade_not_allowed");
+  assert_non_null(strstr(r.body, "x-raw"));
+  assert_int_equal(a->requests, 0);
+  /* h2c is served over HTTP/1.1: the Upgrade is dropped */
+  call(&e, "GET", "ws", "/chat", "Connection: Upgrade\r\nUpgrade: h2c\r\n",
+       NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.body, "a\n");
+  assert_int_equal(a->requests, 1);
+  assert_string_equal(a->last_upgrade, "");
+  /* the peer declines: its answer is an ordinary response */
+  call(&e, "GET", "ws", "/plain",
+       "Connection: Upgrade\r\nUpgrade: websocket\r\n", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(r.body, "a\n");
+  assert_string_equal(a->last_upgrade, "websocket");
+  m = admin_get(&e, "/metrics", &st);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_upgrades_total{service=\"ws\","
+                          "outcome=\"not_allowed\"} ")),
+      1);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_upgrades_total{service=\"ws\","
+                          "outcome=\"declined\"} ")),
+      1);
+  free(m);
+  m = admin_get(&e, "/status", &st);
+  assert_int_equal(st, 200);
+  assert_non_null(strstr(m, "\"allowed\":[\"websocket\"]"));
+  assert_non_null(strstr(m, "\"stream_idle_timeout_ms\":60000"));
+  free(m);
+  env_close(&e);
+}
+
+static void
+upgrade_tunnel_pushes_back_on_a_peer_faster_than_the_client(void **state) {
+  env_t e;
+  fx_t *a;
+  htc_t *c;
+  char *m;
+  int st;
+  double relayed;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  env_proxy(&e, NULL, policy_file("ws5.lua", ""));
+  env_topology(&e, "ws", 1);
+  c = htc_new("127.0.0.1", e.port);
+  assert_non_null(c);
+  assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/flood", "websocket")),
+                   0);
+  /* the client reads nothing for a while: the proxy stops reading the
+   * peer once high_water is queued, and the peer's bytes wait there */
+  spin(&e, 500);
+  m = admin_get(&e, "/metrics", &st);
+  relayed = atof(metric_line(m, "openmesh_proxy_tunnel_bytes_total{service="
+                                "\"ws\",direction=\"downstream\"} "));
+  free(m);
+  OM_ASSERT_CMP(relayed, <, (double)FLOOD_MB * (1 << 20) / 2);
+  OM_ASSERT_CMP(om_tunnel_pending(a->tun), >, (size_t)FLOOD_MB << 19);
+  /* reading again resumes the peer: every byte arrives, then its FIN */
+  t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < 20000)
+    htc_step(&e.loop, c, 1);
+  assert_true(c->eof);
+  assert_false(c->reset);
+  {
+    const char *end = NULL;
+    for (size_t i = 0; i + 4 <= c->len && end == NULL; i++)
+      if (memcmp(c->buf + i, "\r\n\r\n", 4) == 0)
+        end = c->buf + i + 4;
+    assert_non_null(end);
+    OM_ASSERT_CMP(c->total - (size_t)(end - c->buf), ==,
+                  (size_t)FLOOD_MB << 20);
+  }
+  fprintf(stderr,
+          "# tunnel backpressure: %.1f MiB relayed of %d while the "
+          "client did not read\n",
+          relayed / (1 << 20), FLOOD_MB);
+  htc_free(c);
+  env_close(&e);
+}
+
+static void upgrade_goes_to_another_peer_only_before_send(void **state) {
+  env_t e;
+  fx_t *a, *dead;
+  char *m;
+  int st, switched = 0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_UPGRADE);
+  dead = env_fx(&e, "dead", FX_OK);
+  /* nothing listens on port 1: every connect is refused */
+  snprintf(dead->url, sizeof dead->url, "http://127.0.0.1:1");
+  env_proxy(&e, NULL, policy_file("ws3.lua", "retries = 2"));
+  env_topology(&e, "ws", 1);
+  for (int i = 0; i < 10; i++) {
+    htc_t *c = htc_new("127.0.0.1", e.port);
+    assert_non_null(c);
+    assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/chat", "websocket")),
+                     0);
+    if (wait_bytes(&e, c, "\r\n\r\n", 4, 3000) &&
+        strncmp(c->buf, "HTTP/1.1 101 ", 13) == 0)
+      switched++;
+    htc_free(c);
+  }
+  OM_ASSERT_CMP(switched, ==, 10);
+  OM_ASSERT_CMP(a->requests, ==, 10);
+  m = admin_get(&e, "/metrics", &st);
+  /* nothing was sent to the refusing peer: those went to the other one */
+  OM_ASSERT_CMP(
+      atoi(metric_line(m, "openmesh_proxy_retries_total{service=\"ws\","
+                          "phase=\"pre_send\"} ")),
+      >=, 1);
+  free(m);
+  env_close(&e);
+  /* a peer that took the request and then failed is not asked again,
+   * where a plain GET is retried on the other peer */
+  env_init(&e);
+  a = env_fx(&e, "r1", FX_RESET);
+  dead = env_fx(&e, "r2", FX_RESET);
+  env_proxy(&e, NULL, policy_file("ws4.lua", "retries = 2"));
+  env_topology(&e, "ws", 1);
+  {
+    res_t r;
+    call(&e, "GET", "ws", "/chat",
+         "Connection: upgrade\r\nUpgrade: websocket\r\n", NULL, &r);
+    assert_int_equal(r.status, 502);
+    assert_string_equal(r.attempts, "1");
+    OM_ASSERT_CMP(a->requests + dead->requests, ==, 1);
+    call(&e, "GET", "ws", "/chat", NULL, NULL, &r);
+    assert_int_equal(r.status, 502);
+    OM_ASSERT_CMP(a->requests + dead->requests, >=, 3);
+  }
+  env_close(&e);
+}
+
 static void close_drains_in_flight_calls(void **state) {
   env_t e;
   fx_t *s;
@@ -2840,6 +3174,11 @@ int main(void) {
       cmocka_unit_test(vary_policies_are_cached_and_see_only_what_they_declare),
       cmocka_unit_test(vary_cache_is_bounded),
       cmocka_unit_test(admin_serves_metrics_status_and_health),
+      cmocka_unit_test(upgrade_tunnels_past_the_deadline_until_a_side_closes),
+      cmocka_unit_test(upgrade_refusals_h2c_and_non_101_answers),
+      cmocka_unit_test(upgrade_goes_to_another_peer_only_before_send),
+      cmocka_unit_test(
+          upgrade_tunnel_pushes_back_on_a_peer_faster_than_the_client),
       cmocka_unit_test(close_drains_in_flight_calls),
       cmocka_unit_test(request_path_survives_allocation_failures),
       cmocka_unit_test(post_is_retried_after_a_refused_connection),

@@ -389,6 +389,9 @@ static void h_default(srv_t *s, sconn_t *sc, const sreq_t *q) {
   } else if (strcmp(t, "/close") == 0) {
     SEND(sc, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 3\r\n"
              "\r\nbye");
+  } else if (strcmp(t, "/raw-then-close") == 0) {
+    sc_queue(sc, A_WRITE, 0, s->raw, s->raw_len);
+    sc_queue(sc, A_CLOSE, 20, NULL, 0);
   } else if (strncmp(t, "/raw", 4) == 0) {
     sc_queue(sc, A_WRITE, 0, s->raw, s->raw_len);
   } else if (strcmp(t, "/then-close") == 0) {
@@ -512,7 +515,8 @@ enum {
   M_CANCEL_BODY,
   M_PAUSE_BODY,
   M_CLOSE_POOL_BODY,
-  M_SEND_AGAIN
+  M_SEND_AGAIN,
+  M_TUNNEL
 };
 
 typedef struct cap_s {
@@ -535,9 +539,40 @@ typedef struct cap_s {
   int again;
   const char *again_method, *again_target;
   int again_rc;
+  /* M_TUNNEL: the connection taken after a 101 */
+  om_tunnel_t *tun;
+  int take_rc, take_again_rc, tun_eofs, tun_closes, tun_err;
+  char upgrade[32];
+  char tun_data[256];
+  size_t tun_len;
 } cap_t;
 
 static cap_t C[8]; /* test-only, single thread */
+
+static void tun_data(void *ud, const char *d, size_t n) {
+  cap_t *c = ud;
+  size_t k = n < sizeof c->tun_data - 1 - c->tun_len
+                 ? n
+                 : sizeof c->tun_data - 1 - c->tun_len;
+  memcpy(c->tun_data + c->tun_len, d, k);
+  c->tun_len += k;
+  c->tun_data[c->tun_len] = 0;
+}
+
+static void tun_eof(void *ud) {
+  cap_t *c = ud;
+  c->tun_eofs++;
+  om_tunnel_shutdown(c->tun); /* both closed: a clean end */
+}
+
+static void tun_closed(void *ud, int err) {
+  cap_t *c = ud;
+  c->tun_closes++;
+  c->tun_err = err;
+  c->tun = NULL;
+}
+
+static const om_tunnel_callbacks_t TCB = {tun_data, tun_eof, NULL, tun_closed};
 
 static int cb_headers(void *ud, const om_upstream_response_t *r) {
   cap_t *c = ud;
@@ -562,6 +597,12 @@ static int cb_headers(void *ud, const om_upstream_response_t *r) {
   }
   if (strlen(r->reason) != r->reason_len)
     c->bad_nul++;
+  if (r->upgrade != NULL)
+    snprintf(c->upgrade, sizeof c->upgrade, "%s", r->upgrade);
+  if (c->mode == M_TUNNEL && r->status == 101) {
+    c->take_rc = om_upstream_take_tunnel(c->req, &TCB, c, &c->tun);
+    c->take_again_rc = om_upstream_take_tunnel(c->req, &TCB, c, &c->tun);
+  }
   switch (c->mode) {
   case M_ABORT_HEADERS:
     return 1;
@@ -2167,6 +2208,93 @@ static void abort_from_on_headers(void **state) {
   fx_free(fx);
 }
 
+static int send_upgrade(cap_t *c, const char *t) {
+  om_http_header_t h[] = {{"Upgrade", "h2c", 0, 0},
+                          {"Sec-WebSocket-Key", "k", 0, 0}};
+  om_upstream_request_t q;
+  memset(&q, 0, sizeof q);
+  q.method = "GET";
+  q.target = t;
+  q.headers = h;
+  q.n_headers = 2;
+  q.upgrade = "echo";
+  q.timeout_ms = 5000;
+  return send_full(c, &q);
+}
+
+static void upgrade_101_hands_over_a_tunnel(void **state) {
+  static const char resp[] =
+      "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\n"
+      "Connection: upgrade\r\nSec-WebSocket-Accept: a\r\n\r\nfirst-frame";
+  fx_t *fx = fx_new(NULL);
+  char v[64];
+  (void)state;
+  fx->srv.raw = resp;
+  fx->srv.raw_len = sizeof resp - 1;
+  cap_init(&C[0], fx, M_TUNNEL);
+  assert_int_equal(send_upgrade(&C[0], "/raw-then-close"), 0);
+  RUN_UNTIL(fx, C[0].done && C[0].tun_closes, 3000);
+  expect_ok(&C[0], 101, "");
+  assert_int_equal(C[0].res.upgraded, 1);
+  assert_int_equal(C[0].take_rc, 0);
+  assert_int_equal(C[0].take_again_rc, OM_ESTATE);
+  assert_string_equal(C[0].upgrade, "echo");
+  /* the end-to-end fields of the 101, without the hop-by-hop ones */
+  assert_string_equal(C[0].hdump, "Sec-WebSocket-Accept: a\n");
+  /* the bytes behind the head, then the server's FIN, then ours */
+  assert_string_equal(C[0].tun_data, "first-frame");
+  assert_int_equal(C[0].tun_eofs, 1);
+  assert_int_equal(C[0].tun_closes, 1);
+  assert_int_equal(C[0].tun_err, 0);
+  /* the request asked with our Upgrade, never the caller's */
+  assert_non_null(head_field(fx->srv.last.head, "upgrade", v, sizeof v));
+  assert_string_equal(v, "echo");
+  assert_non_null(head_field(fx->srv.last.head, "connection", v, sizeof v));
+  assert_string_equal(v, "upgrade");
+  assert_null(strstr(fx->srv.last.head, "h2c"));
+  assert_non_null(
+      head_field(fx->srv.last.head, "sec-websocket-key", v, sizeof v));
+  /* never pooled */
+  assert_int_equal(peer_st(fx).idle, 0);
+  assert_int_equal(peer_st(fx).active, 0);
+  fx_free(fx);
+}
+
+static void upgrade_not_taken_or_not_granted(void **state) {
+  static const char resp[] =
+      "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\n"
+      "Connection: upgrade\r\n\r\n";
+  static const char no_upgrade[] =
+      "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n";
+  fx_t *fx = fx_new(NULL);
+  (void)state;
+  /* a 101 nobody takes: the connection is closed, the request aborted */
+  fx->srv.raw = resp;
+  fx->srv.raw_len = sizeof resp - 1;
+  cap_init(&C[0], fx, M_NONE);
+  assert_int_equal(send_upgrade(&C[0], "/raw"), 0);
+  RUN_UNTIL(fx, C[0].done, 3000);
+  expect_fail(&C[0], OM_UPSTREAM_FAIL_ABORTED, OM_ESTATE);
+  assert_int_equal(C[0].status, 101);
+  assert_int_equal(peer_st(fx).idle, 0);
+  /* a 101 without the protocol it switched to is malformed */
+  fx->srv.raw = no_upgrade;
+  fx->srv.raw_len = sizeof no_upgrade - 1;
+  cap_init(&C[1], fx, M_TUNNEL);
+  assert_int_equal(send_upgrade(&C[1], "/raw"), 0);
+  RUN_UNTIL(fx, C[1].done, 3000);
+  expect_fail(&C[1], OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE);
+  assert_int_equal(C[1].headers, 0);
+  /* any other answer is an ordinary response */
+  cap_init(&C[2], fx, M_TUNNEL);
+  assert_int_equal(send_upgrade(&C[2], "/ok"), 0);
+  RUN_UNTIL(fx, C[2].done, 3000);
+  expect_ok(&C[2], 200, "hello");
+  assert_int_equal(C[2].res.upgraded, 0);
+  assert_null(C[2].tun);
+  fx_free(fx);
+}
+
 static void pool_close_with_requests_in_flight(void **state) {
   fx_t *fx = fx_new(NULL);
   int i;
@@ -2319,6 +2447,8 @@ int main(void) {
       cmocka_unit_test(streaming_with_pause_and_resume),
       cmocka_unit_test(cancel_at_every_phase),
       cmocka_unit_test(abort_from_on_headers),
+      cmocka_unit_test(upgrade_101_hands_over_a_tunnel),
+      cmocka_unit_test(upgrade_not_taken_or_not_granted),
       cmocka_unit_test(pool_close_with_requests_in_flight),
       cmocka_unit_test(allocation_failures_end_cleanly),
       cmocka_unit_test(head_timeout_bounds_the_head_never_the_body),

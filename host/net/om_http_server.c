@@ -414,6 +414,8 @@ int om_http_request_on_close(om_http_request_t *req, om_http_close_fn cb) {
 /* The response ended: release req and move on (or close). */
 static void req_finish(req_t *r, int close) {
   conn_t *c = r->conn;
+  if (r->upgrade)
+    c->held = 0; /* not switched: what follows is HTTP */
   om__http_req_free(r);
   c->active = NULL;
   c->t_idle = om__http_now_ms(c);

@@ -156,6 +156,7 @@ typedef struct om_http_server_metrics_s {
   uint64_t requests;             /* dispatched to the handler */
   uint64_t responses_aborted;    /* client gone or response aborted */
   uint64_t rejected[OM_HTTP_REJECT__COUNT]; /* by om_http_reject_t */
+  uint64_t upgrades; /* connections handed over as tunnels (101) */
 } om_http_server_metrics_t;
 
 /*
@@ -424,5 +425,106 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
  * the client is already gone (cb not registered; req stays valid).
  */
 int om_http_request_on_close(om_http_request_t *req, om_http_close_fn cb);
+
+/* ------------------------------------------------------------------ */
+/* upgrades and tunnels */
+
+/*
+ * A connection that left HTTP after 101 Switching Protocols (RFC 9110
+ * 7.8, 15.2.2): raw bytes both ways, owned by one holder. Both the server
+ * (om_http_response_upgrade) and the upstream client
+ * (om_upstream_take_tunnel, om_upstream.h) hand connections over as one.
+ *
+ * The callbacks run from the loop, never from inside an om_tunnel_* call;
+ * inside any of them every om_tunnel_* function may be called, on this
+ * tunnel or another.
+ *
+ * on_data (required): bytes from the peer, in order (bytes the peer sent
+ *   right behind its HTTP head first); valid only during the call; never
+ *   len 0. Not called while paused.
+ * on_eof (may be NULL): the peer's FIN: no more data will come; writing
+ *   may go on (a half-close, to be carried with om_tunnel_shutdown on the
+ *   other leg of a relay).
+ * on_drain (may be NULL): what om_tunnel_on_drain asked for.
+ * on_close (required): the tunnel ended without om_tunnel_close: err 0
+ *   when both directions closed cleanly (the peer's FIN and ours), OM_EIO
+ *   for a reset or a failed read or write, OM_ESTATE when the server or
+ *   the pool it came from closed. The handle is invalid once it returns.
+ */
+typedef struct om_tunnel_s om_tunnel_t;
+typedef struct om_tunnel_callbacks_s {
+  void (*on_data)(void *ud, const char *data, size_t len);
+  void (*on_eof)(void *ud);
+  void (*on_drain)(void *ud);
+  void (*on_close)(void *ud, int err);
+} om_tunnel_callbacks_t;
+
+/*
+ * om_tunnel_write: queue len bytes after everything written before
+ * (copied when the socket does not take them at once). Returns 0;
+ * OM_EINVAL (NULL); OM_ESTATE after om_tunnel_shutdown or once the
+ * tunnel is failing (on_close follows); OM_ENOMEM (nothing queued). Bound
+ * what a slow peer makes you queue with om_tunnel_pending.
+ */
+int om_tunnel_write(om_tunnel_t *t, const char *data, size_t len);
+
+/*
+ * om_tunnel_shutdown: half-close: our FIN once the queued bytes are out;
+ * reading goes on. When the peer's FIN came too the tunnel ends cleanly
+ * (on_close with 0). Idempotent. Returns 0, OM_EINVAL, or OM_ESTATE when
+ * the tunnel is failing.
+ */
+int om_tunnel_shutdown(om_tunnel_t *t);
+
+/* om_tunnel_pause / om_tunnel_resume: stop and restart reading (TCP then
+ * pushes back on the peer). Idempotent. 0, or OM_EINVAL for NULL. */
+int om_tunnel_pause(om_tunnel_t *t);
+int om_tunnel_resume(om_tunnel_t *t);
+
+/* Bytes written and not yet taken by the kernel; 0 for NULL. */
+size_t om_tunnel_pending(const om_tunnel_t *t);
+
+/*
+ * om_tunnel_on_drain: have on_drain run once, from the loop, when
+ * om_tunnel_pending falls to low_water or below. Returns 0 when armed, 1
+ * when pending is already there (not armed), OM_EINVAL for NULL.
+ */
+int om_tunnel_on_drain(om_tunnel_t *t, size_t low_water);
+
+/*
+ * om_tunnel_close: end the tunnel now: queued bytes are flushed when they
+ * can be at once, then FIN (reset: RST, queued bytes dropped). No callback
+ * runs after this returns and the handle is invalid. NULL does nothing.
+ */
+void om_tunnel_close(om_tunnel_t *t, int reset);
+
+/*
+ * om_http_request_is_upgrade: nonzero when req asked to switch protocols
+ * (an Upgrade field and "upgrade" among its Connection options, no body)
+ * and is the last request the server parsed on its connection: nothing
+ * behind it has been read as HTTP, so om_http_response_upgrade can hand
+ * the connection over. Any other response ends the upgrade attempt and
+ * the connection goes on as HTTP.
+ */
+int om_http_request_is_upgrade(const om_http_request_t *req);
+
+/*
+ * om_http_response_upgrade: answer 101 Switching Protocols with headers
+ * (the Upgrade field included: RFC 9110 7.8 makes it the caller's choice
+ * of protocol; `Connection: upgrade` is added; Connection,
+ * Content-Length and Transfer-Encoding must not be given), then hand the
+ * connection over as a tunnel with callbacks cb and ud: bytes the client
+ * sent behind its request head are the tunnel's first data. req is
+ * released. The connection counts in connections_active until the tunnel
+ * ends, and in the upgrades counter. Returns 0 and *out; OM_EINVAL (req
+ * not an upgrade request, a bad header, a NULL argument; nothing sent,
+ * req not released); OM_ESTATE (a response already started, or the
+ * client is gone: req not released, end or abort it); OM_ENOMEM (req not
+ * released).
+ */
+int om_http_response_upgrade(om_http_request_t *req,
+                             const om_http_header_t *headers, size_t n,
+                             const om_tunnel_callbacks_t *cb, void *ud,
+                             om_tunnel_t **out);
 
 #endif /* OM_HTTP_SERVER_H */

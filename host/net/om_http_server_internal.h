@@ -82,7 +82,7 @@ typedef struct req_s {
   uint64_t resp_left;
   int rstate, rframe;
   unsigned keep_alive : 1, is_head : 1, want_continue : 1, continue_sent : 1,
-      in_close_cb : 1, resp_close : 1;
+      in_close_cb : 1, resp_close : 1, upgrade : 1;
 } req_t;
 
 /*
@@ -99,6 +99,7 @@ enum phase {
   PH_SHUTTING,  /* queued bytes flushed, then our FIN (uv_shutdown) */
   PH_LINGERING, /* FIN sent: reading and dropping until the client's EOF
                    or LINGER_MS (RFC 9112 9.6) */
+  PH_TUNNEL,    /* handed over after a 101: the tunnel reads and writes */
   PH_FAILED,    /* to be closed from the timer on the next loop turn */
   PH_CLOSING    /* uv_close called: the handles are closing */
 };
@@ -132,10 +133,14 @@ struct om_http_conn_s {
    * the pump is running or asked to run again; how the FIN ends
    * (no_linger: no lingering read after it) */
   unsigned err_head : 1, fresh : 1, hstart_set : 1, eof : 1, reading : 1,
-      in_pump : 1, pump_again : 1, no_linger : 1;
+      in_pump : 1, pump_again : 1, no_linger : 1, held : 1;
   char *ob; /* corked output (OB_CAP), flushed at the loop's check phase */
   size_t ob_len;
   om_list_t dlink; /* on the server's dirty list while output is corked */
+  /* held: an upgrade request was parsed; nothing behind it is parsed until
+   * its answer says whether the connection stays HTTP. tunnel: the holder
+   * of the connection after a 101 (PH_TUNNEL). */
+  struct om_tunnel_s *tunnel;
   uint64_t t_header, t_read, t_idle, t_write, t_linger;
   size_t discarded;
   struct sockaddr_storage remote;
@@ -179,7 +184,7 @@ typedef struct {
 } rh_t;
 
 /* The Connection field a response head carries. */
-enum { CH_NONE, CH_CLOSE, CH_KEEP_ALIVE };
+enum { CH_NONE, CH_CLOSE, CH_KEEP_ALIVE, CH_UPGRADE };
 
 /* om_http_server.c */
 
@@ -219,6 +224,8 @@ int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb);
 /* Close c now (reset: RST instead of FIN); runs on_close of the active
  * request, so only from loop callbacks or with no request active. */
 void om__http_conn_close(conn_t *c, int reset);
+/* Send what is corked now, ahead of anything written later. */
+void om__http_conn_flush(conn_t *c);
 /* Flush, FIN and (unless no_linger) linger: nothing more is parsed or
  * dispatched. Safe inside API calls. */
 void om__http_conn_finish(conn_t *c, int no_linger);

@@ -191,7 +191,7 @@ static void list_walk(const char *v, size_t n,
 }
 
 typedef struct {
-  int close, keep_alive;
+  int close, keep_alive, upgrade;
 } conn_opts_t;
 
 static void conn_opt(const char *e, size_t n, void *arg) {
@@ -200,6 +200,8 @@ static void conn_opt(const char *e, size_t n, void *arg) {
     o->close = 1;
   else if (om__http_ci_eq(e, n, "keep-alive"))
     o->keep_alive = 1;
+  else if (om__http_ci_eq(e, n, "upgrade"))
+    o->upgrade = 1;
 }
 
 typedef struct {
@@ -217,7 +219,7 @@ static void expect_opt(const char *e, size_t n, void *arg) {
 /* What the header section says, once it passed every check. */
 typedef struct {
   om_http1_target_t tg;
-  int minor, wire_minor, chunked, has_cl, has_host, is_head;
+  int minor, wire_minor, chunked, has_cl, has_host, is_head, has_upgrade;
   uint64_t cl;
   conn_opts_t co;
   expect_t ex;
@@ -267,6 +269,8 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
       list_walk(val, vl, conn_opt, &h->co);
     } else if (om__http_ci_eq(name, nl, "expect")) {
       list_walk(val, vl, expect_opt, &h->ex);
+    } else if (om__http_ci_eq(name, nl, "upgrade")) {
+      h->has_upgrade = 1;
     } else if ((fe = om_http1_framing_field(&fr, name, nl, val, vl)) !=
                OM_HTTP1_OK) {
       /* Content-Length and Transfer-Encoding (RFC 9112 6) */
@@ -476,6 +480,13 @@ static int begin_request(conn_t *c, size_t len) {
   c->in_off += len;
   om__http_scan_reset(c);
   memset(&c->dec, 0, sizeof c->dec);
+  /* RFC 9110 7.8 (ignored in HTTP/1.0): what follows may not be HTTP, so
+   * nothing behind it is parsed until its answer is known */
+  if (h.co.upgrade && h.has_upgrade && h.minor == 1 && !h.chunked &&
+      h.cl == 0) {
+    r->upgrade = 1;
+    c->held = 1;
+  }
   if (h.chunked) {
     const om_http_server_opts_t *o = &c->srv->o;
     c->dec.chunked = 1;
@@ -554,7 +565,7 @@ static int scan_method_is_head(const conn_t *c) {
 
 static void conn_parse(conn_t *c) {
   om_http_server_t *s = c->srv;
-  while (c->phase == PH_READING && c->q_len < s->o.max_pipelined) {
+  while (c->phase == PH_READING && c->q_len < s->o.max_pipelined && !c->held) {
     size_t avail = c->in_len - c->in_off;
     om_http_reject_t why = OM_HTTP_REJECT_BAD_REQUEST;
     if (avail == 0)
@@ -776,7 +787,8 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
     *dl = c->t_linger + LINGER_MS;
     return K_LINGER;
   }
-  if (c->reading && (c->phase == PH_READING || c->phase == PH_LAST)) {
+  if (c->reading && !c->held &&
+      (c->phase == PH_READING || c->phase == PH_LAST)) {
     if (c->ps == P_HEAD) {
       if (c->in_len > c->in_off) {
         *dl = c->t_header + o->header_timeout_ms;
@@ -838,7 +850,7 @@ void om__http_conn_update(conn_t *c) {
   om_http_server_t *s = c->srv;
   uint64_t dl, now;
   int want;
-  if (c->phase == PH_CLOSING)
+  if (c->phase == PH_CLOSING || c->phase == PH_TUNNEL)
     return;
   if (c->phase == PH_FAILED || c->eof)
     want = 0;

@@ -14,6 +14,7 @@
 #include "om_http_chars.h"
 #include "om_http_server_internal.h"
 #include "om_log.h"
+#include "om_tunnel_internal.h"
 
 /* ------------------------------------------------------------------ */
 /* writing */
@@ -43,8 +44,8 @@ static void on_write(uv_write_t *wr, int status) {
   wreq_t *w = (wreq_t *)wr;
   conn_t *c = w->c;
   free(w);
-  if (c->phase == PH_CLOSING || status == UV_ECANCELED)
-    return;
+  if (c->phase == PH_CLOSING || c->phase == PH_TUNNEL || status == UV_ECANCELED)
+    return; /* a tunnel sees a broken connection itself */
   if (status < 0) {
     om__http_conn_close(c, 0);
     return;
@@ -134,6 +135,10 @@ static void conn_flush(conn_t *c) {
     (void)conn_send(c, &b, 1); /* a failure marks the connection */
   }
   ob_release(c);
+}
+
+void om__http_conn_flush(conn_t *c) {
+  conn_flush(c);
 }
 
 static void on_flush_check(uv_check_t *h) {
@@ -326,6 +331,8 @@ char *om__http_build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
     sb_puts(&b, "Connection: close\r\n");
   else if (conn_hdr == CH_KEEP_ALIVE)
     sb_puts(&b, "Connection: keep-alive\r\n");
+  else if (conn_hdr == CH_UPGRADE)
+    sb_puts(&b, "Connection: upgrade\r\n");
   sb_puts(&b, "\r\n");
   *len = b.len;
   return p;
@@ -364,6 +371,10 @@ void om__http_conn_close(conn_t *c, int reset) {
   }
   ob_release(c);
   c->phase = PH_CLOSING;
+  if (c->tunnel != NULL) {
+    om__tunnel_owner_gone(c->tunnel);
+    c->tunnel = NULL;
+  }
   om__http_conn_drop_requests(c);
   r = c->active;
   c->active = NULL;

@@ -756,6 +756,12 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
     }
     need += nl + vl + 4;
   }
+  if (q->upgrade != NULL && hdr_len(q->upgrade, q->upgrade_len) > 0) {
+    size_t ul = hdr_len(q->upgrade, q->upgrade_len);
+    if (!valid_value(q->upgrade, ul))
+      return OM_EINVAL;
+    need += 9 + ul + 2 + 21;
+  }
   want_cl = q->body_len > 0 || method_is(m, ml, "POST") ||
             method_is(m, ml, "PUT") || method_is(m, ml, "PATCH");
   cll = want_cl ? (int)om__http_u64_dec(clbuf, q->body_len) : 0;
@@ -796,6 +802,11 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
     put(&w, "Content-Length: ", 16);
     put(&w, clbuf, (size_t)cll);
     put(&w, "\r\n", 2);
+  }
+  if (q->upgrade != NULL && hdr_len(q->upgrade, q->upgrade_len) > 0) {
+    put(&w, "Upgrade: ", 9);
+    put(&w, q->upgrade, hdr_len(q->upgrade, q->upgrade_len));
+    put(&w, "\r\nConnection: upgrade\r\n", 23);
   }
   put(&w, "\r\n", 2);
   r->head_len = (size_t)(w - r->head);
@@ -879,7 +890,10 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->connect_ms = q->connect_timeout_ms;
   r->first_byte_ms = q->first_byte_timeout_ms;
   r->total_due = q->timeout_ms != 0 ? now + q->timeout_ms : 0;
-  r->retry_stale = q->retry_stale != 0;
+  r->upgrade =
+      q->upgrade != NULL && hdr_len(q->upgrade, q->upgrade_len) > 0 ? 1 : 0;
+  /* an upgrade is never replayed once it may have been sent */
+  r->retry_stale = q->retry_stale != 0 && !r->upgrade;
   r->head_due = q->head_timeout_ms != 0 ? now + q->head_timeout_ms : 0;
   r->is_head = method_is(m, ml, "HEAD");
   r->res.attempts = 1;

@@ -38,8 +38,9 @@
  * chunk-size that is not 1*HEXDIG or exceeds 2^63-1, a malformed
  * chunk-ext, a chunk line over 4 KiB, chunk-data not followed by CRLF, a
  * malformed trailer field, or a Content-Length among the trailers that is
- * not one 1*DIGIT (7.1); 101 Switching Protocols (we never ask to
- * upgrade, RFC 9110 15.2.2); a head larger than max_header_bytes or with
+ * not one 1*DIGIT (7.1); 101 Switching Protocols to a request that did
+ * not ask to upgrade, or without an Upgrade field (RFC 9110 15.2.2); a
+ * head larger than max_header_bytes or with
  * more than max_headers fields (OM_ETOOBIG). Other 1xx responses (100,
  * 102, 103) are read and skipped (RFC 9110 15.2). Responses to HEAD, and
  * 1xx, 204 and 304 responses, have no body whatever their framing fields
@@ -64,6 +65,13 @@
  * non_idempotent) and Envoy (reset-before-request retries only where the
  * route's retry policy allows) draw the same line; Go's net/http transport
  * too, honouring Idempotency-Key.
+ *
+ * Upgrades (RFC 9110 7.8): a request with `upgrade` set is sent with
+ * that Upgrade field and `Connection: upgrade`, and never re-sent
+ * transparently. A 101 answer is handed to on_headers, which takes the
+ * connection as a raw tunnel with om_upstream_take_tunnel (bytes behind
+ * the head included); such a connection is never pooled. Any other answer
+ * is an ordinary response.
  *
  * Threading: everything runs on the loop thread. The process must ignore
  * SIGPIPE (libuv writes with writev; a peer reset would kill the process).
@@ -288,6 +296,11 @@ typedef struct om_upstream_request_s {
    * Either way a request whose first write failed with nothing written is
    * re-sent: no server saw it. */
   int retry_stale;
+  /* The Upgrade field to send (RFC 9110 7.8: a token list, e.g.
+   * "websocket"; field-content), with `Connection: upgrade`; NULL or ""
+   * for none. The Upgrade field in headers is never sent either way. */
+  const char *upgrade;
+  size_t upgrade_len; /* 0: NUL-terminated */
 } om_upstream_request_t;
 
 /*
@@ -296,7 +309,7 @@ typedef struct om_upstream_request_s {
  * Strings are NUL-terminated, lengths exact.
  */
 typedef struct om_upstream_response_s {
-  int status;        /* 200..599 (1xx are skipped) */
+  int status; /* 200..599 (1xx are skipped), or 101 to an upgrade request */
   int version_minor; /* 0 or 1 */
   const char *reason;
   size_t reason_len;
@@ -314,6 +327,10 @@ typedef struct om_upstream_response_s {
   /* the body length when it is fixed (Content-Length); -1 for a chunked
    * or close-delimited body; 0 when has_body is 0 */
   int64_t content_length;
+  /* with status 101: the Upgrade field's value (the protocol switched
+   * to), NUL-terminated; NULL otherwise */
+  const char *upgrade;
+  size_t upgrade_len;
 } om_upstream_response_t;
 
 /*
@@ -393,6 +410,7 @@ typedef struct om_upstream_result_s {
   int reused;            /* the last attempt ran on a pooled connection */
   unsigned attempts;     /* 1, or 2 after a stale keep-alive retry */
   uint64_t body_bytes;   /* delivered to on_body */
+  int upgraded; /* a 101 whose connection om_upstream_take_tunnel took */
 } om_upstream_result_t;
 
 /*
@@ -401,7 +419,9 @@ typedef struct om_upstream_result_s {
  * any of them every om_upstream_* function may be called (send more,
  * cancel this or another request, pause, resume, close the pool).
  *
- * on_headers (may be NULL: continue): the final response head arrived.
+ * on_headers (may be NULL: continue): the final response head arrived
+ *   (or a 101 to an upgrade request: take its tunnel here, or the
+ *   request ends "aborted").
  *   Return 0 to go on, nonzero to abort: the connection is closed and
  *   on_done follows at once with "aborted" (unless om_upstream_cancel was
  *   called inside, then nothing follows).
@@ -464,5 +484,20 @@ int om_upstream_pause(om_upstream_req_t *req);
  * Idempotent. Returns 0; OM_EINVAL (NULL); OM_ESTATE as for pause.
  */
 int om_upstream_resume(om_upstream_req_t *req);
+
+/*
+ * om_upstream_take_tunnel: inside on_headers of a 101 response, take the
+ * connection as a tunnel (om_http_server.h) with callbacks cb and ud; the
+ * bytes the server sent behind the 101 head are its first data. When
+ * on_headers returns (with 0), on_done follows with ok and
+ * res->upgraded; the connection is the tunnel's, never pooled. The
+ * tunnel survives the request and ends with om_tunnel_close or its
+ * on_close (OM_ESTATE when the pool closes). Returns 0 and *out;
+ * OM_EINVAL (NULL, no on_data or on_close); OM_ESTATE (not inside
+ * on_headers of a 101, or already taken); OM_ENOMEM (not taken).
+ */
+int om_upstream_take_tunnel(om_upstream_req_t *req,
+                            const om_tunnel_callbacks_t *cb, void *ud,
+                            om_tunnel_t **out);
 
 #endif /* OM_UPSTREAM_H */

@@ -11,6 +11,7 @@
 #include "om_errno.h"
 #include "om_http1.h"
 #include "om_http_chars.h"
+#include "om_tunnel_internal.h"
 #include "om_upstream_internal.h"
 
 static void conn_arm(conn_t *c);
@@ -46,6 +47,10 @@ void om__up_conn_close(conn_t *c) {
   c->closing = 1;
   if (c->phase == PH_IDLE)
     om__up_idle_unlink(c);
+  if (c->tunnel != NULL) { /* the pool closes under a tunnel */
+    om__tunnel_owner_gone(c->tunnel);
+    c->tunnel = NULL;
+  }
   om_list_remove(&c->link);
   uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
   uv_close((uv_handle_t *)&c->timer, on_conn_closed);
@@ -529,6 +534,109 @@ static size_t filter_fields(conn_t *c, size_t n, int named) {
   return k;
 }
 
+/* The tunnel is done with an upstream connection. */
+static void tunnel_release(void *owner, int reset) {
+  conn_t *c = owner;
+  c->tunnel = NULL;
+  if (reset && !c->closing) {
+    c->closing = 1;
+    om_list_remove(&c->link);
+    if (uv_tcp_close_reset(&c->tcp, on_conn_closed) != 0)
+      uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+    return;
+  }
+  om__up_conn_close(c);
+}
+
+int om_upstream_take_tunnel(om_upstream_req_t *r,
+                            const om_tunnel_callbacks_t *cb, void *ud,
+                            om_tunnel_t **out) {
+  conn_t *c;
+  int rc;
+  if (r == NULL || cb == NULL || cb->on_data == NULL || cb->on_close == NULL ||
+      out == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (!r->in_101 || c == NULL || c->tunnel != NULL || c->closing)
+    return OM_ESTATE;
+  om__up_read_off(c);
+  rc = om__tunnel_new(&c->tcp, c->buf + c->pos, c->len - c->pos, tunnel_release,
+                      c, cb, ud, &c->tunnel);
+  if (rc != 0) {
+    om__up_read_on(c);
+    return rc;
+  }
+  c->pos = c->len = 0;
+  uv_timer_stop(&c->timer);
+  c->timer_due = 0;
+  c->phase = PH_TUNNEL;
+  *out = c->tunnel;
+  return 0;
+}
+
+/*
+ * A 101 (RFC 9110 15.2.2): only to a request that asked, and with the
+ * Upgrade field that names the protocol switched to. on_headers takes the
+ * connection as a tunnel or the request ends "aborted".
+ */
+static int step_101(conn_t *c, char *b, size_t end) {
+  req_t *r = c->req;
+  const om_http1_head_t *hd = &c->head;
+  size_t i;
+  if (!r->upgrade)
+    return malformed(c, OM_EPARSE,
+                     "101 Switching Protocols (no upgrade was asked for)");
+  c->resp.upgrade = NULL;
+  c->resp.upgrade_len = 0;
+  for (i = 0; i < hd->n_fields; i++) {
+    om_http_header_t *f = &c->hdrs[i];
+    if (f->name_len == 7 && om__http_ci_eq(f->name, 7, "upgrade") &&
+        c->resp.upgrade == NULL) {
+      c->resp.upgrade = f->value;
+      c->resp.upgrade_len = f->value_len;
+    }
+  }
+  if (c->resp.upgrade == NULL || c->resp.upgrade_len == 0)
+    return malformed(c, OM_EPARSE, "101 Switching Protocols without Upgrade");
+  ((char *)c->resp.upgrade)[c->resp.upgrade_len] = 0;
+  c->pos += end;
+  b[hd->reason_off + hd->reason_len] = 0;
+  c->resp.status = 101;
+  c->resp.version_minor = hd->minor;
+  c->resp.reason = b + hd->reason_off;
+  c->resp.reason_len = hd->reason_len;
+  c->resp.n_headers = filter_fields(c, hd->n_fields, 1);
+  c->resp.headers = c->hdrs;
+  c->resp.has_body = 0;
+  c->resp.content_length = 0;
+  r->res.headers_delivered = 1;
+  if (r->cb.on_headers != NULL) {
+    r->in_cb = 1;
+    r->in_101 = 1;
+    (void)r->cb.on_headers(r->ud, &c->resp);
+    r->in_101 = 0;
+    r->in_cb = 0;
+    if (r->cancelled) {
+      om__up_req_recycle(r);
+      return STEP_STOP;
+    }
+    if (c->req != r)
+      return STEP_STOP; /* the pool closed: the request ended there */
+  }
+  /* a tunnel taken and closed inside on_headers closed c: aborted */
+  om__up_detach(c);
+  if (c->tunnel != NULL && !c->closing) {
+    r->res.upgraded = 1;
+    om__up_req_end(r, OM_UPSTREAM_OK, 0, "");
+    return STEP_STOP;
+  }
+  om__up_conn_close(c);
+  om__up_req_end(r, OM_UPSTREAM_FAIL_ABORTED, 0,
+                 "the 101 tunnel was not taken");
+  return STEP_STOP;
+}
+
 /* The response head: parse, check, skip 1xx, hand it over. */
 static int step_head(conn_t *c) {
   req_t *r = c->req;
@@ -573,9 +681,7 @@ static int step_head(conn_t *c) {
   if (e != OM_HTTP1_OK)
     return refused(c, e);
   if (hd->status == 101)
-    return malformed(c, OM_EPARSE,
-                     "101 Switching Protocols (no upgrade "
-                     "was asked for)");
+    return step_101(c, b, end);
   if (h.te_lookalike)
     return malformed(c, OM_EPARSE,
                      "a field named like Transfer-Encoding beside it");

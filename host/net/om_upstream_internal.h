@@ -54,7 +54,15 @@ struct peer_s {
   om_upstream_stats_t st;
 };
 
-enum { PH_CONNECTING, PH_HEAD, PH_BODY_CL, PH_CHUNKED, PH_BODY_EOF, PH_IDLE };
+enum {
+  PH_CONNECTING,
+  PH_HEAD,
+  PH_BODY_CL,
+  PH_CHUNKED,
+  PH_BODY_EOF,
+  PH_IDLE,
+  PH_TUNNEL /* taken after a 101: the tunnel reads and writes */
+};
 
 struct conn_s {
   uv_tcp_t tcp;
@@ -86,6 +94,7 @@ struct conn_s {
   om_http_header_t *hdrs;
   size_t hdrs_cap;
   om_upstream_response_t resp;
+  struct om_tunnel_s *tunnel; /* the holder after a 101 (PH_TUNNEL) */
 };
 
 enum { R_FREE, R_ACTIVE, R_DONE };
@@ -109,7 +118,7 @@ struct om_upstream_req_s {
   int state;
   int pend;
   unsigned retry_stale : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
-      got_bytes : 1;
+      got_bytes : 1, upgrade : 1, in_101 : 1;
   om_upstream_result_t res;
 };
 

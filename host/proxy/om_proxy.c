@@ -351,6 +351,7 @@ static int read_settings_l(lua_State *L) {
       co->max_cooldown_ns = co->cooldown_ns;
   }
   lua_pop(L, 1);
+  om__proxy_read_upgrades_l(L, t, &set->upgrades);
   return 0;
 }
 
@@ -536,6 +537,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
     s->m_cut_max = om_metrics_counter(
         p->metrics, "openmesh_proxy_streams_cut_total", help, labels);
   }
+  om__proxy_tunnel_metrics(p, s, esc);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

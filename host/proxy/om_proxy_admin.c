@@ -252,6 +252,11 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     json_decref(o);
     return NULL;
   }
+  if (o != NULL &&
+      json_object_set_new(o, "upgrades", om__proxy_tunnel_status(s)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 

@@ -150,6 +150,10 @@ static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   }
 }
 
+void om__proxy_call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
+  call_end(c, o);
+}
+
 static void fail(om__proxy_call_t *c, om__proxy_outcome_t o,
                  const char *message) {
   if (c->req != NULL) {
@@ -303,6 +307,8 @@ static int decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
   int pre = phase == OM_RETRY_PHASE_PRE_SEND;
   if (c->attempts > c->set.retries || (!c->replayable && !pre))
     return 0;
+  if (c->upgrade[0] != '\0' && c->upgrade_sent)
+    return 0; /* an upgrade that may have reached the peer is never replayed */
   if (!request_allows(c, status, err, phase))
     return 0;
   remaining = om_deadline_remaining(c->deadline, now);
@@ -453,6 +459,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     return 1; /* not reached: on_close cancels the attempt */
   c->head_ns = now;
   c->status = r->status;
+  c->upgrade_sent = 1;
   om_metric_observe(c->s->m_latency, (double)(now - c->attempt_t0) / 1e9);
   if (c->circuit_pending) {
     om_circuit_record(&peer->circuit, now, ok);
@@ -473,6 +480,10 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     if (!c->set.retry_429 && r->status == 429)
       has_ra = 0;
   }
+  if (r->status == 101) /* only ever to an upgrade the policy allowed */
+    return om__proxy_tunnel_start(c, r);
+  if (c->upgrade[0] != '\0')
+    om__proxy_upgrade_count(c->s, OM__PROXY_UPG_DECLINED);
   if (om_retry_policy_has_status(c->set.retry_429 ? &p->retry_policy_429
                                                   : &p->retry_policy,
                                  r->status) &&
@@ -574,6 +585,9 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
     ok = 0; /* we refused its head */
   dropped = (!res->headers_delivered && res->err != 0) || c->status == 503;
   attempt_done(c, ok, dropped, record, now);
+  if (c->tun != NULL)
+    return; /* upgraded: the tunnel ends the call */
+  c->upgrade_sent = res->sent;
   if (c->committed) {
     om_http_request_t *req = c->req;
     c->req = NULL;
@@ -733,6 +747,7 @@ static void start_attempt(om__proxy_call_t *c) {
    * send again after bytes left (as nginx and Envoy): safe or keyed */
   ur.retry_stale = c->replayable && request_allows(c, 0, OM_RETRY_ERR_RESET,
                                                    OM_RETRY_PHASE_POST_SEND);
+  ur.upgrade = c->upgrade[0] != '\0' ? c->upgrade : NULL;
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];
@@ -938,10 +953,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   uint64_t now = uv_hrtime(), budget_ms;
   om_deadline_t deadline;
   uint32_t limit, inflight, queued;
-  char err[1024];
+  char err[1024], upg[sizeof((om__proxy_call_t *)0)->upgrade];
   const char *v;
   om__proxy_call_t *c;
-  int rc;
+  int rc, upgrade;
   s = service_of(p, req, &host, &host_len);
   if (s == NULL) {
     char msg[256];
@@ -952,6 +967,14 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     return;
   }
   s->requests++;
+  upgrade =
+      om__proxy_upgrade_classify(s, req, upg, sizeof upg, err, sizeof err);
+  if (upgrade < 0) {
+    om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
+    om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
+    respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0, NULL);
+    return;
+  }
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
   /* a malformed value is ignored, as Envoy ignores a malformed
    * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
@@ -1027,6 +1050,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c->deadline = deadline;
   c->set = s->set;
   c->t0 = now;
+  if (upgrade > 0)
+    memcpy(c->upgrade, upg, sizeof c->upgrade);
   req->user = c;
   if (om_http_request_on_close(req, on_client_close) != 0) {
     c->req = NULL; /* already gone */

@@ -25,6 +25,27 @@
 
 typedef struct om__proxy_service_s om__proxy_service_t;
 
+/* The Upgrade tokens a traffic policy allows (`upgrades`), lower-cased;
+ * the contract bounds their number and length. */
+#define OM__PROXY_MAX_UPGRADES 8
+#define OM__PROXY_UPGRADE_LEN 32
+typedef struct {
+  size_t n;
+  char tok[OM__PROXY_MAX_UPGRADES][OM__PROXY_UPGRADE_LEN];
+} om__proxy_upgrades_t;
+
+/* How an upgrade request ended, for openmesh_proxy_upgrades_total:
+ * switched (101, tunnel open), declined (the peer answered otherwise),
+ * not_allowed (a token the policy does not allow: 403), failed (the
+ * hand-over failed). */
+enum {
+  OM__PROXY_UPG_SWITCHED,
+  OM__PROXY_UPG_DECLINED,
+  OM__PROXY_UPG_NOT_ALLOWED,
+  OM__PROXY_UPG_FAILED,
+  OM__PROXY_UPG_COUNT
+};
+
 /*
  * One peer, by id, as long as a view or an attempt holds it. Its state
  * outlives snapshot revisions: a new view takes over the record of a peer
@@ -67,6 +88,7 @@ typedef struct om__proxy_settings_s {
    * it whatever flows; a caller's deadline header is capped at
    * max_deadline_ns */
   uint64_t stream_idle_ns, max_stream_ns, max_deadline_ns;
+  om__proxy_upgrades_t upgrades;
 } om__proxy_settings_t;
 
 /*
@@ -84,7 +106,8 @@ typedef struct om__proxy_settings_s {
   XX(DEADLINE, 504, "deadline_exceeded")                                       \
   XX(POLICY_ERROR, 500, "policy_error")                                        \
   XX(ALL_OPEN, 503, "all_circuits_open")                                       \
-  XX(UPSTREAM, 502, "upstream")
+  XX(UPSTREAM, 502, "upstream")                                                \
+  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")
 
 typedef enum {
 #define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
@@ -120,6 +143,9 @@ struct om__proxy_service_s {
   om_metric_t *m_cut_idle, *m_cut_max;         /* streams_cut_total by reason */
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
   om__proxy_cache_t cache;           /* the vary policy's decisions */
+  /* upgrades (om_proxy_tunnel.c) */
+  om_metric_t *m_upgrades[OM__PROXY_UPG_COUNT], *m_tunnels, *m_tunnel_bytes[2];
+  uint64_t upgrades[OM__PROXY_UPG_COUNT], tunnels_open;
 };
 
 struct om_proxy_s {
@@ -201,6 +227,12 @@ struct om__proxy_call_s {
   /* the committed stream (om_proxy_stream.c), in loop ms */
   uint64_t stream_t0_ms, stream_last_ms, stream_due_ms;
   int streaming;
+  /* an upgrade: the Upgrade list forwarded ("" for none), whether the
+   * latest attempt may have reached the peer (then it is never retried),
+   * and the relay once the peer switched */
+  char upgrade[OM__PROXY_MAX_UPGRADES * (OM__PROXY_UPGRADE_LEN + 2)];
+  int upgrade_sent;
+  struct om__proxy_tunnel_s *tun;
 };
 
 /* om_proxy.c */
@@ -245,6 +277,35 @@ void om__proxy_stream_start(om__proxy_call_t *c);
  * after commit). A no-op before om__proxy_stream_start. Costs no syscall.
  */
 void om__proxy_stream_activity(om__proxy_call_t *c);
+
+/* End a call: count o, give the admission slot back, free the call. */
+void om__proxy_call_end(om__proxy_call_t *c, om__proxy_outcome_t o);
+
+/* om_proxy_tunnel.c: upgrades and the tunnel relay. */
+
+/* What to do with req's Upgrade: 0 none (no upgrade asked, or only h2c,
+ * which is served over HTTP/1.1), 1 forward out (the list to send), -1
+ * refuse (a token s's policy does not allow; *why says which). */
+int om__proxy_upgrade_classify(const om__proxy_service_t *s,
+                               const om_http_request_t *req, char *out,
+                               size_t cap, char *why, size_t why_cap);
+/* Count an upgrade outcome (OM__PROXY_UPG_*). */
+void om__proxy_upgrade_count(om__proxy_service_t *s, int outcome);
+/* A 101 from the peer: take both connections and relay; the verdict for
+ * on_headers (nonzero: abort the attempt). */
+int om__proxy_tunnel_start(om__proxy_call_t *c,
+                           const om_upstream_response_t *r);
+/* Register s's upgrade and tunnel metrics (esc: its escaped name). */
+void om__proxy_tunnel_metrics(om_proxy_t *p, om__proxy_service_t *s,
+                              const char *esc);
+struct lua_State;
+/* Read the policy table at index t's `upgrades` into *u (default
+ * {"websocket"}); validated by the contract. */
+void om__proxy_read_upgrades_l(struct lua_State *L, int t,
+                               om__proxy_upgrades_t *u);
+struct json_t;
+/* s's upgrade settings and counters for /status; NULL without memory. */
+struct json_t *om__proxy_tunnel_status(const om__proxy_service_t *s);
 
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);

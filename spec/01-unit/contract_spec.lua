@@ -149,6 +149,19 @@ describe("contract.validate", function()
       accepts(traffic { retry_429 = true })
     end)
 
+    it("checks upgrade tokens and the stream idle timeout", function()
+      accepts(traffic { upgrades = {} })
+      accepts(traffic { upgrades = { "websocket", "Foo/2", "x-raw" }, stream_idle_timeout_ms = 500 })
+      rejects(traffic { upgrades = "websocket" }, "field 'upgrades': array of protocol tokens expected, got 'websocket'")
+      rejects(traffic { upgrades = { 7 } }, "field 'upgrades[1]': protocol token expected, got 7")
+      rejects(traffic { upgrades = { "web socket" } },
+        "field 'upgrades[1]': 'web socket' is not a protocol token (RFC 9110 7.8) of at most 31 bytes")
+      rejects(traffic { upgrades = { "websocket", "WebSocket" } }, "field 'upgrades[2]': duplicate token 'WebSocket'")
+      rejects(traffic { upgrades = { "H2C" } },
+        "field 'upgrades[1]': \"h2c\" is never forwarded (RFC 9113 3.1 deprecates the h2c upgrade)")
+      rejects(traffic { stream_idle_timeout_ms = 0 }, "field 'stream_idle_timeout_ms': number > 0 expected, got 0")
+    end)
+
     it("checks circuit settings", function()
       accepts(traffic { circuit = {} })
       accepts(traffic { circuit = { failures = 3, cooldown_ms = 500, max_cooldown_ms = 60000 } })

@@ -13,6 +13,8 @@ local show = messages.show
 local show_list = messages.show_list
 local join = messages.join
 local field_error = messages.field_error
+local expected = messages.expected
+local sequence_length = messages.sequence_length
 local same_set = messages.same_set
 local same_list = messages.same_list
 local integer_at_least = checkers.integer_at_least
@@ -269,6 +271,44 @@ local function fallback_rule(policy, path)
   return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
 end
 
+-- `upgrades`: the protocols a request may switch to through the proxy
+-- (RFC 9110 7.8: protocol-name ["/" protocol-version], tokens), compared
+-- case-insensitively, each at most once; at most 8, each under 32 bytes
+-- (the proxy keeps them in fixed slots). h2c is never forwarded (RFC 9113
+-- 3.1 deprecates it): naming it would promise what the proxy will not do.
+local function upgrade_tokens(v, path)
+  if type(v) ~= "table" then
+    return expected(path, "array of protocol tokens", v)
+  end
+  local n, why = sequence_length(v)
+  if not n then
+    return field_error(path, "array expected, got a table with " .. why)
+  end
+  if n > 8 then
+    return field_error(path, ("at most 8 tokens, got %d"):format(n))
+  end
+  local seen = {}
+  for i = 1, n do
+    local tok = rawget(v, i)
+    local at = join(path, i)
+    if type(tok) ~= "string" then
+      return expected(at, "protocol token", tok)
+    end
+    if tok == "" or #tok > 31 or not tok:find("^[%w!#$%%&'*+%-.^_`|~]+/?[%w!#$%%&'*+%-.^_`|~]*$")
+      or tok:sub(-1) == "/" then
+      return field_error(at, ("%s is not a protocol token (RFC 9110 7.8) of at most 31 bytes"):format(quote(tok)))
+    end
+    local low = tok:lower()
+    if low == "h2c" then
+      return field_error(at, "\"h2c\" is never forwarded (RFC 9113 3.1 deprecates the h2c upgrade)")
+    end
+    if seen[low] then
+      return field_error(at, ("duplicate token %s"):format(quote(tok)))
+    end
+    seen[low] = true
+  end
+end
+
 local KIND_SPECS = {
   traffic = kind_spec(traffic_example, run_traffic_example, {
     { "subset", func, required = true },
@@ -299,6 +339,7 @@ local KIND_SPECS = {
     { "max_stream_ms", number_above(0) },
     -- the most a caller's x-openmesh-deadline-ms may ask for
     { "max_deadline_ms", number_above(0) },
+    { "upgrades", upgrade_tokens },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# bench/stream_bench.sh OPENMESH_BIN: big transfers and WebSocket round
+# trips through the proxy, each against the same thing done direct
+# (docs/BENCHMARKS.md "Streams"). `make bench` runs it after proxy_bench.sh.
+#
+# One nginx upstream on loopback serves a 1 GiB file (a sparse file in the
+# temp dir: the page cache serves zeros, so the disk is not measured) and
+# takes uploads (`return 200` after nginx read and discarded the body:
+# client_max_body_size 0). `openmesh proxy --static` sits in front of it with
+# the default traffic policy (policies/traffic.lua), which bounds the wait for
+# the head, not the length of a stream. curl moves the bytes:
+#   download  curl -o /dev/null, the 1 GiB file, direct then proxied;
+#   upload    curl -T from the same file (Content-Length 1 GiB), direct
+#             then proxied, so the proxy streams the request body;
+#   ws echo   a WebSocket echo server (tests/fixtures/ws_echo.py, Debian's
+#             python3-websockets) and a client that sends one message and
+#             waits for its echo, OM_BENCH_WS_MESSAGES times; the figure is
+#             the median round trip, direct and through the proxy.
+# Rounds alternate direct and proxied (direct first in even rounds, last in
+# odd ones); each figure is the median over its rounds, and each ratio the
+# median of per-round ratios, runs next to each other. The proxy's peak RSS
+# (VmHWM) over the whole run is printed too: the streamed paths hold a fixed
+# buffer per request, not the transfer.
+#
+# Prints `name value unit` lines as the other benches do; details to stderr.
+# Loopback only, ports OM_BENCH_STREAM_PORT (default 19500) ..+3; a temp
+# dir for every file; the EXIT trap stops what it started. About a minute.
+#
+# Environment: OM_BENCH_STREAM_ROUNDS (3), OM_BENCH_STREAM_BYTES (1 GiB),
+# OM_BENCH_WS_MESSAGES (2000), OM_BENCH_STREAM_PORT (19500).
+set -euo pipefail
+
+bin=${1:-}
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+  echo "usage: bash bench/stream_bench.sh PATH/TO/openmesh" >&2
+  exit 2
+fi
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+rounds=${OM_BENCH_STREAM_ROUNDS:-3}
+bytes=${OM_BENCH_STREAM_BYTES:-1073741824}
+ws_messages=${OM_BENCH_WS_MESSAGES:-2000}
+base=${OM_BENCH_STREAM_PORT:-19500}
+up_port=$base
+proxy_port=$((base + 1))
+admin_port=$((base + 2))
+ws_port=$((base + 3))
+py=/usr/bin/python3 # Debian's, with python3-websockets
+PATH="$PATH:/usr/sbin"
+
+log() { echo "stream_bench: $*" >&2; }
+
+for tool in nginx curl; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    log "$tool not found (run scripts/deps-bench)"
+    exit 1
+  }
+done
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/om-stream-bench.XXXXXX")
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 20); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for p in $up_port $proxy_port $admin_port $ws_port; do
+  if port_busy "$p"; then
+    log "port $p on 127.0.0.1 is taken; set OM_BENCH_STREAM_PORT"
+    exit 1
+  fi
+done
+
+# wait_port PORT PID NAME: until PORT accepts, or PID dies, or 10 s
+wait_port() {
+  for _ in $(seq 100); do
+    if ! kill -0 "$2" 2>/dev/null; then
+      log "$3 exited at start; its output:"
+      cat "$tmp/$3.out" >&2 2>/dev/null || true
+      exit 1
+    fi
+    port_busy "$1" && return 0
+    sleep 0.1
+  done
+  log "$3 did not listen on 127.0.0.1:$1 within 10 s"
+  exit 1
+}
+
+chmod 755 "$tmp" # nginx workers run as an unprivileged user
+truncate -s "$bytes" "$tmp/big"
+cat "$tmp/big" >/dev/null # into the page cache once, before any round
+
+cat >"$tmp/nginx.conf" <<EOF
+worker_processes 1;
+pid $tmp/nginx.pid;
+error_log $tmp/nginx.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  client_max_body_size 0;
+  client_body_temp_path $tmp/body;
+  proxy_temp_path $tmp/proxy;
+  fastcgi_temp_path $tmp/fastcgi;
+  uwsgi_temp_path $tmp/uwsgi;
+  scgi_temp_path $tmp/scgi;
+  server {
+    listen 127.0.0.1:$up_port;
+    root $tmp;
+    location = /upload { return 200 "ok"; }
+  }
+}
+EOF
+nginx -c "$tmp/nginx.conf" -g 'daemon off;' >"$tmp/nginx.out" 2>&1 &
+pids+=($!)
+wait_port "$up_port" $! nginx
+
+ws=0
+if "$py" -c 'import websockets' 2>/dev/null; then
+  ws=1
+  "$py" "$here/../tests/fixtures/ws_echo.py" --port "$ws_port" \
+    >"$tmp/ws.out" 2>&1 &
+  pids+=($!)
+  wait_port "$ws_port" $! ws
+else
+  log "python3-websockets not installed: no WebSocket figures"
+fi
+
+cat >"$tmp/static.json" <<EOF
+{"services": {
+  "files": {"revision": 1, "instances": [
+    {"id": "nginx", "url": "http://127.0.0.1:$up_port"}]},
+  "ws": {"revision": 1, "instances": [
+    {"id": "ws", "url": "http://127.0.0.1:$ws_port"}]}}}
+EOF
+"$bin" proxy --static "$tmp/static.json" --listen "127.0.0.1:$proxy_port" \
+  --admin "127.0.0.1:$admin_port" --log-level warn >"$tmp/proxy.out" 2>&1 &
+proxy_pid=$!
+pids+=($proxy_pid)
+wait_port "$proxy_port" $proxy_pid proxy
+
+# curl_rate DIRECTION URL HOST: bytes per second curl measured, or fail
+curl_rate() {
+  local out code rate
+  if [ "$1" = down ]; then
+    out=$(curl -sS -o /dev/null -H "Host: $3" \
+      -w '%{http_code} %{speed_download} %{size_download}' "$2")
+  else
+    out=$(curl -sS -o /dev/null -H "Host: $3" -T "$tmp/big" \
+      -w '%{http_code} %{speed_upload} %{size_upload}' "$2")
+  fi
+  read -r code rate size <<<"$out"
+  if [ "$code" != 200 ] || [ "$size" != "$bytes" ]; then
+    log "$1 $2: status $code, $size of $bytes bytes"
+    exit 1
+  fi
+  echo "$rate"
+}
+
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+
+direct_url=http://127.0.0.1:$up_port
+proxy_url=http://127.0.0.1:$proxy_port
+for dir in down up; do
+  path=/big
+  [ "$dir" = up ] && path=/upload
+  : >"$tmp/$dir.direct" >"$tmp/$dir.proxy" >"$tmp/$dir.ratio"
+  for r in $(seq "$rounds"); do
+    if [ $((r % 2)) -eq 0 ]; then
+      d=$(curl_rate "$dir" "$direct_url$path" files)
+      x=$(curl_rate "$dir" "$proxy_url$path" files)
+    else
+      x=$(curl_rate "$dir" "$proxy_url$path" files)
+      d=$(curl_rate "$dir" "$direct_url$path" files)
+    fi
+    log "$dir round $r: direct $d B/s, proxy $x B/s"
+    echo "$d" >>"$tmp/$dir.direct"
+    echo "$x" >>"$tmp/$dir.proxy"
+    awk -v a="$x" -v b="$d" 'BEGIN {print a / b}' >>"$tmp/$dir.ratio"
+  done
+done
+
+mbps() { median <"$1" | awk '{printf "%.0f", $1 / 1048576}'; }
+echo "direct_download_MBps $(mbps "$tmp/down.direct") MB/s"
+echo "proxy_download_MBps $(mbps "$tmp/down.proxy") MB/s"
+echo "proxy_download_ratio $(median <"$tmp/down.ratio" | awk '{printf "%.2f", $1}') x"
+echo "direct_upload_MBps $(mbps "$tmp/up.direct") MB/s"
+echo "proxy_upload_MBps $(mbps "$tmp/up.proxy") MB/s"
+echo "proxy_upload_ratio $(median <"$tmp/up.ratio" | awk '{printf "%.2f", $1}') x"
+
+if [ "$ws" = 1 ]; then
+  : >"$tmp/ws.direct" >"$tmp/ws.proxy"
+  for r in $(seq "$rounds"); do
+    for who in direct proxy; do
+      if [ "$who" = direct ]; then
+        url=ws://127.0.0.1:$ws_port/echo host=
+      else
+        url=ws://127.0.0.1:$proxy_port/echo host=ws
+      fi
+      "$py" "$here/../tests/fixtures/ws_echo.py" --client "$url" \
+        --host "$host" --messages "$ws_messages" --rtt >>"$tmp/ws.$who"
+    done
+    log "ws round $r: direct $(tail -1 "$tmp/ws.direct") us," \
+      "proxy $(tail -1 "$tmp/ws.proxy") us (median round trip)"
+  done
+  echo "direct_ws_echo_rtt_us $(median <"$tmp/ws.direct") us"
+  echo "proxy_ws_echo_rtt_us $(median <"$tmp/ws.proxy") us"
+fi
+
+hwm=$(awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$proxy_pid/status")
+echo "proxy_stream_peak_rss_MB $hwm MB"
