@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench/stream_bench.sh OPENMESH_BIN: big transfers and WebSocket round
-# trips through the proxy, each against the same thing done direct
-# (docs/BENCHMARKS.md "Streams"). `make bench` runs it after proxy_bench.sh.
+# bench/stream_bench.sh OPENMESH_BIN: big transfers through the proxy, each
+# against the same transfer done direct (docs/BENCHMARKS.md "Streams").
+# `make bench` runs it after proxy_bench.sh (WebSocket round trips are
+# bench/ws_echo_bench.py's).
 #
 # One nginx upstream on loopback serves a 1 GiB file (a sparse file in the
 # temp dir: the page cache serves zeros, so the disk is not measured) and
@@ -11,11 +12,7 @@
 # the head, not the length of a stream. curl moves the bytes:
 #   download  curl -o /dev/null, the 1 GiB file, direct then proxied;
 #   upload    curl -T from the same file (Content-Length 1 GiB), direct
-#             then proxied, so the proxy streams the request body;
-#   ws echo   a WebSocket echo server (tests/fixtures/ws_echo.py, Debian's
-#             python3-websockets) and a client that sends one message and
-#             waits for its echo, OM_BENCH_WS_MESSAGES times; the figure is
-#             the median round trip, direct and through the proxy.
+#             then proxied, so the proxy streams the request body.
 # Rounds alternate direct and proxied (direct first in even rounds, last in
 # odd ones); each figure is the median over its rounds, and each ratio the
 # median of per-round ratios, runs next to each other. The proxy's peak RSS
@@ -23,11 +20,11 @@
 # buffer per request, not the transfer.
 #
 # Prints `name value unit` lines as the other benches do; details to stderr.
-# Loopback only, ports OM_BENCH_STREAM_PORT (default 19500) ..+3; a temp
+# Loopback only, ports OM_BENCH_STREAM_PORT (default 19500) ..+2; a temp
 # dir for every file; the EXIT trap stops what it started. About a minute.
 #
 # Environment: OM_BENCH_STREAM_ROUNDS (3), OM_BENCH_STREAM_BYTES (1 GiB),
-# OM_BENCH_WS_MESSAGES (2000), OM_BENCH_STREAM_PORT (19500).
+# OM_BENCH_STREAM_PORT (19500).
 set -euo pipefail
 
 bin=${1:-}
@@ -36,16 +33,12 @@ if [ -z "$bin" ] || [ ! -x "$bin" ]; then
   exit 2
 fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rounds=${OM_BENCH_STREAM_ROUNDS:-3}
 bytes=${OM_BENCH_STREAM_BYTES:-1073741824}
-ws_messages=${OM_BENCH_WS_MESSAGES:-2000}
 base=${OM_BENCH_STREAM_PORT:-19500}
 up_port=$base
 proxy_port=$((base + 1))
 admin_port=$((base + 2))
-ws_port=$((base + 3))
-py=/usr/bin/python3 # Debian's, with python3-websockets
 PATH="$PATH:/usr/sbin"
 
 log() { echo "stream_bench: $*" >&2; }
@@ -79,7 +72,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in $up_port $proxy_port $admin_port $ws_port; do
+for p in $up_port $proxy_port $admin_port; do
   if port_busy "$p"; then
     log "port $p on 127.0.0.1 is taken; set OM_BENCH_STREAM_PORT"
     exit 1
@@ -130,23 +123,10 @@ nginx -c "$tmp/nginx.conf" -g 'daemon off;' >"$tmp/nginx.out" 2>&1 &
 pids+=($!)
 wait_port "$up_port" $! nginx
 
-ws=0
-if "$py" -c 'import websockets' 2>/dev/null; then
-  ws=1
-  "$py" "$here/../tests/fixtures/ws_echo.py" --port "$ws_port" \
-    >"$tmp/ws.out" 2>&1 &
-  pids+=($!)
-  wait_port "$ws_port" $! ws
-else
-  log "python3-websockets not installed: no WebSocket figures"
-fi
-
 cat >"$tmp/static.json" <<EOF
 {"services": {
   "files": {"revision": 1, "instances": [
-    {"id": "nginx", "url": "http://127.0.0.1:$up_port"}]},
-  "ws": {"revision": 1, "instances": [
-    {"id": "ws", "url": "http://127.0.0.1:$ws_port"}]}}}
+    {"id": "nginx", "url": "http://127.0.0.1:$up_port"}]}}}
 EOF
 "$bin" proxy --static "$tmp/static.json" --listen "127.0.0.1:$proxy_port" \
   --admin "127.0.0.1:$admin_port" --log-level warn >"$tmp/proxy.out" 2>&1 &
@@ -202,25 +182,6 @@ echo "proxy_download_ratio $(median <"$tmp/down.ratio" | awk '{printf "%.2f", $1
 echo "direct_upload_MBps $(mbps "$tmp/up.direct") MB/s"
 echo "proxy_upload_MBps $(mbps "$tmp/up.proxy") MB/s"
 echo "proxy_upload_ratio $(median <"$tmp/up.ratio" | awk '{printf "%.2f", $1}') x"
-
-if [ "$ws" = 1 ]; then
-  : >"$tmp/ws.direct" >"$tmp/ws.proxy"
-  for r in $(seq "$rounds"); do
-    for who in direct proxy; do
-      if [ "$who" = direct ]; then
-        url=ws://127.0.0.1:$ws_port/echo host=
-      else
-        url=ws://127.0.0.1:$proxy_port/echo host=ws
-      fi
-      "$py" "$here/../tests/fixtures/ws_echo.py" --client "$url" \
-        --host "$host" --messages "$ws_messages" --rtt >>"$tmp/ws.$who"
-    done
-    log "ws round $r: direct $(tail -1 "$tmp/ws.direct") us," \
-      "proxy $(tail -1 "$tmp/ws.proxy") us (median round trip)"
-  done
-  echo "direct_ws_echo_rtt_us $(median <"$tmp/ws.direct") us"
-  echo "proxy_ws_echo_rtt_us $(median <"$tmp/ws.proxy") us"
-fi
 
 hwm=$(awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$proxy_pid/status")
 echo "proxy_stream_peak_rss_MB $hwm MB"
