@@ -364,6 +364,7 @@ void om__http_conn_close(conn_t *c, int reset) {
   }
   ob_release(c);
   c->phase = PH_CLOSING;
+  c->sbody = NULL;
   om__http_conn_drop_requests(c);
   r = c->active;
   c->active = NULL;
