@@ -534,8 +534,8 @@ static void split_reads_give_the_same_answers(void **state) {
       snprintf(whole[split], sizeof whole[split], "%d", k);
       for (j = 0; j < (size_t)(k > 0 ? k : 0); j++) {
         size_t l = strlen(whole[split]);
-        snprintf(whole[split] + l, sizeof whole[split] - l, " %d:%s", R[j].status,
-                 R[j].body);
+        snprintf(whole[split] + l, sizeof whole[split] - l, " %d:%s",
+                 R[j].status, R[j].body);
       }
       got[split] = fx->got;
       seen[split] = fx->seen;
