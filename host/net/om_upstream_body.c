@@ -88,9 +88,8 @@ int om__up_body_written(conn_t *c, int status) {
     free(b);
   }
   if (r != NULL && r->streamed)
-    r->body_pending -= c->inflight_bytes < r->body_pending
-                           ? c->inflight_bytes
-                           : r->body_pending;
+    r->body_pending -= c->inflight_bytes < r->body_pending ? c->inflight_bytes
+                                                           : r->body_pending;
   c->inflight_bytes = 0;
   if (status != 0 || c->closing || r == NULL || !r->streamed)
     return 0;
@@ -126,8 +125,7 @@ static bchunk_t *piece(const req_t *r, const char *data, size_t len) {
   return b;
 }
 
-int om_upstream_body_write(om_upstream_req_t *r, const char *data,
-                           size_t len) {
+int om_upstream_body_write(om_upstream_req_t *r, const char *data, size_t len) {
   bchunk_t *b;
   if (r == NULL || (data == NULL && len > 0) || !r->streamed ||
       len > UINT32_MAX / 2)

@@ -134,6 +134,7 @@ static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   }
   om__proxy_view_unref(c->view);
   c->view = NULL;
+  om__proxy_body_free(c);
   if (c->admitted) {
     c->admitted = 0;
     om_admission_release(s->adm, uv_hrtime(), om__proxy_admitted, NULL);
@@ -676,6 +677,7 @@ static void start_attempt(om__proxy_call_t *c) {
   ur.n_headers = c->n_fwd;
   ur.body = c->req->body;
   ur.body_len = c->req->body_len;
+  om__proxy_body_request(c, &ur);
   ur.connect_timeout_ms = ceil_ms(attempt_ns);
   ur.first_byte_timeout_ms = ceil_ms(attempt_ns);
   ur.timeout_ms = ceil_ms(remaining); /* the deadline bounds the stream too */
@@ -690,7 +692,29 @@ static void start_attempt(om__proxy_call_t *c) {
     snprintf(msg, sizeof msg, "cannot send to peer '%s': %s", c->last_peer,
              om_strerror(rc));
     fail(c, OM__PROXY_UPSTREAM, msg);
+    return;
   }
+  om__proxy_body_sent(c);
+}
+
+void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
+                           const char *message) {
+  stop_timer(c);
+  if (c->up != NULL) {
+    om_upstream_cancel(c->up);
+    c->up = NULL;
+    /* says nothing about the peer: its circuit and estimate stay */
+    attempt_done(c, 0, 0, 0, uv_hrtime());
+  }
+  if (c->committed) {
+    om_http_request_t *req = c->req;
+    c->req = NULL;
+    if (req != NULL)
+      om_http_response_abort(req);
+    call_end(c, o);
+    return;
+  }
+  fail(c, o, message);
 }
 
 /* ------------------------------------------------------------------ */
@@ -749,7 +773,7 @@ static void on_client_close(om_http_request_t *req) {
     /* says nothing about the peer: its circuit and estimate stay */
     attempt_done(c, 0, 0, 0, uv_hrtime());
   }
-  call_end(c, OM__PROXY_CLIENT_CLOSED);
+  call_end(c, om__proxy_body_close_outcome(req));
 }
 
 static int skip_forward(const om_http_header_t *h) {
@@ -759,7 +783,8 @@ static int skip_forward(const om_http_header_t *h) {
   } skip[] = {{"x-openmesh-attempt", 18},
               {"x-openmesh-deadline-ms", 22},
               {"x-forwarded-for", 15},
-              /* the body is already read: the upstream gets it at once */
+              /* the proxy answers 100-continue itself when it asks for
+               * the body; the upstream gets the body without waiting */
               {"expect", 6}};
   for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
     if (h->name_len == skip[i].len &&
@@ -875,7 +900,6 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
         (om_http_header_t){"x-request-id", c->request_id, 12, 32};
   }
   c->idem_key = om_http_request_header(req, "idempotency-key", &c->idem_len);
-  c->replayable = req->body_len <= p->opts.replay_limit;
   p->calls++;
   return c;
 }
@@ -937,6 +961,15 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     return;
   }
   s->requests++;
+  if (om__proxy_body_too_large(s, req)) { /* before a byte of it is read */
+    char msg[128];
+    snprintf(msg, sizeof msg,
+             "the request body (Content-Length) passes max_body_bytes (%llu)",
+             (unsigned long long)s->set.max_body_bytes);
+    om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
+    respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
+    return;
+  }
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
   /* a malformed value is ignored, as Envoy ignores a malformed
    * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies */
@@ -1010,6 +1043,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c->deadline = deadline;
   c->set = s->set;
   c->t0 = now;
+  om__proxy_body_init(c);
   req->user = c;
   if (om_http_request_on_close(req, on_client_close) != 0) {
     c->req = NULL; /* already gone */

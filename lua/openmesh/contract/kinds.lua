@@ -280,6 +280,10 @@ local KIND_SPECS = {
           ("must be >= cooldown_ms (%s), got %s"):format(show(cd), show(max)))
       end
     end) },
+    -- request bodies (docs/PROXY.md "Request bodies"): bytes; 0 is no limit
+    { "max_body_bytes", integer_at_least(0) },
+    { "replay_limit", integer_at_least(0) },
+    { "body_idle_timeout_ms", number_above(0) },
   }),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
