@@ -32,6 +32,11 @@
 #include "om_log.h"
 #include "om_proxy_internal.h"
 
+/* stream timers: om_proxy_stream.c */
+void om__proxy_stream_activity(om__proxy_call_t *c) {
+  (void)c;
+}
+
 int om__proxy_body_too_large(const om__proxy_service_t *s,
                              const om_http_request_t *req) {
   uint64_t max = s->set.max_body_bytes;
@@ -142,7 +147,9 @@ static void on_data(om_http_request_t *req, const char *data, size_t len) {
     return;
   }
   if (c->committed && c->up == NULL)
-    return; /* answered already: what is left is dropped */
+    return;         /* answered already: what is left is dropped */
+  if (c->committed) /* an upload under a committed response is traffic */
+    om__proxy_stream_activity(c);
   keep(c, data, len);
   if (!attempt_takes_body(c)) {
     /* between attempts: held for the next one, if it fits */

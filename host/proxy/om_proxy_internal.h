@@ -252,6 +252,9 @@ void om__proxy_body_sent(om__proxy_call_t *c);
 om__proxy_outcome_t om__proxy_body_close_outcome(const om_http_request_t *req);
 /* Free the replay buffer. */
 void om__proxy_body_free(om__proxy_call_t *c);
+/* Body bytes moved after the response was committed (the stream's idle
+ * timer; om_proxy_stream.c). */
+void om__proxy_stream_activity(om__proxy_call_t *c);
 
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);
