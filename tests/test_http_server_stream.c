@@ -548,6 +548,58 @@ static void split_reads_give_the_same_answers(void **state) {
   }
 }
 
+/* Random chunked bodies (sizes, extensions, trailers), sent in random
+ * splits: every body arrives whole and in order, with the same answer. */
+static void random_chunked_bodies_in_random_splits(void **state) {
+  static char wire[1 << 18], body[1 << 17]; /* up to 34 x 3000 bytes */
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  (void)state;
+  for (int round = 0; round < 12; round++) {
+    fx_t *fx = fx_new(0);
+    htc_t *c = htc_new("127.0.0.1", fx->port);
+    size_t wl = 0, bl = 0, off = 0;
+    uint64_t want = 14695981039346656037ull;
+    int k = snprintf(wire, sizeof wire,
+                     "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n");
+    wl = (size_t)k;
+    for (int n = 0; n < 1 + round * 3; n++) {
+      size_t len;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      len = 1 + (size_t)(seed >> 33) % 3000;
+      k = snprintf(wire + wl, sizeof wire - wl, "%zx%s\r\n", len,
+                   (seed >> 20) & 1 ? ";ext=\"v\"" : "");
+      wl += (size_t)k;
+      for (size_t i = 0; i < len; i++)
+        body[bl + i] = (char)('a' + (seed >> (i % 40)) % 26);
+      memcpy(wire + wl, body + bl, len);
+      want = fnv(want, body + bl, len);
+      wl += len;
+      bl += len;
+      memcpy(wire + wl, "\r\n", 2);
+      wl += 2;
+    }
+    k = snprintf(wire + wl, sizeof wire - wl, "0\r\nX-T: 1\r\n\r\n");
+    wl += (size_t)k;
+    while (off < wl) {
+      size_t piece;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      piece = 1 + (size_t)(seed >> 40) % 700;
+      if (piece > wl - off)
+        piece = wl - off;
+      assert_int_equal(htc_send(&fx->loop, c, wire + off, piece), 0);
+      off += piece;
+      htc_step(&fx->loop, c, 0);
+    }
+    assert_int_equal(wait_responses(fx, c, 1, 5000), 1);
+    assert_int_equal(R[0].status, 200);
+    OM_ASSERT_CMP(fx->got, ==, bl);
+    assert_true(fx->hash == want);
+    htc_free(c);
+    fx_free(fx);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(content_length_body_is_streamed),
@@ -559,6 +611,7 @@ int main(void) {
       cmocka_unit_test(stalled_body_gets_408_or_a_cut),
       cmocka_unit_test(answers_during_the_body),
       cmocka_unit_test(split_reads_give_the_same_answers),
+      cmocka_unit_test(random_chunked_bodies_in_random_splits),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

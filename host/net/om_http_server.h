@@ -102,7 +102,8 @@ typedef struct om_http_server_s om_http_server_t;
  *   value too big for 64 bits included, as for Content-Length.
  * - REQUEST_TIMEOUT: the header section did not complete within
  *   header_timeout_ms of its first byte, or the body stalled for
- *   idle_timeout_ms (RFC 9110 15.5.9: 408).
+ *   idle_timeout_ms (with stream_bodies: the request's body idle timeout,
+ *   see om_http_request_body_start) (RFC 9110 15.5.9: 408).
  * - BAD_REQUEST: a refusal of the framing module without a more precise
  *   reason above (no request reaches it today; the name stays stable).
  *   Stricter than RFC 9110 5.6.1.2, empty elements in a Transfer-Encoding

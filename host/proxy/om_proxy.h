@@ -9,7 +9,9 @@
  *        optional adaptive limit; waits bounded by the call's deadline)
  *     -> selection inside the subset, skipping open circuits: rendezvous
  *        rank when keyed, power of two choices otherwise
- *     -> attempt, timeout min(per_try, remaining) -> classify
+ *     -> attempt, timeout min(per_try, remaining) -> classify; the
+ *        request body is read from the client as the attempt takes it
+ *        (om_proxy_body.c: streamed, a replay copy up to replay_limit)
  *     -> retry (safe method / Idempotency-Key / policy opt-in; retryable
  *        outcome; retry budget; room left in the deadline; same subset;
  *        next peer in rank or another P2C pick; full-jitter backoff)
