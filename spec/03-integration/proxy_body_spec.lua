@@ -136,6 +136,21 @@ describe("request bodies through the real openmesh proxy", function()
     assert.is_true(kib < 64 * 1024, "VmHWM " .. kib .. " KiB")
   end)
 
+  it("answers 100 stalled uploads to an unknown Host at once, under 64 MB", function()
+    local out, rc = H.sh(string.format("timeout 60 %s %s stall 127.0.0.1 %d 100 %d nope",
+      H.q(PY), H.q(TOOL), proxies.open.port, 8 * 1024 * 1024))
+    assert.equal(0, rc, out)
+    local n = 0
+    for status, secs in out:gmatch("(%S+) ([%d.]+)") do
+      n = n + 1
+      assert.equal("503", status) -- no_peers, without waiting for the body
+      assert.is_true(tonumber(secs) < 5, "answered after " .. secs .. " s")
+    end
+    assert.equal(100, n)
+    local kib = vmhwm_kib(proxies.open)
+    assert.is_true(kib < 64 * 1024, "VmHWM " .. kib .. " KiB")
+  end)
+
   it("answers a 9 MiB PUT without Expect with a readable 413, 10 of 10", function()
     local out, rc = H.sh(string.format("timeout 60 %s %s put 127.0.0.1 %d %d 10 up",
       H.q(PY), H.q(TOOL), proxies.capped.port, 9 * 1024 * 1024))
