@@ -407,7 +407,7 @@ static void pause_holds_the_client_back(void **state) {
   assert_int_equal(fx->paused, 1);
   /* what went in is what the sockets' buffers hold, not the body */
   OM_ASSERT_CMP(sent, <, (32u << 20));
-  OM_ASSERT_CMP(fx->got, <=, 4096 + 16384);
+  OM_ASSERT_CMP(fx->got, <=, 64u << 10); /* one read buffer at most */
   om_http_request_body_resume(fx->req);
   while (sent < total && htc_now_ms() - t0 < 20000) {
     size_t n = total - sent < sizeof junk ? total - sent : sizeof junk;

@@ -45,6 +45,9 @@
 #define DISCARD_MAX (1u << 20) /* bytes dropped after an error before a cut */
 #define READ_MIN 2048u         /* smallest read buffer we hand libuv */
 #define READ_SLACK (16u * 1024u)
+/* the read buffer while a streamed body flows (freed when the connection
+ * is idle again): a 1 GiB upload in 64 KiB reads, not 32 KiB ones */
+#define STREAM_READ_MAX (64u * 1024u)
 #define SCRATCH_BYTES (16u * 1024u)
 
 /* ------------------------------------------------------------------ */

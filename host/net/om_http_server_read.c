@@ -703,6 +703,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   om_http_server_t *s = c->srv;
   size_t maxcap = s->o.max_header_bytes + READ_SLACK;
   (void)suggested;
+  if (c->sbody != NULL && maxcap < STREAM_READ_MAX)
+    maxcap = STREAM_READ_MAX; /* a streamed body: fewer, larger reads */
   if (c->phase != PH_READING) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
