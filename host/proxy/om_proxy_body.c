@@ -132,6 +132,13 @@ static int attempt_takes_body(const om__proxy_call_t *c) {
   return c->up != NULL && !c->discarding;
 }
 
+/* A piece of the body could not be queued: the upstream would get a
+ * short body, so the call ends here. */
+static void out_of_memory(om__proxy_call_t *c) {
+  om__proxy_call_refuse(c, OM__PROXY_OVERLOADED,
+                        "out of memory for the request body");
+}
+
 static void on_data(om_http_request_t *req, const char *data, size_t len) {
   om__proxy_call_t *c = req->user;
   om__proxy_body_t *b = &c->body;
@@ -162,8 +169,15 @@ static void on_data(om_http_request_t *req, const char *data, size_t len) {
     pause_client(c);
     return;
   }
-  if (om_upstream_body_write(c->up, data, len) != 0)
+  switch (om_upstream_body_write(c->up, data, len)) {
+  case 0:
+    break;
+  case OM_ENOMEM:
+    out_of_memory(c);
+    return;
+  default:
     return; /* the attempt is ending (an early answer): its on_done says */
+  }
   if (om_upstream_body_pending(c->up) > p->opts.high_water) {
     int rc = om_upstream_body_on_drain(c->up, p->opts.high_water / 4,
                                        on_upstream_drained);
@@ -175,19 +189,24 @@ static void on_data(om_http_request_t *req, const char *data, size_t len) {
 static void on_end(om_http_request_t *req) {
   om__proxy_call_t *c = req->user;
   c->body.ended = 1;
-  if (attempt_takes_body(c))
-    om_upstream_body_end(c->up);
+  if (attempt_takes_body(c) && om_upstream_body_end(c->up) == OM_ENOMEM)
+    out_of_memory(c);
 }
 
 void om__proxy_body_sent(om__proxy_call_t *c) {
   om__proxy_body_t *b = &c->body;
   if (!b->streamed || c->up == NULL || c->req == NULL)
     return;
-  if (b->replay_len > 0 &&
-      om_upstream_body_write(c->up, b->replay, b->replay_len) != 0)
-    return;
+  if (b->replay_len > 0) {
+    int rc = om_upstream_body_write(c->up, b->replay, b->replay_len);
+    if (rc == OM_ENOMEM)
+      out_of_memory(c);
+    if (rc != 0)
+      return;
+  }
   if (b->ended) {
-    om_upstream_body_end(c->up);
+    if (om_upstream_body_end(c->up) == OM_ENOMEM)
+      out_of_memory(c);
     return;
   }
   if (!b->started) {
