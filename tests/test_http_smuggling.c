@@ -38,6 +38,9 @@ typedef struct {
   om_http_server_t *srv;
   int port, closed, seen;
   char log[4096]; /* what the handler saw, "|"-separated */
+  /* stream_bodies: the streamed body so far (the limit is 64 bytes) */
+  char body[128];
+  size_t body_len;
 } fx_t;
 
 static htc_resp_t R[8];
@@ -47,13 +50,13 @@ static htc_resp_t R[8];
  * (HOST "-" when absent), then " =PATH[?QUERY]" when that is not the
  * target as sent. It answers 200 with that line as the body.
  */
-static void handler(om_http_request_t *req, void *ud) {
-  fx_t *fx = ud;
+static void answer(fx_t *fx, om_http_request_t *req, const char *body,
+                   size_t body_len) {
   char view[512];
   const char *host = om_http_request_header(req, "host", NULL);
   int n = snprintf(view, sizeof view, "%s %s 1.%d %zu:%.*s@%s", req->method,
-                   req->target, req->version_minor, req->body_len,
-                   (int)(req->body_len > 200 ? 200 : req->body_len), req->body,
+                   req->target, req->version_minor, body_len,
+                   (int)(body_len > 200 ? 200 : body_len), body,
                    host != NULL ? host : "-");
   size_t used = strlen(fx->log);
   char pq[256];
@@ -68,21 +71,57 @@ static void handler(om_http_request_t *req, void *ud) {
   om_http_respond(req, 200, NULL, 0, view, n > 0 ? (size_t)n : 0);
 }
 
+static void handler(om_http_request_t *req, void *ud) {
+  answer(ud, req, req->body, req->body_len);
+}
+
+/* stream_bodies: the same view, answered when the body ended, so a body
+ * refused after the dispatch leaves no trace in the log (as a refusal
+ * before it does in the buffered mode) */
+static void on_stream_data(om_http_request_t *req, const char *p, size_t n) {
+  fx_t *fx = req->user;
+  if (fx->body_len + n <= sizeof fx->body) {
+    memcpy(fx->body + fx->body_len, p, n);
+    fx->body_len += n;
+  }
+}
+
+static void on_stream_end(om_http_request_t *req) {
+  fx_t *fx = req->user;
+  answer(fx, req, fx->body, fx->body_len);
+}
+
+static void stream_handler(om_http_request_t *req, void *ud) {
+  fx_t *fx = ud;
+  req->user = fx;
+  fx->body_len = 0;
+  if (!req->body_streamed) {
+    answer(fx, req, "", 0);
+    return;
+  }
+  assert_int_equal(
+      om_http_request_body_start(req, on_stream_data, on_stream_end), 0);
+}
+
 static void on_closed(om_http_server_t *srv, void *ud) {
   (void)srv;
   ((fx_t *)ud)->closed = 1;
 }
 
-static fx_t *fx_new(void) {
+static fx_t *fx_new(int stream) {
   fx_t *fx = calloc(1, sizeof *fx);
   om_http_server_opts_t o;
   memset(&o, 0, sizeof o);
   o.max_header_bytes = 1024;
   o.max_headers = 20;
   o.max_body_bytes = 64;
+  o.stream_bodies = stream;
   assert_non_null(fx);
   assert_int_equal(uv_loop_init(&fx->loop), 0);
-  assert_int_equal(om_http_server_new(&fx->loop, &o, handler, fx, &fx->srv), 0);
+  assert_int_equal(om_http_server_new(&fx->loop, &o,
+                                      stream ? stream_handler : handler, fx,
+                                      &fx->srv),
+                   0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
   fx->port = om_http_server_port(fx->srv);
   OM_ASSERT_CMP(fx->port, >, 0);
@@ -751,8 +790,8 @@ static int run_case(fx_t *fx, const case_t *k, size_t split) {
 
 /* splits: 0 one write, 1 byte at a time, 2 two writes split at a third,
  * a half and two thirds of the case (three runs per case) */
-static void run_table(const case_t *t, size_t n, int splits) {
-  fx_t *fx = fx_new();
+static void run_table(const case_t *t, size_t n, int splits, int stream) {
+  fx_t *fx = fx_new(stream);
   size_t i, rejected = 0;
   int failed = 0;
   for (i = 0; i < n; i++) {
@@ -778,18 +817,36 @@ static void run_table(const case_t *t, size_t n, int splits) {
 
 static void table_in_one_write(void **state) {
   (void)state;
-  run_table(cases, sizeof cases / sizeof cases[0], 0);
+  run_table(cases, sizeof cases / sizeof cases[0], 0, 0);
   OM_TEST_NOTE("cases: %zu", sizeof cases / sizeof cases[0]);
 }
 
 static void table_byte_at_a_time(void **state) {
   (void)state;
-  run_table(cases, sizeof cases / sizeof cases[0], 1);
+  run_table(cases, sizeof cases / sizeof cases[0], 1, 0);
 }
 
 static void table_in_two_writes(void **state) {
   (void)state;
-  run_table(cases, sizeof cases / sizeof cases[0], 2);
+  run_table(cases, sizeof cases / sizeof cases[0], 2, 0);
+}
+
+/* The same table with streamed bodies (stream_bodies): the handler runs
+ * at the head and reads the body through callbacks; every answer, every
+ * view and every count must be the same, however the bytes are split. */
+static void streamed_table_in_one_write(void **state) {
+  (void)state;
+  run_table(cases, sizeof cases / sizeof cases[0], 0, 1);
+}
+
+static void streamed_table_byte_at_a_time(void **state) {
+  (void)state;
+  run_table(cases, sizeof cases / sizeof cases[0], 1, 1);
+}
+
+static void streamed_table_in_two_writes(void **state) {
+  (void)state;
+  run_table(cases, sizeof cases / sizeof cases[0], 2, 1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -849,7 +906,7 @@ static void limits(void **state) {
       continue;
     t[i].view = views[i];
   }
-  fx = fx_new();
+  fx = fx_new(0);
   for (i = 0; i < 6; i++)
     failed += run_case(fx, &t[i], ONE_WRITE);
   assert_int_equal(failed, 0);
@@ -861,6 +918,9 @@ int main(void) {
       cmocka_unit_test(table_in_one_write),
       cmocka_unit_test(table_byte_at_a_time),
       cmocka_unit_test(table_in_two_writes),
+      cmocka_unit_test(streamed_table_in_one_write),
+      cmocka_unit_test(streamed_table_byte_at_a_time),
+      cmocka_unit_test(streamed_table_in_two_writes),
       cmocka_unit_test(limits),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */

@@ -80,6 +80,7 @@ struct fx_s {
   size_t last_body_len;
   om_tunnel_t *tun; /* FX_UPGRADE: the echo tunnel open now */
   int tun_closes, tun_err;
+  uint64_t last_body_hash; /* FNV-1a of the last body */
   fx_pend_t pend[FX_PEND];
   unsigned sse_every_ms, sse_count;
   int sse_hang;
@@ -237,6 +238,15 @@ static void fx_upgrade(fx_t *fx, om_http_request_t *req) {
   }
 }
 
+static uint64_t fnv1a(const char *p, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= (unsigned char)p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 static void fx_on_request(om_http_request_t *req, void *ud) {
   fx_t *fx = ud;
   fx_pend_t *pd;
@@ -273,6 +283,7 @@ static void fx_on_request(om_http_request_t *req, void *ud) {
   snprintf(fx->last_target, sizeof fx->last_target, "%.*s",
            (int)req->target_len, req->target);
   fx->last_body_len = req->body_len;
+  fx->last_body_hash = fnv1a(req->body, req->body_len);
   if (fx->mode == FX_FAIL &&
       (fx->fail_n < 0 || fx->requests <= (unsigned)fx->fail_n)) {
     om_http_header_t h[2] = {{"content-type", "text/plain", 12, 10}};
@@ -364,6 +375,7 @@ static fx_t *fx_new(uv_loop_t *loop, const char *id, fx_mode_t mode) {
   fx->delay_ms = 100;
   snprintf(fx->id, sizeof fx->id, "%s", id);
   so.drain_timeout_ms = 200;
+  so.max_body_bytes = 64u << 20; /* uploads through the proxy */
   assert_int_equal(om_http_server_new(loop, &so, fx_on_request, fx, &fx->srv),
                    0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
@@ -2366,23 +2378,28 @@ static void close_drains_in_flight_calls(void **state) {
 static void request_path_survives_allocation_failures(void **state) {
   env_t e;
   res_t r;
-  int clean = 0;
-  long k;
+  int clean = 0, post = 0;
+  long k, get_k = 0;
   (void)state;
   env_init(&e);
   env_fx(&e, "a", FX_OK);
   env_fx(&e, "b", FX_OK);
   env_proxy(&e, NULL, policy_file("all.lua", ""));
   env_topology(&e, "orders", 1);
-  for (k = 0; k < 2000 && !clean; k++) {
-    static const char req[] =
+  for (k = 0; k < 4000 && !(clean && post); k++) {
+    static const char get_req[] =
         "GET / HTTP/1.1\r\nHost: orders\r\nx-openmesh-key: k\r\n\r\n";
+    /* a streamed body: its pieces, the replay copy, the chunked end */
+    static const char post_req[] =
+        "POST / HTTP/1.1\r\nHost: orders\r\nx-openmesh-key: k\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    const char *req = post ? post_req : get_req;
     htc_t *c = htc_new("127.0.0.1", e.port);
     uint64_t t0 = htc_now_ms();
     long failures;
     int n = 0;
     assert_non_null(c);
-    om_test_fail_alloc_after(k);
+    om_test_fail_alloc_after(post ? k - get_k : k);
     if (htc_sends(&e.loop, c, req) == 0)
       while (htc_now_ms() - t0 < 2000) {
         htc_step(&e.loop, c, 1);
@@ -2397,9 +2414,17 @@ static void request_path_survives_allocation_failures(void **state) {
     clean = failures == 0 && n == 1 && g_r.status == 200;
     htc_free(c);
     spin(&e, 2);
+    if (clean && !post) { /* the same again with a body */
+      OM_TEST_NOTE("a request needs %ld allocations (cold connections)", k);
+      post = 1;
+      clean = 0;
+      get_k = k + 1;
+    }
   }
-  OM_TEST_NOTE("a request needs %ld allocations (cold connections)", k - 1);
+  OM_TEST_NOTE("a streamed POST needs %ld allocations", k - get_k - 1);
+  OM_ASSERT_CMP(k - get_k, >, 3); /* failures were injected in the body path */
   assert_true(clean);
+  assert_true(post);
   OM_ASSERT_CMP(k, >, 5); /* the path did allocate, so failures were injected */
   for (int i = 0; i < 4; i++) {
     get(&e, "orders", NULL, &r);
@@ -3132,6 +3157,199 @@ static void deadline_header_is_capped_at_max_deadline(void **state) {
   env_close(&e);
 }
 
+/* ------------------------------------------------------------------ */
+/* streamed request bodies */
+
+static char upload[8u << 20];
+
+/* Send head, then body in pieces with loop turns between them; wait for
+ * one response (or EOF) up to ms. Returns the client (free it). */
+static htc_t *upload_call(env_t *e, const char *head, const char *body,
+                          size_t len, size_t piece, int ms, res_t *res) {
+  htc_t *c = htc_new("127.0.0.1", e->port);
+  uint64_t t0 = htc_now_ms();
+  int n = 0;
+  assert_non_null(c);
+  assert_int_equal(htc_sends(&e->loop, c, head), 0);
+  for (size_t off = 0; off < len && !c->eof; off += piece) {
+    size_t k = len - off < piece ? len - off : piece;
+    if (htc_send(&e->loop, c, body + off, k) != 0)
+      break;
+    htc_step(&e->loop, c, 0);
+  }
+  while (htc_now_ms() - t0 < (uint64_t)ms) {
+    htc_step(&e->loop, c, 1);
+    n = htc_responses(c, NULL, &g_r, 1);
+    if (n != 0 || c->eof)
+      break;
+  }
+  if (n == 0)
+    n = htc_responses(c, NULL, &g_r, 1);
+  fill_res(res, c, n, &g_r, t0);
+  return c;
+}
+
+/* An upload is forwarded as it arrives, with Content-Length or chunked,
+ * and reaches the peer byte for byte; the bytes are counted. */
+static void upload_is_streamed_to_the_peer_whole(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  htc_t *c;
+  char head[256], *body;
+  int status;
+  (void)state;
+  for (size_t i = 0; i < sizeof upload; i++)
+    upload[i] = (char)('a' + (i * 31 + i / 7) % 26);
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  env_proxy(&e, NULL, policy_file("all.lua", "deadline_ms = 20000,"));
+  env_topology(&e, "orders", 1);
+  snprintf(head, sizeof head,
+           "PUT /up HTTP/1.1\r\nHost: orders\r\nContent-Length: %zu\r\n\r\n",
+           sizeof upload);
+  c = upload_call(&e, head, upload, sizeof upload, 256u << 10, 10000, &r);
+  htc_free(c);
+  assert_int_equal(r.status, 200);
+  OM_ASSERT_CMP(a->last_body_len, ==, sizeof upload);
+  assert_true(a->last_body_hash == fnv1a(upload, sizeof upload));
+  /* chunked from the client, and the length unknown to the proxy */
+  {
+    static const char chunked[] = "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    c = upload_call(&e,
+                    "POST /up HTTP/1.1\r\nHost: orders\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n",
+                    chunked, sizeof chunked - 1, 7, 5000, &r);
+    htc_free(c);
+    assert_int_equal(r.status, 200);
+    OM_ASSERT_CMP(a->last_body_len, ==, 11);
+    assert_true(a->last_body_hash == fnv1a("hello world", 11));
+  }
+  body = admin_get(&e, "/metrics", &status);
+  {
+    char want[128];
+    snprintf(want, sizeof want,
+             "openmesh_proxy_request_body_bytes_total{service=\"orders\"} %zu",
+             sizeof upload + 11);
+    if (strstr(body, want) == NULL)
+      fail_msg("no '%s' in /metrics", want);
+  }
+  free(body);
+  env_close(&e);
+}
+
+/* max_body_bytes: 413 at the head for a Content-Length (readable by a
+ * client that sends the body anyway), 413 when a chunked count passes
+ * it; a body that stalls past body_idle_timeout_ms gets 408. The
+ * settings show in /status and the refusals in /metrics. */
+static void body_limits_and_stalls(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  htc_t *c;
+  char *body;
+  int status;
+  uint64_t t0;
+  (void)state;
+  memset(upload, 'u', 64u << 10);
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  env_proxy(&e, NULL,
+            policy_file("limits.lua", "max_body_bytes = 1000,\n"
+                                      "body_idle_timeout_ms = 150,\n"
+                                      "replay_limit = 4096,"));
+  env_topology(&e, "orders", 1);
+  c = upload_call(&e,
+                  "PUT /up HTTP/1.1\r\nHost: orders\r\n"
+                  "Content-Length: 65536\r\n\r\n",
+                  upload, 65536, 8192, 5000, &r);
+  assert_int_equal(r.status, 413);
+  assert_string_equal(r.reason, "body_too_large");
+  assert_false(c->reset);
+  htc_free(c);
+  assert_int_equal(a->requests, 0);
+  /* chunked: refused when the running count passes the limit */
+  {
+    char chunked[3000];
+    int k = snprintf(chunked, sizeof chunked, "800\r\n");
+    memset(chunked + k, 'c', 2048);
+    k += 2048;
+    k += snprintf(chunked + k, sizeof chunked - (size_t)k, "\r\n0\r\n\r\n");
+    c = upload_call(&e,
+                    "POST /up HTTP/1.1\r\nHost: orders\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n",
+                    chunked, (size_t)k, 512, 5000, &r);
+    htc_free(c);
+    assert_int_equal(r.status, 413);
+    assert_string_equal(r.reason, "body_too_large");
+  }
+  /* a stall: 408 after the idle timeout, not before */
+  t0 = htc_now_ms();
+  c = upload_call(&e,
+                  "PUT /up HTTP/1.1\r\nHost: orders\r\n"
+                  "Content-Length: 900\r\n\r\n",
+                  "partial", 7, 7, 3000, &r);
+  htc_free(c);
+  assert_int_equal(r.status, 408);
+  OM_ASSERT_CMP(htc_now_ms() - t0, >=, 140);
+  body = admin_get(&e, "/metrics", &status);
+  assert_non_null(strstr(body, "openmesh_proxy_requests_total{service=\""
+                               "orders\",outcome=\"body_too_large\"} 2"));
+  assert_non_null(strstr(body, "openmesh_proxy_requests_total{service=\""
+                               "orders\",outcome=\"request_timeout\"} 1"));
+  free(body);
+  body = admin_get(&e, "/status", &status);
+  {
+    json_t *j = json_loads(body, 0, NULL), *b;
+    assert_non_null(j);
+    b = json_object_get(
+        json_object_get(json_object_get(j, "services"), "orders"), "body");
+    assert_int_equal(json_integer_value(json_object_get(b, "max_body_bytes")),
+                     1000);
+    assert_int_equal(json_integer_value(json_object_get(b, "replay_limit")),
+                     4096);
+    assert_int_equal(
+        json_integer_value(json_object_get(b, "body_idle_timeout_ms")), 150);
+    json_decref(j);
+  }
+  free(body);
+  env_close(&e);
+}
+
+/* A retried POST (the policy opts in) reaches the second peer whole: the
+ * body sent to the first is replayed from the replay buffer. */
+static void retried_post_reaches_the_second_peer_whole(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  htc_t *c;
+  char head[256], key[32];
+  (void)state;
+  for (size_t i = 0; i < 20000; i++)
+    upload[i] = (char)('A' + (i * 7) % 26);
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  env_proxy(&e, NULL, policy_file("optin.lua", "retry_non_idempotent = true,"));
+  env_topology(&e, "orders", 1);
+  key_owned_by("a", key, sizeof key); /* a first, then b */
+  snprintf(head, sizeof head,
+           "POST /o HTTP/1.1\r\nHost: orders\r\nx-openmesh-key: %s\r\n"
+           "Content-Length: 20000\r\n\r\n",
+           key);
+  for (unsigned i = 1; i <= 3; i++) {
+    c = upload_call(&e, head, upload, 20000, 4096, 5000, &r);
+    htc_free(c);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.attempts, "2");
+    assert_int_equal(a->posts, i);
+    OM_ASSERT_CMP(a->last_body_len, ==, 20000);
+    OM_ASSERT_CMP(b->last_body_len, ==, 20000);
+    assert_true(b->last_body_hash == fnv1a(upload, 20000));
+  }
+  env_close(&e);
+}
+
 static int group_setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/om-proxy-test.XXXXXX");
@@ -3193,6 +3411,9 @@ int main(void) {
       cmocka_unit_test(stalled_discarded_body_is_bounded_by_the_deadline),
       cmocka_unit_test(slow_first_byte_is_waited_for_within_the_deadline),
       cmocka_unit_test(deadline_header_is_capped_at_max_deadline),
+      cmocka_unit_test(upload_is_streamed_to_the_peer_whole),
+      cmocka_unit_test(body_limits_and_stalls),
+      cmocka_unit_test(retried_post_reaches_the_second_peer_whole),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -2415,6 +2415,247 @@ static void allocation_failures_end_cleanly(void **state) {
   assert_true(ok);
 }
 
+/* ------------------------------------------------------------------ */
+/* streamed request bodies */
+
+static int drains;
+
+static void cb_drain(void *ud) {
+  (void)ud;
+  drains++;
+}
+
+static void stream_request(om_upstream_request_t *q, const char *m,
+                           const char *t, int64_t len) {
+  memset(q, 0, sizeof *q);
+  q->method = m;
+  q->target = t;
+  q->timeout_ms = 10000;
+  q->body_stream = 1;
+  q->body_stream_length = len;
+}
+
+/* Pieces written as they come, with Content-Length known up front, reach
+ * the server whole; the first-byte timeout starts at the body's end. */
+static void streamed_body_with_content_length(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  uint64_t sum = 0;
+  size_t i;
+  char want[64];
+  (void)state;
+  for (i = 0; i < 300000; i++) {
+    post_body[i] = (char)('a' + (i * 7) % 26);
+    sum = sum * 31 + (unsigned char)post_body[i];
+  }
+  snprintf(want, sizeof want, "%d %llu", 300000, (unsigned long long)sum);
+  stream_request(&q, "PUT", "/sum", 300000);
+  q.first_byte_timeout_ms = 100;
+  cap_init(&C[0], fx, M_NONE);
+  assert_int_equal(send_full(&C[0], &q), 0);
+  /* nothing of the body yet, longer than the first-byte timeout */
+  spin(fx, 200);
+  assert_int_equal(C[0].done, 0);
+  for (i = 0; i < 290000; i += 10000) {
+    assert_int_equal(om_upstream_body_write(C[0].req, post_body + i, 10000), 0);
+    spin(fx, 1);
+  }
+  /* past the length: refused, nothing queued */
+  assert_int_equal(om_upstream_body_write(C[0].req, post_body + i, 10001),
+                   OM_EINVAL);
+  assert_int_equal(om_upstream_body_end(C[0].req), OM_EINVAL); /* short */
+  assert_int_equal(om_upstream_body_write(C[0].req, post_body + i, 10000), 0);
+  assert_int_equal(om_upstream_body_end(C[0].req), 0);
+  assert_int_equal(om_upstream_body_end(C[0].req), OM_ESTATE);
+  assert_int_equal(om_upstream_body_write(C[0].req, "", 0), OM_ESTATE);
+  RUN_UNTIL(fx, C[0].done, 5000);
+  expect_ok(&C[0], 200, want);
+  assert_int_equal(peer_st(fx).idle, 1); /* all written: reusable */
+  /* a body shorter than its length cannot end */
+  stream_request(&q, "PUT", "/sum", 10);
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(send_full(&C[1], &q), 0);
+  assert_int_equal(om_upstream_body_write(C[1].req, "abc", 3), 0);
+  OM_ASSERT_CMP(om_upstream_body_pending(C[1].req), ==, 3);
+  assert_int_equal(om_upstream_cancel(C[1].req), 0);
+  /* misuse */
+  stream_request(&q, "PUT", "/sum", 10);
+  q.body = "x";
+  q.body_len = 1;
+  cap_init(&C[2], fx, M_NONE);
+  assert_int_equal(send_full(&C[2], &q), OM_EINVAL);
+  cap_init(&C[2], fx, M_NONE);
+  assert_int_equal(send_simple(&C[2], "GET", "/ok"), 0);
+  assert_int_equal(om_upstream_body_write(C[2].req, "x", 1), OM_EINVAL);
+  assert_int_equal(om_upstream_body_end(C[2].req), OM_EINVAL);
+  OM_ASSERT_CMP(om_upstream_body_pending(C[2].req), ==, 0);
+  RUN_UNTIL(fx, C[2].done, 3000);
+  fx_free(fx);
+}
+
+static uint64_t fnv_u(uint64_t h, const char *p, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    h ^= (unsigned char)p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+/* a strict server (om_http_server) that answers "LEN HASH" of the body */
+static void h_hash(om_http_request_t *req, void *ud) {
+  char b[64];
+  int n = snprintf(b, sizeof b, "%zu %016llx", req->body_len,
+                   (unsigned long long)fnv_u(14695981039346656037ull, req->body,
+                                             req->body_len));
+  (void)ud;
+  om_http_respond(req, 200, NULL, 0, b, (size_t)n);
+}
+
+static int hsrv_closed;
+
+static void on_hsrv_closed(om_http_server_t *s, void *ud) {
+  (void)s;
+  (void)ud;
+  hsrv_closed = 1;
+}
+
+/* Length not known up front: sent chunked, read back whole by the
+ * server's strict chunked decoder. */
+static void streamed_body_chunked(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_http_server_opts_t so;
+  om_http_server_t *hs;
+  om_upstream_target_t t;
+  om_upstream_request_t q;
+  size_t i, total = 0;
+  uint64_t h = 14695981039346656037ull;
+  char want[64];
+  (void)state;
+  hsrv_closed = 0;
+  memset(&so, 0, sizeof so);
+  so.max_body_bytes = 1u << 20;
+  assert_int_equal(om_http_server_new(&fx->loop, &so, h_hash, NULL, &hs), 0);
+  assert_int_equal(om_http_server_listen(hs, "127.0.0.1", 0), 0);
+  assert_int_equal(
+      om_upstream_target_init(&t, "127.0.0.1", om_http_server_port(hs)), 0);
+  stream_request(&q, "POST", "/h", -1);
+  cap_init(&C[0], fx, M_NONE);
+  assert_int_equal(om_upstream_send(fx->pool, &t, &q, &CB, &C[0], &C[0].req),
+                   0);
+  for (i = 1; i <= 40; i++) { /* pieces of 1 .. 40 * 997 bytes */
+    size_t n = i * 997;
+    memset(post_body + total, (int)('a' + i % 26), n);
+    h = fnv_u(h, post_body + total, n);
+    assert_int_equal(om_upstream_body_write(C[0].req, post_body + total, n), 0);
+    total += n;
+    if (i % 5 == 0)
+      spin(fx, 1);
+  }
+  assert_int_equal(om_upstream_body_end(C[0].req), 0);
+  snprintf(want, sizeof want, "%zu %016llx", total, (unsigned long long)h);
+  RUN_UNTIL(fx, C[0].done, 5000);
+  expect_ok(&C[0], 200, want);
+  assert_int_equal(om_http_server_close(hs, on_hsrv_closed), 0);
+  RUN_UNTIL(fx, hsrv_closed, 3000);
+  fx_free(fx);
+}
+
+/* What is queued is what the caller lets pile up: pending and on_drain
+ * let it write only when the connection took the rest. */
+static void streamed_body_backpressure(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  const size_t total = 8u << 20, piece = 64u << 10, high = 1u << 20;
+  size_t off = 0, max_pending = 0;
+  uint64_t sum = 0;
+  char want[64];
+  size_t i;
+  (void)state;
+  for (i = 0; i < total; i++) {
+    post_body[i] = (char)('A' + (i * 13) % 26);
+    sum = sum * 31 + (unsigned char)post_body[i];
+  }
+  snprintf(want, sizeof want, "%zu %llu", total, (unsigned long long)sum);
+  stream_request(&q, "POST", "/sum", (int64_t)total);
+  cap_init(&C[0], fx, M_NONE);
+  drains = 0;
+  assert_int_equal(
+      om_upstream_send(fx->pool, &fx->tgt, &q, &CB, &C[0], &C[0].req), 0);
+  while (off < total && !C[0].done) {
+    size_t p;
+    while (off < total && om_upstream_body_pending(C[0].req) < high) {
+      assert_int_equal(om_upstream_body_write(C[0].req, post_body + off, piece),
+                       0);
+      off += piece;
+    }
+    p = om_upstream_body_pending(C[0].req);
+    if (p > max_pending)
+      max_pending = p;
+    if (off < total &&
+        om_upstream_body_on_drain(C[0].req, high / 4, cb_drain) == 0) {
+      int d = drains;
+      RUN_UNTIL(fx, drains > d || C[0].done, 5000);
+      OM_ASSERT_CMP(om_upstream_body_pending(C[0].req), <=, high / 4);
+    }
+  }
+  assert_int_equal(om_upstream_body_end(C[0].req), 0);
+  RUN_UNTIL(fx, C[0].done, 10000);
+  expect_ok(&C[0], 200, want);
+  OM_ASSERT_CMP(max_pending, <, high + piece);
+  OM_ASSERT_CMP(drains, >, 0);
+  fx_free(fx);
+}
+
+/* A stale pooled connection: re-sent transparently while the client holds
+ * every body byte; reported (sent, reused) once one left. An early answer
+ * ends the request while its body is still coming. */
+static void streamed_body_stale_keep_alive_and_early_answer(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  (void)state;
+  cap_init(&C[0], fx, M_NONE);
+  roundtrip(&C[0], "GET", "/ok");
+  srv_drop_all(&fx->srv);
+  /* the body is written with the head: gone when the connection fails */
+  stream_request(&q, "PUT", "/echo", 4);
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(send_full(&C[1], &q), 0);
+  assert_int_equal(om_upstream_body_write(C[1].req, "once", 4), 0);
+  assert_int_equal(om_upstream_body_end(C[1].req), 0);
+  RUN_UNTIL(fx, C[1].done, 3000);
+  expect_fail(&C[1], OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, OM_EIO);
+  assert_int_equal(C[1].res.attempts, 1);
+  assert_int_equal(C[1].res.sent, 1);
+  assert_int_equal(C[1].res.reused, 1);
+  /* the body comes after the failure: nothing was lost, re-sent (the
+   * caller says a PUT may go twice) */
+  q.retry_stale = 1;
+  cap_init(&C[2], fx, M_NONE);
+  roundtrip(&C[2], "GET", "/ok");
+  srv_drop_all(&fx->srv);
+  cap_init(&C[3], fx, M_NONE);
+  assert_int_equal(send_full(&C[3], &q), 0);
+  RUN_UNTIL(fx, peer_st(fx).retries == 1, 3000);
+  assert_int_equal(peer_st(fx).retries, 1);
+  assert_int_equal(om_upstream_body_write(C[3].req, "twic", 4), 0);
+  assert_int_equal(om_upstream_body_end(C[3].req), 0);
+  RUN_UNTIL(fx, C[3].done, 3000);
+  expect_ok(&C[3], 200, "twic");
+  assert_int_equal(C[3].res.attempts, 2);
+  /* an answer before the body: the request ends, the rest is refused
+   * and the connection is not pooled */
+  stream_request(&q, "POST", "/early", 1000);
+  cap_init(&C[4], fx, M_NONE);
+  assert_int_equal(send_full(&C[4], &q), 0);
+  assert_int_equal(om_upstream_body_write(C[4].req, "abc", 3), 0);
+  RUN_UNTIL(fx, C[4].done, 3000);
+  expect_ok(&C[4], 413, "big");
+  spin(fx, 5);
+  assert_int_equal(peer_st(fx).idle, 0);
+  fx_free(fx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(parse_url_accepts_numeric_http),
@@ -2452,6 +2693,10 @@ int main(void) {
       cmocka_unit_test(pool_close_with_requests_in_flight),
       cmocka_unit_test(allocation_failures_end_cleanly),
       cmocka_unit_test(head_timeout_bounds_the_head_never_the_body),
+      cmocka_unit_test(streamed_body_with_content_length),
+      cmocka_unit_test(streamed_body_chunked),
+      cmocka_unit_test(streamed_body_backpressure),
+      cmocka_unit_test(streamed_body_stale_keep_alive_and_early_answer),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

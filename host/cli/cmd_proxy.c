@@ -34,7 +34,7 @@ static void usage(FILE *out) {
       "                      [--drain-timeout DURATION] [--retry-429]\n"
       "                      [--circuit-failures N] [--circuit-cooldown "
       "DURATION]\n"
-      "                      [--log-level LEVEL]\n\n"
+      "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n\n"
       "The data plane: routes each call (service from Host) through the "
       "traffic\npolicy, admission, selection, one deadline, safe retries "
       "and per-peer\ncircuits (docs/PROXY.md).\n\n"
@@ -63,13 +63,48 @@ static void usage(FILE *out) {
       "peer's\n"
       "                              circuit (default 5)\n"
       "  --circuit-cooldown DURATION first open period (default 30s)\n"
+      "  --max-body-bytes SIZE       largest request body, 413 beyond "
+      "(default:\n"
+      "                              no limit; bodies are streamed, not "
+      "buffered;\n"
+      "                              a policy's max_body_bytes overrides "
+      "it)\n"
       "  --log-level LEVEL           debug, info (default), warn, error\n\n"
-      "DURATION: 500ms, 10s, 2m, 1h.\n"
+      "DURATION: 500ms, 10s, 2m, 1h. SIZE: 1048576, 512KiB, 8MiB, 1GiB.\n"
       "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
       "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files (a bad "
       "file\nkeeps the previous version).\n\n"
       "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
       "usage\nor invalid input (a bad --static file or policy)\n");
+}
+
+/* A byte count: digits, then nothing, B, KiB, MiB or GiB (K, M, G and
+ * KB, MB, GB read as the binary units too). 0, or -1 for anything else
+ * or an overflow. */
+static int parse_size(const char *s, uint64_t *out) {
+  static const struct {
+    const char *unit;
+    unsigned shift;
+  } units[] = {{"", 0},     {"B", 0},   {"K", 10},  {"KB", 10},
+               {"KiB", 10}, {"M", 20},  {"MB", 20}, {"MiB", 20},
+               {"G", 30},   {"GB", 30}, {"GiB", 30}};
+  uint64_t v = 0;
+  const char *p = s;
+  if (*p < '0' || *p > '9')
+    return -1;
+  while (*p >= '0' && *p <= '9') {
+    if (v > (UINT64_MAX - 9) / 10)
+      return -1;
+    v = v * 10 + (uint64_t)(*p++ - '0');
+  }
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(p, units[i].unit) == 0) {
+      if (v > (UINT64_MAX >> units[i].shift))
+        return -1;
+      *out = v << units[i].shift;
+      return 0;
+    }
+  return -1;
 }
 
 static int fail_usage(const char *fmt, const char *arg) {
@@ -192,6 +227,7 @@ int om_cmd_proxy(int argc, char **argv) {
       {"circuit-failures", required_argument, NULL, 'f'},
       {"circuit-cooldown", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
+      {"max-body-bytes", required_argument, NULL, 'B'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
@@ -257,6 +293,11 @@ int om_cmd_proxy(int argc, char **argv) {
       break;
     case 'r':
       o.retry_429 = 1;
+      break;
+    case 'B':
+      if (parse_size(optarg, &o.max_body_bytes) != 0)
+        return fail_usage("--max-body-bytes: '%s' is not a size like 8MiB",
+                          optarg);
       break;
     case 'f': {
       char *end;

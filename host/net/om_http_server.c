@@ -23,8 +23,9 @@
  * Files: this one accepts connections and holds the server and the
  * request / response API; om_http_server_read.c the read side (parsing,
  * dispatch, timers), om_http_server_write.c the write side (corked
- * output, response heads, teardown); om_http_server_internal.h what
- * they share.
+ * output, response heads, teardown), om_http_server_body.c streamed
+ * request bodies (stream_bodies); om_http_server_internal.h what they
+ * share.
  */
 #include "om_http_server.h"
 
@@ -77,6 +78,8 @@ uint64_t om__http_now_ms(const conn_t *c) {
 void om__http_req_free(req_t *r) {
   if (r == NULL)
     return;
+  if (r->conn != NULL && r->conn->sbody == r)
+    r->conn->sbody = NULL; /* its body is no longer anyone's */
   free(r->body);
   free(r);
 }
@@ -240,8 +243,8 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
     o.max_headers = DEF_MAX_HEADERS;
   if (o.max_headers > o.max_header_bytes)
     return OM_EINVAL;
-  if (o.max_body_bytes == 0)
-    o.max_body_bytes = DEF_MAX_BODY_BYTES;
+  if (o.max_body_bytes == 0) /* streamed: the holder counts */
+    o.max_body_bytes = o.stream_bodies ? SIZE_MAX / 4 : DEF_MAX_BODY_BYTES;
   if (o.max_body_bytes > SIZE_MAX / 4)
     return OM_EINVAL;
   if (o.header_timeout_ms == 0)
@@ -429,7 +432,9 @@ static void req_finish(req_t *r, int close) {
 
 static int resp_close(const req_t *r, const rh_t *rh) {
   const conn_t *c = r->conn;
-  return !r->keep_alive || rh->close || c->srv->closing || c->eof;
+  /* a streamed body not read whole: what follows it cannot be parsed */
+  return !r->keep_alive || rh->close || c->srv->closing || c->eof ||
+         c->sbody == r;
 }
 
 static int conn_header(const req_t *r, int close) {

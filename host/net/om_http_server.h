@@ -102,7 +102,8 @@ typedef struct om_http_server_s om_http_server_t;
  *   value too big for 64 bits included, as for Content-Length.
  * - REQUEST_TIMEOUT: the header section did not complete within
  *   header_timeout_ms of its first byte, or the body stalled for
- *   idle_timeout_ms (RFC 9110 15.5.9: 408).
+ *   idle_timeout_ms (with stream_bodies: the request's body idle timeout,
+ *   see om_http_request_body_start) (RFC 9110 15.5.9: 408).
  * - BAD_REQUEST: a refusal of the framing module without a more precise
  *   reason above (no request reaches it today; the name stays stable).
  *   Stricter than RFC 9110 5.6.1.2, empty elements in a Transfer-Encoding
@@ -193,6 +194,17 @@ typedef struct om_http_server_opts_s {
    * at the limit the server stops reading that connection until responses
    * drain. Default 16. */
   size_t max_pipelined;
+  /* Nonzero: streamed request bodies. The handler is called as soon as
+   * the header section is complete and checked; a request with a body has
+   * body_streamed set and gets its bytes (de-chunked) through
+   * om_http_request_body_start, with backpressure (pause / resume stop
+   * and start reading the socket, so TCP holds the client back): memory
+   * per connection stays the read buffer. max_body_bytes 0 then means no
+   * limit (the holder counts); a nonzero one is still enforced (413 at
+   * the head for Content-Length, at the chunk-size that passes it).
+   * Zero (the default): the whole body is read before the handler runs,
+   * as the control plane and the egress gateway want. */
+  int stream_bodies;
 } om_http_server_opts_t;
 
 /*
@@ -255,6 +267,18 @@ typedef struct om_http_request_s {
   char remote_ip[46]; /* numeric, no brackets */
   int remote_port;
   void *user; /* the holder's slot; the server never touches it */
+  /* With stream_bodies: 1 when the request has a body to be read through
+   * om_http_request_body_start (body is "" then), else 0. */
+  int body_streamed;
+  /* A streamed body's Content-Length; -1 when chunked (not known up
+   * front); 0 without a body. */
+  int64_t content_length;
+  /* -1, or the om_http_reject_t that ended a streamed body (a stall past
+   * the body idle timeout: REQUEST_TIMEOUT; bad chunked framing: its
+   * reason; a chunk past max_body_bytes: BODY_TOO_LARGE): readable in the
+   * on_close callback that tells the holder, after which the server
+   * answers it (no response started) or cuts the response. */
+  int body_error;
 } om_http_request_t;
 
 /*
@@ -526,5 +550,55 @@ int om_http_response_upgrade(om_http_request_t *req,
                              const om_http_header_t *headers, size_t n,
                              const om_tunnel_callbacks_t *cb, void *ud,
                              om_tunnel_t **out);
+
+/* ------------------------------------------------------------------ */
+/* streamed request bodies (stream_bodies) */
+
+/* Body bytes, de-chunked; data is the server's and valid only during the
+ * call. The holder may pause, respond, end or abort from inside it. */
+typedef void (*om_http_body_fn)(om_http_request_t *req, const char *data,
+                                size_t len);
+
+/* The streamed body ended whole (trailers are checked and dropped). The
+ * holder may respond from inside it. */
+typedef void (*om_http_body_end_fn)(om_http_request_t *req);
+
+/*
+ * om_http_request_body_start: begin delivering a streamed body: on_data
+ * per span as bytes arrive, then on_end once. Delivery runs from the loop,
+ * never from inside this call. An HTTP/1.1 request with
+ * "Expect: 100-continue" gets its 100 Continue now, and only now (RFC 9110
+ * 10.1.1: a holder that answers without reading never invites the body).
+ * From this call on the body is under the body idle timeout (see
+ * om_http_request_body_idle_timeout): a stall past it ends the request
+ * with body_error REQUEST_TIMEOUT (408 when no response started, else the
+ * response is cut). Returns 0; OM_EINVAL for NULL callbacks; OM_ESTATE
+ * (nothing changed) when the request has no streamed body, it was started
+ * already, or the client is gone.
+ *
+ * A response ended before the body was read whole is legal (an early 413,
+ * or an upstream that answers before the upload ends): it says
+ * Connection: close, and after it the server reads and drops what the
+ * client keeps sending, up to 64 MiB, 30 s in all, or 2 s without a
+ * byte, whichever comes first, then closes (RFC 9112 9.6, as nginx's
+ * lingering_close), so a client that did not send Expect reads the
+ * answer, not a reset.
+ */
+int om_http_request_body_start(om_http_request_t *req, om_http_body_fn on_data,
+                               om_http_body_end_fn on_end);
+
+/* Stop delivering body bytes (reading the socket stops; the body idle
+ * timer stops: the holder's wait is not the client's stall). Callable
+ * from inside on_data. No-op unless the body is being delivered. */
+void om_http_request_body_pause(om_http_request_t *req);
+
+/* Deliver again after a pause, from the loop (bytes already read first).
+ * No-op unless paused. */
+void om_http_request_body_resume(om_http_request_t *req);
+
+/* The body idle timeout of this request: how long a started, unpaused
+ * body may go without a byte. Default the server's idle_timeout_ms;
+ * 0 keeps it. Returns 0, OM_EINVAL for NULL or a value over UINT32_MAX. */
+int om_http_request_body_idle_timeout(om_http_request_t *req, uint64_t ms);
 
 #endif /* OM_HTTP_SERVER_H */

@@ -3,9 +3,9 @@
  * connection, request and server structs, the lifecycle phases and the
  * functions one file calls in another). Not a public header: only
  * om_http_server.c (accepting, the server, the request and response
- * API), om_http_server_read.c (rejections, parsing, reading and timers)
- * and om_http_server_write.c (writing, response heads, teardown) include
- * it.
+ * API), om_http_server_read.c (rejections, parsing, reading, timers),
+ * om_http_server_write.c (writing, response heads, teardown) and
+ * om_http_server_body.c (streamed request bodies) include it.
  */
 #ifndef OM_HTTP_SERVER_INTERNAL_H
 #define OM_HTTP_SERVER_INTERNAL_H
@@ -34,10 +34,20 @@
 
 /* framing bytes allowed in one chunked body */
 #define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
-#define LINGER_MS 2000u        /* RFC 9112 9.6: read after our FIN this long */
+/* RFC 9112 9.6: after our FIN, read and drop until the client's EOF, at
+ * most LINGER_MS without a byte, LINGER_TOTAL_MS in all, and
+ * LINGER_DISCARD_MAX bytes: enough for a client that sends a whole upload
+ * (a 9 MiB PUT) before it reads an early answer, as nginx's
+ * lingering_close (lingering_time 30 s) */
+#define LINGER_MS 2000u
+#define LINGER_TOTAL_MS 30000u
+#define LINGER_DISCARD_MAX (64u << 20)
 #define DISCARD_MAX (1u << 20) /* bytes dropped after an error before a cut */
 #define READ_MIN 2048u         /* smallest read buffer we hand libuv */
 #define READ_SLACK (16u * 1024u)
+/* the read buffer while a streamed body flows (freed when the connection
+ * is idle again): a 1 GiB upload in 64 KiB reads, not 32 KiB ones */
+#define STREAM_READ_MAX (64u * 1024u)
 #define SCRATCH_BYTES (16u * 1024u)
 
 /* ------------------------------------------------------------------ */
@@ -83,6 +93,12 @@ typedef struct req_s {
   int rstate, rframe;
   unsigned keep_alive : 1, is_head : 1, want_continue : 1, continue_sent : 1,
       in_close_cb : 1, resp_close : 1, upgrade : 1;
+  /* a streamed body (stream_bodies): the holder's callbacks, its idle
+   * timeout; delivery started (body_on) and paused by the holder */
+  om_http_body_fn on_body;
+  om_http_body_end_fn on_body_end;
+  uint64_t body_idle_ms;
+  unsigned body_on : 1, body_paused : 1;
 } req_t;
 
 /*
@@ -121,7 +137,12 @@ struct om_http_conn_s {
   size_t fields_cap;
   enum phase phase;
   int ps;
-  req_t *cur; /* request whose body is being read */
+  req_t *cur; /* request whose body is being read (buffered) */
+  /* stream_bodies: the request whose body is next on the wire (queued or
+   * active; not owned: cleared when it is freed); kick: deliver buffered
+   * body bytes from the timer */
+  req_t *sbody;
+  unsigned kick : 1;
   dec_t dec;
   req_t *q_head, *q_tail;
   size_t q_len;
@@ -214,6 +235,23 @@ void om__http_conn_pump(conn_t *c);
 void om__http_conn_update(conn_t *c);
 /* c's timer: the earliest deadline of its phase passed. */
 void om__http_on_timer(uv_timer_t *t);
+
+/* The answer to a refusal of the framing module. */
+om_http_reject_t om__http_reject_of(om_http1_err_t e);
+/* Send r's 100 Continue if it asked for one and has none yet. */
+void om__http_send_continue(conn_t *c, req_t *r);
+
+/* om_http_server_body.c */
+
+/* The streamed body of c->sbody is wanted now: active, started, not
+ * paused. */
+int om__http_body_wanted(const conn_t *c);
+/* Deliver the buffered body bytes of c->sbody (loop callbacks only: the
+ * holder's callbacks run, and an error runs on_close). */
+void om__http_body_pump(conn_t *c);
+/* End c->sbody's body with why (loop callbacks only): 408 or the framing
+ * reason when no response started, else the response is cut. */
+void om__http_body_fail(conn_t *c, om_http_reject_t why);
 
 /* om_http_server_write.c */
 

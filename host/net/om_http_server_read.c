@@ -62,7 +62,7 @@ static void send_error(conn_t *c) {
 /* the header-section scanner (RFC 9112 2-5) */
 
 /* The answer to a refusal of the framing module. */
-static om_http_reject_t reject_of(om_http1_err_t e) {
+om_http_reject_t om__http_reject_of(om_http1_err_t e) {
   switch (e) {
   case OM_HTTP1_E_REQUEST_LINE:
     return OM_HTTP_REJECT_BAD_REQUEST_LINE;
@@ -150,7 +150,7 @@ static int scan_head(conn_t *c, const char *b, size_t len,
       continue;
     }
     if (rc == OM_HTTP1_ERROR) {
-      *why = reject_of(c->sc.err);
+      *why = om__http_reject_of(c->sc.err);
       return SCAN_ERROR;
     }
     return rc == OM_HTTP1_DONE ? SCAN_DONE : SCAN_MORE;
@@ -274,7 +274,7 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
     } else if ((fe = om_http1_framing_field(&fr, name, nl, val, vl)) !=
                OM_HTTP1_OK) {
       /* Content-Length and Transfer-Encoding (RFC 9112 6) */
-      *why = reject_of(fe);
+      *why = om__http_reject_of(fe);
       return -1;
     }
   }
@@ -286,7 +286,7 @@ static int check_semantics(conn_t *c, const char *b, head_t *h,
   }
   fe = om_http1_framing_end(&fr, h->minor, 0, 0, &body);
   if (fe != OM_HTTP1_OK) {
-    *why = reject_of(fe);
+    *why = om__http_reject_of(fe);
     return -1;
   }
   h->chunked = body == OM_HTTP1_BODY_CHUNKED;
@@ -416,6 +416,9 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
   r->keep_alive = !h->co.close && (h->minor == 1 || h->co.keep_alive);
   r->want_continue =
       h->minor == 1 && h->ex.cont && (h->chunked || h->cl > 0) ? 1 : 0;
+  r->pub.body_error = -1;
+  r->pub.content_length = h->chunked ? -1 : (int64_t)h->cl;
+  r->body_idle_ms = c->srv->o.idle_timeout_ms;
   return r;
 }
 
@@ -427,6 +430,8 @@ static void enqueue(conn_t *c, req_t *r) {
     c->q_head = r;
   c->q_tail = r;
   c->q_len++;
+  if (r == c->sbody)
+    return; /* the body follows: "close" applies once it is in */
   /* RFC 9112 9.6: after a request with "close" (or an HTTP/1.0 one
    * without keep-alive) the server MUST NOT process further requests on
    * the connection: what follows is dropped unparsed, read only to see
@@ -501,8 +506,15 @@ static int begin_request(conn_t *c, size_t len) {
     enqueue(c, r);
     return 0;
   }
-  c->cur = r;
   c->ps = P_BODY;
+  if (c->srv->o.stream_bodies) {
+    /* dispatched at the head; the body is delivered to the holder */
+    r->pub.body_streamed = 1;
+    c->sbody = r;
+    enqueue(c, r);
+    return 0;
+  }
+  c->cur = r;
   return 0;
 }
 
@@ -545,7 +557,7 @@ static int decode(conn_t *c, const char *data, size_t n, size_t *used,
     if (rc == OM_HTTP1_DONE)
       return DEC_DONE;
     if (rc == OM_HTTP1_ERROR) {
-      *why = reject_of(d->ch.err);
+      *why = om__http_reject_of(d->ch.err);
       return DEC_ERROR;
     }
     return DEC_MORE;
@@ -591,6 +603,8 @@ static void conn_parse(conn_t *c) {
       c->hstart_set = 0;
       if (begin_request(c, c->sc.pos) != 0)
         return;
+    } else if (c->sbody != NULL) {
+      return; /* a streamed body: om__http_body_pump delivers it */
     } else {
       const char *p = c->in + c->in_off;
       size_t used = 0;
@@ -621,7 +635,7 @@ static void conn_parse(conn_t *c) {
  * always keeps the bytes on the wire independent of how the request was
  * split into reads.
  */
-static void send_continue(conn_t *c, req_t *r) {
+void om__http_send_continue(conn_t *c, req_t *r) {
   static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
   uv_buf_t b;
   if (r == NULL || !r->want_continue || r->continue_sent)
@@ -662,7 +676,8 @@ void om__http_conn_pump(conn_t *c) {
       c->q_len--;
       r->next = NULL;
       c->active = r;
-      send_continue(c, r);
+      if (r != c->sbody) /* a streamed body: when the holder asks */
+        om__http_send_continue(c, r);
       s->m.requests++;
       s->on_request(&r->pub, s->ud);
       c->pump_again = 1;
@@ -678,7 +693,7 @@ void om__http_conn_pump(conn_t *c) {
       break;
     }
     if (c->phase == PH_READING && c->ps == P_BODY)
-      send_continue(c, c->cur);
+      om__http_send_continue(c, c->cur);
   } while (c->pump_again);
   c->in_pump = 0;
   if ((c->phase == PH_READING || c->phase == PH_LAST) &&
@@ -699,6 +714,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   om_http_server_t *s = c->srv;
   size_t maxcap = s->o.max_header_bytes + READ_SLACK;
   (void)suggested;
+  if (c->sbody != NULL && maxcap < STREAM_READ_MAX)
+    maxcap = STREAM_READ_MAX; /* a streamed body: fewer, larger reads */
   if (c->phase != PH_READING) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
@@ -733,12 +750,13 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   if (nread > 0) {
     c->t_read = om__http_now_ms(c);
     if (buf->base == s->scratch) { /* dead: read and drop */
+      size_t max = c->phase >= PH_SHUTTING ? LINGER_DISCARD_MAX : DISCARD_MAX;
       c->discarded += (size_t)nread;
       /* bytes after a refusal are cut off at some point; bytes after a
        * last request whose response is still on its way stop being read
        * there (om__http_conn_update), so TCP holds the client back until the
        * response is done; lingering bounds the rest */
-      if (c->discarded > DISCARD_MAX) {
+      if (c->discarded > max) {
         if (c->phase == PH_LAST)
           om__http_conn_update(c);
         else
@@ -747,7 +765,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       return;
     }
     c->in_len += (size_t)nread;
-    om__http_conn_pump(c);
+    if (om__http_body_wanted(c))
+      om__http_body_pump(c);
+    if (c->phase != PH_CLOSING)
+      om__http_conn_pump(c);
     return;
   }
   if (nread == 0)
@@ -772,7 +793,17 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   om__http_conn_pump(c);
 }
 
-enum { K_NONE, K_HEADER, K_FRESH, K_IDLE, K_BODY, K_WRITE, K_LINGER, K_FAIL };
+enum {
+  K_NONE,
+  K_HEADER,
+  K_FRESH,
+  K_IDLE,
+  K_BODY,
+  K_WRITE,
+  K_LINGER,
+  K_FAIL,
+  K_KICK
+};
 
 /* The earliest deadline that applies now, and which one it is. */
 static int conn_deadline(const conn_t *c, uint64_t *dl) {
@@ -784,8 +815,15 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
     return K_FAIL;
   }
   if (c->phase == PH_LINGERING) {
-    *dl = c->t_linger + LINGER_MS;
+    uint64_t last = c->t_read > c->t_linger ? c->t_read : c->t_linger;
+    *dl = last + LINGER_MS;
+    if (c->t_linger + LINGER_TOTAL_MS < *dl)
+      *dl = c->t_linger + LINGER_TOTAL_MS;
     return K_LINGER;
+  }
+  if (c->kick && c->phase == PH_READING) {
+    *dl = 0;
+    return K_KICK;
   }
   if (c->reading && !c->held &&
       (c->phase == PH_READING || c->phase == PH_LAST)) {
@@ -803,6 +841,11 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
          * write-progress deadline below applies */
         *dl = c->t_idle + o->idle_timeout_ms;
         kind = K_IDLE;
+      }
+    } else if (c->ps == P_BODY && c->sbody != NULL) {
+      if (om__http_body_wanted(c)) {
+        *dl = c->t_read + c->sbody->body_idle_ms;
+        kind = K_BODY;
       }
     } else if (c->ps == P_BODY && !(c->cur != NULL && c->cur->want_continue &&
                                     !c->cur->continue_sent)) {
@@ -830,8 +873,22 @@ void om__http_on_timer(uv_timer_t *t) {
     return;
   }
   switch (kind) {
-  case K_HEADER:
+  case K_KICK:
+    c->kick = 0;
+    if (om__http_body_wanted(c))
+      om__http_body_pump(c);
+    if (c->phase != PH_CLOSING)
+      om__http_conn_pump(c);
+    return;
   case K_BODY:
+    if (c->sbody != NULL) {
+      om__http_body_fail(c, OM_HTTP_REJECT_REQUEST_TIMEOUT);
+      if (c->phase != PH_CLOSING)
+        om__http_conn_pump(c);
+      return;
+    }
+    /* fall through */
+  case K_HEADER:
     reject(c, OM_HTTP_REJECT_REQUEST_TIMEOUT);
     om__http_conn_pump(c);
     return;
@@ -859,6 +916,9 @@ void om__http_conn_update(conn_t *c) {
   else if (c->phase == PH_LAST) /* the same while the last response is on
                                    its way, */
     want = c->discarded <= DISCARD_MAX; /* up to a point */
+  else if (c->sbody != NULL) /* a streamed body: while the holder wants it */
+    want = om__http_body_wanted(c) &&
+           c->in_len - c->in_off < s->o.max_header_bytes + READ_SLACK;
   else
     want = c->q_len < s->o.max_pipelined &&
            c->in_len - c->in_off < s->o.max_header_bytes + READ_SLACK;

@@ -375,6 +375,7 @@ void om__http_conn_close(conn_t *c, int reset) {
     om__tunnel_owner_gone(c->tunnel);
     c->tunnel = NULL;
   }
+  c->sbody = NULL;
   om__http_conn_drop_requests(c);
   r = c->active;
   c->active = NULL;

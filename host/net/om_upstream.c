@@ -456,6 +456,7 @@ void om__up_req_recycle(req_t *r) {
   om_upstream_pool_t *p = r->pool;
   if (r->pend != PEND_NONE)
     pend_unlink(r);
+  om__up_body_free(r);
   r->state = R_FREE;
   if (p->closing || p->nfree >= FREE_REQS_MAX) {
     free(r->head);
@@ -729,7 +730,8 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
                       const char *tg, size_t tl) {
   const om_http_header_t *h = q->headers;
   size_t n = q->n_headers, i, need, al = strlen(t->authority);
-  int has_host = 0, named = 0, want_cl;
+  int has_host = 0, named = 0, want_cl, chunked = 0;
+  uint64_t clv = q->body_len;
   char clbuf[24], *w;
   int cll;
   if (n > 0 && h == NULL)
@@ -764,8 +766,14 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
   }
   want_cl = q->body_len > 0 || method_is(m, ml, "POST") ||
             method_is(m, ml, "PUT") || method_is(m, ml, "PATCH");
-  cll = want_cl ? (int)om__http_u64_dec(clbuf, q->body_len) : 0;
-  need += 6 + al + 2 + 16 + (size_t)cll + 2;
+  if (q->body_stream) { /* RFC 9112 6.1: chunked when the length is not
+                           known up front */
+    chunked = q->body_stream_length < 0;
+    want_cl = !chunked;
+    clv = chunked ? 0 : (uint64_t)q->body_stream_length;
+  }
+  cll = want_cl ? (int)om__http_u64_dec(clbuf, clv) : 0;
+  need += 6 + al + 2 + 16 + (size_t)cll + 2 + 28;
   if (need > r->head_cap) {
     char *nh = realloc(r->head, need);
     if (nh == NULL)
@@ -803,6 +811,8 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
     put(&w, clbuf, (size_t)cll);
     put(&w, "\r\n", 2);
   }
+  if (chunked)
+    put(&w, "Transfer-Encoding: chunked\r\n", 28);
   if (q->upgrade != NULL && hdr_len(q->upgrade, q->upgrade_len) > 0) {
     put(&w, "Upgrade: ", 9);
     put(&w, q->upgrade, hdr_len(q->upgrade, q->upgrade_len));
@@ -850,6 +860,9 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
       cb->on_done == NULL || q->method == NULL || q->target == NULL ||
       (q->body == NULL && q->body_len > 0))
     return OM_EINVAL;
+  if (q->body_stream &&
+      (q->body != NULL || q->body_len > 0 || q->body_stream_length < -1))
+    return OM_EINVAL;
   if (t->addr.sa.sa_family != AF_INET && t->addr.sa.sa_family != AF_INET6)
     return OM_EINVAL;
   if (p->closing)
@@ -887,6 +900,10 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->ud = ud;
   r->body = q->body;
   r->body_len = q->body_len;
+  if (q->body_stream) {
+    r->streamed = 1;
+    r->body_left = q->body_stream_length;
+  }
   r->connect_ms = q->connect_timeout_ms;
   r->first_byte_ms = q->first_byte_timeout_ms;
   r->total_due = q->timeout_ms != 0 ? now + q->timeout_ms : 0;

@@ -301,6 +301,13 @@ typedef struct om_upstream_request_s {
    * for none. The Upgrade field in headers is never sent either way. */
   const char *upgrade;
   size_t upgrade_len; /* 0: NUL-terminated */
+  /* Nonzero: the body is streamed: body must be NULL and body_len 0, and
+   * the caller supplies the bytes as they come with om_upstream_body_write
+   * and ends them with om_upstream_body_end (see there). body_stream_length
+   * is the length when it is known up front (sent as Content-Length, and
+   * the bytes must add up to it), or -1 (sent chunked). */
+  int body_stream;
+  int64_t body_stream_length;
 } om_upstream_request_t;
 
 /*
@@ -499,5 +506,59 @@ int om_upstream_resume(om_upstream_req_t *req);
 int om_upstream_take_tunnel(om_upstream_req_t *req,
                             const om_tunnel_callbacks_t *cb, void *ud,
                             om_tunnel_t **out);
+
+/* ------------------------------------------------------------------ */
+/* streamed request bodies (om_upstream_request_t.body_stream) */
+
+/*
+ * om_upstream_body_write: append len bytes to a streamed request body.
+ * They are copied (data is the caller's, only read during the call) and
+ * sent as soon as the connection takes them: the request head goes out
+ * first, and bytes written while connecting wait. Use
+ * om_upstream_body_pending and om_upstream_body_on_drain to bound what is
+ * queued: the client queues whatever it is given.
+ * Returns 0 (len 0 does nothing); OM_EINVAL (NULL data with len, not a
+ * streamed request, more than body_stream_length in all: nothing queued);
+ * OM_ESTATE when the body was ended or the request is ending (its
+ * response may have come before the body was whole: legal, and the bytes
+ * are then dropped); OM_ENOMEM (nothing queued).
+ *
+ * The transparent stale keep-alive retry (see above) re-sends only what
+ * the client still holds: once a body byte was handed to a connection it
+ * is gone, and a pooled connection that fails before any response byte
+ * ends the request with "reset_before_response", sent 1 and reused 1,
+ * for the caller (which may hold a replay copy) to decide.
+ */
+int om_upstream_body_write(om_upstream_req_t *req, const char *data,
+                           size_t len);
+
+/*
+ * om_upstream_body_end: the streamed body is complete (chunked: the last
+ * chunk goes out, no trailers). The first-byte timeout of a streamed
+ * request starts here, not at the head: an upload is not a slow server.
+ * Returns 0; OM_EINVAL (not streamed, or a Content-Length not reached:
+ * cancel the request then); OM_ESTATE (ended already, or the request is
+ * ending); OM_ENOMEM.
+ */
+int om_upstream_body_end(om_upstream_req_t *req);
+
+/* Bytes of the streamed body queued in memory, not yet taken by the
+ * kernel; 0 for NULL or a request that is not streamed. */
+size_t om_upstream_body_pending(const om_upstream_req_t *req);
+
+typedef void (*om_upstream_drain_fn)(void *ud);
+
+/*
+ * om_upstream_body_on_drain: have cb(ud) (ud: the request's) run once,
+ * from the loop, when om_upstream_body_pending falls to low_water or
+ * below: the way to resume a producer paused because the upstream reads
+ * slower than it writes (no polling). Returns 0 when armed; 1 when
+ * pending is already at or below it (not armed: write now); OM_EINVAL
+ * (NULL request or cb, not streamed); OM_ESTATE (the request is ending).
+ * A later call replaces cb. Inside cb every om_upstream_* call may be
+ * made, cancel included.
+ */
+int om_upstream_body_on_drain(om_upstream_req_t *req, size_t low_water,
+                              om_upstream_drain_fn cb);
 
 #endif /* OM_UPSTREAM_H */

@@ -16,6 +16,10 @@
 
 static void conn_arm(conn_t *c);
 
+void om__up_conn_arm(conn_t *c) {
+  conn_arm(c);
+}
+
 /* ------------------------------------------------------------------ */
 /* connections */
 
@@ -25,6 +29,11 @@ static void on_conn_closed(uv_handle_t *h) {
   if (--c->handles > 0)
     return;
   om__up_peer_unref(c->peer);
+  while (c->inflight != NULL) { /* on_write ran for each: none is left */
+    bchunk_t *b = c->inflight;
+    c->inflight = b->next;
+    free(b);
+  }
   free(c->buf);
   free(c->hdrs);
   free(c->fields);
@@ -161,9 +170,10 @@ static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
   om__up_conn_close(c);
   if (r == NULL)
     return;
+  /* a streamed body is re-sent only while every byte of it is held */
   if (fail == OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE && r->res.reused &&
       !r->got_bytes && (r->retry_stale || !r->res.sent) &&
-      r->res.attempts == 1 && !p->closing) {
+      r->res.attempts == 1 && !p->closing && !r->body_moved) {
     r->res.attempts = 2;
     r->peer->st.retries++;
     p->st.retries++;
@@ -211,10 +221,10 @@ static void on_timer(uv_timer_t *t) {
   conn_arm(c);
 }
 
-static void on_write(uv_write_t *w, int status) {
+void om__up_on_write(uv_write_t *w, int status) {
   conn_t *c = w->data;
   c->writing = 0;
-  if (c->closing || status == 0)
+  if (om__up_body_written(c, status) != 0 || c->closing || status == 0)
     return;
   if (c->req != NULL && c->phase == PH_HEAD) {
     attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
@@ -250,8 +260,10 @@ static void conn_write(conn_t *c) {
   }
   if (n > 0)
     r->res.sent = 1;
-  if ((size_t)n == total)
+  if ((size_t)n == total) {
+    om__up_body_flush(c);
     return;
+  }
   left = (size_t)n;
   while (left >= b[k].len) {
     left -= b[k].len;
@@ -260,7 +272,8 @@ static void conn_write(conn_t *c) {
   b[k].base += left;
   b[k].len -= (unsigned)left;
   c->wreq.data = c;
-  rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b + k, nb - k, on_write);
+  rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b + k, nb - k,
+                om__up_on_write);
   if (rc != 0) {
     attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0, uv_strerror(rc));
     return;
@@ -278,8 +291,10 @@ void om__up_conn_start(conn_t *c) {
   head_reset(c);
   c->broken = 0;
   r->got_bytes = 0;
-  r->first_byte_due =
-      r->first_byte_ms != 0 ? now_ms(c->pool) + r->first_byte_ms : 0;
+  /* a streamed body: the wait for the answer starts at its end */
+  r->first_byte_due = r->first_byte_ms != 0 && (!r->streamed || r->body_ended)
+                          ? now_ms(c->pool) + r->first_byte_ms
+                          : 0;
   conn_arm(c);
   if (r->paused)
     om__up_read_off(c);
@@ -438,8 +453,10 @@ static int after_cb(conn_t *c, req_t *r) {
 static int msg_complete(conn_t *c) {
   req_t *r = c->req;
   om_upstream_pool_t *p = c->pool;
+  /* reused only when the whole request went out, a streamed body too */
   int reuse = c->keepalive && !c->writing && !c->broken && c->pos == c->len &&
-              !p->closing;
+              !p->closing &&
+              (!r->streamed || (r->body_ended && r->bq_head == NULL));
   om__up_detach(c);
   if (reuse)
     conn_make_idle(c);

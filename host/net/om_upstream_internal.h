@@ -2,8 +2,9 @@
  * om_upstream_internal.h: what the files of the upstream client share:
  * the peer, connection, request and pool structs and the functions one
  * file calls in another. Not a public header: om_upstream.c (URLs,
- * peers, requests, the kick, the pool, sending) and om_upstream_conn.c
- * (connections and reading responses) include it.
+ * peers, requests, the kick, the pool, sending), om_upstream_conn.c
+ * (connections and reading responses) and om_upstream_body.c (streamed
+ * request bodies) include it.
  */
 #ifndef OM_UPSTREAM_INTERNAL_H
 #define OM_UPSTREAM_INTERNAL_H
@@ -35,6 +36,15 @@
 /* types */
 
 typedef struct peer_s peer_t;
+
+/* A piece of a streamed request body, framed (a chunk of a chunked body
+ * carries its size line and CRLF): queued on the request, then owned by
+ * the connection while its write is in flight. */
+typedef struct bchunk_s {
+  struct bchunk_s *next;
+  size_t len;
+  char data[];
+} bchunk_t;
 typedef struct conn_s conn_t;
 typedef om_upstream_req_t req_t;
 
@@ -90,6 +100,10 @@ struct conn_s {
   /* body */
   uint64_t remaining;
   om_http1_chunked_t ch; /* a chunked body being read */
+  /* streamed request body pieces being written (owned here; freed by
+   * on_write, which libuv runs for every write, cancelled ones too) */
+  bchunk_t *inflight;
+  size_t inflight_bytes;
   /* the head as handed to on_headers */
   om_http_header_t *hdrs;
   size_t hdrs_cap;
@@ -119,6 +133,15 @@ struct om_upstream_req_s {
   int pend;
   unsigned retry_stale : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,
       got_bytes : 1, upgrade : 1, in_101 : 1;
+  /* a streamed body: pieces not yet handed to a connection, the bytes
+   * pending (queued and in flight), what a Content-Length still allows
+   * (-1: chunked); ended by the caller; a piece was handed to a
+   * connection (then no transparent retry); on_drain armed */
+  bchunk_t *bq_head, *bq_tail;
+  size_t body_pending, drain_low;
+  om_upstream_drain_fn on_drain;
+  int64_t body_left;
+  unsigned streamed : 1, body_ended : 1, body_moved : 1, drain_armed : 1;
   om_upstream_result_t res;
 };
 
@@ -181,7 +204,25 @@ void om__up_req_recycle(req_t *r);
 /* Free the pool once it is closing and nothing of it is left open. */
 void om__up_pool_maybe_finish(om_upstream_pool_t *p);
 
+/* om_upstream_body.c */
+
+/* Hand r's queued body pieces to c when it can write (head sent, no
+ * write in flight). No callbacks run. */
+void om__up_body_flush(conn_t *c);
+/* c's write finished (status as libuv gives it): free what was in
+ * flight, then go on writing and run on_drain when it is due. From
+ * on_write only. Returns nonzero when c's request was released inside
+ * on_drain. */
+int om__up_body_written(conn_t *c, int status);
+/* Free r's queued body pieces. */
+void om__up_body_free(req_t *r);
+
 /* om_upstream_conn.c */
+
+/* Arm c's timer for its earliest deadline. */
+void om__up_conn_arm(conn_t *c);
+/* The write callback of every request write on a connection. */
+void om__up_on_write(uv_write_t *w, int status);
 
 /* Take c off its peer's idle list. */
 void om__up_idle_unlink(conn_t *c);

@@ -38,7 +38,7 @@
 /* retries beyond this are clamped: the budget bounds them anyway */
 #define MAX_RETRIES 100u
 
-#define DEF_MAX_BODY ((size_t)8 << 20)
+#define DEF_BODY_IDLE_MS 30000.0
 #define DEF_REPLAY ((size_t)1 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
 
@@ -337,6 +337,16 @@ static int read_settings_l(lua_State *L) {
   set->max_deadline_ns =
       ms_to_ns(num_field(L, t, "max_deadline_ms",
                          num_field(L, t, "deadline_ms", DEF_DEADLINE_MS)));
+  /* request bodies: the proxy's values (pre-filled) when the policy is
+   * silent; sizes in bytes, validated by the contract */
+  set->max_body_bytes =
+      (uint64_t)num_field(L, t, "max_body_bytes", (double)set->max_body_bytes);
+  set->replay_limit =
+      (uint64_t)num_field(L, t, "replay_limit", (double)set->replay_limit);
+  set->body_idle_ms =
+      (uint64_t)num_field(L, t, "body_idle_timeout_ms", DEF_BODY_IDLE_MS);
+  if (set->body_idle_ms > UINT32_MAX)
+    set->body_idle_ms = UINT32_MAX;
   lua_pushstring(L, "circuit");
   if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
     int c = lua_gettop(L);
@@ -443,6 +453,8 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   memset(&set, 0, sizeof set);
   set.retry_429 = s->proxy->opts.retry_429; /* when the policy is silent */
   set.circuit = s->proxy->circuit;
+  set.max_body_bytes = s->proxy->opts.max_body_bytes;
+  set.replay_limit = s->proxy->opts.replay_limit;
   if (read_settings(next, &set) != 0 || policy_set_peers(next, s->view) != 0)
     return -1;
   if (om_circuit_init(&probe, &set.circuit) != 0)
@@ -538,6 +550,10 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
         p->metrics, "openmesh_proxy_streams_cut_total", help, labels);
   }
   om__proxy_tunnel_metrics(p, s, esc);
+  snprintf(labels, sizeof labels, "service=\"%s\"", esc);
+  s->m_body_bytes =
+      om_metrics_counter(p->metrics, "openmesh_proxy_request_body_bytes_total",
+                         "Request body bytes read from clients.", labels);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);
@@ -933,8 +949,10 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     p->opts.high_water = DEF_HIGH_WATER;
   om_rng_seed(&p->rng, opts->seed ? opts->seed : uv_hrtime() ^ (uint64_t)p);
   so = opts->server;
-  if (so.max_body_bytes == 0)
-    so.max_body_bytes = DEF_MAX_BODY;
+  /* bodies are forwarded as they come: the proxy counts them against
+   * each service's max_body_bytes (no limit of the server's own unless
+   * the caller set one) */
+  so.stream_bodies = 1;
   p->opts.server = so;
   if (bad || (p->metrics = om_metrics_new()) == NULL) {
     proxy_free(p);

@@ -9,7 +9,9 @@
  *        optional adaptive limit; waits bounded by the call's deadline)
  *     -> selection inside the subset, skipping open circuits: rendezvous
  *        rank when keyed, power of two choices otherwise
- *     -> attempt, its head due within min(per_try, remaining) -> classify
+ *     -> attempt, its head due within min(per_try, remaining) -> classify;
+ *        the request body is read from the client as the attempt takes
+ *        it (om_proxy_body.c: streamed, a replay copy up to replay_limit)
  *     -> retry (safe method / Idempotency-Key / policy opt-in; retryable
  *        outcome; retry budget; room left in the deadline; same subset;
  *        next peer in rank or another P2C pick; full-jitter backoff)
@@ -61,14 +63,16 @@ typedef struct om_proxy_opts_s {
   size_t n_service_policies;
   const char *lib_dir; /* the Lua library; NULL: om_lib_dir() */
   /*
-   * The downstream listener's limits. The server buffers whole request
-   * bodies, so server.max_body_bytes (default here 8 MiB) is the largest
-   * body the proxy accepts (413 beyond).
+   * The downstream listener's limits. Request bodies are streamed
+   * (stream_bodies is forced on): server.max_body_bytes, when set, is a
+   * hard limit of the listener's own (413); the per-service limit is
+   * max_body_bytes below.
    */
   om_http_server_opts_t server;
   om_upstream_pool_opts_t upstream;
-  /* Bodies up to this are kept for replay; larger ones are forwarded
-   * once and never retried. Default 1 MiB. */
+  /* Request bodies are kept for a replay while what was sent so far fits
+   * this; a larger one is never retried once its first byte left.
+   * Default 1 MiB; a policy's replay_limit overrides it. */
   size_t replay_limit;
   /* Per-peer circuits; NULL: om_circuit_opts_default with a 10 s probe
    * timeout (a probe whose caller went away must not pin the circuit). */
@@ -93,6 +97,10 @@ typedef struct om_proxy_opts_s {
   /* Seed of the proxy's generator (P2C draws, jitter, request ids); 0:
    * from the clock. */
   uint64_t seed;
+  /* The largest request body (413 beyond: at the head for a
+   * Content-Length, else when the count passes it); 0: no limit, as
+   * Envoy's streaming default. A policy's max_body_bytes overrides it. */
+  uint64_t max_body_bytes;
 } om_proxy_opts_t;
 
 /*

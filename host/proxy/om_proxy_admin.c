@@ -257,6 +257,16 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     json_decref(o);
     return NULL;
   }
+  if (o != NULL && /* request bodies: 0 max_body_bytes is no limit */
+      json_object_set_new(
+          o, "body",
+          json_pack("{s:I, s:I, s:I}", "max_body_bytes",
+                    (json_int_t)s->set.max_body_bytes, "replay_limit",
+                    (json_int_t)s->set.replay_limit, "body_idle_timeout_ms",
+                    (json_int_t)s->set.body_idle_ms)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 

@@ -136,6 +136,7 @@ static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   }
   om__proxy_view_unref(c->view);
   c->view = NULL;
+  om__proxy_body_free(c);
   if (c->admitted) {
     c->admitted = 0;
     om_admission_release(s->adm, uv_hrtime(), om__proxy_admitted, NULL);
@@ -737,9 +738,19 @@ static void start_attempt(om__proxy_call_t *c) {
   ur.n_headers = c->n_fwd;
   ur.body = c->req->body;
   ur.body_len = c->req->body_len;
-  /* connect and the wait for the head; never the body, which the stream
-   * timeouts bound once the head is committed */
-  ur.head_timeout_ms = ceil_ms(attempt_ns);
+  om__proxy_body_request(c, &ur);
+  if (ur.body_stream) {
+    /* a streamed upload takes as long as the client sends: the
+     * wait for the head starts when the body is complete (as Envoy
+     * starts its route timeout once the request is in); the body
+     * idle timeout bounds a stalled one */
+    ur.connect_timeout_ms = ceil_ms(attempt_ns);
+    ur.first_byte_timeout_ms = ceil_ms(attempt_ns);
+  } else {
+    /* connect and the wait for the head; never the body, which the stream
+     * timeouts bound once the head is committed */
+    ur.head_timeout_ms = ceil_ms(attempt_ns);
+  }
   /* the caller's fields passed om_http_server's RFC 9112 checks; ours are
    * built from ids, numbers and an address */
   ur.headers_valid = 1;
@@ -756,7 +767,29 @@ static void start_attempt(om__proxy_call_t *c) {
     snprintf(msg, sizeof msg, "cannot send to peer '%s': %s", c->last_peer,
              om_strerror(rc));
     fail(c, OM__PROXY_UPSTREAM, msg);
+    return;
   }
+  om__proxy_body_sent(c);
+}
+
+void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
+                           const char *message) {
+  stop_timer(c);
+  if (c->up != NULL) {
+    om_upstream_cancel(c->up);
+    c->up = NULL;
+    /* says nothing about the peer: its circuit and estimate stay */
+    attempt_done(c, 0, 0, 0, uv_hrtime());
+  }
+  if (c->committed) {
+    om_http_request_t *req = c->req;
+    c->req = NULL;
+    if (req != NULL)
+      om_http_response_abort(req);
+    call_end(c, o);
+    return;
+  }
+  fail(c, o, message);
 }
 
 void om__proxy_call_cut(om__proxy_call_t *c) {
@@ -831,7 +864,7 @@ static void on_client_close(om_http_request_t *req) {
     /* says nothing about the peer: its circuit and estimate stay */
     attempt_done(c, 0, 0, 0, uv_hrtime());
   }
-  call_end(c, OM__PROXY_CLIENT_CLOSED);
+  call_end(c, om__proxy_body_close_outcome(req));
 }
 
 /*
@@ -905,7 +938,6 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   /* the forwarded set (om_proxy_headers.c); the retry rules read its
    * Idempotency-Key */
   om__proxy_headers_build(c, req, c->xff);
-  c->replayable = req->body_len <= p->opts.replay_limit;
   p->calls++;
   return c;
 }
@@ -973,6 +1005,15 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
     respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0, NULL);
+    return;
+  }
+  if (om__proxy_body_too_large(s, req)) { /* before a byte of it is read */
+    char msg[128];
+    snprintf(msg, sizeof msg,
+             "the request body (Content-Length) passes max_body_bytes (%llu)",
+             (unsigned long long)s->set.max_body_bytes);
+    om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
+    respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
     return;
   }
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
@@ -1052,6 +1093,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c->t0 = now;
   if (upgrade > 0)
     memcpy(c->upgrade, upg, sizeof c->upgrade);
+  om__proxy_body_init(c);
   req->user = c;
   if (om_http_request_on_close(req, on_client_close) != 0) {
     c->req = NULL; /* already gone */

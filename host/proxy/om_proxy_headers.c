@@ -16,7 +16,8 @@
  *   also frames the body itself (Content-Length).
  * - Proxy-Authorization is consumed by the proxy it is addressed to
  *   (RFC 9110 11.7.2): removed.
- * - Expect: the body is already read, the upstream gets it at once.
+ * - Expect: the proxy answers 100-continue itself when it asks for the
+ *   body; the upstream gets the body without waiting.
  * - X-Openmesh-Attempt and X-Openmesh-Deadline-Ms are the proxy's, set per
  *   attempt (start_attempt); a caller's are removed (its deadline header is
  *   read before, in om__proxy_on_request).

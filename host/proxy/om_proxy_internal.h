@@ -89,6 +89,9 @@ typedef struct om__proxy_settings_s {
    * max_deadline_ns */
   uint64_t stream_idle_ns, max_stream_ns, max_deadline_ns;
   om__proxy_upgrades_t upgrades;
+  /* request bodies (om_proxy_body.c): the largest accepted (0: no
+   * limit), what is kept for a replay, how long a body may stall */
+  uint64_t max_body_bytes, replay_limit, body_idle_ms;
 } om__proxy_settings_t;
 
 /*
@@ -107,7 +110,9 @@ typedef struct om__proxy_settings_s {
   XX(POLICY_ERROR, 500, "policy_error")                                        \
   XX(ALL_OPEN, 503, "all_circuits_open")                                       \
   XX(UPSTREAM, 502, "upstream")                                                \
-  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")
+  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")                          \
+  XX(BODY_TOO_LARGE, 413, "body_too_large")                                    \
+  XX(BODY_TIMEOUT, 408, "request_timeout")
 
 typedef enum {
 #define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
@@ -146,6 +151,7 @@ struct om__proxy_service_s {
   /* upgrades (om_proxy_tunnel.c) */
   om_metric_t *m_upgrades[OM__PROXY_UPG_COUNT], *m_tunnels, *m_tunnel_bytes[2];
   uint64_t upgrades[OM__PROXY_UPG_COUNT], tunnels_open;
+  om_metric_t *m_body_bytes; /* request body bytes from clients */
 };
 
 struct om_proxy_s {
@@ -180,6 +186,22 @@ struct om_proxy_s {
  * traceparent).
  */
 typedef struct om__proxy_call_s om__proxy_call_t;
+
+/*
+ * A call's streamed request body (om_proxy_body.c): read from the client
+ * as the attempt in flight takes it, copied into the replay buffer while
+ * everything so far fits replay_limit (then a retry can re-send it);
+ * past that the buffer is dropped and the call is no longer replayable.
+ */
+typedef struct om__proxy_body_s {
+  int streamed;             /* the request has a body to forward */
+  int started, ended, lost; /* delivery asked for; all in; replay gone */
+  int client_paused;        /* we paused the client's body */
+  uint64_t received;        /* bytes from the client */
+  char *replay;
+  size_t replay_len, replay_cap;
+} om__proxy_body_t;
+
 struct om__proxy_call_s {
   om_proxy_t *p;
   om__proxy_service_t *s;
@@ -233,6 +255,7 @@ struct om__proxy_call_s {
   char upgrade[OM__PROXY_MAX_UPGRADES * (OM__PROXY_UPGRADE_LEN + 2)];
   int upgrade_sent;
   struct om__proxy_tunnel_s *tun;
+  om__proxy_body_t body;
 };
 
 /* om_proxy.c */
@@ -307,6 +330,30 @@ struct json_t;
 /* s's upgrade settings and counters for /status; NULL without memory. */
 struct json_t *om__proxy_tunnel_status(const om__proxy_service_t *s);
 
+/* om_proxy_call.c: end the call with o now: the attempt in flight is
+ * cancelled (nothing recorded against its peer), the caller gets the
+ * proxy's error when nothing was committed, else a cut response. */
+void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
+                           const char *message);
+
+/* om_proxy_body.c: streamed request bodies. */
+
+/* A Content-Length over the service's max_body_bytes: 413 at the head. */
+int om__proxy_body_too_large(const om__proxy_service_t *s,
+                             const om_http_request_t *req);
+/* Set up c's body state when the call is created (c->set is set). */
+void om__proxy_body_init(om__proxy_call_t *c);
+/* The body's part of an attempt's request. */
+void om__proxy_body_request(om__proxy_call_t *c, om_upstream_request_t *ur);
+/* The attempt's request was sent: replay what is held, end it if the
+ * client's body is in, and (the first time) start reading the client. */
+void om__proxy_body_sent(om__proxy_call_t *c);
+/* The call's outcome when the client side ended it (on_close): a body
+ * stall (408) and an oversized chunked body (413) are the server's
+ * answers, the rest is the client going away. */
+om__proxy_outcome_t om__proxy_body_close_outcome(const om_http_request_t *req);
+/* Free the replay buffer. */
+void om__proxy_body_free(om__proxy_call_t *c);
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);
 

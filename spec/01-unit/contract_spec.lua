@@ -186,6 +186,18 @@ describe("contract.validate", function()
         "field 'max_deadline_ms': must be >= deadline_ms (10000 when omitted), got 5000")
     end)
 
+    it("checks request-body settings", function()
+      accepts(traffic { max_body_bytes = 0, replay_limit = 0, body_idle_timeout_ms = 0.5 })
+      accepts(traffic { max_body_bytes = 8 * 1024 * 1024, replay_limit = 1048576,
+        body_idle_timeout_ms = 30000 })
+      rejects(traffic { max_body_bytes = -1 }, "field 'max_body_bytes': integer >= 0 expected, got -1")
+      rejects(traffic { max_body_bytes = "8MiB" },
+        "field 'max_body_bytes': integer >= 0 expected, got '8MiB'")
+      rejects(traffic { replay_limit = 1.5 }, "field 'replay_limit': integer >= 0 expected, got 1.5")
+      rejects(traffic { body_idle_timeout_ms = 0 },
+        "field 'body_idle_timeout_ms': number > 0 expected, got 0")
+    end)
+
     it("checks vary, and runs examples on what a vary policy sees", function()
       accepts(traffic { vary = {} })
       accepts(traffic { vary = { "x-user", "cookie", ":method", ":path" } })

@@ -340,6 +340,10 @@ local KIND_SPECS = {
     -- the most a caller's x-openmesh-deadline-ms may ask for
     { "max_deadline_ms", number_above(0) },
     { "upgrades", upgrade_tokens },
+    -- request bodies (docs/PROXY.md "Request bodies"): bytes; 0 is no limit
+    { "max_body_bytes", integer_at_least(0) },
+    { "replay_limit", integer_at_least(0) },
+    { "body_idle_timeout_ms", number_above(0) },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },

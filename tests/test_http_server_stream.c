@@ -1,0 +1,618 @@
+/*
+ * test_http_server_stream.c: the HTTP server's streamed request bodies
+ * (om_http_server_opts_t.stream_bodies) over real loopback sockets: the
+ * handler runs at the head, the body arrives through callbacks with
+ * backpressure, 100 Continue only when the body is asked for, early
+ * answers readable by a client that keeps sending, the body idle timeout,
+ * framing errors inside a streamed body, and the same answers however the
+ * client's bytes are split into reads.
+ */
+#include "om_test.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_test_client.h"
+#include "om_errno.h"
+#include "om_http_server.h"
+
+typedef struct fx_s {
+  uv_loop_t loop;
+  uv_timer_t timer;
+  om_http_server_t *srv;
+  int port;
+  int closed;
+  int seen;
+  om_http_request_t *req; /* the request whose body is being read */
+  int64_t content_length;
+  int body_streamed;
+  size_t got;       /* body bytes delivered */
+  uint64_t hash;    /* FNV-1a of them */
+  size_t spans;     /* on_data calls */
+  int ended;        /* on_end calls */
+  int close_calls;  /* on_close calls */
+  int body_error;   /* body_error seen in on_close */
+  int paused;       /* the handler paused on the first span */
+  int start_rc;     /* om_http_request_body_start's answer */
+  char echo[65536]; /* the body, for small ones */
+} fx_t;
+
+static htc_resp_t R[8];
+
+static uint64_t fnv(uint64_t h, const char *p, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    h ^= (unsigned char)p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static void on_data(om_http_request_t *req, const char *p, size_t n) {
+  fx_t *fx = req->user;
+  if (fx->got + n <= sizeof fx->echo)
+    memcpy(fx->echo + fx->got, p, n);
+  fx->got += n;
+  fx->hash = fnv(fx->hash, p, n);
+  fx->spans++;
+  if (strcmp(req->path, "/pause") == 0 && fx->spans == 1) {
+    om_http_request_body_pause(req);
+    fx->paused = 1;
+  } else if (strcmp(req->path, "/respond-mid") == 0 && fx->got >= 4) {
+    /* an answer from inside the callback, before the body ended */
+    fx->req = NULL;
+    om_http_respond(req, 200, NULL, 0, "mid", 3);
+  } else if (strcmp(req->path, "/relay") == 0) {
+    om_http_response_write(req, p, n);
+  }
+}
+
+static void on_end(om_http_request_t *req) {
+  fx_t *fx = req->user;
+  char line[64];
+  int k;
+  fx->ended++;
+  fx->req = NULL;
+  if (strcmp(req->path, "/relay") == 0) {
+    om_http_response_end(req);
+    return;
+  }
+  if (fx->got <= 1024) {
+    om_http_respond(req, 200, NULL, 0, fx->echo, fx->got);
+    return;
+  }
+  k = snprintf(line, sizeof line, "%zu %016" PRIx64, fx->got, fx->hash);
+  om_http_respond(req, 200, NULL, 0, line, (size_t)k);
+}
+
+static void on_req_close(om_http_request_t *req) {
+  fx_t *fx = req->user;
+  fx->close_calls++;
+  fx->body_error = req->body_error;
+  fx->req = NULL;
+}
+
+static void handler(om_http_request_t *req, void *ud) {
+  fx_t *fx = ud;
+  const char *p = req->path;
+  fx->seen++;
+  req->user = fx;
+  fx->content_length = req->content_length;
+  fx->body_streamed = req->body_streamed;
+  if (!req->body_streamed) {
+    om_http_respond(req, 200, NULL, 0, "nobody", 6);
+    return;
+  }
+  fx->got = 0;
+  fx->spans = 0;
+  fx->hash = 14695981039346656037ull;
+  fx->req = req;
+  om_http_request_on_close(req, on_req_close);
+  if (strcmp(p, "/early") == 0) { /* answer without reading the body */
+    om_http_header_t h[] = {{"Content-Type", "application/json", 0, 0}};
+    fx->req = NULL;
+    om_http_respond(req, 413, h, 1, "{\"error\":\"body_too_large\"}", 26);
+    return;
+  }
+  if (strcmp(p, "/idle") == 0 || strcmp(p, "/idle-started") == 0)
+    om_http_request_body_idle_timeout(req, 150);
+  if (strcmp(p, "/relay") == 0 || strcmp(p, "/idle-started") == 0)
+    om_http_response_start(req, 200, NULL, 0);
+  if (strcmp(p, "/wait") == 0)
+    return; /* the test starts the body later */
+  fx->start_rc = om_http_request_body_start(req, on_data, on_end);
+}
+
+static void on_closed(om_http_server_t *srv, void *ud) {
+  fx_t *fx = ud;
+  (void)srv;
+  fx->closed = 1;
+}
+
+static fx_t *fx_new(size_t max_body) {
+  om_http_server_opts_t o;
+  fx_t *fx = calloc(1, sizeof *fx);
+  assert_non_null(fx);
+  memset(&o, 0, sizeof o);
+  o.stream_bodies = 1;
+  o.max_body_bytes = max_body;
+  o.max_header_bytes = 4096;
+  assert_int_equal(uv_loop_init(&fx->loop), 0);
+  uv_timer_init(&fx->loop, &fx->timer);
+  fx->timer.data = fx;
+  assert_int_equal(om_http_server_new(&fx->loop, &o, handler, fx, &fx->srv), 0);
+  assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
+  fx->port = om_http_server_port(fx->srv);
+  OM_ASSERT_CMP(fx->port, >, 0);
+  return fx;
+}
+
+static void fx_free(fx_t *fx) {
+  uint64_t t0 = htc_now_ms();
+  assert_int_equal(om_http_server_close(fx->srv, on_closed), 0);
+  while (!fx->closed && htc_now_ms() - t0 < 10000)
+    htc_step(&fx->loop, NULL, 1);
+  assert_true(fx->closed);
+  uv_close((uv_handle_t *)&fx->timer, NULL);
+  uv_run(&fx->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&fx->loop), 0);
+  free(fx);
+}
+
+static const om_http_server_metrics_t *M(fx_t *fx) {
+  return om_http_server_metrics(fx->srv);
+}
+
+static int wait_responses(fx_t *fx, htc_t *c, int n, int ms) {
+  uint64_t t0 = htc_now_ms();
+  for (;;) {
+    int k = htc_responses(c, NULL, R, 8);
+    if (k < 0 || k >= n || c->eof || htc_now_ms() - t0 > (uint64_t)ms) {
+      if (c->eof)
+        k = htc_responses(c, NULL, R, 8);
+      return k;
+    }
+    htc_step(&fx->loop, c, 1);
+  }
+}
+
+static int wait_eof(fx_t *fx, htc_t *c, int ms) {
+  uint64_t t0 = htc_now_ms();
+  while (!c->eof && htc_now_ms() - t0 < (uint64_t)ms)
+    htc_step(&fx->loop, c, 1);
+  return c->eof;
+}
+
+/* ------------------------------------------------------------------ */
+
+/* The handler runs at the head; the body arrives through the callbacks;
+ * the connection stays usable for the next request. */
+static void content_length_body_is_streamed(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 10\r\n\r\nhello"),
+                   0);
+  {
+    uint64_t t0 = htc_now_ms();
+    while (fx->got < 5 && htc_now_ms() - t0 < 2000)
+      htc_step(&fx->loop, c, 1);
+  }
+  /* dispatched before the body is whole, and its first half delivered */
+  assert_int_equal(fx->seen, 1);
+  assert_int_equal(fx->body_streamed, 1);
+  assert_int_equal((int)fx->content_length, 10);
+  assert_int_equal(fx->start_rc, 0);
+  OM_ASSERT_CMP(fx->got, ==, 5);
+  assert_int_equal(fx->ended, 0);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "world"
+                             "GET /after HTTP/1.1\r\nHost: t\r\n\r\n"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 2, 2000), 2);
+  assert_int_equal(R[0].status, 200);
+  assert_string_equal(R[0].body, "helloworld");
+  assert_false(R[0].close);
+  assert_int_equal(R[1].status, 200);
+  assert_string_equal(R[1].body, "nobody");
+  assert_int_equal(fx->ended, 1);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* Chunked bodies are de-chunked, trailers dropped; a bad chunk after the
+ * dispatch ends the request with its reason and on_close. */
+static void chunked_body_is_streamed_and_checked(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                             "Transfer-Encoding: chunked\r\n\r\n"
+                             "3\r\nabc\r\n4;x=y\r\ndefg\r\n0\r\nT: v\r\n\r\n"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal((int)fx->content_length, -1);
+  assert_string_equal(R[0].body, "abcdefg");
+  htc_free(c);
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                             "Transfer-Encoding: chunked\r\n\r\n"
+                             "3\r\nabc\r\nzz\r\n"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 400);
+  assert_non_null(strstr(R[0].body, "bad_chunk"));
+  assert_int_equal(fx->close_calls, 1);
+  assert_int_equal(fx->body_error, OM_HTTP_REJECT_BAD_CHUNK);
+  assert_true(wait_eof(fx, c, 3000));
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* max_body_bytes 0 is no limit in this mode; a set one is enforced at the
+ * head for Content-Length and at the chunk that passes it. */
+static void body_limits_in_streaming_mode(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c;
+  static char big[3u << 20];
+  char head[128];
+  (void)state;
+  memset(big, 'b', sizeof big);
+  c = htc_new("127.0.0.1", fx->port);
+  snprintf(head, sizeof head,
+           "PUT /echo HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n",
+           sizeof big);
+  assert_int_equal(htc_sends(&fx->loop, c, head), 0);
+  assert_int_equal(htc_send(&fx->loop, c, big, sizeof big), 0);
+  assert_int_equal(wait_responses(fx, c, 1, 5000), 1);
+  assert_int_equal(R[0].status, 200);
+  OM_ASSERT_CMP(fx->got, ==, sizeof big);
+  htc_free(c);
+  fx_free(fx);
+  fx = fx_new(100);
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "PUT /echo HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 101\r\n\r\n"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 413);
+  assert_int_equal(fx->seen, 0);
+  htc_free(c);
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "PUT /echo HTTP/1.1\r\nHost: t\r\n"
+                             "Transfer-Encoding: chunked\r\n\r\n"
+                             "50\r\n"),
+                   0);
+  {
+    char chunk[80];
+    memset(chunk, 'c', sizeof chunk);
+    assert_int_equal(htc_send(&fx->loop, c, chunk, sizeof chunk), 0);
+  }
+  assert_int_equal(htc_sends(&fx->loop, c, "\r\n20\r\n"), 0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 413);
+  assert_int_equal(fx->body_error, OM_HTTP_REJECT_BODY_TOO_LARGE);
+  OM_ASSERT_CMP(fx->got, ==, 80);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* RFC 9110 10.1.1: 100 Continue when the holder asks for the body, never
+ * when it answers first. */
+static void continue_only_when_the_body_is_asked_for(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  uint64_t t0;
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /wait HTTP/1.1\r\nHost: t\r\nExpect: "
+                             "100-continue\r\nContent-Length: 5\r\n\r\n"),
+                   0);
+  t0 = htc_now_ms();
+  while (fx->seen < 1 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, c, 1);
+  assert_int_equal(fx->seen, 1);
+  /* dispatched, body not asked for: nothing on the wire yet */
+  t0 = htc_now_ms();
+  while (htc_now_ms() - t0 < 100)
+    htc_step(&fx->loop, c, 1);
+  OM_ASSERT_CMP(c->total, ==, 0);
+  assert_int_equal(om_http_request_body_start(fx->req, on_data, on_end), 0);
+  assert_int_equal(om_http_request_body_start(fx->req, on_data, on_end),
+                   OM_ESTATE);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 100);
+  assert_int_equal(htc_sends(&fx->loop, c, "hello"), 0);
+  assert_int_equal(wait_responses(fx, c, 2, 2000), 2);
+  assert_int_equal(R[1].status, 200);
+  assert_string_equal(R[1].body, "hello");
+  htc_free(c);
+  /* an early answer: no 100, the final answer, then the connection
+   * closes (the body was never read) */
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /early HTTP/1.1\r\nHost: t\r\nExpect: "
+                             "100-continue\r\nContent-Length: 5\r\n\r\n"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 413);
+  assert_true(R[0].close);
+  assert_null(strstr(c->buf, "100 Continue"));
+  assert_true(wait_eof(fx, c, 3000));
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* RFC 9112 9.6: an answer before the body was read is readable by a
+ * client that goes on sending the whole body (no Expect), as Python's
+ * http.client does: the server reads and drops it, then closes. */
+static void early_answer_is_readable_while_the_client_sends(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  static char big[9u << 20];
+  char head[128];
+  (void)state;
+  memset(big, 'x', sizeof big);
+  snprintf(head, sizeof head,
+           "PUT /early HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n",
+           sizeof big);
+  assert_int_equal(htc_sends(&fx->loop, c, head), 0);
+  /* the whole body goes in, past the 1 MiB a refusal drops */
+  assert_int_equal(htc_send(&fx->loop, c, big, sizeof big), 0);
+  assert_true(wait_eof(fx, c, 5000));
+  assert_false(c->reset);
+  assert_int_equal(wait_responses(fx, c, 1, 100), 1);
+  assert_int_equal(R[0].status, 413);
+  assert_non_null(strstr(R[0].body, "body_too_large"));
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* Pausing stops reading: the client is held back by TCP and the server
+ * holds no more than its read buffer; resuming delivers the rest. */
+static void pause_holds_the_client_back(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  static char junk[1 << 16];
+  const size_t total = 64u << 20;
+  size_t sent = 0;
+  uint64_t t0, progress;
+  char head[128];
+  (void)state;
+  memset(junk, 'p', sizeof junk);
+  snprintf(head, sizeof head,
+           "PUT /pause HTTP/1.1\r\nHost: t\r\nContent-Length: %zu\r\n\r\n",
+           total);
+  assert_int_equal(htc_sends(&fx->loop, c, head), 0);
+  t0 = progress = htc_now_ms();
+  while (sent < total && htc_now_ms() - progress < 300 &&
+         htc_now_ms() - t0 < 20000) {
+    ssize_t k = write(c->fd, junk, sizeof junk);
+    if (k > 0) {
+      sent += (size_t)k;
+      progress = htc_now_ms();
+    } else {
+      htc_step(&fx->loop, c, 1);
+    }
+  }
+  assert_int_equal(fx->paused, 1);
+  /* what went in is what the sockets' buffers hold, not the body */
+  OM_ASSERT_CMP(sent, <, (32u << 20));
+  OM_ASSERT_CMP(fx->got, <=, 64u << 10); /* one read buffer at most */
+  om_http_request_body_resume(fx->req);
+  while (sent < total && htc_now_ms() - t0 < 20000) {
+    size_t n = total - sent < sizeof junk ? total - sent : sizeof junk;
+    ssize_t k = write(c->fd, junk, n);
+    if (k > 0)
+      sent += (size_t)k;
+    else
+      htc_step(&fx->loop, c, 1);
+  }
+  assert_int_equal(wait_responses(fx, c, 1, 10000), 1);
+  assert_int_equal(R[0].status, 200);
+  OM_ASSERT_CMP(fx->got, ==, total);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* A body that stalls past its idle timeout: 408 when nothing was
+ * answered, a cut response when one started; on_close tells the holder. */
+static void stalled_body_gets_408_or_a_cut(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  uint64_t t0;
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "PUT /idle HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 8388608\r\n\r\nsome"),
+                   0);
+  t0 = htc_now_ms();
+  assert_int_equal(wait_responses(fx, c, 1, 3000), 1);
+  OM_ASSERT_CMP(htc_now_ms() - t0, >=, 140);
+  assert_int_equal(R[0].status, 408);
+  assert_int_equal(fx->close_calls, 1);
+  assert_int_equal(fx->body_error, OM_HTTP_REJECT_REQUEST_TIMEOUT);
+  OM_ASSERT_CMP(M(fx)->rejected[OM_HTTP_REJECT_REQUEST_TIMEOUT], ==, 1);
+  assert_true(wait_eof(fx, c, 3000));
+  htc_free(c);
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "PUT /idle-started HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 100\r\n\r\nsome"),
+                   0);
+  assert_true(wait_eof(fx, c, 3000));
+  /* the chunked response never got its last chunk */
+  assert_int_equal(htc_responses(c, NULL, R, 8), 0);
+  assert_int_equal(fx->close_calls, 2);
+  assert_int_equal(fx->body_error, OM_HTTP_REJECT_REQUEST_TIMEOUT);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* A response started before the body ended keeps going: bytes relayed
+ * as they come; answering from inside on_data closes after the answer. */
+static void answers_during_the_body(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /relay HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 6\r\n\r\nabc"),
+                   0);
+  {
+    uint64_t t0 = htc_now_ms();
+    while (c->total == 0 && htc_now_ms() - t0 < 2000)
+      htc_step(&fx->loop, c, 1);
+  }
+  OM_ASSERT_CMP(c->total, >, 0);
+  assert_int_equal(htc_sends(&fx->loop, c, "def"), 0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_string_equal(R[0].body, "abcdef");
+  assert_true(R[0].close); /* started before the body ended */
+  assert_true(wait_eof(fx, c, 3000));
+  htc_free(c);
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /respond-mid HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 100\r\n\r\nabcdef"),
+                   0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 200);
+  assert_string_equal(R[0].body, "mid");
+  assert_true(R[0].close);
+  assert_true(wait_eof(fx, c, 3000));
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* The same bytes split into one-byte writes give the same answers and the
+ * same body. */
+static void split_reads_give_the_same_answers(void **state) {
+  static const char *const cases[] = {
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 7\r\n\r\nabcdefg"
+      "GET /n HTTP/1.1\r\nHost: t\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "2\r\nab\r\n5;e=1\r\ncdefg\r\n0\r\nX: 1\r\n\r\n"
+      "GET /n HTTP/1.1\r\nHost: t\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "2\r\nab\r\nq\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+      "Connection: close\r\n\r\nxyzGET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n",
+  };
+  size_t i;
+  (void)state;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char whole[2][1024];
+    size_t got[2];
+    int seen[2], split;
+    for (split = 0; split < 2; split++) {
+      fx_t *fx = fx_new(0);
+      htc_t *c = htc_new("127.0.0.1", fx->port);
+      const char *s = cases[i];
+      size_t n = strlen(s), j;
+      int k;
+      if (split) {
+        for (j = 0; j < n; j++) {
+          assert_int_equal(htc_send(&fx->loop, c, s + j, 1), 0);
+          htc_step(&fx->loop, c, 1);
+        }
+      } else {
+        assert_int_equal(htc_send(&fx->loop, c, s, n), 0);
+      }
+      k = wait_responses(fx, c, 2, 1000);
+      wait_eof(fx, c, 300);
+      k = htc_responses(c, NULL, R, 8);
+      snprintf(whole[split], sizeof whole[split], "%d", k);
+      for (j = 0; j < (size_t)(k > 0 ? k : 0); j++) {
+        size_t l = strlen(whole[split]);
+        snprintf(whole[split] + l, sizeof whole[split] - l, " %d:%s",
+                 R[j].status, R[j].body);
+      }
+      got[split] = fx->got;
+      seen[split] = fx->seen;
+      htc_free(c);
+      fx_free(fx);
+    }
+    assert_string_equal(whole[0], whole[1]);
+    OM_ASSERT_CMP(got[0], ==, got[1]);
+    assert_int_equal(seen[0], seen[1]);
+  }
+}
+
+/* Random chunked bodies (sizes, extensions, trailers), sent in random
+ * splits: every body arrives whole and in order, with the same answer. */
+static void random_chunked_bodies_in_random_splits(void **state) {
+  static char wire[1 << 18], body[1 << 17]; /* up to 34 x 3000 bytes */
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  (void)state;
+  for (int round = 0; round < 12; round++) {
+    fx_t *fx = fx_new(0);
+    htc_t *c = htc_new("127.0.0.1", fx->port);
+    size_t wl = 0, bl = 0, off = 0;
+    uint64_t want = 14695981039346656037ull;
+    int k = snprintf(wire, sizeof wire,
+                     "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n");
+    wl = (size_t)k;
+    for (int n = 0; n < 1 + round * 3; n++) {
+      size_t len;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      len = 1 + (size_t)(seed >> 33) % 3000;
+      k = snprintf(wire + wl, sizeof wire - wl, "%zx%s\r\n", len,
+                   (seed >> 20) & 1 ? ";ext=\"v\"" : "");
+      wl += (size_t)k;
+      for (size_t i = 0; i < len; i++)
+        body[bl + i] = (char)('a' + (seed >> (i % 40)) % 26);
+      memcpy(wire + wl, body + bl, len);
+      want = fnv(want, body + bl, len);
+      wl += len;
+      bl += len;
+      memcpy(wire + wl, "\r\n", 2);
+      wl += 2;
+    }
+    k = snprintf(wire + wl, sizeof wire - wl, "0\r\nX-T: 1\r\n\r\n");
+    wl += (size_t)k;
+    while (off < wl) {
+      size_t piece;
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      piece = 1 + (size_t)(seed >> 40) % 700;
+      if (piece > wl - off)
+        piece = wl - off;
+      assert_int_equal(htc_send(&fx->loop, c, wire + off, piece), 0);
+      off += piece;
+      htc_step(&fx->loop, c, 0);
+    }
+    assert_int_equal(wait_responses(fx, c, 1, 5000), 1);
+    assert_int_equal(R[0].status, 200);
+    OM_ASSERT_CMP(fx->got, ==, bl);
+    assert_true(fx->hash == want);
+    htc_free(c);
+    fx_free(fx);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(content_length_body_is_streamed),
+      cmocka_unit_test(chunked_body_is_streamed_and_checked),
+      cmocka_unit_test(body_limits_in_streaming_mode),
+      cmocka_unit_test(continue_only_when_the_body_is_asked_for),
+      cmocka_unit_test(early_answer_is_readable_while_the_client_sends),
+      cmocka_unit_test(pause_holds_the_client_back),
+      cmocka_unit_test(stalled_body_gets_408_or_a_cut),
+      cmocka_unit_test(answers_during_the_body),
+      cmocka_unit_test(split_reads_give_the_same_answers),
+      cmocka_unit_test(random_chunked_bodies_in_random_splits),
+  };
+  signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
