@@ -436,6 +436,7 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   if (apply_settings(s, &set) != 0)
     return -1;
   apply_circuits(s);
+  om__proxy_shed_reset(s); /* a new version is judged afresh */
   return 0;
 }
 
@@ -499,6 +500,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
       p->metrics, "openmesh_proxy_upstream_latency_seconds",
       "Upstream attempt latency to the response head.", labels, bounds,
       sizeof bounds / sizeof bounds[0]);
+  om__proxy_shed_metrics(p, s, labels);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

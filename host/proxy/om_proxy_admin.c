@@ -226,6 +226,8 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
       "attempts", (json_int_t)s->attempts, "retries", (json_int_t)s->retries,
       "retry_budget_exhausted", (json_int_t)s->budget_exhausted, "paused",
       (json_int_t)s->paused, "peers", peers);
+  if (o != NULL)
+    om__proxy_isolation_status(s, o, now);
   return o;
 }
 
@@ -241,6 +243,8 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
         goto oom;
     }
     if (json_object_set_new(root, "draining", json_boolean(p->closing)) != 0 ||
+        json_object_set_new(root, "local_errors",
+                            json_integer((json_int_t)p->local_errors)) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
     text = json_dumps(root, JSON_COMPACT);

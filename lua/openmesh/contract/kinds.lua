@@ -17,6 +17,7 @@ local same_set = messages.same_set
 local same_list = messages.same_list
 local integer_at_least = checkers.integer_at_least
 local number_above = checkers.number_above
+local number_within = checkers.number_within
 local boolean = checkers.boolean
 local func = checkers.func
 local text = checkers.text
@@ -280,6 +281,9 @@ local KIND_SPECS = {
           ("must be >= cooldown_ms (%s), got %s"):format(show(cd), show(max)))
       end
     end) },
+    -- Wall clock one call of subset/key may hold the proxy's loop (default
+    -- 1 ms; bindings/om_policy.h OM_POLICY_MAX_BUDGET_MS is the ceiling).
+    { "budget_ms", number_within(0, 50) },
   }),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
