@@ -125,9 +125,9 @@ static void shed(om__proxy_service_t *s, uint64_t now, uint64_t cooldown) {
 void om__proxy_shed_outcome(om__proxy_service_t *s, int rc, int ran,
                             uint64_t now) {
   om_policy_t *pol = om__proxy_policy(s);
-  int trip = rc != 0 && ran && pol != NULL &&
-             om_sandbox_last_trip(om_policy_sandbox(pol)) !=
-                 OM_SANDBOX_TRIP_NONE;
+  int trip =
+      rc != 0 && ran && pol != NULL &&
+      om_sandbox_last_trip(om_policy_sandbox(pol)) != OM_SANDBOX_TRIP_NONE;
   if (!trip) {
     if (ran && s->shed_until_ns != 0 && now >= s->shed_until_ns) {
       om__proxy_shed_reset(s); /* the probe kept within its budget */
