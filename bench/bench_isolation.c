@@ -123,8 +123,9 @@ static void *hostile_main(void *arg) {
   size_t len;
   int fd = client_connect();
   (void)arg;
-  len = (size_t)snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: hostile\r\n"
-                                          "x-tags: ");
+  len = (size_t)snprintf(req, sizeof req,
+                         "GET / HTTP/1.1\r\nHost: hostile\r\n"
+                         "x-tags: ");
   for (int i = 0; i < 8192; i++)
     req[len++] = (char)('a' + i % 26);
   memcpy(req + len, "\r\n\r\n", 4);
@@ -153,8 +154,8 @@ static void write_file(const char *path, const char *text) {
 int main(void) {
   char dir[] = "/tmp/om_bench_isolation_XXXXXX", calm[96], doc[512];
   char err[1024];
-  om_proxy_service_policy_t sp = {
-      "hostile", OM_SOURCE_DIR "/tests/fixtures/hostile_policy.lua"};
+  om_proxy_service_policy_t sp = {"hostile", OM_SOURCE_DIR
+                                  "/tests/fixtures/hostile_policy.lua"};
   om_proxy_opts_t o;
   om_snapshot_t **snaps = NULL;
   size_t n = 0;
@@ -185,8 +186,7 @@ int main(void) {
            "\"url\": \"http://127.0.0.1:%d\"}]}, \"hostile\": {\"instances\": "
            "[{\"id\": \"u\", \"url\": \"http://127.0.0.1:%d\"}]}}}",
            om_http_server_port(upstream), om_http_server_port(upstream));
-  if (om_proxy_static_parse(doc, strlen(doc), &snaps, &n, err, sizeof err) !=
-      0)
+  if (om_proxy_static_parse(doc, strlen(doc), &snaps, &n, err, sizeof err) != 0)
     return 1;
   for (size_t i = 0; i < n; i++)
     if (om_proxy_set_snapshot(proxy, snaps[i], err, sizeof err) != 0) {
@@ -206,8 +206,7 @@ int main(void) {
     pthread_join(ht, NULL);
     ratio[r] = loaded[r] / base[r];
   }
-  om_bench_report("isolation_calm_p50_us", om_bench_median(base, ROUNDS),
-                  "us");
+  om_bench_report("isolation_calm_p50_us", om_bench_median(base, ROUNDS), "us");
   om_bench_report("isolation_calm_p50_hostile_us",
                   om_bench_median(loaded, ROUNDS), "us");
   om_bench_report("isolation_calm_p50_ratio", om_bench_median(ratio, ROUNDS),

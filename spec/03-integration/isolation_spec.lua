@@ -140,6 +140,7 @@ describe("openmesh proxy isolation, the real binary", function()
     assert.is_true(st.local_errors >= 8)
     local _, metrics = H.request(dir, "GET", proxy.admin .. "/metrics")
     assert.matches('openmesh_proxy_local_errors_total{errno="EMFILE"}', metrics, 1, true)
+    assert.is_nil(metrics:find('openmesh_proxy_accept_shed_total{listener="proxy"} 0', 1, true))
     assert.matches('openmesh_proxy_requests_total{service="svc",outcome="local_resources"} 8',
       metrics, 1, true)
     -- logged, but not once per failure
