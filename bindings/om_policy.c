@@ -290,8 +290,9 @@ static int load_and_validate(lua_State *L) {
 
 /*
  * The budgets of one route call: budget_ms of wall clock and
- * OM_POLICY_INSTR_PER_MS instructions per millisecond of it; budgets the
- * caller set in opts (tests, the Lua face) cap them.
+ * OM_POLICY_INSTR_PER_MS instructions per millisecond of it. A budget the
+ * caller set in opts (tests, the Lua face's instr_limit / wall_limit_ms)
+ * replaces the one derived from budget_ms: the caller asked for it.
  */
 static void route_budgets(om_policy_t *p, const om_policy_opts_t *opts) {
   double ms = p->budget_ms;
@@ -303,9 +304,9 @@ static void route_budgets(om_policy_t *p, const om_policy_opts_t *opts) {
     p->route_instr = 1;
   if (p->route_wall_ns == 0)
     p->route_wall_ns = 1;
-  if (opts->instr_limit != 0 && opts->instr_limit < p->route_instr)
+  if (opts->instr_limit != 0)
     p->route_instr = opts->instr_limit;
-  if (opts->wall_limit_ns != 0 && opts->wall_limit_ns < p->route_wall_ns)
+  if (opts->wall_limit_ns != 0)
     p->route_wall_ns = opts->wall_limit_ns;
 }
 

@@ -131,7 +131,7 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
 #define OM_POLICY_INSTR_PER_MS 400000.0
 
 /* om_policy_budget_ms: the wall-clock budget of one route call, in ms (the
- * policy's budget_ms, or less when the load options capped it). */
+ * policy's budget_ms, or the load options' wall_limit_ns when set). */
 double om_policy_budget_ms(const om_policy_t *p);
 
 /*

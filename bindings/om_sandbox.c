@@ -48,6 +48,8 @@ struct om_sandbox_s {
   int tripped;           /* TRIP_*: stays set until the next call */
   int last_trip;         /* OM_SANDBOX_TRIP_* of the last outer call */
   int cap_refused;       /* the memory cap refused a block in this call */
+  uint64_t pattern_cap;  /* steps per pattern call in the current call: half
+                            its instruction budget */
   char *lib_dir;
 };
 
@@ -397,11 +399,12 @@ static int build_env(lua_State *L) {
    * may take half the instruction budget, so a blow-up is reported as
    * "pattern too complex" before the whole call's budget trips. */
   uint64_t steps = sandbox_of(L)->instr_limit / 2;
-  om_lpattern_install(L, -1,
-                      steps == 0 ? 1
-                      : steps < OM_LPATTERN_DEFAULT_STEPS
-                          ? steps
-                          : OM_LPATTERN_DEFAULT_STEPS);
+  om_lpattern_install_capped(L, -1,
+                             steps == 0 ? 1
+                             : steps < OM_LPATTERN_DEFAULT_STEPS
+                                 ? steps
+                                 : OM_LPATTERN_DEFAULT_STEPS,
+                             &sandbox_of(L)->pattern_cap);
   lua_pop(L, 1);
   lua_getfield(L, G, "table");
   wrap_field(L, "move", sandbox_move);
@@ -498,8 +501,9 @@ int om_sandbox_call_limited(om_sandbox_t *sb, int nargs, int nresults,
   lua_State *L = sb->L;
   int status, outer = !sb->armed;
   if (outer) { /* nested calls share the outer call's budget */
-    uint64_t ticks =
-        (instr_limit != 0 ? instr_limit : sb->instr_limit) / HOOK_EVERY;
+    uint64_t instr = instr_limit != 0 ? instr_limit : sb->instr_limit;
+    uint64_t ticks = instr / HOOK_EVERY;
+    sb->pattern_cap = instr / 2 > 0 ? instr / 2 : 1;
     sb->ticks_left = ticks > 0 ? ticks : 1;
     sb->call_wall_ns = wall_limit_ns != 0 ? wall_limit_ns : sb->wall_limit_ns;
     sb->deadline_ns = now_ns() + sb->call_wall_ns;
