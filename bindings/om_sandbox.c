@@ -23,6 +23,7 @@
 #include "om_lua.h"
 
 #define HOOK_EVERY 1000 /* instructions between two budget checks */
+#define GRACE_SLICES 8  /* of an eighth of the wall-clock cap each */
 #define DEFAULT_MEM_LIMIT ((size_t)32 << 20)
 #define DEFAULT_INSTR_LIMIT 10000000u
 #ifndef DEFAULT_WALL_LIMIT_NS /* a profiling build under valgrind raises it */
@@ -44,6 +45,7 @@ struct om_sandbox_s {
   uint64_t grace_cpu;    /* thread CPU clock when the grace slice began; 0:
                             the wall-clock cap has not passed yet */
   uint64_t grace_mono;   /* the monotonic clock at the same moment */
+  unsigned grace_slices; /* grace slices granted in this call */
   int armed;             /* a call is running under budgets */
   int tripped;           /* TRIP_*: stays set until the next call */
   int last_trip;         /* OM_SANDBOX_TRIP_* of the last outer call */
@@ -97,8 +99,9 @@ static uint64_t cpu_ns(void) {
  * The first time, the call gets a grace slice of an eighth of its cap,
  * timed on both clocks; at its end the call trips only if it had the CPU
  * for at least half of the slice. Otherwise a new slice starts: time off
- * the CPU is not charged to the policy (the instruction budget still
- * bounds it). A call over its cap thus holds the loop about 1.125 times
+ * the CPU is not charged to the policy, up to GRACE_SLICES slices (so a
+ * call ends by twice its cap whatever the machine does). A call over its
+ * cap on a machine that gives it the CPU holds the loop about 1.125 times
  * its cap. The thread's CPU clock is a system call (about 1.7 us on the
  * reference machine): it is read only here, never per tick, so a call
  * within its cap never pays for it. Returns 1 to keep going.
@@ -107,8 +110,11 @@ static int wall_forgiven(om_sandbox_t *sb, uint64_t now) {
   uint64_t cpu = cpu_ns(), slice = sb->call_wall_ns / 8;
   if (cpu == 0)
     return 0; /* no CPU clock: the wall clock decides */
-  if (sb->grace_cpu != 0 && cpu - sb->grace_cpu >= (now - sb->grace_mono) / 2)
+  if (sb->grace_cpu != 0 &&
+      (cpu - sb->grace_cpu >= (now - sb->grace_mono) / 2 ||
+       sb->grace_slices >= GRACE_SLICES))
     return 0;
+  sb->grace_slices++;
   sb->grace_cpu = cpu;
   sb->grace_mono = now;
   sb->deadline_ns = now + (slice > 0 ? slice : 1);
@@ -508,6 +514,7 @@ int om_sandbox_call_limited(om_sandbox_t *sb, int nargs, int nresults,
     sb->call_wall_ns = wall_limit_ns != 0 ? wall_limit_ns : sb->wall_limit_ns;
     sb->deadline_ns = now_ns() + sb->call_wall_ns;
     sb->grace_cpu = 0;
+    sb->grace_slices = 0;
     sb->cap_refused = 0;
     sb->tripped = TRIP_NONE;
     sb->armed = 1;

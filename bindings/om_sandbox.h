@@ -66,7 +66,8 @@ int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults);
  * read every 1,000 instructions from the monotonic clock; when it passes,
  * the thread's CPU clock over a grace slice of an eighth of the cap
  * decides, so time the process spent descheduled is not charged to the
- * call (a call over its cap costs about 1.125 times the cap). Nested calls
+ * call (a call over its cap costs about 1.125 times the cap, and never
+ * more than twice the cap of wall clock). Nested calls
  * share the outer call's budget (the limits of a nested call are ignored).
  */
 int om_sandbox_call_limited(om_sandbox_t *sb, int nargs, int nresults,
