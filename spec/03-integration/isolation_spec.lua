@@ -143,9 +143,9 @@ describe("openmesh proxy isolation, the real binary", function()
     assert.is_nil(metrics:find('openmesh_proxy_accept_shed_total{listener="proxy"} 0', 1, true))
     assert.matches('openmesh_proxy_requests_total{service="svc",outcome="local_resources"} 8',
       metrics, 1, true)
-    -- logged, but not once per failure
+    -- logged, but at most once a second: 8 calls made 16 attempts
     local lines = select(2, H.readfile(proxy.out):gsub('"event":"proxy_local_resources"', ""))
-    assert.is_true(lines >= 1 and lines <= 3, "log lines: " .. lines)
+    assert.is_true(lines >= 1 and lines < 8, "log lines: " .. lines)
   end)
 
   it("sheds a policy that keeps overrunning its budget, the other service answers", function()
