@@ -914,7 +914,9 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
 
 /*
  * om_policy_route, through the service's decision cache when the policy
- * declares vary (om_proxy_cache.h).
+ * declares vary (om_proxy_cache.h), behind the shedding gate
+ * (om_proxy_isolation.c): 1, with err saying why, while the service's
+ * policy is shed; else the route's result, which the gate learns from.
  */
 static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
                  size_t *n_subset, const char **key, size_t *key_len, char *err,
