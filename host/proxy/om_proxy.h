@@ -90,6 +90,10 @@ typedef struct om_proxy_opts_s {
   /* Seed of the proxy's generator (P2C draws, jitter, request ids); 0:
    * from the clock. */
   uint64_t seed;
+  /* The first cooldown of a service whose traffic policy keeps overrunning
+   * its budget (docs/PROXY.md "Policy budgets"); it doubles per failed
+   * probe up to 30 times this. Default 10 s. */
+  uint64_t policy_shed_cooldown_ms;
 } om_proxy_opts_t;
 
 /*

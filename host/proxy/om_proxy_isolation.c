@@ -14,8 +14,9 @@
  * Policy shedding: every service's traffic policy runs on the proxy's one
  * loop, each call under a budget (om_policy.h, budget_ms). A policy that
  * overruns its budget SHED_TRIPS times within SHED_WINDOW_NS is shed for a
- * cooldown (SHED_COOLDOWN_NS, doubling while the probe keeps tripping, up
- * to SHED_MAX_COOLDOWN_NS): its requests fail at once with policy_error,
+ * cooldown (om_proxy_opts_t's policy_shed_cooldown_ms, 10 s by default,
+ * doubling while the probe keeps tripping, up to SHED_MAX_FACTOR times
+ * it): its requests fail at once with policy_error,
  * without running it, so a hostile or broken policy costs the other
  * services at most a few budgets per window. Once the cooldown passed, the
  * next request that needs the policy runs it: a call within budget ends
@@ -34,8 +35,8 @@
 #define NS_PER_MS UINT64_C(1000000)
 #define SHED_TRIPS 5u
 #define SHED_WINDOW_NS (UINT64_C(10000) * NS_PER_MS)
-#define SHED_COOLDOWN_NS (UINT64_C(10000) * NS_PER_MS)
-#define SHED_MAX_COOLDOWN_NS (UINT64_C(300000) * NS_PER_MS)
+#define SHED_COOLDOWN_MS UINT64_C(10000) /* om_proxy_opts_t's default */
+#define SHED_MAX_FACTOR 30u              /* the longest: 300 s by default */
 #define LOCAL_LOG_EVERY_NS (UINT64_C(1000) * NS_PER_MS)
 
 /* ------------------------------------------------------------------ */
@@ -135,11 +136,15 @@ void om__proxy_shed_outcome(om__proxy_service_t *s, int rc, int ran,
     }
     return;
   }
+  uint64_t base = (s->proxy->opts.policy_shed_cooldown_ms != 0
+                       ? s->proxy->opts.policy_shed_cooldown_ms
+                       : SHED_COOLDOWN_MS) *
+                  NS_PER_MS;
   s->policy_trips++;
   om_metric_inc(s->m_policy_trips);
   if (s->shed_until_ns != 0) { /* the probe tripped: a longer cooldown */
     uint64_t next = s->shed_cooldown_ns * 2;
-    shed(s, now, next > SHED_MAX_COOLDOWN_NS ? SHED_MAX_COOLDOWN_NS : next);
+    shed(s, now, next > base * SHED_MAX_FACTOR ? base * SHED_MAX_FACTOR : next);
     return;
   }
   if (s->trips_in_window == 0 || now - s->trip_window_ns > SHED_WINDOW_NS) {
@@ -147,7 +152,7 @@ void om__proxy_shed_outcome(om__proxy_service_t *s, int rc, int ran,
     s->trips_in_window = 0;
   }
   if (++s->trips_in_window >= SHED_TRIPS)
-    shed(s, now, SHED_COOLDOWN_NS);
+    shed(s, now, base);
 }
 
 /* ------------------------------------------------------------------ */
