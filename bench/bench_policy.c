@@ -7,6 +7,13 @@
  * and subset(req, peers) in the sandbox under its budgets, and the subset
  * checked. Baseline in the same run: lua_pcall_empty through the same
  * protected wrapper.
+ * policy_hostile_call_us: tests/fixtures/hostile_policy.lua (quadratic in
+ * a header) with an 8 KiB x-tags: what one call that overruns its budget
+ * holds the loop, at the default budget (budget_ms = 1), and
+ * policy_hostile_call_10M_us under 10,000,000 instructions and 100 ms
+ * (load options that replace budget_ms: the per-call budgets route calls
+ * ran under before budget_ms).
+ * Median of 31.
  * policy_reload_ms: load -> validate -> run examples of a 200-line traffic
  * policy with 20 examples (generated here), as a hot reload does.
  */
@@ -76,6 +83,66 @@ static void bench_traffic_call(void) {
   om_policy_free(p);
 }
 
+/* The hostile policy with budget_ms spliced in (0: the default). */
+static om_policy_t *load_hostile(double budget_ms, uint64_t instr_limit,
+                                 uint64_t wall_limit_ns) {
+  om_policy_opts_t o = opts;
+  FILE *f = fopen(OM_SOURCE_DIR "/tests/fixtures/hostile_policy.lua", "rb");
+  char src[4096], err[1024], *at;
+  size_t n;
+  om_policy_t *p = NULL;
+  if (f == NULL)
+    exit(1);
+  n = fread(src, 1, sizeof src - 64, f);
+  fclose(f);
+  src[n] = '\0';
+  if (budget_ms > 0 && (at = strstr(src, "kind = \"traffic\",")) != NULL) {
+    char tail[4096];
+    snprintf(tail, sizeof tail, "%s", at);
+    snprintf(at, sizeof src - (size_t)(at - src), "budget_ms = %g, %s",
+             budget_ms, tail);
+  }
+  o.instr_limit = instr_limit;
+  o.wall_limit_ns = wall_limit_ns;
+  if (om_policy_load(&o, "hostile_policy.lua", src, strlen(src), &p, err,
+                     sizeof err) != 0) {
+    fprintf(stderr, "bench_policy: %s\n", err);
+    exit(1);
+  }
+  return p;
+}
+
+static void bench_hostile(const char *name, double budget_ms,
+                          uint64_t instr_limit, uint64_t wall_limit_ns) {
+  om_policy_t *p = load_hostile(budget_ms, instr_limit, wall_limit_ns);
+  om_policy_peer_t peer = {"a", "http://10.0.0.1:8080/", NULL, 1.0, NULL, 0};
+  static char tags[8193];
+  om_policy_kv_t h[1];
+  om_policy_req_t req;
+  uint32_t out[1];
+  size_t n;
+  char err[256];
+  double t[31];
+  for (size_t i = 0; i < sizeof tags - 1; i++)
+    tags[i] = (char)('a' + i % 26);
+  h[0] = (om_policy_kv_t){"x-tags", 6, tags, sizeof tags - 1};
+  req = (om_policy_req_t){"svc", "GET", "/", h, 1, NULL, 0};
+  if (om_policy_set_peers(p, &peer, 1) != 0)
+    exit(1);
+  for (int r = 0; r < 31; r++) {
+    uint64_t t0 = om_bench_now_ns();
+    const char *key;
+    size_t klen;
+    if (om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err) == 0) {
+      fprintf(stderr, "bench_policy: the hostile policy did not trip\n");
+      exit(1);
+    }
+    t[r] = (double)(om_bench_now_ns() - t0) / 1e3;
+  }
+  om_bench_report(name, om_bench_median(t, 31), "us");
+  om_policy_free(p);
+}
+
 /* A 200-line traffic policy with 20 examples. */
 static char *big_policy(void) {
   size_t cap = 64 * 1024, len = 0;
@@ -134,6 +201,8 @@ static void bench_reload(void) {
 
 int main(void) {
   bench_traffic_call();
+  bench_hostile("policy_hostile_call_us", 0, 0, 0);
+  bench_hostile("policy_hostile_call_10M_us", 0, 10000000, 100000000);
   bench_reload();
   return 0;
 }

@@ -533,7 +533,9 @@ static int push_captures(matcher_t *m, const u8 *s, const u8 *e) {
 /* ---- the library functions (§6.4) ---- */
 
 static uint64_t budget_of(lua_State *L) {
-  return (uint64_t)lua_tointeger(L, lua_upvalueindex(1));
+  uint64_t b = (uint64_t)lua_tointeger(L, lua_upvalueindex(1));
+  const uint64_t *cap = lua_touserdata(L, lua_upvalueindex(2));
+  return cap != NULL && *cap != 0 && *cap < b ? *cap : b;
 }
 
 /* The 0-based offset for a 1-based init that may count from the end. */
@@ -824,6 +826,11 @@ static int lp_gsub(lua_State *L) {
 
 void om_lpattern_install(lua_State *L, int string_table_idx,
                          uint64_t step_budget) {
+  om_lpattern_install_capped(L, string_table_idx, step_budget, NULL);
+}
+
+void om_lpattern_install_capped(lua_State *L, int string_table_idx,
+                                uint64_t step_budget, const uint64_t *cap) {
   static const luaL_Reg fns[] = {{"find", lp_find},
                                  {"match", lp_match},
                                  {"gmatch", lp_gmatch},
@@ -836,7 +843,8 @@ void om_lpattern_install(lua_State *L, int string_table_idx,
     step_budget = (uint64_t)LUA_MAXINTEGER;
   for (int i = 0; i < n; i++) { /* [closures...] */
     lua_pushinteger(L, (lua_Integer)step_budget);
-    lua_pushcclosure(L, fns[i].func, 1);
+    lua_pushlightuserdata(L, (void *)cap);
+    lua_pushcclosure(L, fns[i].func, 2);
   }
   for (int i = n - 1; i >= 0; i--)
     lua_setfield(L, idx, fns[i].name);

@@ -55,6 +55,17 @@ void om_lpattern_install(lua_State *L, int string_table_idx,
                          uint64_t step_budget);
 
 /*
+ * om_lpattern_install_capped: the same, and each top-level call takes at
+ * most *cap steps when *cap is not 0 (read at every call; cap may be NULL,
+ * and must outlive the state). The sandbox points it at half of the
+ * running call's instruction budget, so a blow-up inside a call with a
+ * small budget still ends in "pattern too complex", not in the call's
+ * budget error.
+ */
+void om_lpattern_install_capped(lua_State *L, int string_table_idx,
+                                uint64_t step_budget, const uint64_t *cap);
+
+/*
  * om_lpattern_check: would some subject make the matcher raise on this
  * pattern? Lua compiles a pattern while it matches, so string.find("",
  * "a[") succeeds and the same pattern raises later on text that starts

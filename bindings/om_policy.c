@@ -39,6 +39,9 @@ struct om_policy_s {
   char **vary;
   size_t n_vary;
   int vary_set, vary_method, vary_path;
+  /* the budgets of one route call (traffic): from budget_ms */
+  double budget_ms;
+  uint64_t route_instr, route_wall_ns;
 };
 
 /* The three metatables of the vary view (om_policy_check.c) for the vary
@@ -116,6 +119,10 @@ static int capture(lua_State *L) {
     free(p->name);
     p->name = name;
   }
+  lua_pop(L, 1);
+  p->budget_ms = OM_POLICY_DEFAULT_BUDGET_MS;
+  if (rawfield(L, 2, "budget_ms") == LUA_TNUMBER) /* validated: (0, max] */
+    p->budget_ms = lua_tonumber(L, -1);
   lua_pop(L, 1);
   rawfield(L, 2, "subset");
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
@@ -281,6 +288,32 @@ static int load_and_validate(lua_State *L) {
   return 0;
 }
 
+/*
+ * The budgets of one route call: budget_ms of wall clock and
+ * OM_POLICY_INSTR_PER_MS instructions per millisecond of it. A budget the
+ * caller set in opts (tests, the Lua face's instr_limit / wall_limit_ms)
+ * replaces the one derived from budget_ms: the caller asked for it.
+ */
+static void route_budgets(om_policy_t *p, const om_policy_opts_t *opts) {
+  double ms = p->budget_ms;
+  if (!(ms > 0) || ms > OM_POLICY_MAX_BUDGET_MS)
+    ms = OM_POLICY_DEFAULT_BUDGET_MS;
+  p->route_instr = (uint64_t)(ms * OM_POLICY_INSTR_PER_MS);
+  p->route_wall_ns = (uint64_t)(ms * 1e6);
+  if (p->route_instr == 0)
+    p->route_instr = 1;
+  if (p->route_wall_ns == 0)
+    p->route_wall_ns = 1;
+  if (opts->instr_limit != 0)
+    p->route_instr = opts->instr_limit;
+  if (opts->wall_limit_ns != 0)
+    p->route_wall_ns = opts->wall_limit_ns;
+}
+
+double om_policy_budget_ms(const om_policy_t *p) {
+  return (double)p->route_wall_ns / 1e6;
+}
+
 int om_policy_load(const om_policy_opts_t *opts, const char *name,
                    const char *src, size_t len, om_policy_t **out, char *err,
                    size_t errlen) {
@@ -320,6 +353,7 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
     om_policy_free(p);
     return OM_EPOLICY;
   }
+  route_budgets(p, opts);
   if (p->kind == OM_POLICY_TRAFFIC && (rc = om_policy_set_peers(p, NULL, 0))) {
     om_errbuf(err, errlen, "%s: out of memory", name);
     om_policy_free(p);
@@ -654,7 +688,8 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   lua_pushcfunction(L, call_route);
   lua_pushlightuserdata(L, (void *)req);
   lua_pushlightuserdata(L, p);
-  if (om_sandbox_call(p->sb, 2, 2) != LUA_OK) {
+  if (om_sandbox_call_limited(p->sb, 2, 2, p->route_instr, p->route_wall_ns) !=
+      LUA_OK) {
     om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     return OM_EPOLICY;

@@ -117,6 +117,24 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t errlen);
 
 /*
+ * The budget of one om_policy_route call, from the traffic policy's
+ * `budget_ms` field (default 1, at most 50): that much wall clock and
+ * OM_POLICY_INSTR_PER_MS VM instructions per millisecond of it, whichever
+ * runs out first (om_sandbox_call_limited). The proxy runs every service's
+ * policy on one event loop: a call may hold it that long, no longer.
+ * The instruction rate is what a plain Lua loop runs in a millisecond on
+ * the reference machine, so on a faster one the instruction count trips
+ * first and the outcome does not depend on the clock.
+ */
+#define OM_POLICY_DEFAULT_BUDGET_MS 1.0
+#define OM_POLICY_MAX_BUDGET_MS 50.0
+#define OM_POLICY_INSTR_PER_MS 400000.0
+
+/* om_policy_budget_ms: the wall-clock budget of one route call, in ms (the
+ * policy's budget_ms, or the load options' wall_limit_ns when set). */
+double om_policy_budget_ms(const om_policy_t *p);
+
+/*
  * om_policy_vary: 1 when the traffic policy declares `vary`, with its
  * header names (lower-case; owned by the policy) and whether :method and
  * :path are among them; 0 otherwise. Such a policy sees only the service

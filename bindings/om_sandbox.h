@@ -59,6 +59,35 @@ int om_sandbox_load(om_sandbox_t *sb, const char *name, const char *src,
 int om_sandbox_call(om_sandbox_t *sb, int nargs, int nresults);
 
 /*
+ * om_sandbox_call_limited: om_sandbox_call with this call's own budgets:
+ * instr_limit VM instructions and wall_limit_ns of wall clock (0 in
+ * either: the sandbox's). The proxy runs a traffic policy's per-request
+ * calls under budgets far below the load-time ones. The wall-clock cap is
+ * read every 1,000 instructions from the monotonic clock; when it passes,
+ * the thread's CPU clock over a grace slice of an eighth of the cap
+ * decides, so time the process spent descheduled is not charged to the
+ * call (a call over its cap costs about 1.125 times the cap, and never
+ * more than twice the cap of wall clock). Nested calls
+ * share the outer call's budget (the limits of a nested call are ignored).
+ */
+int om_sandbox_call_limited(om_sandbox_t *sb, int nargs, int nresults,
+                            uint64_t instr_limit, uint64_t wall_limit_ns);
+
+/* What ended the last outer call: nothing, or which budget it overran
+ * (MEM: the state's memory cap refused a block; a failing malloc of the
+ * host is not the policy's overrun and reads NONE). */
+enum {
+  OM_SANDBOX_TRIP_NONE = 0,
+  OM_SANDBOX_TRIP_INSTR = 1,
+  OM_SANDBOX_TRIP_WALL = 2,
+  OM_SANDBOX_TRIP_MEM = 3
+};
+
+/* om_sandbox_last_trip: OM_SANDBOX_TRIP_* of the last outer call (reset
+ * when the next one starts). */
+int om_sandbox_last_trip(const om_sandbox_t *sb);
+
+/*
  * om_sandbox_require: require(name) as policy code would, but through the
  * sandbox's own loader (a policy cannot have replaced it), under the call
  * budgets. Library modules (openmesh.*) run with an _ENV of their own, out of

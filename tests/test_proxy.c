@@ -1802,6 +1802,72 @@ static void policy_error_never_widens(void **state) {
   env_close(&e);
 }
 
+/*
+ * A policy that keeps overrunning its budget is shed: five overruns, then
+ * calls are refused without running it (a looping request says "shed",
+ * not "budget"). After the cooldown a cheap probe runs it and ends the
+ * shedding; after five more overruns a probe that overruns too sheds it
+ * again for twice as long.
+ */
+static void overrunning_policy_is_shed_then_probed(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  char path[128], *st;
+  int status;
+  om_proxy_opts_t o;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  snprintf(path, sizeof path, "%s/overrun.lua", g_dir);
+  write_file(path, "return {\n  kind = \"traffic\",\n"
+                   "  subset = function(req, peers)\n"
+                   "    if req.headers['x-loop'] then while true do end end\n"
+                   "    return peers\n  end,\n}\n");
+  memset(&o, 0, sizeof o);
+  o.policy_shed_cooldown_ms = 500;
+  env_proxy(&e, &o, path);
+  env_topology(&e, "orders", 1);
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 5; i++) {
+      get(&e, "orders", "x-loop: 1\r\n", &r);
+      assert_int_equal(r.status, 500);
+      assert_non_null(strstr(r.body, "budget: "));
+    }
+    get(&e, "orders", "x-loop: 1\r\n", &r);
+    assert_int_equal(r.status, 500);
+    assert_string_equal(r.reason, "policy_error");
+    if (strstr(r.body, "is shed for") == NULL)
+      fail_msg("round %d: not shed: %s", round, r.body);
+    st = admin_get(&e, "/status", &status);
+    assert_int_equal(status, 200);
+    assert_non_null(strstr(st, "\"shed\":true"));
+    free(st);
+    spin(&e, 600); /* the cooldown passed: the next call probes */
+    if (round == 0) {
+      get(&e, "orders", NULL, &r); /* within budget: no longer shed */
+      assert_int_equal(r.status, 200);
+      assert_int_equal(a->requests, 1);
+    }
+  }
+  /* the probe overruns: shed again, for 1,000 ms now */
+  get(&e, "orders", "x-loop: 1\r\n", &r);
+  assert_non_null(strstr(r.body, "budget: "));
+  spin(&e, 600);
+  get(&e, "orders", NULL, &r);
+  assert_int_equal(r.status, 500);
+  assert_non_null(strstr(r.body, "is shed for"));
+  spin(&e, 600);
+  get(&e, "orders", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_int_equal(a->requests, 2);
+  st = admin_get(&e, "/status", &status);
+  assert_non_null(strstr(st, "\"budget_trips\":11"));
+  assert_non_null(strstr(st, "\"sheds\":3"));
+  free(st);
+  env_close(&e);
+}
+
 static void policies_hot_reload_and_keep_the_last_good_one(void **state) {
   env_t e;
   res_t r;
@@ -3388,6 +3454,7 @@ int main(void) {
       cmocka_unit_test(stream_cut_after_headers_is_an_error_never_replayed),
       cmocka_unit_test(slow_reader_pauses_the_upstream),
       cmocka_unit_test(policy_error_never_widens),
+      cmocka_unit_test(overrunning_policy_is_shed_then_probed),
       cmocka_unit_test(policies_hot_reload_and_keep_the_last_good_one),
       cmocka_unit_test(vary_policies_are_cached_and_see_only_what_they_declare),
       cmocka_unit_test(vary_cache_is_bounded),

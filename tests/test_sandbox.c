@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include <uv.h>
+
 #include "om_errno.h"
 #include "om_sandbox.h"
 
@@ -83,6 +85,71 @@ static void wall_clock_budget(void **state) {
   om_sandbox_t *sb = NULL;
   assert_int_equal(om_sandbox_new(&opts, &sb), 0);
   expect_error(sb, "while true do end", "budget: wall-clock limit exceeded");
+  expect_usable(sb);
+  om_sandbox_free(sb);
+}
+
+/* A chunk as a function, called with om_sandbox_call_limited. */
+static int call_limited(om_sandbox_t *sb, const char *src, uint64_t instr,
+                        uint64_t wall_ns) {
+  lua_State *L = om_sandbox_state(sb);
+  lua_settop(L, 0);
+  assert_int_equal(run(sb, src), LUA_OK); /* the chunk returns a function */
+  return om_sandbox_call_limited(sb, 0, 1, instr, wall_ns);
+}
+
+/*
+ * Per-call limits: a wall-clock cap of 2 ms stops a loop after about
+ * 2.25 ms of CPU (the cap and its grace slice), far under the state's own
+ * 20 s; an instruction limit trips as an instruction limit; the next
+ * plain call runs under the state's budgets again. last_trip says which.
+ */
+static void per_call_limits(void **state) {
+  om_sandbox_t *sb = sandbox();
+  const char *loop = "return function() while true do end end";
+  uint64_t t0;
+  double ms;
+  (void)state;
+  t0 = uv_hrtime();
+  assert_int_equal(call_limited(sb, loop, UINT64_MAX / 2, 2000000), LUA_ERRRUN);
+  ms = (double)(uv_hrtime() - t0) / 1e6;
+  assert_string_equal(lua_tostring(om_sandbox_state(sb), -1),
+                      "budget: wall-clock limit exceeded");
+  assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_WALL);
+  OM_ASSERT_CMP(ms, >=, 2.0);
+  OM_ASSERT_CMP(ms, <, 1000.0); /* not the state's 20 s */
+  assert_int_equal(call_limited(sb, loop, 50000, 0), LUA_ERRRUN);
+  assert_string_equal(lua_tostring(om_sandbox_state(sb), -1),
+                      "budget: instruction limit exceeded");
+  assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_INSTR);
+  assert_int_equal(
+      call_limited(sb, "return function() return 7 end", 50000, 2000000),
+      LUA_OK);
+  assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_NONE);
+  /* a loop of 1,000,000 instructions: over 50,000, under the state's 2M */
+  assert_int_equal(call_limited(sb,
+                                "return function() local n = 0 for i = 1, "
+                                "250000 do n = n + i end return n end",
+                                0, 0),
+                   LUA_OK);
+  expect_usable(sb);
+  om_sandbox_free(sb);
+}
+
+/* The memory cap reads as a MEM trip; a plain error as none. */
+static void last_trip_memory(void **state) {
+  om_sandbox_t *sb = sandbox();
+  (void)state;
+  assert_int_not_equal(
+      call_limited(sb,
+                   "return function() local t = {} for i = 1, 1e9 do "
+                   "t[i] = ('x'):rep(1000) .. i end end",
+                   0, 0),
+      LUA_OK);
+  assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_MEM);
+  assert_int_equal(call_limited(sb, "return function() error('no') end", 0, 0),
+                   LUA_ERRRUN);
+  assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_NONE);
   expect_usable(sb);
   om_sandbox_free(sb);
 }
@@ -274,6 +341,8 @@ int main(void) {
       cmocka_unit_test(cpu_budget),
       cmocka_unit_test(wall_clock_budget),
       cmocka_unit_test(memory_budget),
+      cmocka_unit_test(per_call_limits),
+      cmocka_unit_test(last_trip_memory),
       cmocka_unit_test(c_loops_are_bounded),
       cmocka_unit_test(no_escape_hatches),
       cmocka_unit_test(string_metatable_is_protected),

@@ -800,6 +800,8 @@ static void fail_names_are_stable(void **state) {
       "reset_before_response");
   assert_string_equal(om_upstream_fail_name(OM_UPSTREAM_FAIL_RESET_MID_BODY),
                       "reset_mid_body");
+  assert_string_equal(om_upstream_fail_name(OM_UPSTREAM_FAIL_LOCAL),
+                      "local_resources");
   assert_string_equal(om_upstream_fail_name(OM_UPSTREAM_FAIL__COUNT),
                       "unknown");
   assert_string_equal(om_upstream_fail_name((om_upstream_fail_t)-1), "unknown");

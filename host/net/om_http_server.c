@@ -27,13 +27,18 @@
  * request bodies (stream_bodies); om_http_server_internal.h what they
  * share.
  */
+#define _GNU_SOURCE /* accept4: non-blocking, close-on-exec in one call */
 #include "om_http_server.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "om_errno.h"
 #include "om_http1.h"
@@ -129,62 +134,123 @@ const char *om__http_date(om_http_server_t *s) {
 /* ------------------------------------------------------------------ */
 /* accepting */
 
-static void on_reject_closed(uv_handle_t *h) {
-  om_http_server_t *s = h->data;
-  if (h == (uv_handle_t *)&s->spare)
-    s->spare_busy = 0;
-  else
-    free(h);
-  s->rejects_open--;
-  om__http_srv_maybe_finish(s);
+/*
+ * The server accepts itself (accept4 on the listening socket, watched by a
+ * uv_poll) rather than through uv_listen, for descriptor exhaustion.
+ * libuv 1.44 (Debian 12) handles EMFILE in uv__server_io with its "emfile
+ * trick": it closes a spare descriptor, accepts every pending connection
+ * and closes it without a word, so a client sees an empty reply, not a
+ * status; and when its spare is gone it calls back with UV_EMFILE and
+ * loops on accept at once, which spins while the process stays out of
+ * descriptors. Here: one reserve descriptor (/dev/null) per server; on
+ * EMFILE or ENFILE it is closed, one connection is accepted on the freed
+ * slot, answered 503 and closed, and the reserve reopened. When even that
+ * cannot be done (the reserve was lost, or accept fails otherwise) the
+ * server stops watching the socket for ACCEPT_PAUSE_MS: the kernel keeps
+ * queueing connections, nothing spins.
+ */
+#define ACCEPT_BATCH 64     /* connections per readiness event */
+#define ACCEPT_PAUSE_MS 100 /* when accept cannot make progress */
+#define ACCEPT_LOG_MS 1000  /* at most one pressure log line a second */
+
+static const char busy_503[] =
+    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    "Content-Length: 32\r\nConnection: close\r\n\r\n"
+    "{\"error\":\"too_many_connections\"}";
+static const char fd_503[] =
+    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    "Content-Length: 30\r\nConnection: close\r\n\r\n"
+    "{\"error\":\"local_resources\"}\n";
+
+/*
+ * Answer on a raw accepted descriptor if the socket takes it at once,
+ * then close: half-close first and read what the client already sent, so
+ * the close sends a FIN after our answer rather than a reset (RFC 9112
+ * 9.6), within one read of what is there.
+ */
+static void answer_and_close(int fd, const char *msg, size_t len) {
+  char sink[4096];
+  (void)send(fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)shutdown(fd, SHUT_WR);
+  (void)recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+  close(fd);
 }
 
-/* Over the limit (or out of memory): answer 503 if the socket takes it at
- * once, and close. A handle is needed because libuv has already accepted
- * the descriptor. */
-static void reject_connection(om_http_server_t *s) {
-  static const char msg[] =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-      "Content-Length: 32\r\nConnection: close\r\n\r\n"
-      "{\"error\":\"too_many_connections\"}";
-  reject_conn_t *rj = malloc(sizeof *rj);
-  uv_tcp_t *h;
-  if (rj != NULL) {
-    h = &rj->tcp;
-  } else if (!s->spare_busy) {
-    h = &s->spare;
-    s->spare_busy = 1;
-  } else {
-    om_log(OM_LOG_ERROR, "http_accept_failed", "error", "out of memory", NULL);
+static int reserve_open(void) {
+  return open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static void accept_log(om_http_server_t *s, const char *event,
+                       const char *error) {
+  uint64_t now = uv_now(s->loop);
+  char sup[24];
+  if (s->accept_log_ms != 0 && now - s->accept_log_ms < ACCEPT_LOG_MS) {
+    s->accept_suppressed++;
     return;
   }
-  uv_tcp_init(s->loop, h);
-  h->data = s;
-  s->rejects_open++;
-  s->m.connections_rejected++;
-  if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)h) == 0) {
-    uv_buf_t b = uv_buf_init((char *)msg, sizeof msg - 1);
-    (void)uv_try_write((uv_stream_t *)h, &b, 1);
-  }
-  uv_close((uv_handle_t *)h, on_reject_closed);
+  snprintf(sup, sizeof sup, "%" PRIu64, s->accept_suppressed);
+  om_log(OM_LOG_ERROR, event, "error", error, "suppressed", sup, NULL);
+  s->accept_log_ms = now;
+  s->accept_suppressed = 0;
 }
 
-static void on_connection(uv_stream_t *ls, int status) {
-  om_http_server_t *s = ls->data;
+/*
+ * Out of descriptors: give up the reserve, accept one connection on the
+ * freed slot, answer 503, close it and take the reserve back. 1: one was
+ * answered; 0: nothing was pending; -1: no reserve to give up.
+ */
+static int shed_on_reserve(om_http_server_t *s, int lfd) {
+  int fd, err;
+  if (s->reserve_fd < 0 && (s->reserve_fd = reserve_open()) < 0)
+    return -1;
+  close(s->reserve_fd);
+  do
+    fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  err = errno;
+  if (fd >= 0) {
+    answer_and_close(fd, fd_503, sizeof fd_503 - 1);
+    s->m.connections_shed++;
+  }
+  s->reserve_fd = reserve_open();
+  if (fd < 0)
+    return err == EAGAIN || err == EWOULDBLOCK ? 0 : -1;
+  accept_log(s, "http_accept_shed", "out of file descriptors: 503");
+  return 1;
+}
+
+static void on_acceptable(uv_poll_t *h, int status, int events);
+
+static void on_accept_resume(uv_timer_t *t) {
+  om_http_server_t *s = t->data;
+  if (!s->closing && !s->polling &&
+      uv_poll_start(&s->accept_poll, UV_READABLE, on_acceptable) == 0)
+    s->polling = 1;
+}
+
+/* Accept cannot make progress now: stop watching for a while. */
+static void accept_pause(om_http_server_t *s) {
+  if (s->polling) {
+    uv_poll_stop(&s->accept_poll);
+    s->polling = 0;
+  }
+  uv_timer_start(&s->accept_timer, on_accept_resume, ACCEPT_PAUSE_MS, 0);
+}
+
+/* A new connection on fd (non-blocking, close-on-exec), now ours. */
+static void take_connection(om_http_server_t *s, int fd) {
   conn_t *c;
   int namelen = (int)sizeof(struct sockaddr_storage);
-  if (status < 0) {
-    om_log(OM_LOG_WARN, "http_accept_failed", "error", uv_strerror(status),
-           NULL);
-    return;
-  }
   if (s->closing || s->m.connections_active >= s->o.max_connections) {
-    reject_connection(s);
+    s->m.connections_rejected++;
+    answer_and_close(fd, busy_503, sizeof busy_503 - 1);
     return;
   }
   c = calloc(1, sizeof *c);
   if (c == NULL) {
-    reject_connection(s);
+    s->m.connections_rejected++;
+    answer_and_close(fd, busy_503, sizeof busy_503 - 1);
+    accept_log(s, "http_accept_failed", "out of memory");
     return;
   }
   om_list_init(&c->dlink);
@@ -197,7 +263,8 @@ static void on_connection(uv_stream_t *ls, int status) {
   c->handles = 2;
   om_list_push_front(&s->conns, &c->link);
   s->m.connections_active++;
-  if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+  if (uv_tcp_open(&c->tcp, fd) != 0) {
+    close(fd);
     om__http_conn_close(c, 0);
     return;
   }
@@ -219,6 +286,44 @@ static void on_connection(uv_stream_t *ls, int status) {
   c->hstart_set = 1;
   c->t_header = c->t_read = c->t_idle = c->t_write = om__http_now_ms(c);
   om__http_conn_update(c);
+}
+
+static void on_acceptable(uv_poll_t *h, int status, int events) {
+  om_http_server_t *s = h->data;
+  uv_os_fd_t lfd;
+  (void)events;
+  if (s->closing || uv_fileno((uv_handle_t *)&s->listener, &lfd) != 0)
+    return;
+  if (status < 0) {
+    accept_log(s, "http_accept_failed", uv_strerror(status));
+    accept_pause(s);
+    return;
+  }
+  for (int i = 0; i < ACCEPT_BATCH && !s->closing; i++) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), rc;
+    if (fd >= 0) {
+      take_connection(s, fd);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return;
+    if (errno == EMFILE || errno == ENFILE) {
+      rc = shed_on_reserve(s, lfd);
+      if (rc > 0)
+        continue;
+      if (rc == 0)
+        return;
+      accept_log(s, "http_accept_failed",
+                 "out of file descriptors and no reserve");
+    } else {
+      accept_log(s, "http_accept_failed",
+                 uv_strerror(uv_translate_sys_error(errno)));
+    }
+    accept_pause(s); /* never spin on a socket we cannot drain */
+    return;
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -269,14 +374,17 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   s->o = o;
   s->on_request = on_request;
   s->ud = ud;
-  /* neither can fail: AF_UNSPEC creates no socket yet */
+  /* none can fail: AF_UNSPEC creates no socket yet */
   uv_tcp_init(loop, &s->listener);
   uv_timer_init(loop, &s->drain_timer);
+  uv_timer_init(loop, &s->accept_timer);
   uv_check_init(loop, &s->flush_check);
   s->listener.data = s;
   s->drain_timer.data = s;
+  s->accept_timer.data = s;
   s->flush_check.data = s;
-  s->handles = 3;
+  s->reserve_fd = -1;
+  s->handles = 4;
   *out = s;
   return 0;
 }
@@ -296,8 +404,36 @@ int om_http_server_listen(om_http_server_t *s, const char *host, int port) {
   if (rc != 0)
     return OM_EINVAL;
   rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&ss, 0);
+  if (rc == 0) {
+    uv_os_fd_t fd;
+    struct sockaddr_storage got;
+    int glen = (int)sizeof got;
+    rc = uv_fileno((uv_handle_t *)&s->listener, &fd);
+    /* libuv defers a bind's EADDRINUSE to uv_listen, which is not called:
+     * a socket left unbound (port 0) is that error */
+    if (rc == 0 && (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got,
+                                       &glen) != 0 ||
+                    (got.ss_family == AF_INET6
+                         ? ((struct sockaddr_in6 *)&got)->sin6_port
+                         : ((struct sockaddr_in *)&got)->sin_port) == 0))
+      rc = UV_EADDRINUSE;
+    if (rc == 0 && listen(fd, 511) != 0)
+      rc = uv_translate_sys_error(errno);
+    if (rc == 0) {
+      /* the listener stays the socket's owner (getsockname, close); the
+       * poll only watches it, and is closed first */
+      rc = uv_poll_init_socket(s->loop, &s->accept_poll, fd);
+      if (rc == 0) {
+        s->accept_poll.data = s;
+        s->handles++;
+        s->poll_open = 1;
+        s->polling = 1;
+        rc = uv_poll_start(&s->accept_poll, UV_READABLE, on_acceptable);
+      }
+    }
+  }
   if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    s->reserve_fd = reserve_open(); /* without it, EMFILE pauses accepting */
   if (rc != 0) {
     char p[8];
     snprintf(p, sizeof p, "%d", port);
@@ -329,12 +465,12 @@ static void on_srv_handle_closed(uv_handle_t *h) {
 }
 
 void om__http_srv_maybe_finish(om_http_server_t *s) {
-  if (!s->closing || s->finished || !om_list_empty(&s->conns) ||
-      s->rejects_open > 0)
+  if (!s->closing || s->finished || !om_list_empty(&s->conns))
     return;
   if (!s->timer_closing) {
     s->timer_closing = 1;
     uv_close((uv_handle_t *)&s->drain_timer, on_srv_handle_closed);
+    uv_close((uv_handle_t *)&s->accept_timer, on_srv_handle_closed);
     uv_close((uv_handle_t *)&s->flush_check, on_srv_handle_closed);
     return;
   }
@@ -362,7 +498,14 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
     return OM_ESTATE;
   s->closing = 1;
   s->on_closed = on_closed;
+  /* the poll first: it watches the listener's descriptor */
+  if (s->poll_open)
+    uv_close((uv_handle_t *)&s->accept_poll, on_srv_handle_closed);
   uv_close((uv_handle_t *)&s->listener, on_srv_handle_closed);
+  if (s->reserve_fd >= 0) {
+    close(s->reserve_fd);
+    s->reserve_fd = -1;
+  }
   OM_LIST_FOREACH_SAFE(it, &s->conns) {
     conn_t *c = OM_LIST_ENTRY(it, conn_t, link);
     /* a response in flight, or being flushed, may finish */

@@ -158,6 +158,9 @@ typedef struct om_http_server_metrics_s {
   uint64_t responses_aborted;    /* client gone or response aborted */
   uint64_t rejected[OM_HTTP_REJECT__COUNT]; /* by om_http_reject_t */
   uint64_t upgrades; /* connections handed over as tunnels (101) */
+  /* accepted on the reserve descriptor while the process was out of
+   * descriptors (EMFILE, ENFILE): 503 and closed */
+  uint64_t connections_shed;
 } om_http_server_metrics_t;
 
 /*

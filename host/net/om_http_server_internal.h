@@ -169,28 +169,27 @@ struct om_http_conn_s {
   int remote_port;
 };
 
-typedef struct {
-  uv_tcp_t tcp; /* first: freed through the handle pointer */
-  om_http_server_t *srv;
-} reject_conn_t;
-
 struct om_http_server_s {
   uv_loop_t *loop;
-  uv_tcp_t listener;
+  uv_tcp_t listener; /* owns the listening socket; libuv never accepts on it */
+  uv_poll_t accept_poll;   /* readiness of the listening socket: we accept */
+  uv_timer_t accept_timer; /* resumes accepting after a pause */
+  int reserve_fd; /* /dev/null, given up to answer 503 under EMFILE; -1 */
+  uint64_t accept_log_ms; /* the last accept-pressure log line; suppressed */
+  uint64_t accept_suppressed;
   uv_timer_t drain_timer;
   uv_check_t flush_check; /* flushes corked output once per loop turn */
   om_list_t dirty;        /* conn_t with corked output, by dlink */
   char *ob_spare[OB_SPARES];
   size_t n_ob_spare;
-  uv_tcp_t spare; /* rejects a connection when even malloc fails */
   om_http_server_opts_t o;
   om_http_handler_fn on_request;
   void *ud;
   om_http_closed_fn on_closed;
   om_list_t conns; /* every conn_t not yet freed, by link */
-  size_t handles, rejects_open;
+  size_t handles;
   unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
-      spare_busy : 1, finished : 1;
+      poll_open : 1, polling : 1, finished : 1;
   om_http_server_metrics_t m;
   time_t date_sec;
   char date[40];

@@ -499,7 +499,8 @@ void om__up_req_end(req_t *r, om_upstream_fail_t fail, int err,
   r->res.detail = detail != NULL ? detail : "";
   if (r->peer != NULL) {
     if (fail != OM_UPSTREAM_OK && fail != OM_UPSTREAM_FAIL_ABORTED &&
-        fail != OM_UPSTREAM_FAIL_CLOSED && fail != OM_UPSTREAM_FAIL_INTERNAL) {
+        fail != OM_UPSTREAM_FAIL_CLOSED && fail != OM_UPSTREAM_FAIL_INTERNAL &&
+        fail != OM_UPSTREAM_FAIL_LOCAL) {
       r->peer->st.failures++;
       p->st.failures++;
     }

@@ -193,7 +193,8 @@ typedef struct om_upstream_stats_s {
   uint64_t reuses;   /* attempts sent on a pooled connection */
   uint64_t requests; /* requests started (om_upstream_send returned 0) */
   uint64_t failures; /* requests that ended with an upstream failure:
-                        every class but aborted, closed and internal */
+                        every class but aborted, closed, internal and
+                        local */
   uint64_t retries;  /* transparent stale keep-alive retries */
 } om_upstream_stats_t;
 
@@ -367,6 +368,11 @@ typedef struct om_upstream_response_s {
  * - ABORTED: on_headers returned nonzero.
  * - CLOSED: om_upstream_pool_close ended the request.
  * - INTERNAL: out of memory mid-flight (growing a buffer).
+ * - LOCAL: this process could not make the connection for want of its own
+ *   resources (EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL: no
+ *   descriptor, buffer or ephemeral port). Nothing was sent (sent = 0) and
+ *   it says nothing about the peer: never count it against the peer's
+ *   health. res->os_err holds the libuv code.
  */
 #define OM_UPSTREAM_FAIL_MAP(XX)                                               \
   XX(CONNECT, "connect", OM_EIO)                                               \
@@ -378,7 +384,8 @@ typedef struct om_upstream_response_s {
   XX(RESET_MID_BODY, "reset_mid_body", OM_EIO)                                 \
   XX(ABORTED, "aborted", OM_ESTATE)                                            \
   XX(CLOSED, "closed", OM_ESTATE)                                              \
-  XX(INTERNAL, "internal", OM_ENOMEM)
+  XX(INTERNAL, "internal", OM_ENOMEM)                                          \
+  XX(LOCAL, "local_resources", OM_EIO)
 
 typedef enum {
   OM_UPSTREAM_OK = 0,
@@ -418,6 +425,9 @@ typedef struct om_upstream_result_s {
   unsigned attempts;     /* 1, or 2 after a stale keep-alive retry */
   uint64_t body_bytes;   /* delivered to on_body */
   int upgraded; /* a 101 whose connection om_upstream_take_tunnel took */
+  /* the libuv error code (negative errno) behind a CONNECT or LOCAL
+   * failure; 0 otherwise */
+  int os_err;
 } om_upstream_result_t;
 
 /*

@@ -303,12 +303,32 @@ void om__up_conn_start(conn_t *c) {
   conn_write(c);
 }
 
+/*
+ * The class of a connect error: LOCAL when this process lacks the
+ * resource (a descriptor, kernel buffers or memory, an ephemeral port:
+ * connect(2) says EADDRNOTAVAIL when the local port range is spent), so
+ * the peer is not to blame; CONNECT otherwise (refused, unreachable, ...).
+ */
+static om_upstream_fail_t connect_class(int uverr) {
+  switch (uverr) {
+  case UV_EMFILE:
+  case UV_ENFILE:
+  case UV_ENOBUFS:
+  case UV_ENOMEM:
+  case UV_EADDRNOTAVAIL:
+    return OM_UPSTREAM_FAIL_LOCAL;
+  default:
+    return OM_UPSTREAM_FAIL_CONNECT;
+  }
+}
+
 static void on_connect(uv_connect_t *cr, int status) {
   conn_t *c = cr->data;
   if (c->closing || c->req == NULL)
     return;
   if (status < 0) {
-    attempt_fail(c, OM_UPSTREAM_FAIL_CONNECT, 0, uv_strerror(status));
+    c->req->res.os_err = status;
+    attempt_fail(c, connect_class(status), 0, uv_strerror(status));
     return;
   }
   om__up_conn_start(c);
@@ -360,7 +380,8 @@ int om__up_conn_connect(req_t *r) {
   if (rc != 0) {
     om__up_detach(c);
     om__up_conn_close(c);
-    om__up_req_end(r, OM_UPSTREAM_FAIL_CONNECT, 0, uv_strerror(rc));
+    r->res.os_err = rc;
+    om__up_req_end(r, connect_class(rc), 0, uv_strerror(rc));
     return 0;
   }
   conn_arm(c);

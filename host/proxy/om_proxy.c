@@ -463,6 +463,7 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   if (apply_settings(s, &set) != 0)
     return -1;
   apply_circuits(s);
+  om__proxy_shed_reset(s); /* a new version is judged afresh */
   return 0;
 }
 
@@ -554,6 +555,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
   s->m_body_bytes =
       om_metrics_counter(p->metrics, "openmesh_proxy_request_body_bytes_total",
                          "Request body bytes read from clients.", labels);
+  om__proxy_shed_metrics(p, s, labels);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

@@ -101,6 +101,10 @@ typedef struct om_proxy_opts_s {
    * Content-Length, else when the count passes it); 0: no limit, as
    * Envoy's streaming default. A policy's max_body_bytes overrides it. */
   uint64_t max_body_bytes;
+  /* The first cooldown of a service whose traffic policy keeps overrunning
+   * its budget (docs/PROXY.md "Policy budgets"); it doubles per failed
+   * probe up to 30 times this. Default 10 s. */
+  uint64_t policy_shed_cooldown_ms;
 } om_proxy_opts_t;
 
 /*

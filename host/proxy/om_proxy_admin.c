@@ -92,6 +92,12 @@ static double service_value(const om__proxy_service_t *s, gauge_t g) {
   }
 }
 
+/* Connections a listener answered 503 at accept for want of descriptors. */
+static uint64_t shed_of(const om_http_server_t *srv) {
+  const om_http_server_metrics_t *m = om_http_server_metrics(srv);
+  return m != NULL ? m->connections_shed : 0;
+}
+
 static void render_live(const om_proxy_t *p, sbuf_t *b) {
   static const struct {
     gauge_t g;
@@ -168,6 +174,14 @@ static void render_live(const om_proxy_t *p, sbuf_t *b) {
                 esc, pesc, om_p2c_latency_ns(s->view->p2c, j, now) / 1e9);
     }
   }
+  sb_printf(b,
+            "# HELP openmesh_proxy_accept_shed_total Connections answered 503 "
+            "at accept while the process was out of descriptors.\n"
+            "# TYPE openmesh_proxy_accept_shed_total counter\n"
+            "openmesh_proxy_accept_shed_total{listener=\"proxy\"} %llu\n"
+            "openmesh_proxy_accept_shed_total{listener=\"admin\"} %llu\n",
+            (unsigned long long)shed_of(p->server),
+            (unsigned long long)shed_of(p->admin));
 }
 
 static void metrics(const om_proxy_t *p, om_http_request_t *req) {
@@ -267,6 +281,8 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     json_decref(o);
     return NULL;
   }
+  if (o != NULL)
+    om__proxy_isolation_status(s, o, now);
   return o;
 }
 
@@ -282,6 +298,8 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
         goto oom;
     }
     if (json_object_set_new(root, "draining", json_boolean(p->closing)) != 0 ||
+        json_object_set_new(root, "local_errors",
+                            json_integer((json_int_t)p->local_errors)) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
     text = json_dumps(root, JSON_COMPACT);

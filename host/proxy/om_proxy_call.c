@@ -173,6 +173,14 @@ static void fail(om__proxy_call_t *c, om__proxy_outcome_t o,
 /* No (further) attempt: tell the caller why the last one failed. */
 static void fail_last(om__proxy_call_t *c, uint64_t now) {
   char msg[512];
+  if (c->last_fail == OM_UPSTREAM_FAIL_LOCAL && c->last_status == 0) {
+    snprintf(msg, sizeof msg,
+             "the proxy is out of local resources (descriptors, buffers or "
+             "ports) to reach peer '%s' (%u attempt%s)",
+             c->last_peer, c->attempts, c->attempts == 1 ? "" : "s");
+    fail(c, OM__PROXY_LOCAL, msg);
+    return;
+  }
   if (om_deadline_expired(c->deadline, now + NS_PER_MS) ||
       (c->last_timeout && c->last_deadline_limited)) {
     snprintf(msg, sizeof msg,
@@ -574,8 +582,16 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   int timeout = res->fail == OM_UPSTREAM_FAIL_TIMEOUT_CONNECT ||
                 res->fail == OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE ||
                 res->fail == OM_UPSTREAM_FAIL_TIMEOUT_TOTAL;
-  int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED;
+  int local = res->fail == OM_UPSTREAM_FAIL_LOCAL;
+  int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED && !local;
   c->up = NULL;
+  if (local) {
+    /* the process's trouble, not the peer's: it may be picked again */
+    om__proxy_local_error(c->p, c->s->name, res->os_err, res->detail, now);
+    for (size_t k = 0; c->peer != NULL && k < c->n_subset; k++)
+      if (c->view->peers[c->subset[k]] == c->peer)
+        c->tried[c->subset[k] / 64] &= ~(UINT64_C(1) << (c->subset[k] % 64));
+  }
   if (c->paused) {
     if (c->req != NULL)
       om_http_response_on_drain(c->req, 0, NULL);
@@ -623,6 +639,20 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   }
   c->last_timeout = timeout;
   c->last_deadline_limited = c->deadline_limited;
+  if (local) {
+    /* nothing was sent: one more attempt, after the usual backoff (time
+     * for descriptors to come back), never a tight loop over the subset */
+    if (!c->local_retried) {
+      c->local_retried = 1;
+      c->wait_ns =
+          om_backoff_ns(1, c->p->opts.backoff_base_ms * NS_PER_MS,
+                        c->p->opts.backoff_cap_ms * NS_PER_MS, &c->p->rng);
+      schedule_retry(c);
+      return;
+    }
+    fail_last(c, now);
+    return;
+  }
   {
     om_retry_error_t rc = retry_class(res->fail);
     /* nothing left (res->sent 0, exact on every path): no server saw the
@@ -766,7 +796,9 @@ static void start_attempt(om__proxy_call_t *c) {
     attempt_done(c, 0, 0, 0, now);
     snprintf(msg, sizeof msg, "cannot send to peer '%s': %s", c->last_peer,
              om_strerror(rc));
-    fail(c, OM__PROXY_UPSTREAM, msg);
+    if (rc == OM_ENOMEM)
+      om__proxy_local_error(p, s->name, 0, "out of memory", now);
+    fail(c, rc == OM_ENOMEM ? OM__PROXY_LOCAL : OM__PROXY_UPSTREAM, msg);
     return;
   }
   om__proxy_body_sent(c);
@@ -944,14 +976,22 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
 
 /*
  * om_policy_route, through the service's decision cache when the policy
- * declares vary (om_proxy_cache.h).
+ * declares vary (om_proxy_cache.h), behind the shedding gate
+ * (om_proxy_isolation.c): 1, with err saying why, while the service's
+ * policy is shed; else the route's result, which the gate learns from.
  */
 static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
                  size_t *n_subset, const char **key, size_t *key_len, char *err,
-                 size_t errlen) {
-  return om__proxy_cache_route(&s->cache, om__proxy_policy(s), preq,
-                               s->proxy->scratch, n_subset, key, key_len, err,
-                               errlen);
+                 size_t errlen, uint64_t now) {
+  uint64_t hits = s->cache.hits;
+  int rc;
+  if (om__proxy_shed_gate(s, now, err, errlen))
+    return 1; /* shed: refused without running the policy, not logged */
+  rc = om__proxy_cache_route(&s->cache, om__proxy_policy(s), preq,
+                             s->proxy->scratch, n_subset, key, key_len, err,
+                             errlen);
+  om__proxy_shed_outcome(s, rc, s->cache.hits == hits, uv_hrtime());
+  return rc;
 }
 
 /* The service named by Host (an optional :port ignored). */
@@ -1045,12 +1085,13 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   preq.path = req->path;
   preq.headers = kv;
   preq.n_headers = req->n_headers;
-  rc = route(s, &preq, &n_subset, &key, &key_len, err, sizeof err);
+  rc = route(s, &preq, &n_subset, &key, &key_len, err, sizeof err, now);
   if (kv != kv_stack)
     free(kv);
   if (rc != 0) {
-    om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "error", err,
-           NULL);
+    if (rc < 0)
+      om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "error",
+             err, NULL);
     om_metric_inc(s->outcomes[OM__PROXY_POLICY_ERROR]);
     respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
     return;

@@ -112,7 +112,8 @@ typedef struct om__proxy_settings_s {
   XX(UPSTREAM, 502, "upstream")                                                \
   XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")                          \
   XX(BODY_TOO_LARGE, 413, "body_too_large")                                    \
-  XX(BODY_TIMEOUT, 408, "request_timeout")
+  XX(BODY_TIMEOUT, 408, "request_timeout")                                     \
+  XX(LOCAL, 503, "local_resources")
 
 typedef enum {
 #define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
@@ -152,6 +153,11 @@ struct om__proxy_service_s {
   om_metric_t *m_upgrades[OM__PROXY_UPG_COUNT], *m_tunnels, *m_tunnel_bytes[2];
   uint64_t upgrades[OM__PROXY_UPG_COUNT], tunnels_open;
   om_metric_t *m_body_bytes; /* request body bytes from clients */
+  /* policy budget overruns and shedding (om_proxy_isolation.c) */
+  uint64_t policy_trips, policy_sheds, shed_refused;
+  uint64_t trip_window_ns, shed_until_ns, shed_cooldown_ns;
+  uint32_t trips_in_window;
+  om_metric_t *m_policy_trips, *m_policy_sheds, *m_policy_shed_refused;
 };
 
 struct om_proxy_s {
@@ -176,6 +182,8 @@ struct om_proxy_s {
   int closing, server_open, admin_open, pool_open;
   void (*on_closed)(void *ud);
   void *closed_ud;
+  /* local resource errors (om_proxy_isolation.c) */
+  uint64_t local_errors, local_log_ns, local_suppressed;
 };
 
 /*
@@ -256,6 +264,7 @@ struct om__proxy_call_s {
   int upgrade_sent;
   struct om__proxy_tunnel_s *tun;
   om__proxy_body_t body;
+  int local_retried; /* an attempt after a local failure was made */
 };
 
 /* om_proxy.c */
@@ -393,5 +402,41 @@ int om__proxy_response_field_dropped(const om_http_header_t *f, int status);
 /* om__proxy_traceparent_valid: v[0, len) is a traceparent the W3C rules
  * accept (version 00 exactly; a later version by its 00 prefix). */
 int om__proxy_traceparent_valid(const char *v, size_t len);
+
+/*
+ * om_proxy_isolation.c. om__proxy_local_error: a call failed for want of
+ * this process's own resources (os_err: the libuv code, or 0 for an
+ * allocation): count it by errno and log it, at most once a second.
+ */
+void om__proxy_local_error(om_proxy_t *p, const char *service, int os_err,
+                           const char *detail, uint64_t now);
+
+/* The service's shedding counters, registered under labels. */
+void om__proxy_shed_metrics(om_proxy_t *p, om__proxy_service_t *s,
+                            const char *labels);
+
+/* A new policy version: no trips, not shed. */
+void om__proxy_shed_reset(om__proxy_service_t *s);
+
+/*
+ * om__proxy_shed_gate: 1 when the service's policy is shed now: the call
+ * must fail with policy_error without running it (err says why and for
+ * how long); 0 when the policy may run (after a cooldown, as the probe).
+ */
+int om__proxy_shed_gate(om__proxy_service_t *s, uint64_t now, char *err,
+                        size_t errlen);
+
+/*
+ * om__proxy_shed_outcome: what a route call returned (rc; ran: the policy
+ * ran, not a cached decision). A budget overrun counts towards shedding;
+ * a probe that kept within its budget ends it.
+ */
+void om__proxy_shed_outcome(om__proxy_service_t *s, int rc, int ran,
+                            uint64_t now);
+
+/* Budget and shedding fields into the service's /status object o. */
+typedef struct json_t json_t;
+void om__proxy_isolation_status(const om__proxy_service_t *s, json_t *o,
+                                uint64_t now);
 
 #endif /* OM_PROXY_INTERNAL_H */

@@ -51,6 +51,14 @@ local function number_above(min)
   end)
 end
 
+-- A bounded number: min < v <= max (a budget that must be positive and
+-- has a ceiling).
+local function number_within(min, max)
+  return expect(("number > %s and <= %s"):format(show(min), show(max)), function(v)
+    return is_finite(v) and v > min and v <= max
+  end)
+end
+
 local boolean = expect("boolean", function(v)
   return type(v) == "boolean"
 end)
@@ -236,6 +244,7 @@ end
 -- What the other parts use.
 M.integer_at_least = integer_at_least
 M.number_above = number_above
+M.number_within = number_within
 M.boolean = boolean
 M.func = func
 M.text = text

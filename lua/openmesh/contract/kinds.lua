@@ -19,6 +19,7 @@ local same_set = messages.same_set
 local same_list = messages.same_list
 local integer_at_least = checkers.integer_at_least
 local number_above = checkers.number_above
+local number_within = checkers.number_within
 local boolean = checkers.boolean
 local func = checkers.func
 local text = checkers.text
@@ -344,6 +345,9 @@ local KIND_SPECS = {
     { "max_body_bytes", integer_at_least(0) },
     { "replay_limit", integer_at_least(0) },
     { "body_idle_timeout_ms", number_above(0) },
+    -- Wall clock one call of subset/key may hold the proxy's loop (default
+    -- 1 ms; bindings/om_policy.h OM_POLICY_MAX_BUDGET_MS is the ceiling).
+    { "budget_ms", number_within(0, 50) },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
