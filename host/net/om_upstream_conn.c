@@ -82,6 +82,17 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       c->buf = nb;
       c->cap = n;
     }
+  } else if (c->read_full && c->len == 0 && c->cap < BODY_READ &&
+             (c->phase == PH_BODY_CL || c->phase == PH_CHUNKED ||
+              c->phase == PH_BODY_EOF)) {
+    /* a body that fills every read: fewer, larger reads (a quarter of the
+     * syscalls of 16 KiB ones for a download); back to read_buffer_bytes
+     * when the connection is pooled */
+    char *nb = realloc(c->buf, BODY_READ);
+    if (nb != NULL) {
+      c->buf = nb;
+      c->cap = BODY_READ;
+    }
   }
   buf->base = c->buf + c->len;
   buf->len = c->cap - c->len; /* 0 makes libuv report UV_ENOBUFS */
@@ -109,6 +120,15 @@ static void conn_make_idle(conn_t *c) {
   peer_t *e = c->peer;
   c->phase = PH_IDLE;
   c->pos = c->len = 0;
+  c->read_full = 0;
+  if (c->cap > p->o.read_buffer_bytes && c->cap == BODY_READ) {
+    /* pooled connections hold the small buffer, whatever they carried */
+    char *nb = realloc(c->buf, p->o.read_buffer_bytes);
+    if (nb != NULL) {
+      c->buf = nb;
+      c->cap = p->o.read_buffer_bytes;
+    }
+  }
   c->idle_since = now_ms(p);
   om_list_push_front(&e->idle, &c->ilink);
   e->st.idle++;
@@ -887,9 +907,9 @@ static void conn_eof(conn_t *c, ssize_t err) {
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = s->data;
-  (void)buf;
   if (nread == 0 || c->closing)
     return;
+  c->read_full = nread > 0 && (size_t)nread == buf->len;
   if (c->req == NULL) {
     /* pooled: the server closed it, or sent what nobody asked for */
     om__up_conn_close(c);

@@ -27,7 +27,9 @@
 #define MIN_READ_BUFFER 1024u
 #define DEF_MAX_PEERS 4096u
 
-#define READ_MIN 1024u      /* compact or grow below this much room */
+#define READ_MIN 1024u /* compact or grow below this much room */
+/* the read buffer of a connection whose body fills every read */
+#define BODY_READ (64u * 1024u)
 #define FREE_REQS_MAX 256u  /* request objects kept for reuse */
 #define REQ_HEAD_KEEP 8192u /* a recycled request keeps this much head */
 #define HDRS_INITIAL 16u
@@ -92,6 +94,7 @@ struct conn_s {
   /* read buffer: unconsumed bytes are [pos, len) */
   char *buf;
   size_t cap, cap_max, len, pos;
+  int read_full; /* the latest read filled the buffer: more was waiting */
   /* the head, relative to pos */
   om_http1_head_t head;
   om_http1_field_t *fields;
