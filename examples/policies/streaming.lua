@@ -1,5 +1,5 @@
 -- Streaming: a service that answers with long streams (Server-Sent Events,
--- LLM token streams, large downloads). The deadline covers only the wait
+-- LLM token streams, large downloads, uploads, WebSocket). The deadline covers only the wait
 -- for the response head; once the head is relayed the stream lives as long
 -- as it flows, bounded by the stream timeouts below (docs/PROXY.md
 -- "Timeouts").
@@ -18,6 +18,12 @@ return {
   -- heartbeats end a dead stream
   stream_idle_timeout_ms = 30000,
   max_stream_ms = 3600000, -- no stream holds a slot beyond an hour
+  -- uploads stream through as they arrive: at most 64 MiB, a client that
+  -- stalls 30 s gets 408, and bodies up to 1 MiB are kept for a retry
+  max_body_bytes = 67108864,
+  body_idle_timeout_ms = 30000,
+  replay_limit = 1048576,
+  upgrades = { "websocket" }, -- WebSocket too (the default, said here)
 
   examples = {
     { description = "every peer is eligible",
