@@ -58,24 +58,11 @@ static int name_is(const om_http_header_t *h, const char *lit, size_t len) {
   return h->name_len == len && memcmp(h->name, lit, len) == 0;
 }
 
-/* ASCII case-insensitive equality of a[0, n) and b[0, n). */
-static int ci_equal(const char *a, const char *b, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    unsigned x = (unsigned char)a[i], y = (unsigned char)b[i];
-    if (x >= 'A' && x <= 'Z')
-      x |= 0x20;
-    if (y >= 'A' && y <= 'Z')
-      y |= 0x20;
-    if (x != y)
-      return 0;
-  }
-  return 1;
-}
-
 /*
- * Is the (lower-cased) field name[0, len) listed in a Connection value
- * v[0, vn)? The value is a #token list (RFC 9110 7.6.1, 5.6.1: empty
- * elements allowed); an element that is not a token names nothing.
+ * Is the (lower-cased, NUL-terminated) field name[0, len) listed in a
+ * Connection value v[0, vn)? The value is a #token list (RFC 9110 7.6.1,
+ * 5.6.1: empty elements allowed); an element that is not a token names
+ * nothing.
  */
 static int named_in(const char *v, size_t vn, const char *name, size_t len) {
   size_t i = 0;
@@ -89,7 +76,7 @@ static int named_in(const char *v, size_t vn, const char *name, size_t len) {
     e = i;
     while (e > s && om__http_is_ows((unsigned char)v[e - 1]))
       e--;
-    if (e - s == len && ci_equal(v + s, name, len))
+    if (e - s == len && om__http_ci_eq(v + s, len, name))
       return 1;
   }
   return 0;
@@ -271,13 +258,14 @@ void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
 int om__proxy_response_field_dropped(const om_http_header_t *f, int status) {
   switch (f->name_len) {
   case 14:
-    return status == 204 && ci_equal(f->name, "content-length", 14);
+    return status == 204 &&
+           om__http_ci_eq(f->name, f->name_len, "content-length");
   case 15:
-    return ci_equal(f->name, "x-openmesh-peer", 15);
+    return om__http_ci_eq(f->name, f->name_len, "x-openmesh-peer");
   case 18:
-    return ci_equal(f->name, "proxy-authenticate", 18);
+    return om__http_ci_eq(f->name, f->name_len, "proxy-authenticate");
   case 19:
-    return ci_equal(f->name, "x-openmesh-attempts", 19);
+    return om__http_ci_eq(f->name, f->name_len, "x-openmesh-attempts");
   default:
     return 0;
   }
