@@ -363,6 +363,45 @@ void om__proxy_body_sent(om__proxy_call_t *c);
 om__proxy_outcome_t om__proxy_body_close_outcome(const om_http_request_t *req);
 /* Free the replay buffer. */
 void om__proxy_body_free(om__proxy_call_t *c);
+/*
+ * om_proxy_select.c: the decisions of the call path (om_proxy_call.c runs
+ * the attempts).
+ *
+ * om__proxy_select_peer: the next peer for c, its circuit's permission
+ * taken: the best untried peer of the subset in rendezvous rank (keyed),
+ * or a P2C pick among the untried subset peers whose circuit allows
+ * (unkeyed). NULL when none; *all_open then says whether untried peers
+ * exist but every one is behind an open circuit.
+ */
+om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
+                                        int *all_open);
+
+/* om_retry_decide for c's request as forwarded (its Idempotency-Key is the
+ * one the upstream sees) and the given outcome. */
+int om__proxy_request_allows(const om__proxy_call_t *c, int status,
+                             om_retry_error_t err, om_retry_phase_t phase);
+
+/*
+ * om__proxy_decide_retry: may c's failed attempt be retried, and after how
+ * long (*wait_out, ns)? Every gate of the call path in turn (docs/PROXY.md):
+ * attempts left, a replayable body (unless nothing was sent), an upgrade
+ * never replayed once sent, the send phase, the method (or
+ * Idempotency-Key, or the policy's opt-in) with a retryable outcome, a
+ * Retry-After (has_ra, ra_ns) that fits, room in the deadline for a useful
+ * attempt after the wait, a peer left in the subset, and last the retry
+ * budget (spent only when everything else said yes). Records the phase of
+ * the retry for the metrics of the next attempt.
+ */
+int om__proxy_decide_retry(om__proxy_call_t *c, int status,
+                           om_retry_error_t err, om_retry_phase_t phase,
+                           int has_ra, uint64_t ra_ns, uint64_t now,
+                           uint64_t *wait_out);
+
+/* The Retry-After of a 429/503 head r in *out_ns (RFC 9110 10.2.3), capped
+ * at ceiling_ms; 0 when it has none that parses. */
+int om__proxy_retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
+                          uint64_t *out_ns);
+
 /* om_proxy_admin.c: the admin listener's handler. */
 void om__proxy_on_admin(om_http_request_t *req, void *ud);
 
