@@ -129,6 +129,23 @@ describe("request bodies through the real openmesh proxy", function()
     assert.is_true(kib < 64 * 1024, "VmHWM " .. kib .. " KiB")
   end)
 
+  it("relays a 1 GB download whole with the proxy's peak memory under 64 MB", function()
+    local size = 1000 * 1000 * 1000
+    local hashfile = dir .. "/gen1g.sha"
+    -- what the sink sends: the generator's bytes, hashed here once
+    local _, grc = H.sh(string.format("%s %s gen %d %s >/dev/null", H.q(PY), H.q(TOOL),
+      size, H.q(hashfile)))
+    assert.equal(0, grc)
+    local out, rc = H.sh(string.format("%s -sS -H 'Host: up' %s/download/%d | sha256sum",
+      H.curl(120), proxies.open.url, size))
+    assert.equal(0, rc, out)
+    local want = H.readfile(hashfile):match("%d+ (%x+)")
+    assert.equal(want, out:match("^(%x+)"))
+    local kib = vmhwm_kib(proxies.open)
+    print(("# 1 GB download: proxy VmHWM %d KiB"):format(kib))
+    assert.is_true(kib < 64 * 1024, "VmHWM " .. kib .. " KiB")
+  end)
+
   it("cuts 100 stalled 8 MiB uploads with 408 and stays under 64 MB", function()
     local t0 = H.now()
     local out, rc = H.sh(string.format("timeout 60 %s %s stall 127.0.0.1 %d 100 %d up",
