@@ -28,7 +28,7 @@ static inline int bit(const uint64_t *b, size_t i) {
  * one is behind an open circuit.
  */
 om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
-                                     int *all_open) {
+                                        int *all_open) {
   om__proxy_view_t *v = c->view;
   size_t untried = 0;
   *all_open = 0;
@@ -94,7 +94,7 @@ static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
  * Idempotency-Key is the one the upstream sees) and the given outcome.
  */
 int om__proxy_request_allows(const om__proxy_call_t *c, int status,
-                          om_retry_error_t err, om_retry_phase_t phase) {
+                             om_retry_error_t err, om_retry_phase_t phase) {
   const om_proxy_t *p = c->p;
   om_retry_req_t rr;
   memset(&rr, 0, sizeof rr);
@@ -120,9 +120,10 @@ int om__proxy_request_allows(const om__proxy_call_t *c, int status,
  * only when everything else said yes). Records the phase of the retry for
  * the metrics of the next attempt.
  */
-int om__proxy_decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err,
-                        om_retry_phase_t phase, int has_ra, uint64_t ra_ns,
-                        uint64_t now, uint64_t *wait_out) {
+int om__proxy_decide_retry(om__proxy_call_t *c, int status,
+                           om_retry_error_t err, om_retry_phase_t phase,
+                           int has_ra, uint64_t ra_ns, uint64_t now,
+                           uint64_t *wait_out) {
   om_proxy_t *p = c->p;
   uint64_t remaining, min_ns = p->opts.min_attempt_ms * NS_PER_MS, wait;
   int pre = phase == OM_RETRY_PHASE_PRE_SEND;
@@ -159,7 +160,7 @@ int om__proxy_decide_retry(om__proxy_call_t *c, int status, om_retry_error_t err
 
 /* Retry-After of a 429/503 head, in ns (RFC 9110 10.2.3). */
 int om__proxy_retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
-                       uint64_t *out_ns) {
+                          uint64_t *out_ns) {
   for (size_t i = 0; i < r->n_headers; i++) {
     const om_http_header_t *h = &r->headers[i];
     uint64_t ms;
@@ -172,4 +173,3 @@ int om__proxy_retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
   }
   return 0;
 }
-
