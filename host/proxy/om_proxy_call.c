@@ -112,7 +112,7 @@ static int parse_ms(const char *v, size_t len, uint64_t *out) {
 /* ------------------------------------------------------------------ */
 /* the end of a call */
 
-static void on_om__proxy_call_timer_closed(uv_handle_t *h) {
+static void on_call_timer_closed(uv_handle_t *h) {
   om__proxy_call_t *c = h->data;
   om_proxy_t *p = c->p;
   free(c);
@@ -139,7 +139,7 @@ static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
     om__proxy_arm_queue_timer(s);
   }
   if (c->timer_init) {
-    uv_close((uv_handle_t *)&c->timer, on_om__proxy_call_timer_closed);
+    uv_close((uv_handle_t *)&c->timer, on_call_timer_closed);
   } else {
     om_proxy_t *p = c->p;
     free(c);
