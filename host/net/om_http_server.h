@@ -30,6 +30,11 @@
  * without keep-alive) no further byte is parsed (9.6); while its response
  * is on its way, what follows is read and dropped up to 1 MiB, then no
  * longer read (TCP holds the client back) until the response is done.
+ * After it (our FIN sent), what the client still sends is read and
+ * dropped up to 64 MiB, 30 s in all or 2 s without a byte, then the
+ * connection closes (lingering close, as nginx's lingering_close): a
+ * client that sends a whole body before reading, as most do without
+ * Expect, reads an early answer (413, 503) instead of a reset.
  *
  * Threading: everything runs on the loop thread; no function here may be
  * called from another thread. The process must ignore SIGPIPE (libuv
