@@ -2252,6 +2252,55 @@ upgrade_tunnels_past_the_deadline_until_a_side_closes(void **state) {
   env_close(&e);
 }
 
+/* A tunnel is a committed stream: max_stream_ms cuts it however it
+ * flows, and the cut is counted with the streams'. */
+static void upgrade_tunnel_is_cut_at_max_stream(void **state) {
+  env_t e;
+  htc_t *c;
+  char *m;
+  int st, frames = 0;
+  uint64_t t0;
+  (void)state;
+  env_init(&e);
+  env_fx(&e, "a", FX_UPGRADE);
+  env_proxy(&e, NULL,
+            policy_file("wsmax.lua", "stream_idle_timeout_ms = 400,"
+                                     " max_stream_ms = 500"));
+  env_topology(&e, "ws", 1);
+  c = htc_new("127.0.0.1", e.port);
+  assert_non_null(c);
+  assert_int_equal(htc_sends(&e.loop, c, UPGRADE_REQ("/chat", "websocket")), 0);
+  assert_true(wait_bytes(&e, c, "\r\n\r\n", 4, 3000));
+  t0 = htc_now_ms();
+  /* a frame every 100 ms: never idle, cut by max_stream_ms alone */
+  while (!c->eof && htc_now_ms() - t0 < 3000) {
+    uint64_t t1 = htc_now_ms();
+    while (!c->eof && htc_now_ms() - t1 < 100)
+      htc_step(&e.loop, c, 1);
+    if (!c->eof && htc_sends(&e.loop, c, "fx") == 0)
+      frames++;
+  }
+  OM_TEST_NOTE("tunnel cut after %llu ms, %d frames sent",
+               (unsigned long long)(htc_now_ms() - t0), frames);
+  assert_true(c->eof);
+  OM_ASSERT_CMP(htc_now_ms() - t0, >=, 450);
+  OM_ASSERT_CMP(htc_now_ms() - t0, <, 1500);
+  OM_ASSERT_CMP(frames, >=, 3); /* it flowed past the idle timeout */
+  spin(&e, 50);
+  m = admin_get(&e, "/metrics", &st);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_streams_cut_total{service=\"ws\","
+                          "reason=\"max_stream\"} ")),
+      1);
+  assert_int_equal(
+      atoi(metric_line(m, "openmesh_proxy_streams_cut_total{service=\"ws\","
+                          "reason=\"idle\"} ")),
+      0);
+  free(m);
+  htc_free(c);
+  env_close(&e);
+}
+
 static void upgrade_refusals_h2c_and_non_101_answers(void **state) {
   env_t e;
   fx_t *a;
@@ -3460,6 +3509,7 @@ int main(void) {
       cmocka_unit_test(vary_cache_is_bounded),
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(upgrade_tunnels_past_the_deadline_until_a_side_closes),
+      cmocka_unit_test(upgrade_tunnel_is_cut_at_max_stream),
       cmocka_unit_test(upgrade_refusals_h2c_and_non_101_answers),
       cmocka_unit_test(upgrade_goes_to_another_peer_only_before_send),
       cmocka_unit_test(

@@ -11,9 +11,10 @@
  * bytes are copied both ways until either side closes, a half-close is
  * carried to the other side, a side that does not read stops reads on the
  * other (backpressure at the proxy's high-water mark), and no byte either
- * way for stream_idle_timeout_ms cuts both. The call keeps its admission
- * slot while the tunnel is open: it is a committed stream, never replayed
- * and never bounded by the call deadline.
+ * way for stream_idle_timeout_ms, or max_stream_ms in all, cuts both (the
+ * stream timeouts of responses, om_proxy_stream.c). The call keeps its
+ * admission slot while the tunnel is open: it is a committed stream, never
+ * replayed and never bounded by the call deadline.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@ typedef struct om__proxy_tunnel_s {
   om_tunnel_t *down; /* the client's connection */
   om_tunnel_t *up;   /* the peer's connection */
   uv_timer_t idle;
+  uint64_t t0_ms;   /* loop time of the switch */
   uint64_t last_ms; /* loop time of the latest byte either way */
   uint64_t bytes[2];
   int err; /* the first side's error; 0 while both are clean */
@@ -152,16 +154,43 @@ static void cut(om__proxy_tunnel_t *t, int err) {
   maybe_end(t);
 }
 
+/* A tunnel is a committed stream: the stream timeouts of its service
+ * apply (om_proxy_stream.c has them for responses), idle and max_stream. */
+static uint64_t idle_limit_ms(const om__proxy_call_t *c) {
+  return c->set.stream_idle_ns / NS_PER_MS;
+}
+
+static uint64_t max_limit_ms(const om__proxy_call_t *c) {
+  return c->set.max_stream_ns == OM_DEADLINE_NEVER
+             ? 0
+             : c->set.max_stream_ns / NS_PER_MS;
+}
+
+/* The loop ms when the tunnel is due to be cut as things stand; 0: never. */
+static uint64_t tunnel_due(const om__proxy_tunnel_t *t) {
+  uint64_t idle = idle_limit_ms(t->c), max = max_limit_ms(t->c), d = 0;
+  if (idle != 0)
+    d = t->last_ms + idle;
+  if (max != 0 && (d == 0 || t->t0_ms + max < d))
+    d = t->t0_ms + max;
+  return d;
+}
+
 static void on_idle(uv_timer_t *h) {
   om__proxy_tunnel_t *t = h->data;
-  uint64_t now = uv_now(h->loop),
-           idle_ms = t->c->set.stream_idle_ns / NS_PER_MS;
-  if (now - t->last_ms < idle_ms) {
-    uv_timer_start(&t->idle, on_idle, idle_ms - (now - t->last_ms), 0);
+  om__proxy_call_t *c = t->c;
+  uint64_t now = uv_now(h->loop), d = tunnel_due(t);
+  int max_stream;
+  if (d == 0)
+    return;
+  if (now < d) { /* bytes moved since it was armed: the due is later */
+    uv_timer_start(&t->idle, on_idle, d - now, 0);
     return;
   }
-  om_log(OM_LOG_INFO, "proxy_tunnel_idle", "service", t->c->s->name, "peer",
-         t->c->last_peer, NULL);
+  max_stream = max_limit_ms(c) != 0 && now >= t->t0_ms + max_limit_ms(c);
+  om_metric_inc(max_stream ? c->s->m_cut_max : c->s->m_cut_idle);
+  om_log(OM_LOG_INFO, "proxy_tunnel_cut", "service", c->s->name, "peer",
+         c->last_peer, "reason", max_stream ? "max_stream" : "idle", NULL);
   cut(t, OM_EDEADLINE);
 }
 
@@ -289,9 +318,9 @@ int om__proxy_tunnel_start(om__proxy_call_t *c,
   c->tun = t;
   uv_timer_init(c->p->loop, &t->idle);
   t->idle.data = t;
-  t->last_ms = uv_now(c->p->loop);
-  if (c->set.stream_idle_ns / NS_PER_MS > 0)
-    uv_timer_start(&t->idle, on_idle, c->set.stream_idle_ns / NS_PER_MS, 0);
+  t->t0_ms = t->last_ms = uv_now(c->p->loop);
+  if (tunnel_due(t) != 0)
+    uv_timer_start(&t->idle, on_idle, tunnel_due(t) - t->t0_ms, 0);
   s->tunnels_open++;
   om_metric_set(s->m_tunnels, (double)s->tunnels_open);
   om__proxy_upgrade_count(s, OM__PROXY_UPG_SWITCHED);
