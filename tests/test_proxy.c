@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ctype.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1768,6 +1769,25 @@ static void slow_reader_pauses_the_upstream(void **state) {
 /* ------------------------------------------------------------------ */
 /* policies */
 
+/* The whole file at path, NUL-terminated (free it); fails the test when
+ * it cannot be read. */
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *buf;
+  long n;
+  assert_non_null(f);
+  assert_int_equal(fseek(f, 0, SEEK_END), 0);
+  n = ftell(f);
+  assert_true(n >= 0);
+  rewind(f);
+  buf = malloc((size_t)n + 1);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
 static void policy_error_never_widens(void **state) {
   env_t e;
   fx_t *a;
@@ -1799,6 +1819,58 @@ static void policy_error_never_widens(void **state) {
   get(&e, "orders", NULL, &r);
   assert_int_equal(r.status, 200);
   assert_int_equal(a->requests, 1);
+  /* a policy that raises on every call logs at most one line a second,
+   * not one a call, and the next line says how many it held back: 50
+   * failing calls in a burst, a second of quiet, one more, the log
+   * captured */
+  {
+    char logpath[160], *text, *last = NULL;
+    int saved = dup(2), fd, lines = 0, errors = 0;
+    uint64_t t0;
+    snprintf(logpath, sizeof logpath, "%s/policy-errors.log", g_dir);
+    fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(saved >= 0 && fd >= 0);
+    fflush(stderr);
+    dup2(fd, 2);
+    close(fd);
+    t0 = htc_now_ms();
+    for (int i = 0; i < 50; i++) {
+      get(&e, "orders", "x-boom: 1\r\n", &r);
+      errors += r.status == 500;
+    }
+    t0 = htc_now_ms() - t0;
+    spin(&e, 1100);
+    get(&e, "orders", "x-boom: 1\r\n", &r);
+    errors += r.status == 500;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    text = read_file(logpath);
+    for (char *at = text; (at = strstr(at, "proxy_policy_error")) != NULL;
+         at++) {
+      lines++;
+      last = at;
+    }
+    OM_TEST_NOTE("50 failing calls in %llu ms, then one: %d log lines",
+                 (unsigned long long)t0, lines);
+    OM_ASSERT_CMP(errors, ==, 51); /* each caller still gets its error */
+    OM_ASSERT_CMP(t0, <, 1000);
+    /* the burst fell in the second of the lines the failing calls above
+     * wrote (1 line: the last, holding back the burst and those calls'
+     * own held-back ones), or just after it (its first call logs, 49 held
+     * back) */
+    OM_ASSERT_CMP(lines, >=, 1);
+    OM_ASSERT_CMP(lines, <=, 2);
+    assert_non_null(last);
+    {
+      const char *sup = strstr(last, "\"suppressed\":\"");
+      int held = sup != NULL ? atoi(sup + 14) : -1;
+      OM_TEST_NOTE("the last line held back %d", held);
+      OM_ASSERT_CMP(held, >=, 49);
+      OM_ASSERT_CMP(held, <=, 52); /* + the x-boom, x-fake, x-loop above */
+    }
+    free(text);
+  }
   env_close(&e);
 }
 

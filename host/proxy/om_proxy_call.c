@@ -931,9 +931,13 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (kv != kv_stack)
     free(kv);
   if (rc != 0) {
-    if (rc < 0)
+    uint64_t held;
+    if (rc < 0 && om__proxy_log_limit(&s->policy_log, now, &held)) {
+      char sup[24];
+      snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
       om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "error",
-             err, NULL);
+             err, "suppressed", sup, NULL);
+    }
     om_metric_inc(s->outcomes[OM__PROXY_POLICY_ERROR]);
     respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
     return;

@@ -25,6 +25,21 @@
 
 typedef struct om__proxy_service_s om__proxy_service_t;
 
+/*
+ * A log line that a flood of calls could repeat (a policy that raises on
+ * every request, a process out of descriptors) goes out at most once a
+ * second per limiter, saying how many were held back; the metrics count
+ * every one.
+ */
+typedef struct om__proxy_log_limit_s {
+  uint64_t last_ns;    /* when the latest line went out; 0: never */
+  uint64_t suppressed; /* held back since then */
+} om__proxy_log_limit_t;
+
+/* om_proxy_isolation.c: whether a line limited by l may go out at now;
+ * when it may, *held is how many were held back since the last one. */
+int om__proxy_log_limit(om__proxy_log_limit_t *l, uint64_t now, uint64_t *held);
+
 /* The Upgrade tokens a traffic policy allows (`upgrades`), lower-cased;
  * the contract bounds their number and length. */
 #define OM__PROXY_MAX_UPGRADES 8
@@ -155,6 +170,7 @@ struct om__proxy_service_s {
   om_metric_t *m_body_bytes; /* request body bytes from clients */
   /* policy budget overruns and shedding (om_proxy_isolation.c) */
   uint64_t policy_trips, policy_sheds, shed_refused;
+  om__proxy_log_limit_t policy_log; /* proxy_policy_error lines */
   uint64_t trip_window_ns, shed_until_ns, shed_cooldown_ns;
   uint32_t trips_in_window;
   om_metric_t *m_policy_trips, *m_policy_sheds, *m_policy_shed_refused;
@@ -183,7 +199,8 @@ struct om_proxy_s {
   void (*on_closed)(void *ud);
   void *closed_ud;
   /* local resource errors (om_proxy_isolation.c) */
-  uint64_t local_errors, local_log_ns, local_suppressed;
+  uint64_t local_errors;
+  om__proxy_log_limit_t local_log; /* proxy_local_resources lines */
 };
 
 /*

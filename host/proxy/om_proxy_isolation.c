@@ -37,7 +37,7 @@
 #define SHED_WINDOW_NS (UINT64_C(10000) * NS_PER_MS)
 #define SHED_COOLDOWN_MS UINT64_C(10000) /* om_proxy_opts_t's default */
 #define SHED_MAX_FACTOR 30u              /* the longest: 300 s by default */
-#define LOCAL_LOG_EVERY_NS (UINT64_C(1000) * NS_PER_MS)
+#define LOG_EVERY_NS (UINT64_C(1000) * NS_PER_MS)
 
 /* ------------------------------------------------------------------ */
 /* local errors */
@@ -46,6 +46,7 @@ void om__proxy_local_error(om_proxy_t *p, const char *service, int os_err,
                            const char *detail, uint64_t now) {
   char labels[64], sup[24];
   const char *name = os_err < 0 ? uv_err_name(os_err) : "ENOMEM";
+  uint64_t held;
   p->local_errors++;
   snprintf(labels, sizeof labels, "errno=\"%s\"", name);
   om_metric_inc(om_metrics_counter(
@@ -54,15 +55,23 @@ void om__proxy_local_error(om_proxy_t *p, const char *service, int os_err,
       "descriptor, buffer, memory or port), by errno; never held against a "
       "peer.",
       labels));
-  if (p->local_log_ns != 0 && now - p->local_log_ns < LOCAL_LOG_EVERY_NS) {
-    p->local_suppressed++;
+  if (!om__proxy_log_limit(&p->local_log, now, &held))
     return;
-  }
-  snprintf(sup, sizeof sup, "%llu", (unsigned long long)p->local_suppressed);
+  snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
   om_log(OM_LOG_ERROR, "proxy_local_resources", "service", service, "errno",
          name, "detail", detail != NULL ? detail : "", "suppressed", sup, NULL);
-  p->local_log_ns = now;
-  p->local_suppressed = 0;
+}
+
+int om__proxy_log_limit(om__proxy_log_limit_t *l, uint64_t now,
+                        uint64_t *held) {
+  if (l->last_ns != 0 && now - l->last_ns < LOG_EVERY_NS) {
+    l->suppressed++;
+    return 0;
+  }
+  *held = l->suppressed;
+  l->last_ns = now;
+  l->suppressed = 0;
+  return 1;
 }
 
 /* ------------------------------------------------------------------ */
