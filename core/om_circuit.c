@@ -185,6 +185,15 @@ bool om_circuit_allow(om_circuit_t *c, uint64_t now_ns) {
   }
 }
 
+void om_circuit_release(om_circuit_t *c, uint64_t now_ns) {
+  if (c->state != OM_CIRCUIT_HALF_OPEN)
+    return;
+  /* back to open with the cooldown over: the next allow() goes half_open
+   * and admits the probe, as when the cooldown first ended */
+  c->state = OM_CIRCUIT_OPEN;
+  c->at_ns = now_ns;
+}
+
 bool om_circuit_peek(const om_circuit_t *c, uint64_t now_ns) {
   switch (c->state) {
   case OM_CIRCUIT_CLOSED:

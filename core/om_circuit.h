@@ -116,6 +116,16 @@ bool om_circuit_allow(om_circuit_t *c, uint64_t now_ns);
 bool om_circuit_peek(const om_circuit_t *c, uint64_t now_ns);
 
 /*
+ * om_circuit_release: the request allow() admitted ended without telling
+ * anything about the peer (it never reached it: this process ran out of
+ * descriptors; or the caller went away first). Half_open: the probe slot
+ * is free again at once, so the next allow() admits a new probe instead of
+ * every call skipping the peer until probe_timeout (or for ever when it is
+ * 0); the cooldown is over either way. Closed and open: nothing changes.
+ */
+void om_circuit_release(om_circuit_t *c, uint64_t now_ns);
+
+/*
  * om_circuit_record: the outcome of a request that allow() admitted.
  * Returns the state after it, so the caller can log transitions.
  */

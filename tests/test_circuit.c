@@ -267,6 +267,33 @@ static void half_open_admits_one_probe(void **state) {
   assert_int_equal(om_circuit_open_until(&c, T0 + 201 * SEC), T0 + 261 * SEC);
 }
 
+/* A probe that never reached the peer gives its slot back: the next
+ * allow() admits another probe at once, trips and cooldown unchanged. */
+static void released_probe_frees_the_slot(void **state) {
+  (void)state;
+  om_circuit_t c;
+  init_consecutive(&c, 5); /* no probe timeout: a lost probe blocks for ever */
+  fail_n(&c, T0, 5);
+  assert_true(om_circuit_allow(&c, T0 + 30 * SEC)); /* the probe */
+  assert_false(om_circuit_peek(&c, T0 + 31 * SEC));
+  om_circuit_release(&c, T0 + 31 * SEC);
+  assert_true(om_circuit_peek(&c, T0 + 31 * SEC));
+  assert_true(om_circuit_allow(&c, T0 + 31 * SEC)); /* a new probe */
+  assert_false(om_circuit_allow(&c, T0 + 31 * SEC));
+  OM_ASSERT_CMP(om_circuit_trips(&c, T0 + 31 * SEC), ==, 1);
+  /* its failure reopens for the next, longer cooldown as usual */
+  assert_int_equal(om_circuit_record(&c, T0 + 32 * SEC, false),
+                   OM_CIRCUIT_OPEN);
+  OM_ASSERT_CMP(om_circuit_trips(&c, T0 + 32 * SEC), ==, 2);
+  /* closed and open: nothing changes */
+  om_circuit_release(&c, T0 + 33 * SEC);
+  assert_string_equal(st(&c, T0 + 33 * SEC), "open");
+  assert_false(om_circuit_allow(&c, T0 + 33 * SEC));
+  init_consecutive(&c, 5);
+  om_circuit_release(&c, T0);
+  assert_string_equal(st(&c, T0), "closed");
+}
+
 static void probe_failure_reopens_longer(void **state) {
   (void)state;
   om_circuit_t c;
@@ -391,6 +418,7 @@ int main(void) {
       cmocka_unit_test(trips_reset_after_healthy_period),
       cmocka_unit_test(results_while_open_are_ignored),
       cmocka_unit_test(probe_timeout_admits_a_replacement),
+      cmocka_unit_test(released_probe_frees_the_slot),
       cmocka_unit_test(extremes_saturate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

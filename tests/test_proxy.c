@@ -1594,6 +1594,64 @@ static void policy_opts_in_to_429_retries(void **state) {
   env_close(&e);
 }
 
+/*
+ * A probe whose caller went away taught nothing about the peer: its slot
+ * is given back (om_circuit_release), so the next call probes at once
+ * instead of every call answering all_circuits_open until the probe
+ * timeout.
+ */
+static void abandoned_probe_frees_the_circuit_slot(void **state) {
+  env_t e;
+  fx_t *a;
+  res_t r;
+  htc_t *c;
+  om_proxy_opts_t o;
+  om_circuit_opts_t co;
+  om_circuit_state_t cs;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  a->fail_n = -1;
+  memset(&o, 0, sizeof o);
+  om_circuit_opts_default(&co);
+  co.failures = 2;
+  co.cooldown_ns = UINT64_C(100000000);
+  co.probe_timeout_ns = UINT64_C(10000000000); /* far beyond the test */
+  o.circuit = &co;
+  env_proxy(&e, &o, policy_file("noretry.lua", "retries = 0,"));
+  env_topology(&e, "orders", 1);
+  for (int i = 0; i < 2; i++) {
+    get(&e, "orders", NULL, &r);
+    assert_int_equal(r.status, 503);
+  }
+  assert_int_equal(om_proxy_peer_circuit(e.proxy, "orders", "a", &cs), 0);
+  assert_int_equal(cs, OM_CIRCUIT_OPEN);
+  a->mode = FX_SLOW; /* recovered, but slow: 300 ms */
+  a->delay_ms = 300;
+  spin(&e, 150); /* the cooldown is over */
+  /* the probe goes out; its caller leaves before the answer */
+  c = htc_new("127.0.0.1", e.port);
+  assert_non_null(c);
+  assert_int_equal(
+      htc_sends(&e.loop, c, "GET /p HTTP/1.1\r\nHost: orders\r\n\r\n"), 0);
+  {
+    uint64_t t0 = htc_now_ms();
+    unsigned before = a->requests;
+    while (a->requests == before && htc_now_ms() - t0 < 2000)
+      htc_step(&e.loop, c, 1);
+    OM_ASSERT_CMP(a->requests, ==, before + 1); /* the probe reached a */
+  }
+  htc_free(c);
+  spin(&e, 20);
+  /* the next call is the new probe, not all_circuits_open */
+  get(&e, "orders", NULL, &r);
+  OM_TEST_NOTE("after the abandoned probe: %d %s", r.status, r.reason);
+  assert_int_equal(r.status, 200);
+  assert_int_equal(om_proxy_peer_circuit(e.proxy, "orders", "a", &cs), 0);
+  assert_int_equal(cs, OM_CIRCUIT_CLOSED);
+  env_close(&e);
+}
+
 static void failing_peer_is_bypassed_until_cooldown_then_probed(void **state) {
   env_t e;
   fx_t *a, *b;
@@ -3571,6 +3629,7 @@ int main(void) {
       cmocka_unit_test(keyed_retry_walks_the_rank_and_429_waits_retry_after),
       cmocka_unit_test(policy_opts_in_to_429_retries),
       cmocka_unit_test(failing_peer_is_bypassed_until_cooldown_then_probed),
+      cmocka_unit_test(abandoned_probe_frees_the_circuit_slot),
       cmocka_unit_test(policy_sets_the_circuits),
       cmocka_unit_test(stream_cut_after_headers_is_an_error_never_replayed),
       cmocka_unit_test(slow_reader_pauses_the_upstream),

@@ -225,6 +225,8 @@ static void attempt_done(om__proxy_call_t *c, int ok, int dropped, int record,
   }
   if (c->circuit_pending && record)
     om_circuit_record(&peer->circuit, now, ok != 0);
+  else if (c->circuit_pending) /* a probe that learned nothing: free it */
+    om_circuit_release(&peer->circuit, now);
   c->circuit_pending = 0;
   if (!ok && record)
     peer->failures++;
@@ -634,8 +636,7 @@ static void start_attempt(om__proxy_call_t *c) {
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];
-    c->circuit_pending = 0; /* not the peer's doing: nothing to record */
-    attempt_done(c, 0, 0, 0, now);
+    attempt_done(c, 0, 0, 0, now); /* not the peer's doing: nothing */
     snprintf(msg, sizeof msg, "cannot send to peer '%s': %s", c->last_peer,
              om_strerror(rc));
     if (rc == OM_ENOMEM)
