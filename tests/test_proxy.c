@@ -3592,6 +3592,66 @@ static void retried_post_reaches_the_second_peer_whole(void **state) {
     OM_ASSERT_CMP(b->last_body_len, ==, 20000);
     assert_true(b->last_body_hash == fnv1a(upload, 20000));
   }
+  { /* the copies were given back when the calls ended */
+    int status;
+    char *body = admin_get(&e, "/status", &status);
+    json_t *j = json_loads(body, 0, NULL);
+    assert_non_null(j);
+    OM_ASSERT_CMP(json_integer_value(json_object_get(
+                      json_object_get(j, "replay"), "held_bytes")),
+                  ==, 0);
+    json_decref(j);
+    free(body);
+  }
+  env_close(&e);
+}
+
+/* The replay copies of all calls share the proxy's replay_budget: a body
+ * whose copy would pass it goes on without one, so it is not retried, and
+ * /status says so. */
+static void replay_budget_bounds_the_copies_of_all_calls(void **state) {
+  env_t e;
+  fx_t *a, *b;
+  res_t r;
+  htc_t *c;
+  om_proxy_opts_t o;
+  char head[256], key[32], *body;
+  int status;
+  (void)state;
+  for (size_t i = 0; i < 20000; i++)
+    upload[i] = (char)('A' + (i * 7) % 26);
+  env_init(&e);
+  a = env_fx(&e, "a", FX_FAIL);
+  b = env_fx(&e, "b", FX_OK);
+  memset(&o, 0, sizeof o);
+  o.replay_budget = 16384; /* below the 20000-byte body's copy */
+  env_proxy(&e, &o, policy_file("optin.lua", "retry_non_idempotent = true,"));
+  env_topology(&e, "orders", 1);
+  key_owned_by("a", key, sizeof key);
+  snprintf(head, sizeof head,
+           "POST /o HTTP/1.1\r\nHost: orders\r\nx-openmesh-key: %s\r\n"
+           "Content-Length: 20000\r\n\r\n",
+           key);
+  c = upload_call(&e, head, upload, 20000, 4096, 5000, &r);
+  htc_free(c);
+  OM_TEST_NOTE("over the replay budget: %d after %s attempt(s)", r.status,
+               r.attempts);
+  OM_ASSERT_CMP(r.status, >=, 500); /* a's failure, relayed: no replay */
+  assert_string_equal(r.attempts, "1");
+  OM_ASSERT_CMP(a->posts, ==, 1);
+  OM_ASSERT_CMP(b->posts, ==, 0);
+  body = admin_get(&e, "/status", &status);
+  {
+    json_t *j = json_loads(body, 0, NULL), *rp;
+    assert_non_null(j);
+    rp = json_object_get(j, "replay");
+    OM_ASSERT_CMP(json_integer_value(json_object_get(rp, "refused")), ==, 1);
+    OM_ASSERT_CMP(json_integer_value(json_object_get(rp, "held_bytes")), ==, 0);
+    OM_ASSERT_CMP(json_integer_value(json_object_get(rp, "budget_bytes")), ==,
+                  16384);
+    json_decref(j);
+  }
+  free(body);
   env_close(&e);
 }
 
@@ -3662,6 +3722,7 @@ int main(void) {
       cmocka_unit_test(upload_is_streamed_to_the_peer_whole),
       cmocka_unit_test(body_limits_and_stalls),
       cmocka_unit_test(retried_post_reaches_the_second_peer_whole),
+      cmocka_unit_test(replay_budget_bounds_the_copies_of_all_calls),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -40,6 +40,7 @@
 
 #define DEF_BODY_IDLE_MS 30000.0
 #define DEF_REPLAY ((size_t)1 << 20)
+#define DEF_REPLAY_BUDGET ((size_t)64 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
 
 static const char *const OUTCOME_NAMES[] = {
@@ -939,6 +940,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
   om_retry_policy_set_status(&p->retry_policy_429, 429, true);
   if (p->opts.replay_limit == 0)
     p->opts.replay_limit = DEF_REPLAY;
+  if (p->opts.replay_budget == 0)
+    p->opts.replay_budget = DEF_REPLAY_BUDGET;
   if (p->opts.backoff_base_ms == 0)
     p->opts.backoff_base_ms = 25;
   if (p->opts.backoff_cap_ms == 0)

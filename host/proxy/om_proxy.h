@@ -74,6 +74,11 @@ typedef struct om_proxy_opts_s {
    * this; a larger one is never retried once its first byte left.
    * Default 1 MiB; a policy's replay_limit overrides it. */
   size_t replay_limit;
+  /* Replay copies held by all calls together: a body whose copy would take
+   * the total past it is forwarded without one (never retried once its
+   * first byte left), so many concurrent uploads cannot hold max_inflight
+   * x replay_limit per service. Default 64 MiB. */
+  size_t replay_budget;
   /* Per-peer circuits; NULL: om_circuit_opts_default with a 10 s probe
    * timeout (a probe whose caller went away must not pin the circuit). */
   const om_circuit_opts_t *circuit;

@@ -300,6 +300,12 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
     if (json_object_set_new(root, "draining", json_boolean(p->closing)) != 0 ||
         json_object_set_new(root, "local_errors",
                             json_integer((json_int_t)p->local_errors)) != 0 ||
+        json_object_set_new(
+            root, "replay",
+            json_pack("{s:I, s:I, s:I}", "held_bytes",
+                      (json_int_t)p->replay_held, "budget_bytes",
+                      (json_int_t)p->opts.replay_budget, "refused",
+                      (json_int_t)p->replay_refused)) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
     text = json_dumps(root, JSON_COMPACT);

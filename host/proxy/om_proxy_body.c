@@ -12,7 +12,10 @@
  * Replay: every byte sent is also kept while the whole body so far fits
  * the service's replay_limit, so a retry can send it again; the first
  * byte past it drops the buffer and makes the call non-replayable, so a
- * larger body is never retried once its first byte left. Between
+ * larger body is never retried once its first byte left. Every call's
+ * copies together stay within the proxy's replay_budget (64 MiB): a copy
+ * that would pass it is dropped the same way, so memory stays bounded
+ * however many uploads run at once. Between
  * attempts (a backoff) the client's body is paused and what arrives is
  * held in the replay buffer.
  *
@@ -49,6 +52,7 @@ void om__proxy_body_init(om__proxy_call_t *c) {
 }
 
 void om__proxy_body_free(om__proxy_call_t *c) {
+  c->p->replay_held -= c->body.replay_cap;
   free(c->body.replay);
   c->body.replay = NULL;
   c->body.replay_len = c->body.replay_cap = 0;
@@ -90,6 +94,15 @@ static void keep(om__proxy_call_t *c, const char *data, size_t len) {
       cap *= 2;
     if (cap > c->set.replay_limit)
       cap = (size_t)c->set.replay_limit;
+    /* every call's copies together stay within the proxy's budget: past
+     * it this body goes on without one (counted), as past replay_limit */
+    if (c->p->replay_held - b->replay_cap + cap > c->p->opts.replay_budget) {
+      c->p->replay_refused++;
+      om__proxy_body_free(c);
+      b->lost = 1;
+      c->replayable = 0;
+      return;
+    }
     nb = realloc(b->replay, cap);
     if (nb == NULL) { /* no replay then, but the call goes on */
       om__proxy_body_free(c);
@@ -97,6 +110,7 @@ static void keep(om__proxy_call_t *c, const char *data, size_t len) {
       c->replayable = 0;
       return;
     }
+    c->p->replay_held += cap - b->replay_cap;
     b->replay = nb;
     b->replay_cap = cap;
   }

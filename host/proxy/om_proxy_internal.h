@@ -200,6 +200,10 @@ struct om_proxy_s {
   void *closed_ud;
   /* local resource errors (om_proxy_isolation.c) */
   uint64_t local_errors;
+  /* replay copies held by every call now (om_proxy_body.c), bytes, and the
+   * bodies forwarded without one because the budget was spent */
+  size_t replay_held;
+  uint64_t replay_refused;
   om__proxy_log_limit_t local_log; /* proxy_local_resources lines */
 };
 
