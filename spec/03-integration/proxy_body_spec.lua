@@ -62,23 +62,9 @@ describe("request bodies through the real openmesh proxy", function()
     H.writefile(dir .. "/static" .. n_proxy .. ".json", cjson.encode(static))
     local env = asan and "ASAN_OPTIONS=detect_leaks=0:quarantine_size_mb=0:" ..
       "thread_local_quarantine_size_kb=0 " or ""
-    local p = H.spawn(env .. H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0" ..
-      " --policy " .. H.q(dir .. "/traffic.lua") ..
+    local p = H.start_proxy(dir, "proxy" .. n_proxy, "--policy " .. H.q(dir .. "/traffic.lua") ..
       " --static " .. H.q(dir .. "/static" .. n_proxy .. ".json") .. " " .. (args or ""),
-      dir, "proxy" .. n_proxy)
-    local ports = H.wait_for(function()
-      local log = H.readfile(p.out)
-      local a, b = log:match('"event":"proxy_listening","url":"http://127%.0%.0%.1:(%d+)","admin":"http://127%.0%.0%.1:(%d+)"')
-      if a then
-        return { tonumber(a), tonumber(b) }
-      end
-      if H.readfile(p.rcfile) ~= "" then
-        return { -1 }
-      end
-    end, 10)
-    assert(ports and ports[1] > 0, "openmesh proxy did not start: " .. H.readfile(p.out))
-    p.port, p.admin_port = ports[1], ports[2]
-    p.url = "http://127.0.0.1:" .. ports[1]
+      { env = env })
     p.start_kib = asan and tonumber(H.readfile("/proc/" .. p.pid .. "/status")
       :match("VmRSS:%s+(%d+) kB")) or 0
     return p

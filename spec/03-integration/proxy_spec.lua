@@ -101,22 +101,7 @@ describe("openmesh proxy, the real binary", function()
   local n_proxy = 0
   local function start_proxy(args)
     n_proxy = n_proxy + 1
-    local p = H.spawn(H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0 " .. args,
-      dir, "proxy" .. n_proxy)
-    local ports = H.wait_for(function()
-      local log = H.readfile(p.out)
-      local a, b = log:match('"event":"proxy_listening","url":"http://127%.0%.0%.1:(%d+)","admin":"http://127%.0%.0%.1:(%d+)"')
-      if a then
-        return { tonumber(a), tonumber(b) }
-      end
-      if H.readfile(p.rcfile) ~= "" then
-        return { -1 }
-      end
-    end, 10)
-    assert(ports and ports[1] > 0, "openmesh proxy did not start: " .. H.readfile(p.out))
-    p.url = "http://127.0.0.1:" .. ports[1]
-    p.admin = "http://127.0.0.1:" .. ports[2]
-    return p
+    return H.start_proxy(dir, "proxy" .. n_proxy, args)
   end
 
   local function call(method, service, opts)

@@ -58,16 +58,8 @@ describe("openmesh proxy, long streams", function()
     H.writefile(dir .. "/static.json", cjson.encode({ services = {
       sse = { instances = { { id = "sse-a", url = "http://127.0.0.1:" .. port } } },
     } }))
-    proxy = H.spawn(H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0 --policy "
-      .. H.q(dir .. "/traffic.lua") .. " --static " .. H.q(dir .. "/static.json"), dir, "proxy")
-    local ports = H.wait_for(function()
-      local log = H.readfile(proxy.out)
-      local a, b = log:match('"event":"proxy_listening","url":"http://127%.0%.0%.1:(%d+)","admin":"http://127%.0%.0%.1:(%d+)"')
-      return a and { tonumber(a), tonumber(b) }
-    end, 10)
-    assert(ports, "openmesh proxy did not start: " .. H.readfile(proxy.out))
-    proxy.url = "http://127.0.0.1:" .. ports[1]
-    proxy.admin = "http://127.0.0.1:" .. ports[2]
+    proxy = H.start_proxy(dir, "proxy", "--policy " .. H.q(dir .. "/traffic.lua") ..
+      " --static " .. H.q(dir .. "/static.json"))
   end)
 
   teardown(function()

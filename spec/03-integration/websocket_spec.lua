@@ -58,16 +58,9 @@ describe("WebSocket through openmesh proxy", function()
     H.writefile(dir .. "/static.json", cjson.encode({ services = {
       ws = { instances = { { id = "echo", url = "http://127.0.0.1:" .. echo_port } } },
     } }))
-    proxy = H.spawn(H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0" ..
-      " --policy " .. H.q(dir .. "/traffic.lua") ..
-      " --static " .. H.q(dir .. "/static.json"), dir, "proxy")
-    local ports = H.wait_for(function()
-      local a, b = H.readfile(proxy.out):match(
-        '"event":"proxy_listening","url":"http://127%.0%.0%.1:(%d+)","admin":"http://127%.0%.0%.1:(%d+)"')
-      return a and { tonumber(a), tonumber(b) }
-    end, 10)
-    assert(ports, "openmesh proxy did not start: " .. H.readfile(proxy.out))
-    proxy_port, admin_port = ports[1], ports[2]
+    proxy = H.start_proxy(dir, "proxy", "--policy " .. H.q(dir .. "/traffic.lua") ..
+      " --static " .. H.q(dir .. "/static.json"))
+    proxy_port, admin_port = proxy.port, proxy.admin_port
   end)
 
   teardown(function()

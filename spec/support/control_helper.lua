@@ -308,4 +308,38 @@ function M.raw(port, bytes, t)
   return out
 end
 
+--[[
+Start `openmesh proxy` (OPENMESH_BIN) on free ports with the extra command
+line args, as spawn(cmd, dir, name) does, and wait for its
+proxy_listening line. opts.env: a prefix for the command (VAR=value ...);
+opts.wrap: a function that turns the command into the one to run (a
+ulimit in a subshell, say). Returns spawn's record with port, admin_port,
+url and admin added; fails the spec with the proxy's output when it does
+not start within 10 s.
+]]
+function M.start_proxy(dir, name, args, opts)
+  opts = opts or {}
+  local cmd = (opts.env or "") .. q(M.bin) ..
+    " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0 " .. (args or "")
+  if opts.wrap then
+    cmd = opts.wrap(cmd)
+  end
+  local p = M.spawn(cmd, dir, name)
+  local ports = M.wait_for(function()
+    local a, b = readfile(p.out):match(
+      '"event":"proxy_listening","url":"http://127%.0%.0%.1:(%d+)","admin":"http://127%.0%.0%.1:(%d+)"')
+    if a then
+      return { tonumber(a), tonumber(b) }
+    end
+    if readfile(p.rcfile) ~= "" then
+      return { -1 }
+    end
+  end, 10)
+  assert(ports and ports[1] > 0, "openmesh proxy did not start: " .. readfile(p.out))
+  p.port, p.admin_port = ports[1], ports[2]
+  p.url = "http://127.0.0.1:" .. ports[1]
+  p.admin = "http://127.0.0.1:" .. ports[2]
+  return p
+end
+
 return M
