@@ -99,8 +99,9 @@ typedef struct om_upstream_req_s om_upstream_req_t;
  * when the URL has no path; never includes a query).
  */
 typedef struct om_upstream_url_s {
-  char host[46];
-  int port; /* 80 when the URL gives none */
+  char host[254];
+  int tls;  /* https:// */
+  int port; /* 80 (443 for https) when the URL gives none */
   const char *path_prefix;
   size_t path_prefix_len;
 } om_upstream_url_t;
@@ -133,7 +134,16 @@ typedef struct om_upstream_target_s {
     struct sockaddr_in in4;
     struct sockaddr_in6 in6;
   } addr;
-  char authority[56]; /* "127.0.0.1:9001", "[::1]:9001"; no ":80" */
+  /* the Host the client sends when the caller gives none: "127.0.0.1:9001",
+   * "[::1]:9001", "web-4.internal:8080"; no ":80" (no ":443" for TLS) */
+  char authority[264];
+  /* nonzero: the connection is TLS (an https:// peer) */
+  int tls;
+  /* with tls: the URL's host as written, without brackets: a DNS name
+   * (sent as SNI, RFC 6066 section 3, and matched against the
+   * certificate's DNS names) or an IP literal (no SNI; matched against its
+   * IP addresses, RFC 6125); "" otherwise */
+  char host[254];
 } om_upstream_target_t;
 
 /*
