@@ -88,8 +88,8 @@ char *om_cli_controls_join(const om_cli_controls_t *c, char *out, size_t cap) {
     return out;
   out[0] = '\0';
   for (size_t i = 0; i < c->n && used + 1 < cap; i++) {
-    int n = snprintf(out + used, cap - used, "%s%s", i > 0 ? "," : "",
-                     c->urls[i]);
+    int n =
+        snprintf(out + used, cap - used, "%s%s", i > 0 ? "," : "", c->urls[i]);
     if (n < 0)
       break;
     used += (size_t)n < cap - used ? (size_t)n : cap - used - 1;
