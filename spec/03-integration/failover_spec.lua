@@ -87,6 +87,14 @@ describe("--control with several planes", function()
       assert.equal(2, rc, out)
       assert.matches("more than 16 control planes", out, 1, true)
     end)
+    it("up: --control with --store, or a bad list, is exit 2", function()
+      local rc, out = run("up --control http://127.0.0.1:1 --store memory")
+      assert.equal(2, rc, out)
+      assert.matches("not with --control", out, 1, true)
+      rc, out = run("up --control 'http://127.0.0.1:1,,http://127.0.0.1:2'")
+      assert.equal(2, rc, out)
+      assert.matches("has an empty item", out, 1, true)
+    end)
     it("register --help names the list form", function()
       local rc, out = run("register --help")
       assert.equal(0, rc)
@@ -247,5 +255,71 @@ describe("--control with several planes", function()
       assert.equal(last.snapshots - before.snapshots,
         log_lines(proxy, '"event":"watch_snapshot"') - applied)
     end)
+
+    it("up --control joins the planes: routes, keeps the lease through B, deletes it on stop", function()
+      local redis = R.start()
+      finally(function()
+        H.kill_all()
+        R.stop(redis)
+      end)
+      local a, b = planes(redis)
+      local updir = dir .. "/up" .. n_prefix
+      os.execute("mkdir -p " .. H.q(updir))
+      local port
+      math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 1000)
+      local up
+      for _ = 1, 4 do
+        port = 21000 + math.random(0, 400) * 10
+        H.writefile(updir .. "/up.json", cjson.encode({
+          control = { host = "127.0.0.1", port = 7600 },
+          proxy = { port = 0, admin_port = 0, policy = dir .. "/traffic.lua" },
+          services = { { service = "orders", id = "o-1", port = port, behaviour = "fast",
+            zone = "z1", metadata = { version = "v1" } } },
+        }))
+        up = H.spawn(string.format("%s up --control %s --control %s %s", H.q(H.bin),
+          H.q(a.url), H.q(b.url), H.q(updir)), dir, "up_join" .. port)
+        local ok = H.wait_for(function()
+          local out = H.readfile(up.out)
+          if out:find("OpenMesh is up.", 1, true) then return "up" end
+          if H.readfile(up.rcfile) ~= "" then return "exited" end
+        end, 10)
+        if ok == "up" then break end
+        H.kill(up.pid, "KILL")
+        up = nil
+      end
+      assert(up, "openmesh up --control did not start")
+      local out = H.readfile(up.out)
+      assert.matches("control planes  " .. a.url .. "," .. b.url .. "   (joined)", out, 1, true)
+      local pport, aport = out:match("proxy           http://127%.0%.0%.1:(%d+)   %(admin: http://127%.0%.0%.1:(%d+)/status%)")
+      assert.truthy(pport, out)
+      -- no control plane of its own: the registry is the planes'
+      assert.truthy(H.wait_for(function() return ids(b, "orders") == "o-1" end, 5), H.readfile(up.out))
+      local _, body = H.request(dir, "GET", b.url .. "/v1/services/orders")
+      local inst = H.json(body).instances[1]
+      assert.equal("http://127.0.0.1:" .. port, inst.url)
+      assert.equal("z1", inst.zone)
+      assert.equal("v1", inst.metadata.version)
+      local function call()
+        return (H.request(dir, "GET", "http://127.0.0.1:" .. pport .. "/", { headers = { "Host: orders" } }))
+      end
+      assert.truthy(H.wait_for(function() return call() == 200 end, 5), H.readfile(up.out))
+
+      H.kill(a.pid, "KILL")
+      local function watch_plane()
+        local st, b2 = H.request(dir, "GET", "http://127.0.0.1:" .. aport .. "/status")
+        return st == 200 and H.json(b2).watches.orders.control
+      end
+      assert.truthy(H.wait_for(function() return watch_plane() == b.url end, 5), H.readfile(up.out))
+      assert.equal(200, call())
+      -- the keeper's next renewal (every ~3.3 s of its 10 s lease) moves to B
+      assert.truthy(H.wait_for(function()
+        return log_lines(up, '"event":"control_failover"', '"service":"orders"', '"to":"' .. b.url .. '"') >= 1
+      end, 8), H.readfile(up.out))
+      assert.equal("o-1", (ids(b, "orders")))
+      -- SIGTERM: the keeper deletes the lease (through B), then up exits 0
+      assert.equal(0, H.stop(up))
+      assert.equal("", (ids(b, "orders")))
+    end)
+
   end)
 end)
