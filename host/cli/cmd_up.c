@@ -199,7 +199,7 @@ static void on_keeper_exit(uv_process_t *p, int64_t status, int term_signal) {
  */
 static int start_keeper(up_t *up, const om_example_opts_t *o,
                         const om_example_t *e) {
-  char exe[4096], *argv[64 + 2 * 16], meta[16][512];
+  char exe[4096], *argv[16 + 2 * (OM_CLI_CONTROL_MAX + 16)], meta[16][512];
   size_t exe_len = sizeof exe, n = 0;
   uv_process_options_t po;
   uv_stdio_container_t stdio[3];
@@ -209,8 +209,10 @@ static int start_keeper(up_t *up, const om_example_opts_t *o,
     return OM_EIO;
   argv[n++] = exe;
   argv[n++] = "register";
-  argv[n++] = "--control";
-  argv[n++] = up->control_list;
+  for (size_t i = 0; i < up->control.n; i++) { /* each whole, never cut */
+    argv[n++] = "--control";
+    argv[n++] = (char *)up->control.urls[i];
+  }
   argv[n++] = "--service";
   argv[n++] = (char *)o->service;
   argv[n++] = "--id";
