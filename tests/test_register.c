@@ -27,6 +27,7 @@ typedef struct rec_s {
   char *body;
   char auth[128];
   char ctype[64];
+  char host[96]; /* the Host header: which spelling of the plane */
   uint64_t at_ms;
   int status; /* what we answered */
 } rec_t;
@@ -65,6 +66,7 @@ static void handler(om_http_request_t *req, void *ud) {
   om_http_header_t h[] = {{"Content-Type", "application/json", 0, 0}};
   const char *auth = om_http_request_header(req, "authorization", NULL);
   const char *ct = om_http_request_header(req, "content-type", NULL);
+  const char *host = om_http_request_header(req, "host", NULL);
   rec_t *r;
   int status = 200;
   if (fx->n_reqs == MAX_REQS) {
@@ -77,6 +79,7 @@ static void handler(om_http_request_t *req, void *ud) {
   r->body = strdup(req->body);
   snprintf(r->auth, sizeof r->auth, "%s", auth ? auth : "");
   snprintf(r->ctype, sizeof r->ctype, "%s", ct ? ct : "");
+  snprintf(r->host, sizeof r->host, "%s", host ? host : "");
   r->at_ms = now_ms();
   if (strcmp(req->method, "PUT") == 0) {
     if (fx->n_puts < 16 && fx->put_script[fx->n_puts] != 0)
@@ -423,6 +426,57 @@ static void retries_503_and_reregisters_after_404(void **state) {
   assert_string_equal(fx->reqs[fx->n_reqs - 1].method, "DELETE");
 }
 
+/* Two planes (the fake, spelled 127.0.0.1 and localhost: two URLs, one
+ * server, told apart by Host): a 503 from the first sends the retry to
+ * the second at once, without the 100 ms floor of a backoff; renewals
+ * then stay there; a 503 from both in a row is one full round, and only
+ * then comes the backoff. */
+static void fails_over_to_the_next_plane_at_once(void **state) {
+  fx_t *fx = *state;
+  char ctl[64], ctl2[64];
+  const char *args[] = {
+      "--control", ctl,    "--control", ctl2,    "--service",
+      "api",       "--id", "api-8",     "--url", "http://10.0.0.8:80",
+      "--ttl",     "1s",   NULL};
+  uint64_t gap01, gap34;
+  control_url(fx, ctl, sizeof ctl);
+  snprintf(ctl2, sizeof ctl2, "http://localhost:%d", fx->port);
+  fx->put_script[0] = 503; /* plane 1 */
+  fx->put_script[1] = 200; /* plane 2, at once */
+  fx->put_script[2] = 200; /* renewal, still plane 2 */
+  fx->put_script[3] = 503; /* plane 2 fails: plane 1 at once */
+  fx->put_script[4] = 503; /* plane 1 too: the round failed, back off */
+  spawn(fx, args);
+  assert_true(run_until(fx, has_puts, 6, 8000));
+  gap01 = fx->reqs[1].at_ms - fx->reqs[0].at_ms;
+  gap34 = fx->reqs[4].at_ms - fx->reqs[3].at_ms;
+  OM_TEST_NOTE("503 -> next plane %llu ms; in the second round %llu ms, "
+               "then the backoff %llu ms",
+               (unsigned long long)gap01, (unsigned long long)gap34,
+               (unsigned long long)(fx->reqs[5].at_ms - fx->reqs[4].at_ms));
+  assert_non_null(strstr(fx->reqs[0].host, "127.0.0.1"));
+  assert_non_null(strstr(fx->reqs[1].host, "localhost"));
+  assert_non_null(strstr(fx->reqs[2].host, "localhost"));
+  assert_non_null(strstr(fx->reqs[3].host, "localhost"));
+  assert_non_null(strstr(fx->reqs[4].host, "127.0.0.1"));
+  assert_non_null(strstr(fx->reqs[5].host, "localhost")); /* round robin */
+  OM_ASSERT_CMP(gap01, <, 99);
+  OM_ASSERT_CMP(gap34, <, 99);
+  OM_ASSERT_CMP(fx->reqs[5].at_ms - fx->reqs[4].at_ms, >=, 99);
+  OM_ASSERT_CMP(count_substr(fx->err, "\"event\":\"control_failover\""), ==, 3);
+  ;
+  OM_ASSERT_CMP(count_substr(fx->err, "\"to\":\"http://localhost:"), ==, 2);
+  OM_ASSERT_CMP(
+      count_substr(fx->err,
+                   "\"event\":\"registered\",\"service\":\"api\",\"id\":"
+                   "\"api-8\",\"endpoint\":\"http://localhost:"),
+      >=, 1);
+  assert_int_equal(uv_process_kill(&fx->proc, SIGTERM), 0);
+  assert_true(run_until(fx, has_exited, 0, 5000));
+  assert_int_equal(status_of(fx), 0);
+  assert_string_equal(fx->reqs[fx->n_reqs - 1].method, "DELETE");
+}
+
 static void sigterm_deletes_before_cmd_is_signalled(void **state) {
   fx_t *fx = *state;
   char ctl[64], mark[128], script[512];
@@ -693,6 +747,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(registers_renews_and_deletes, fx_setup,
                                       fx_teardown),
       cmocka_unit_test_setup_teardown(retries_503_and_reregisters_after_404,
+                                      fx_setup, fx_teardown),
+      cmocka_unit_test_setup_teardown(fails_over_to_the_next_plane_at_once,
                                       fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(sigterm_deletes_before_cmd_is_signalled,
                                       fx_setup, fx_teardown),

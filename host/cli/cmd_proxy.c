@@ -11,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
 #include <uv.h>
 
 #include "om_cli.h"
+#include "om_cli_control.h"
 #include "om_cli_util.h"
 #include "om_errno.h"
 #include "om_log.h"
@@ -27,7 +29,8 @@
 static void usage(FILE *out) {
   fprintf(
       out,
-      "usage: openmesh proxy (--static FILE | --control URL --service S...)\n"
+      "usage: openmesh proxy (--static FILE | --control URL... --service "
+      "S...)\n"
       "                      [--token-file FILE] [--listen HOST:PORT]\n"
       "                      [--admin HOST:PORT] [--policy FILE]\n"
       "                      [--service-policy SERVICE=FILE ...]\n"
@@ -52,7 +55,12 @@ static void usage(FILE *out) {
       "                              \"instances\": [{\"id\", \"url\", "
       "\"weight\", \"zone\",\n"
       "                              \"metadata\"}]}}}\n"
-      "  --control URL               or: watch the control plane at URL\n"
+      "  --control URL[,URL...]      or: watch the control plane at URL;\n"
+      "                              several (repeat it, or a comma list) on "
+      "one\n"
+      "                              store: the watch moves to the next when "
+      "one\n"
+      "                              fails and resumes there\n"
       "  --service S                 a service to watch there (repeatable)\n"
       "  --token-file FILE           bearer token for the control plane\n"
       "  --drain-timeout DURATION    SIGTERM waits this long for in-flight "
@@ -122,6 +130,21 @@ typedef struct app_s {
   size_t n_watches, watches_open;
   int stopping;
 } app_t;
+
+/* /status "watches": each service's watch, with the plane it uses. */
+static json_t *watches_status(void *ud) {
+  app_t *app = ud;
+  json_t *o = json_object();
+  for (size_t i = 0; o != NULL && i < app->n_watches; i++) {
+    json_t *w = om_watch_status(app->watches[i]);
+    if (w == NULL ||
+        json_object_set_new(o, om_watch_service(app->watches[i]), w) != 0) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  return o;
+}
 
 /*
  * A snapshot the watch validated (shape, ids, URLs, newer revision) goes to
@@ -231,7 +254,9 @@ int om_cmd_proxy(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
-  const char *policy = NULL, *static_file = NULL, *control = NULL;
+  const char *policy = NULL, *static_file = NULL;
+  om_cli_controls_t control = {.n = 0};
+  char control_list[2048];
   const char *token_file = NULL, *services[MAX_WATCHES];
   size_t n_services = 0;
   char token[4096];
@@ -263,7 +288,8 @@ int om_cmd_proxy(int argc, char **argv) {
       static_file = optarg;
       break;
     case 'C':
-      control = optarg;
+      if ((rc = om_cli_controls_add("proxy", &control, optarg)) != OM_EXIT_OK)
+        return rc;
       break;
     case 'V':
       if (n_services == MAX_WATCHES)
@@ -324,17 +350,18 @@ int om_cmd_proxy(int argc, char **argv) {
   }
   if ((rc = om_cli_no_operands("proxy", argc, argv)) != OM_EXIT_OK)
     return rc;
-  if ((static_file == NULL) == (control == NULL)) {
+  om_cli_controls_join(&control, control_list, sizeof control_list);
+  if ((static_file == NULL) == (control.n == 0)) {
     fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
                     "--static FILE or --control URL\n"
                     "(see openmesh proxy --help)\n");
     return OM_EXIT_USAGE;
   }
-  if (control != NULL && n_services == 0)
+  if (control.n > 0 && n_services == 0)
     return fail_usage("--control %s: name the services to route with "
                       "--service S (repeatable)",
-                      control);
-  if (control == NULL && (n_services > 0 || token_file != NULL))
+                      control_list);
+  if (control.n == 0 && (n_services > 0 || token_file != NULL))
     return fail_usage("%s: --service and --token-file go with --control",
                       n_services > 0 ? "--service" : "--token-file");
   if (token_file != NULL) {
@@ -420,14 +447,16 @@ int om_cmd_proxy(int argc, char **argv) {
             admin, om_strerror(rc));
     exit_code = OM_EXIT_FAILURE;
   }
-  if (exit_code == OM_EXIT_OK && control != NULL) {
+  if (exit_code == OM_EXIT_OK && control.n > 0) {
     if (om_curl_uv_new(&app->loop, &app->curl) != 0) {
       fprintf(stderr, "openmesh proxy: out of memory\n");
       exit_code = OM_EXIT_FAILURE;
     }
     for (size_t i = 0; i < n_services && exit_code == OM_EXIT_OK; i++) {
-      om_watch_opts_t wo = {.control_url = control,
+      om_watch_opts_t wo = {.control_urls = control.urls,
+                            .n_control_urls = control.n,
                             .service = services[i],
+                            .metrics = om_proxy_metrics(app->proxy),
                             .token = token_file != NULL ? token : NULL,
                             .on_snapshot = on_watch_snapshot,
                             .check = on_watch_check,
@@ -436,7 +465,7 @@ int om_cmd_proxy(int argc, char **argv) {
                         &app->watches[app->n_watches]);
       if (rc != 0) {
         fprintf(stderr, "openmesh proxy: --control %s --service %s: %s\n",
-                control, services[i],
+                control_list, services[i],
                 rc == OM_EINVAL ? "not an http(s) URL and a valid service name"
                                 : om_strerror(rc));
         exit_code = rc == OM_EINVAL ? OM_EXIT_USAGE : OM_EXIT_FAILURE;
@@ -457,8 +486,11 @@ int om_cmd_proxy(int argc, char **argv) {
   snprintf(aurl, sizeof aurl,
            strchr(ahost, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
            ahost, om_proxy_admin_port(app->proxy));
+  if (app->n_watches > 0)
+    om_proxy_set_status_extra(app->proxy, "watches", watches_status, app);
   om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
-         o.policy_path, "topology", static_file ? static_file : control, NULL);
+         o.policy_path, "topology", static_file ? static_file : control_list,
+         NULL);
   om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);

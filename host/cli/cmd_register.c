@@ -6,8 +6,16 @@
  * with the same PUT (so a control plane that restarted with an empty
  * memory store gets the instance back at the next renewal, without a 404
  * round trip), and retries with jittered exponential backoff while the
- * control plane is unreachable or failing. Optionally it runs the
- * service itself (CMD) and ties the lease to it:
+ * control plane is unreachable or failing.
+ *
+ * With several control planes (on one shared store) it sticks with the
+ * one that works; a connect failure, a timeout or a 5xx moves the next
+ * request to the next plane at once (round robin), and the backoff runs
+ * only after every plane failed in a row. A lease renewed through any
+ * plane is the same lease. Each move is logged (control_failover, with
+ * the plane it left and the one it moved to).
+ *
+ * Optionally it runs the service itself (CMD) and ties the lease to it:
  *
  * - CMD exits on its own: DELETE the lease, exit with CMD's status.
  * - SIGTERM/SIGINT: DELETE the lease first (so the proxies stop sending
@@ -34,6 +42,7 @@
 
 #include "om_backoff.h"
 #include "om_cli.h"
+#include "om_cli_control.h"
 #include "om_cli_util.h"
 #include "om_curl_uv.h"
 #include "om_errno.h"
@@ -58,7 +67,11 @@ typedef struct reg_s {
   om_rng_t rng;
   /* configuration */
   const char *service, *id, *token_file;
-  char *instance_url; /* {control}/v1/services/{S}/instances/{I} */
+  /* {control}/v1/services/{S}/instances/{I}, one per control plane */
+  char *instance_urls[OM_CLI_CONTROL_MAX];
+  const char *planes[OM_CLI_CONTROL_MAX]; /* the --control URLs */
+  size_t n_planes;
+  char *instance_url; /* of the plane in use: instance_urls[plane] */
   char *put_body;
   size_t put_len;
   uint64_t ttl_ms, drain_ms;
@@ -66,8 +79,11 @@ typedef struct reg_s {
   /* runtime */
   enum phase phase;
   om_curl_request_t *inflight;
-  uint32_t attempt; /* consecutive failures of the current request kind */
-  int registered;   /* the last PUT succeeded */
+  uint32_t attempt;  /* consecutive failed rounds of this request kind */
+  size_t plane;      /* the control plane in use */
+  size_t round_left; /* planes still to try before a backoff */
+  size_t ok_plane;   /* where the last PUT succeeded */
+  int registered;    /* the last PUT succeeded */
   uint64_t delete_deadline;
   uv_timer_t retry_timer; /* next PUT, or DELETE retry */
   uv_timer_t phase_timer; /* DELETE budget, drain, kill grace */
@@ -87,10 +103,11 @@ static void after_delete(reg_t *r);
 static void usage(FILE *out) {
   fprintf(
       out,
-      "usage: openmesh register --control URL --service S --id I --url U\n"
-      "                         --ttl DURATION [--weight W] [--zone Z]\n"
-      "                         [--meta KEY=VALUE ...] [--token-file F]\n"
-      "                         [--drain DURATION] [--] [CMD ARGS...]\n\n"
+      "usage: openmesh register --control URL[,URL...] --service S --id I\n"
+      "                         --url U --ttl DURATION [--weight W]\n"
+      "                         [--zone Z] [--meta KEY=VALUE ...]\n"
+      "                         [--token-file F] [--drain DURATION]\n"
+      "                         [--] [CMD ARGS...]\n\n"
       "Keep the lease of one service instance alive in the control plane:\n"
       "register it (PUT /v1/services/S/instances/I), renew every ttl/3,\n"
       "retry with jittered backoff while the control plane is unreachable.\n"
@@ -101,7 +118,9 @@ static void usage(FILE *out) {
       "without CMD). A second signal skips the current wait. Send the\n"
       "signal to this process only: a signal to the whole process group\n"
       "(Ctrl-C in a terminal) also reaches CMD directly.\n\n"
-      "  --control URL      control plane base URL (http:// or https://)\n"
+      "  --control URL      control plane base URL (http:// or https://);\n"
+      "                     repeat it or give a comma list for several planes\n"
+      "                     on one store: the next is used when one fails\n"
       "  --service S, --id I  [A-Za-z0-9._-]{1,128}\n"
       "  --url U            where the instance serves (absolute http(s))\n"
       "  --ttl DURATION     lease time to live, 1s..1h\n"
@@ -265,6 +284,48 @@ static void log_failure(reg_t *r, const char *event, om_log_level_t lvl,
          retry, (char *)NULL);
 }
 
+/* ---- control planes ---- */
+
+/* What says the plane is down rather than our request wrong: no answer
+ * (connect failure, reset, timeout) or a 5xx. */
+static int plane_failed(const om_curl_resp_t *resp) {
+  return resp->result != CURLE_OK || resp->status >= 500;
+}
+
+/* A request kind starts a fresh round on the plane in use. */
+static void new_round(reg_t *r) {
+  r->round_left = r->n_planes > 0 ? r->n_planes - 1 : 0;
+}
+
+/* Whether a plane of this round is still untried after the one that just
+ * failed: then the request goes there at once, without a backoff. */
+static int round_open(const reg_t *r) {
+  return r->n_planes > 1 && r->round_left > 0;
+}
+
+/*
+ * After a failed exchange that plane_failed: move to the next plane
+ * (round robin) when there are several, counting it against the round;
+ * a round that is over starts again (the caller backs off first).
+ */
+static void fail_over(reg_t *r, const om_curl_resp_t *resp) {
+  char status[16];
+  const char *from = r->planes[r->plane];
+  if (r->n_planes < 2)
+    return;
+  r->plane = (r->plane + 1) % r->n_planes;
+  r->instance_url = r->instance_urls[r->plane];
+  snprintf(status, sizeof status, "%ld", resp->status);
+  om_log(OM_LOG_WARN, "control_failover", "service", r->service, "id", r->id,
+         "from", from, "to", r->planes[r->plane], "status",
+         resp->status ? status : NULL, "error",
+         resp->result != CURLE_OK ? resp->error : NULL, (char *)NULL);
+  if (r->round_left == 0)
+    new_round(r);
+  else
+    r->round_left--;
+}
+
 /* ---- the lease ---- */
 
 static void on_retry_timer(uv_timer_t *t) {
@@ -305,15 +366,26 @@ static void on_put_done(void *ud, om_curl_resp_t *resp) {
   if (r->phase != RUN)
     return;
   if (resp->result == CURLE_OK && resp->status >= 200 && resp->status < 300) {
-    if (!r->registered || r->attempt > 0) {
+    if (!r->registered || r->attempt > 0 || r->plane != r->ok_plane) {
       char ttl[24];
       fmt_u64(ttl, sizeof ttl, r->ttl_ms);
       om_log(OM_LOG_INFO, "registered", "service", r->service, "id", r->id,
-             "endpoint", r->instance_url, "ttl_ms", ttl, (char *)NULL);
+             "endpoint", r->instance_url, "control", r->planes[r->plane],
+             "ttl_ms", ttl, (char *)NULL);
     }
     r->registered = 1;
     r->attempt = 0;
+    r->ok_plane = r->plane;
+    new_round(r);
     uv_timer_start(&r->retry_timer, on_retry_timer, renew_interval_ms(r), 0);
+    return;
+  }
+  if (!plane_failed(resp)) {
+    new_round(r); /* the plane answered: the problem is not the plane */
+  } else if (round_open(r)) {
+    log_failure(r, "register_failed", OM_LOG_WARN, resp, 0);
+    fail_over(r, resp);
+    send_put(r);
     return;
   }
   r->attempt++;
@@ -335,6 +407,8 @@ static void on_put_done(void *ud, om_curl_resp_t *resp) {
   } else {
     log_failure(r, "register_failed", OM_LOG_WARN, resp, delay);
   }
+  if (plane_failed(resp))
+    fail_over(r, resp); /* the round failed: the next plane, after the wait */
   uv_timer_start(&r->retry_timer, on_retry_timer, delay, 0);
 }
 
@@ -360,6 +434,12 @@ static void on_delete_done(void *ud, om_curl_resp_t *resp) {
     after_delete(r);
     return;
   }
+  if (plane_failed(resp) && round_open(r)) {
+    log_failure(r, "deregister_failed", OM_LOG_WARN, resp, 0);
+    fail_over(r, resp);
+    send_delete(r);
+    return;
+  }
   r->attempt++;
   delay = retry_delay_ms(r, resp);
   left = r->delete_deadline > now_ms(r) ? r->delete_deadline - now_ms(r) : 0;
@@ -369,12 +449,18 @@ static void on_delete_done(void *ud, om_curl_resp_t *resp) {
     after_delete(r);
     return;
   }
+  if (plane_failed(resp))
+    fail_over(r, resp);
   uv_timer_start(&r->retry_timer, on_retry_timer, delay, 0);
 }
 
+/* The budget is shared by the planes left in the round, so one plane that
+ * hangs cannot take all of it from the others. */
 static void send_delete(reg_t *r) {
   uint64_t now = now_ms(r);
   uint64_t left = r->delete_deadline > now ? r->delete_deadline - now : 1;
+  if (r->n_planes > 1 && left / (r->round_left + 1) >= 100)
+    left /= r->round_left + 1;
   start_request(r, REQ_DELETE, left, on_delete_done);
 }
 
@@ -457,6 +543,7 @@ static void on_delete_budget(uv_timer_t *t) {
 static void begin_shutdown(reg_t *r) {
   r->phase = DELETING;
   r->attempt = 0;
+  new_round(r);
   r->delete_deadline = now_ms(r) + DELETE_BUDGET_MS;
   uv_timer_stop(&r->retry_timer);
   uv_timer_start(&r->phase_timer, on_delete_budget, DELETE_BUDGET_MS, 0);
@@ -547,7 +634,8 @@ static int spawn_child(reg_t *r, char **cmd) {
 /* ---- entry ---- */
 
 typedef struct flags_s {
-  const char *control, *service, *id, *url, *ttl, *weight, *zone;
+  om_cli_controls_t control;
+  const char *service, *id, *url, *ttl, *weight, *zone;
   const char *token_file, *drain;
   char **meta;
   size_t n_meta;
@@ -562,7 +650,7 @@ static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
   double weight = 1.0;
   size_t clen;
   int rc;
-  if (f->control == NULL)
+  if (f->control.n == 0)
     return bad("--control", "is required");
   if (f->service == NULL)
     return bad("--service", "is required");
@@ -572,18 +660,7 @@ static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
     return bad("--url", "is required");
   if (f->ttl == NULL)
     return bad("--ttl", "is required");
-  /* the control URL: the same rules as an instance URL, minus query and
-   * fragment (paths are appended to it) */
-  memset(&in, 0, sizeof in);
-  in.id = "x";
-  in.url = (char *)f->control;
-  in.ttl_ms = OM_TTL_MIN_MS;
-  in.weight = 1;
-  if (om_instance_validate(&in, &field, &why) != 0 ||
-      strpbrk(f->control, "?#") != NULL)
-    return bad("--control",
-               "must be an absolute http:// or https:// URL with a host, "
-               "without query or fragment");
+  /* each control URL was checked as it was read (om_cli_controls_add) */
   if (!om_valid_name(f->service, strlen(f->service)))
     return bad("--service", "must be 1 to 128 characters of "
                             "[A-Za-z0-9._-] (not \".\" or \"..\")");
@@ -642,17 +719,27 @@ static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
     snprintf(r->auth, sizeof r->auth, "Authorization: Bearer %s", tok);
     r->token_file = f->token_file;
   }
-  clen = strlen(f->control);
-  while (clen > 0 && f->control[clen - 1] == '/')
-    clen--;
-  r->instance_url = malloc(clen + strlen(f->service) + strlen(f->id) + 32);
+  for (size_t i = 0; i < f->control.n; i++) {
+    const char *control = f->control.urls[i];
+    clen = strlen(control);
+    while (clen > 0 && control[clen - 1] == '/')
+      clen--;
+    r->instance_urls[i] =
+        malloc(clen + strlen(f->service) + strlen(f->id) + 32);
+    if (r->instance_urls[i] == NULL)
+      break;
+    r->planes[i] = control;
+    r->n_planes = i + 1;
+    sprintf(r->instance_urls[i], "%.*s/v1/services/%s/instances/%s", (int)clen,
+            control, f->service, f->id);
+  }
   r->put_body = registration_json(&in);
-  if (r->instance_url == NULL || r->put_body == NULL) {
+  if (r->n_planes < f->control.n || r->put_body == NULL) {
     fprintf(stderr, "openmesh register: out of memory\n");
     return OM_EXIT_FAILURE;
   }
-  sprintf(r->instance_url, "%.*s/v1/services/%s/instances/%s", (int)clen,
-          f->control, f->service, f->id);
+  r->instance_url = r->instance_urls[0];
+  new_round(r);
   r->put_len = strlen(r->put_body);
   return 0;
 }
@@ -734,7 +821,9 @@ int om_cmd_register(int argc, char **argv) {
     const char **slot = NULL;
     switch (c) {
     case 'c':
-      slot = &f.control;
+      rc = om_cli_controls_add("register", &f.control, optarg);
+      if (rc != OM_EXIT_OK)
+        goto out;
       break;
     case 's':
       slot = &f.service;
@@ -798,7 +887,8 @@ int om_cmd_register(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   rc = run(r, cmd);
 out:
-  free(r->instance_url);
+  for (size_t i = 0; i < r->n_planes; i++)
+    free(r->instance_urls[i]);
   free(r->put_body);
   free(r);
   free(kv);

@@ -6,6 +6,13 @@
  * examples/), each keeping a real lease. Prints the URLs and a short tour;
  * Ctrl-C deregisters the services, drains the proxy, ends the watch
  * streams and exits 0.
+ *
+ * With --control URL[,URL...] it joins control planes that already run
+ * instead of starting its own: the proxy watches the services of up.json
+ * there (failing over between the planes as `openmesh proxy` does), and
+ * each example service's lease is kept there by an `openmesh register`
+ * child (the same keeper, with its failover), started once the service
+ * listens and stopped (lease deleted first) before the service stops.
  */
 #include "om_cmds.h"
 
@@ -18,8 +25,10 @@
 #include <uv.h>
 
 #include "om_cli.h"
+#include "om_cli_control.h"
 #include "om_cli_util.h"
 #include "om_control.h"
+#include "om_curl_uv.h"
 #include "om_errno.h"
 #include "om_example_service.h"
 #include "om_log.h"
@@ -27,6 +36,7 @@
 #include "om_proxy.h"
 #include "om_store_memory.h"
 #include "om_store_redis.h"
+#include "om_watch.h"
 
 #define MAX_SERVICES 64
 
@@ -40,16 +50,33 @@ typedef struct {
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
   int stopping;
+  /* --control: the planes joined, the proxy's watches on them, and one
+   * `openmesh register` per example */
+  om_cli_controls_t control;
+  char control_list[2048];
+  om_curl_uv_t *curl;
+  om_watch_t *watches[MAX_SERVICES];
+  size_t n_watches, watches_open;
+  uv_process_t keepers[MAX_SERVICES];
+  size_t n_keepers, keepers_running;
 } up_t;
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: openmesh up [--store memory|redis://HOST:PORT/DB] [DIR]\n\n"
+          "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
+          "                   [--control URL[,URL...]] [DIR]\n\n"
           "Run the mesh on its embedded default: a control plane (memory\n"
           "store, or Redis with --store) and the example services described\n"
           "in DIR/up.json (default: examples/), each registered with a lease\n"
           "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
           "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
+          "  --control URL[,URL...]  join these control planes (on one\n"
+          "                     store) instead of running one: the proxy\n"
+          "                     watches them and each example's lease is\n"
+          "                     kept there by an `openmesh register` child;\n"
+          "                     repeat it or give a comma list; the next\n"
+          "                     plane is used when one fails. Not with\n"
+          "                     --store.\n\n"
           "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
           "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
           "an invalid up.json\n");
@@ -66,10 +93,42 @@ static void on_control_closed(void *ud) {
   uv_close((uv_handle_t *)&up->sig_term, NULL);
 }
 
+/* The embedded control plane, or (--control) nothing to close. */
+static void close_control(up_t *up) {
+  if (up->ctl != NULL)
+    om_control_close(up->ctl, on_control_closed, up);
+  else
+    on_control_closed(up);
+}
+
 static void on_proxy_closed(void *ud) {
   up_t *up = ud;
   up->proxy = NULL;
-  om_control_close(up->ctl, on_control_closed, up);
+  close_control(up);
+}
+
+static void on_curl_closed(void *ud) {
+  (void)ud;
+}
+
+static void on_watch_closed(void *ud) {
+  up_t *up = ud;
+  if (--up->watches_open == 0 && up->curl != NULL) {
+    om_curl_uv_close(up->curl, on_curl_closed, up);
+    up->curl = NULL;
+  }
+}
+
+/* --control: the watches first (they hold the curl glue), then the glue. */
+static void close_watches(up_t *up) {
+  size_t n = up->n_watches;
+  up->n_watches = 0;
+  for (size_t i = 0; i < n; i++)
+    om_watch_close(up->watches[i], on_watch_closed, up);
+  if (n == 0 && up->curl != NULL) {
+    om_curl_uv_close(up->curl, on_curl_closed, up);
+    up->curl = NULL;
+  }
 }
 
 /* Examples gone (deregistered first), then the proxy drains, then the
@@ -79,10 +138,11 @@ static void after_examples(up_t *up) {
     om_store_unsubscribe(up->store, up->sub);
     up->sub = NULL;
   }
+  close_watches(up);
   if (up->proxy != NULL)
     om_proxy_close(up->proxy, on_proxy_closed, up);
   else
-    om_control_close(up->ctl, on_control_closed, up);
+    close_control(up);
 }
 
 static void on_example_stopped(void *ud) {
@@ -91,16 +151,108 @@ static void on_example_stopped(void *ud) {
     after_examples(up);
 }
 
-static void stop(up_t *up) {
-  if (up->stopping)
-    return;
-  up->stopping = 1;
+static void stop_examples(up_t *up) {
   if (up->n_examples == 0) {
     after_examples(up);
     return;
   }
   for (size_t i = 0; i < up->n_examples; i++)
     om_example_stop(up->examples[i], on_example_stopped, up);
+}
+
+/* --control: the keepers delete their leases and exit first, so nothing
+ * new is routed to an example before it stops. */
+static void stop(up_t *up) {
+  if (up->stopping)
+    return;
+  up->stopping = 1;
+  if (up->keepers_running == 0) {
+    stop_examples(up);
+    return;
+  }
+  for (size_t i = 0; i < up->n_keepers; i++)
+    if (up->keepers[i].data != NULL)
+      uv_process_kill(&up->keepers[i], SIGTERM);
+}
+
+static void on_keeper_closed(uv_handle_t *h) {
+  h->data = NULL;
+}
+
+static void on_keeper_exit(uv_process_t *p, int64_t status, int term_signal) {
+  up_t *up = p->data;
+  char st[24], pid[24];
+  snprintf(st, sizeof st, "%d",
+           term_signal != 0 ? 128 + term_signal : (int)status);
+  snprintf(pid, sizeof pid, "%d", p->pid);
+  if (!up->stopping) /* its own log lines say why */
+    om_log(OM_LOG_WARN, "up_keeper_exited", "pid", pid, "status", st, NULL);
+  uv_close((uv_handle_t *)p, on_keeper_closed);
+  if (--up->keepers_running == 0 && up->stopping)
+    stop_examples(up);
+}
+
+/*
+ * --control: `openmesh register` (this binary) keeps example e's lease on
+ * the planes, with what up.json gave it (zone, metadata) and the URL it
+ * listens on. Its stdio is ours: its log lines join ours.
+ */
+static int start_keeper(up_t *up, const om_example_opts_t *o,
+                        const om_example_t *e) {
+  char exe[4096], *argv[16 + 2 * (OM_CLI_CONTROL_MAX + 16)], meta[16][512];
+  size_t exe_len = sizeof exe, n = 0;
+  uv_process_options_t po;
+  uv_stdio_container_t stdio[3];
+  uv_process_t *p = &up->keepers[up->n_keepers];
+  int rc;
+  if (uv_exepath(exe, &exe_len) != 0)
+    return OM_EIO;
+  argv[n++] = exe;
+  argv[n++] = "register";
+  for (size_t i = 0; i < up->control.n; i++) { /* each whole, never cut */
+    argv[n++] = "--control";
+    argv[n++] = (char *)up->control.urls[i];
+  }
+  argv[n++] = "--service";
+  argv[n++] = (char *)o->service;
+  argv[n++] = "--id";
+  argv[n++] = (char *)o->id;
+  argv[n++] = "--url";
+  argv[n++] = (char *)om_example_url(e);
+  argv[n++] = "--ttl";
+  argv[n++] = "10s";
+  argv[n++] = "--drain";
+  argv[n++] = "0";
+  if (o->zone != NULL) {
+    argv[n++] = "--zone";
+    argv[n++] = (char *)o->zone;
+  }
+  for (size_t i = 0; i < o->n_metadata && i < 16; i++) {
+    snprintf(meta[i], sizeof meta[i], "%s=%s", o->metadata[i].key,
+             o->metadata[i].value);
+    argv[n++] = "--meta";
+    argv[n++] = meta[i];
+  }
+  argv[n] = NULL;
+  memset(&po, 0, sizeof po);
+  for (int i = 0; i < 3; i++) {
+    stdio[i].flags = UV_INHERIT_FD;
+    stdio[i].data.fd = i;
+  }
+  po.file = exe;
+  po.args = argv;
+  po.exit_cb = on_keeper_exit;
+  po.stdio = stdio;
+  po.stdio_count = 3;
+  rc = uv_spawn(&up->loop, p, &po);
+  if (rc != 0) {
+    uv_close((uv_handle_t *)p, NULL);
+    return OM_EIO;
+  }
+  p->data = up;
+  up->n_keepers++;
+  up->keepers_running++;
+  return 0;
 }
 
 static const char *str(json_t *o, const char *k, const char *def, int *bad);
@@ -115,6 +267,70 @@ static void on_change(void *ud, om_snapshot_t *snap) {
       om_proxy_set_snapshot(up->proxy, snap, err, sizeof err) != 0)
     om_log(OM_LOG_WARN, "snapshot_rejected", "service",
            om_snapshot_service(snap), "error", err, NULL);
+}
+
+/* /status "watches" (--control): each service's watch and its plane. */
+static json_t *watches_status(void *ud) {
+  up_t *up = ud;
+  json_t *o = json_object();
+  for (size_t i = 0; o != NULL && i < up->n_watches; i++) {
+    json_t *w = om_watch_status(up->watches[i]);
+    if (w == NULL ||
+        json_object_set_new(o, om_watch_service(up->watches[i]), w) != 0) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+static void on_watch_snapshot(void *ud, om_snapshot_t *snap) {
+  up_t *up = ud;
+  if (!up->stopping)
+    on_change(ud, snap);
+}
+
+static int on_watch_check(void *ud, const om_snapshot_t *snap, char *err,
+                          size_t errlen) {
+  up_t *up = ud;
+  return up->proxy != NULL
+             ? om_proxy_check_snapshot(up->proxy, snap, err, errlen)
+             : 0;
+}
+
+/* --control: one watch per service named in up.json, on every plane. */
+static int start_watches(up_t *up, json_t *services) {
+  size_t i;
+  json_t *svc;
+  if (om_curl_uv_new(&up->loop, &up->curl) != 0) {
+    fprintf(stderr, "openmesh up: out of memory\n");
+    return OM_EXIT_FAILURE;
+  }
+  json_array_foreach(services, i, svc) {
+    const char *name = json_string_value(json_object_get(svc, "service"));
+    om_watch_opts_t wo = {.control_urls = up->control.urls,
+                          .n_control_urls = up->control.n,
+                          .service = name,
+                          .metrics = om_proxy_metrics(up->proxy),
+                          .on_snapshot = on_watch_snapshot,
+                          .check = on_watch_check,
+                          .ud = up};
+    int seen = name == NULL; /* start_example reports a bad entry */
+    for (size_t k = 0; k < up->n_watches && !seen; k++)
+      seen = strcmp(om_watch_service(up->watches[k]), name) == 0;
+    if (seen)
+      continue;
+    if (om_watch_new(&up->loop, up->curl, &wo, &up->watches[up->n_watches]) !=
+        0) {
+      fprintf(stderr, "openmesh up: cannot watch '%s' at %s\n", name,
+              up->control_list);
+      return OM_EXIT_USAGE;
+    }
+    up->n_watches++;
+    up->watches_open++;
+  }
+  om_proxy_set_status_extra(up->proxy, "watches", watches_status, up);
+  return OM_EXIT_OK;
 }
 
 static int start_proxy(up_t *up, json_t *conf, const char *host,
@@ -145,6 +361,8 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
             host, port, admin);
     return OM_EXIT_FAILURE;
   }
+  if (up->control.n > 0)
+    return start_watches(up, json_object_get(conf, "services"));
   if (om_store_subscribe(up->store, NULL, on_change, up, &up->sub)) {
     fprintf(stderr, "openmesh up: out of memory\n");
     return OM_EXIT_FAILURE;
@@ -228,15 +446,36 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
     return rc == OM_EINVAL ? OM_EXIT_USAGE : OM_EXIT_FAILURE;
   }
   up->n_examples++;
+  if (up->control.n > 0 &&
+      start_keeper(up, &o, up->examples[up->n_examples - 1]) != 0) {
+    fprintf(stderr,
+            "openmesh up: services[%zu] (%s): cannot start its "
+            "`openmesh register`\n",
+            i, o.id);
+    return OM_EXIT_FAILURE;
+  }
   return OM_EXIT_OK;
 }
 
 static void tour(up_t *up, const char *host, int port) {
   int pp = om_proxy_port(up->proxy), ap = om_proxy_admin_port(up->proxy);
-  printf("\nOpenMesh is up.\n\n"
-         "  control plane   http://%s:%d   (%s store)\n"
-         "  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
-         host, port, om_store_name(up->store), host, pp, host, ap);
+  char cp[2100];
+  size_t n;
+  if (up->control.n > 0) { /* the first plane joined, without a '/' */
+    snprintf(cp, sizeof cp, "%s", up->control.urls[0]);
+    for (n = strlen(cp); n > 0 && cp[n - 1] == '/'; n--)
+      cp[n - 1] = '\0';
+    printf("\nOpenMesh is up.\n\n"
+           "  control planes  %s   (joined)\n",
+           up->control_list);
+  } else {
+    snprintf(cp, sizeof cp, "http://%s:%d", host, port);
+    printf("\nOpenMesh is up.\n\n"
+           "  control plane   %s   (%s store)\n",
+           cp, om_store_name(up->store));
+  }
+  printf("  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
+         host, pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
@@ -244,9 +483,9 @@ static void tour(up_t *up, const char *host, int port) {
          "unkeyed: P2C picks by load\n"
          "  curl -s -H 'Host: orders' -H 'x-openmesh-key: user-7' "
          "http://%s:%d/   # keyed: always the same peer\n"
-         "  curl -s http://%s:%d/v1/services/orders               # the "
+         "  curl -s %s/v1/services/orders               # the "
          "registry\n"
-         "  curl -sN http://%s:%d/v1/watch/services/orders        # live "
+         "  curl -sN %s/v1/watch/services/orders        # live "
          "snapshots (Ctrl-C to stop)\n"
          "  curl -s http://%s:%d/metrics                           # the "
          "proxy's metrics\n\n"
@@ -258,7 +497,7 @@ static void tour(up_t *up, const char *host, int port) {
          "first with\n"
          "  openmesh check policies/traffic.lua\n\n"
          "Ctrl-C stops everything.\n\n",
-         host, pp, host, pp, host, port, host, port, host, ap);
+         host, pp, host, pp, cp, cp, host, ap);
   fflush(stdout);
 }
 
@@ -273,7 +512,8 @@ int om_cmd_up(int argc, char **argv) {
   size_t i;
   up_t *up;
   const char *store = "memory";
-  int have_dir = 0;
+  int have_dir = 0, have_store = 0;
+  om_cli_controls_t control = {.n = 0};
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
       usage(stdout);
@@ -281,8 +521,15 @@ int om_cmd_up(int argc, char **argv) {
     }
     if (strcmp(argv[a], "--store") == 0 && a + 1 < argc) {
       store = argv[++a];
+      have_store = 1;
     } else if (strncmp(argv[a], "--store=", 8) == 0) {
       store = argv[a] + 8;
+      have_store = 1;
+    } else if ((strcmp(argv[a], "--control") == 0 && a + 1 < argc) ||
+               strncmp(argv[a], "--control=", 10) == 0) {
+      char *v = argv[a][9] == '=' ? argv[a] + 10 : argv[++a];
+      if ((rc = om_cli_controls_add("up", &control, v)) != OM_EXIT_OK)
+        return rc;
     } else if (argv[a][0] == '-' || have_dir) {
       usage(stderr);
       return OM_EXIT_USAGE;
@@ -291,6 +538,11 @@ int om_cmd_up(int argc, char **argv) {
       have_dir = 1;
     }
   }
+  if (control.n > 0 && have_store)
+    return om_cli_fail_usage("up",
+                             "--store %s: not with --control (the planes "
+                             "joined have their store)",
+                             store);
   if ((rc = om_cli_store_arg("up", store, &use_redis)) != OM_EXIT_OK)
     return rc;
   snprintf(file, sizeof file, "%s/up.json", dir);
@@ -318,6 +570,8 @@ int om_cmd_up(int argc, char **argv) {
     json_decref(conf);
     return OM_EXIT_FAILURE;
   }
+  up->control = control;
+  om_cli_controls_join(&control, up->control_list, sizeof up->control_list);
   if (use_redis) {
     om_store_redis_opts_t ro = {0};
     ro.url = store;
@@ -339,8 +593,10 @@ int om_cmd_up(int argc, char **argv) {
     goto done;
   }
   co.store = up->store;
-  if (om_control_new(&up->loop, &co, &up->ctl) != 0 ||
-      om_control_listen(up->ctl, host, port) != 0) {
+  /* --control: the examples' own leases go to this local store, which
+   * nothing else reads; their leases on the planes are the keepers' */
+  if (control.n == 0 && (om_control_new(&up->loop, &co, &up->ctl) != 0 ||
+                         om_control_listen(up->ctl, host, port) != 0)) {
     fprintf(stderr,
             "openmesh up: the control plane cannot listen on %s:%d "
             "(port in use?)\n",
@@ -360,8 +616,8 @@ int om_cmd_up(int argc, char **argv) {
   if (rc == OM_EXIT_OK) {
     uv_signal_start(&up->sig_int, on_signal, SIGINT);
     uv_signal_start(&up->sig_term, on_signal, SIGTERM);
-    tour(up, host, om_control_port(up->ctl));
-  } else if (up->ctl != NULL) {
+    tour(up, host, up->ctl != NULL ? om_control_port(up->ctl) : 0);
+  } else if (up->ctl != NULL || up->proxy != NULL) {
     stop(up);
   } else {
     om_store_close(up->store, on_store_closed, up);

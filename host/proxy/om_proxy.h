@@ -186,6 +186,27 @@ int om_proxy_reload_policies(om_proxy_t *p);
  */
 int om_proxy_close(om_proxy_t *p, void (*on_closed)(void *ud), void *ud);
 
+/*
+ * om_proxy_metrics: the proxy's metrics registry (what /metrics renders),
+ * for the parts that feed the proxy and live beside it (the control-plane
+ * watches) to register their series on. Borrowed: valid until the proxy
+ * is freed. NULL p: NULL.
+ */
+struct om_metrics_s *om_proxy_metrics(om_proxy_t *p);
+
+/*
+ * om_proxy_set_status_extra: /status gains a top-level member key whose
+ * value fn(ud) builds on each request (a new jansson reference the proxy
+ * takes; NULL leaves the member out). For what the proxy does not own but
+ * an operator looks for there (which control plane each watch uses). One
+ * hook per proxy: a second call replaces the first; fn NULL removes it.
+ * key is copied (at most 31 bytes). Returns 0, OM_EINVAL (NULL p or key,
+ * a longer key).
+ */
+typedef struct json_t *(*om_proxy_status_fn)(void *ud);
+int om_proxy_set_status_extra(om_proxy_t *p, const char *key,
+                              om_proxy_status_fn fn, void *ud);
+
 /* Counters of one service, for tests and tools (metrics carry the same). */
 typedef struct om_proxy_stats_s {
   uint64_t revision;       /* current snapshot revision */

@@ -308,6 +308,11 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
                       (json_int_t)p->replay_refused)) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
+    if (p->status_fn != NULL) {
+      json_t *extra = p->status_fn(p->status_ud);
+      if (extra != NULL && json_object_set_new(root, p->status_key, extra) != 0)
+        goto oom;
+    }
     text = json_dumps(root, JSON_COMPACT);
   }
 oom:

@@ -205,6 +205,10 @@ struct om_proxy_s {
   size_t replay_held;
   uint64_t replay_refused;
   om__proxy_log_limit_t local_log; /* proxy_local_resources lines */
+  /* om_proxy_set_status_extra (om_proxy_hooks.c) */
+  char status_key[32];
+  om_proxy_status_fn status_fn;
+  void *status_ud;
 };
 
 /*

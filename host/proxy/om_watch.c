@@ -9,6 +9,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <jansson.h>
+
 #include "om_backoff.h"
 #include "om_errno.h"
 #include "om_log.h"
@@ -71,8 +73,12 @@ struct om_watch_s {
   uv_loop_t *loop;
   om_curl_uv_t *cu;
   char *service;
-  char *url;       /* the whole watch URL */
-  char *auth_line; /* "Authorization: Bearer ..." or NULL */
+  char *url;    /* the whole watch URL of the plane in use: urls[plane] */
+  char **urls;  /* one whole watch URL per control plane */
+  char **bases; /* the base URLs, as given */
+  size_t n_planes;
+  size_t round_left; /* planes still to try before a backoff */
+  char *auth_line;   /* "Authorization: Bearer ..." or NULL */
   uint64_t silence_ms, base_ns, cap_ns;
   size_t max_event_bytes;
   om_watch_snapshot_cb on_snapshot;
@@ -112,7 +118,8 @@ struct om_watch_s {
   struct {
     om_metric_t *events[EV__COUNT];
     om_metric_t *ends[END__COUNT];
-    om_metric_t *revision, *streaming;
+    om_metric_t *revision, *streaming, *failovers;
+    om_metric_t *plane[OM_WATCH_MAX_PLANES];
   } m;
 };
 
@@ -132,6 +139,23 @@ const char *om_watch_state_name(om_watch_state_t state) {
 
 /* ------------------------------------------------------------------ */
 /* bookkeeping */
+
+/* The copies watch_alloc made (any may be NULL). */
+static void free_strings(om_watch_t *w) {
+  for (size_t i = 0; w->urls != NULL && i < w->n_planes; i++)
+    free(w->urls[i]);
+  for (size_t i = 0; w->bases != NULL && i < w->n_planes; i++)
+    free(w->bases[i]);
+  free(w->urls);
+  free(w->bases);
+  free(w->service);
+  free(w->auth_line);
+}
+
+/* A fresh round of planes to try, starting with the one in use. */
+static void new_round(om_watch_t *w) {
+  w->round_left = w->n_planes - 1;
+}
 
 static void on_deliver(uv_timer_t *t);
 
@@ -285,8 +309,9 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud) {
       w->st.streams++;
       set_state(w, OM_WATCH_STREAMING);
       snprintf(from, sizeof from, "%" PRIu64, w->st.revision);
-      om_log(OM_LOG_INFO, "watch_connected", "service", w->service,
-             "last_event_id", w->current != NULL ? from : NULL, NULL);
+      om_log(OM_LOG_INFO, "watch_connected", "service", w->service, "control",
+             w->bases[w->st.plane], "last_event_id",
+             w->current != NULL ? from : NULL, NULL);
       return n;
     }
     return 0; /* an error status: its body is of no use to us */
@@ -308,6 +333,7 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
      * failure starts the backoff from the bottom again */
     w->body_seen = 1;
     w->attempt = 0;
+    new_round(w);
   }
   rc = om_sse_parser_feed(w->parser, data, n, on_event, w);
   if (rc == 0)
@@ -361,6 +387,7 @@ static int start_request(om_watch_t *w) {
     return rc;
   }
   curl_easy_setopt(w->easy, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(w->easy, CURLOPT_URL, w->url); /* the plane in use */
   w->streaming = w->ctype_ok = w->body_seen = 0;
   w->status = 0;
   w->end = END_NONE;
@@ -385,10 +412,57 @@ static void arm_silence(om_watch_t *w) {
   uv_timer_start(&w->silence_timer, on_silence, w->silence_ms, 0);
 }
 
+/* An end that says the plane is gone, not that our request or our side is
+ * wrong: worth trying another plane. */
+static int plane_gone(const om_watch_t *w, end_t why) {
+  return why == END_TRANSPORT || why == END_SILENT || why == END_EOF ||
+         (why == END_HTTP && w->status >= 500);
+}
+
+/* Move to the next plane (round robin); the next request goes there. */
+static void fail_over(om_watch_t *w, end_t why) {
+  size_t from = w->st.plane;
+  w->st.plane = (from + 1) % w->n_planes;
+  w->url = w->urls[w->st.plane];
+  w->st.failovers++;
+  om_metric_inc(w->m.failovers);
+  om_metric_set(w->m.plane[from], 0.0);
+  om_metric_set(w->m.plane[w->st.plane], 1.0);
+  om_log(OM_LOG_WARN, "watch_failover", "service", w->service, "from",
+         w->bases[from], "to", w->bases[w->st.plane], "reason", end_names[why],
+         NULL);
+}
+
 static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
   uint64_t delay_ns, delay_ms;
   int64_t retry = om_sse_parser_retry_ms(w->parser);
   char ms[24], st[24];
+  int now = 0;
+  if (w->n_planes > 1 && plane_gone(w, why)) {
+    /* another plane of this round is untried: go there at once; after a
+     * whole round failed, back off first */
+    now = w->round_left > 0;
+    if (now)
+      w->round_left--;
+    else
+      new_round(w);
+  } else {
+    new_round(w); /* the plane answered: stay with it */
+  }
+  if (now) {
+    w->st.reconnects++;
+    om_metric_inc(w->m.ends[why]);
+    set_state(w, OM_WATCH_BACKOFF);
+    snprintf(st, sizeof st, "%ld", w->status);
+    om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
+           "service", w->service, "control", w->bases[w->st.plane], "reason",
+           end_names[why], "status", w->status ? st : NULL, "detail", detail,
+           "retry_in_ms", "0", NULL);
+    fail_over(w, why);
+    uv_timer_start(&w->retry_timer, on_retry, 0, 0);
+    note_error(w, end_names[why], "%s", detail);
+    return;
+  }
   if (w->attempt < UINT32_MAX)
     w->attempt++;
   if (why == END_AUTH) {
@@ -415,8 +489,11 @@ static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
   snprintf(ms, sizeof ms, "%" PRIu64, delay_ms);
   snprintf(st, sizeof st, "%ld", w->status);
   om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
-         "service", w->service, "reason", end_names[why], "status",
-         w->status ? st : NULL, "detail", detail, "retry_in_ms", ms, NULL);
+         "service", w->service, "control", w->bases[w->st.plane], "reason",
+         end_names[why], "status", w->status ? st : NULL, "detail", detail,
+         "retry_in_ms", ms, NULL);
+  if (w->n_planes > 1 && plane_gone(w, why))
+    fail_over(w, why); /* the round failed: the next plane, after the wait */
   note_error(w, end_names[why], "%s", detail);
 }
 
@@ -519,9 +596,7 @@ static void on_handle_closed(uv_handle_t *h) {
   curl_slist_free_all(w->headers);
   om_sse_parser_free(w->parser);
   om_snapshot_unref(w->current);
-  free(w->service);
-  free(w->url);
-  free(w->auth_line);
+  free_strings(w);
   free(w);
 }
 
@@ -656,44 +731,80 @@ static void register_metrics(om_watch_t *w, om_metrics_t *r) {
                        "Revision of the current (last good) snapshot", labels);
   w->m.streaming = om_metrics_gauge(r, "openmesh_watch_streaming",
                                     "1 while the watch stream is up", labels);
+  w->m.failovers = om_metrics_counter(
+      r, "openmesh_proxy_watch_failovers_total",
+      "Moves of a service's watch to another control plane", labels);
+  for (size_t i = 0; i < w->n_planes; i++) {
+    char plane[OM_URL_MAX * 2 + 1], pl[sizeof svc + sizeof plane + 32];
+    om_metrics_escape(w->bases[i], plane, sizeof plane);
+    snprintf(pl, sizeof pl, "service=\"%s\",plane=\"%s\"", svc, plane);
+    w->m.plane[i] = om_metrics_gauge(
+        r, "openmesh_proxy_watch_plane",
+        "1 for the control plane a service's watch uses, 0 for the others", pl);
+    om_metric_set(w->m.plane[i], i == w->st.plane ? 1.0 : 0.0);
+  }
 }
 
-/* Everything but the request and the handles. */
-static int watch_alloc(const om_watch_opts_t *o, om_watch_t **out) {
+/* The base URL (its first n bytes) without trailing '/'. */
+static size_t base_len(const char *url) {
+  size_t n = strlen(url);
+  while (n > 0 && url[n - 1] == '/')
+    n--;
+  return n;
+}
+
+/* The whole watch URL of one plane. */
+static char *watch_url(const char *base, const char *service) {
+  size_t n = base_len(base);
+  char *u = malloc(n + sizeof WATCH_PATH + strlen(service));
+  if (u == NULL)
+    return NULL;
+  memcpy(u, base, n);
+  memcpy(u + n, WATCH_PATH, sizeof WATCH_PATH - 1);
+  strcpy(u + n + sizeof WATCH_PATH - 1, service);
+  return u;
+}
+
+/* Everything but the request and the handles. planes: n base URLs. */
+static int watch_alloc(const om_watch_opts_t *o, const char *const *planes,
+                       size_t n, om_watch_t **out) {
   om_sse_parser_opts_t po;
   om_watch_t *w = calloc(1, sizeof *w);
-  size_t base_len;
+  int oom = 0;
   if (w == NULL)
     return OM_ENOMEM;
-  base_len = strlen(o->control_url);
-  while (base_len > 0 && o->control_url[base_len - 1] == '/')
-    base_len--;
   w->service = dup_str(o->service);
-  w->url = malloc(base_len + sizeof WATCH_PATH + strlen(o->service));
+  w->urls = calloc(n, sizeof *w->urls);
+  w->bases = calloc(n, sizeof *w->bases);
+  if (w->urls != NULL && w->bases != NULL) {
+    w->n_planes = n;
+    for (size_t i = 0; i < n; i++) {
+      w->urls[i] = watch_url(planes[i], o->service);
+      w->bases[i] = dup_str(planes[i]);
+      oom |= w->urls[i] == NULL || w->bases[i] == NULL;
+    }
+  }
   if (o->token != NULL) {
-    size_t n = strlen(o->token) + sizeof "Authorization: Bearer ";
-    w->auth_line = malloc(n);
+    size_t len = strlen(o->token) + sizeof "Authorization: Bearer ";
+    w->auth_line = malloc(len);
     if (w->auth_line != NULL)
-      snprintf(w->auth_line, n, "Authorization: Bearer %s", o->token);
+      snprintf(w->auth_line, len, "Authorization: Bearer %s", o->token);
   }
   memset(&po, 0, sizeof po);
   po.max_event_bytes = o->max_event_bytes ? o->max_event_bytes
                                           : OM_WATCH_DEFAULT_MAX_EVENT_BYTES;
   w->max_event_bytes = po.max_event_bytes;
-  if (w->service == NULL || w->url == NULL ||
+  if (oom || w->service == NULL || w->urls == NULL || w->bases == NULL ||
       (o->token != NULL && w->auth_line == NULL) ||
       om_sse_parser_new(&po, &w->parser) != 0 ||
       (w->easy = curl_easy_init()) == NULL) {
     om_sse_parser_free(w->parser);
-    free(w->service);
-    free(w->url);
-    free(w->auth_line);
+    free_strings(w);
     free(w);
     return OM_ENOMEM;
   }
-  memcpy(w->url, o->control_url, base_len);
-  memcpy(w->url + base_len, WATCH_PATH, sizeof WATCH_PATH - 1);
-  strcpy(w->url + base_len + sizeof WATCH_PATH - 1, o->service);
+  w->url = w->urls[0];
+  new_round(w);
   *out = w;
   return 0;
 }
@@ -702,9 +813,7 @@ static void watch_free_unstarted(om_watch_t *w) {
   curl_easy_cleanup(w->easy);
   curl_slist_free_all(w->headers);
   om_sse_parser_free(w->parser);
-  free(w->service);
-  free(w->url);
-  free(w->auth_line);
+  free_strings(w);
   free(w);
 }
 
@@ -727,15 +836,37 @@ static int setup_easy(om_watch_t *w) {
   return 0;
 }
 
+/* The planes of opts: one control_url or 1..OM_WATCH_MAX_PLANES
+ * control_urls, each a valid base URL, no two alike. NULL when not. */
+static const char *const *planes_of(const om_watch_opts_t *o, size_t *n) {
+  const char *const *p =
+      o->n_control_urls > 0 ? o->control_urls : &o->control_url;
+  *n = o->n_control_urls > 0 ? o->n_control_urls : 1;
+  if (*n > OM_WATCH_MAX_PLANES || p == NULL ||
+      (o->n_control_urls > 0 && o->control_url != NULL))
+    return NULL;
+  for (size_t i = 0; i < *n; i++) {
+    if (p[i] == NULL || !valid_base_url(p[i]))
+      return NULL;
+    for (size_t j = 0; j < i; j++)
+      if (base_len(p[i]) == base_len(p[j]) &&
+          memcmp(p[i], p[j], base_len(p[i])) == 0)
+        return NULL;
+  }
+  return p;
+}
+
 int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
                  om_watch_t **out) {
   om_watch_t *w = NULL;
+  const char *const *planes = NULL;
   uint64_t hb, base, cap;
+  size_t n_planes = 0;
+  char np[24];
   int rc;
   if (loop == NULL || cu == NULL || opts == NULL || out == NULL ||
-      opts->control_url == NULL || opts->service == NULL ||
+      (planes = planes_of(opts, &n_planes)) == NULL || opts->service == NULL ||
       !om_valid_name(opts->service, strlen(opts->service)) ||
-      !valid_base_url(opts->control_url) ||
       (opts->token != NULL && !valid_token(opts->token)) ||
       opts->max_event_bytes > OM_SSE_MAX_EVENT_BYTES_LIMIT)
     return OM_EINVAL;
@@ -748,7 +879,7 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   if (hb > UINT64_C(86400000) || base > UINT64_C(86400000) ||
       cap > UINT64_C(86400000))
     return OM_EINVAL;
-  rc = watch_alloc(opts, &w);
+  rc = watch_alloc(opts, planes, n_planes, &w);
   if (rc != 0)
     return rc;
   w->loop = loop;
@@ -779,8 +910,9 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   arm_silence(w);
   register_metrics(w, opts->metrics);
   set_state(w, OM_WATCH_CONNECTING);
+  snprintf(np, sizeof np, "%zu", w->n_planes);
   om_log(OM_LOG_INFO, "watch_started", "service", w->service, "url", w->url,
-         NULL);
+         "control_planes", np, NULL);
   *out = w;
   return 0;
 }
@@ -797,4 +929,29 @@ void om_watch_stats(const om_watch_t *w, om_watch_stats_t *out) {
 
 const char *om_watch_service(const om_watch_t *w) {
   return w != NULL ? w->service : NULL;
+}
+
+const char *om_watch_control_url(const om_watch_t *w) {
+  return w != NULL ? w->bases[w->st.plane] : NULL;
+}
+
+json_t *om_watch_status(const om_watch_t *w) {
+  json_t *planes, *o;
+  if (w == NULL || (planes = json_array()) == NULL)
+    return NULL;
+  for (size_t i = 0; i < w->n_planes; i++)
+    if (json_array_append_new(planes, json_string(w->bases[i])) != 0) {
+      json_decref(planes);
+      return NULL;
+    }
+  o = json_pack(
+      "{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:s}", "control",
+      w->bases[w->st.plane], "control_planes", planes, "state",
+      om_watch_state_name(w->st.state), "revision", (json_int_t)w->st.revision,
+      "failovers", (json_int_t)w->st.failovers, "connects",
+      (json_int_t)w->st.connects, "reconnects", (json_int_t)w->st.reconnects,
+      "snapshots", (json_int_t)w->st.snapshots, "duplicates",
+      (json_int_t)w->st.duplicates, "last_status", (int)w->st.last_status,
+      "last_error", w->st.last_error);
+  return o; /* json_pack's "o" took planes, also on failure */
 }

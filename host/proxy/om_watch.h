@@ -34,6 +34,17 @@
  *   comments come every heartbeat) means a dead stream, also while
  *   connecting: the transfer is cut and the watch reconnects.
  *
+ * Several control planes (on one shared store, so that revisions are the
+ * same everywhere) can be given. The watch sticks with the plane that
+ * works; an end that says the plane is gone (a connect or read failure,
+ * a 5xx, silence, or the plane ending the stream) moves it to the next
+ * plane (round robin) at once, with the same Last-Event-ID, so the new
+ * plane sends a snapshot only if it holds a newer revision (an equal one
+ * counts as a duplicate and is never delivered). The backoff runs only
+ * after every plane failed in a row. Answers from a live plane (404,
+ * 401/403, other 4xx) and local problems (too_big, no_memory) stay on
+ * that plane and back off as with one plane.
+ *
  * Callbacks never run inside libcurl: events are validated as bytes
  * arrive, but on_snapshot and on_error are called from a loop timer right
  * after, so they may start requests, close this or another watch, or
@@ -65,6 +76,8 @@ typedef struct om_watch_s om_watch_t;
 /* Silence longer than this many heartbeats is a dead stream. */
 #define OM_WATCH_MISSED_HEARTBEATS 3u
 #define OM_WATCH_TOKEN_MAX 4096u
+/* Most control planes one watch fails over between. */
+#define OM_WATCH_MAX_PLANES 16u
 
 /*
  * A newer valid snapshot is current. snap is borrowed for the call:
@@ -98,8 +111,14 @@ typedef int (*om_watch_check_cb)(void *ud, const om_snapshot_t *snap, char *err,
 typedef struct om_watch_opts_s {
   /* The control plane's base URL, http:// or https://, without the
    * /v1/... path ("http://127.0.0.1:7600"; a trailing '/' is fine).
-   * Required; copied. */
+   * Required unless control_urls is given; copied. */
   const char *control_url;
+  /* Or several base URLs (1..OM_WATCH_MAX_PLANES, each as control_url,
+   * no two alike), the first tried first, then the next on failure;
+   * used when n_control_urls > 0 (control_url must then be NULL).
+   * Copied. */
+  const char *const *control_urls;
+  size_t n_control_urls;
   /* The service to watch: om_valid_name. Required; copied. */
   const char *service;
   /* A bearer token (RFC 6750 section 2.1), sent as
@@ -118,7 +137,10 @@ typedef struct om_watch_opts_s {
   /* Jitter seed; 0: from the clock and the watch's address. */
   uint64_t seed;
   /* Optional registry: openmesh_watch_* series labelled with the service
-   * are registered on it (it must outlive the watch). */
+   * are registered on it (it must outlive the watch), and
+   * openmesh_proxy_watch_failovers_total{service} and
+   * openmesh_proxy_watch_plane{service,plane} (1 for the plane in use,
+   * 0 for the others). */
   om_metrics_t *metrics;
   om_watch_snapshot_cb on_snapshot; /* optional */
   om_watch_check_cb check;          /* optional */
@@ -155,17 +177,22 @@ typedef struct om_watch_stats_s {
   uint64_t auth_errors;        /* of them, 401 and 403 */
   uint64_t transport_errors;   /* connect/read failures, resets */
   uint64_t silent;      /* requests or streams cut after 3 silent heartbeats */
+  uint64_t failovers;   /* moves to another control plane */
+  size_t plane;         /* index of the plane in use (0: the first given) */
   long last_status;     /* the last final HTTP status; 0: none */
   char last_error[192]; /* the last problem's message; "" if none */
 } om_watch_stats_t;
 
 /*
- * om_watch_new: start watching opts->service at opts->control_url: the
- * first request is added to cu before this returns. loop and cu must
+ * om_watch_new: start watching opts->service at opts->control_url (or
+ * the first of opts->control_urls): the first request is added to cu
+ * before this returns. loop and cu must
  * outlive the watch (close the watch before the glue: om_curl_uv_close
  * would otherwise cancel its transfer behind its back). Returns 0 with
  * *out; OM_EINVAL (NULL argument, no or invalid service, a URL that is
- * not absolute http(s) or holds bytes a URL cannot, a token with bytes a
+ * not absolute http(s) or holds bytes a URL cannot, no URL, both
+ * control_url and control_urls, more than OM_WATCH_MAX_PLANES or the
+ * same URL twice, a token with bytes a
  * header cannot carry or longer than OM_WATCH_TOKEN_MAX, max_event_bytes
  * above the parser's limit); OM_ESTATE (called from inside a libcurl
  * callback, or cu is closing); OM_ENOMEM. On error nothing was allocated
@@ -188,6 +215,19 @@ void om_watch_stats(const om_watch_t *w, om_watch_stats_t *out);
 
 /* The watched service (the watch's copy). */
 const char *om_watch_service(const om_watch_t *w);
+
+/*
+ * om_watch_status: the watch for /status, a new jansson object:
+ * {"control": the plane in use, "control_planes": [every base URL],
+ * "state", "revision", "failovers", "connects", "reconnects",
+ * "snapshots", "duplicates", "last_status", "last_error"}. NULL on
+ * allocation failure or NULL w.
+ */
+struct json_t *om_watch_status(const om_watch_t *w);
+
+/* The base URL of the control plane in use, as given (the watch's copy;
+ * valid until the next loop turn, when it may move). NULL w: NULL. */
+const char *om_watch_control_url(const om_watch_t *w);
 
 /*
  * om_watch_close: stop watching: cancel the request, stop the timers, and
