@@ -40,6 +40,7 @@
 #include "om_log.h"
 #include "om_rng.h"
 #include "om_snapshot.h"
+#include "om_url.h"
 
 #define RETRY_FLOOR_MS 100u    /* never retry more often than this */
 #define RETRY_BASE_MS 200u     /* first backoff ceiling */
@@ -553,6 +554,15 @@ typedef struct flags_s {
   size_t n_meta;
 } flags_t;
 
+/* Why url cannot be a control-plane base URL, or NULL: the one URL rule
+ * (om_url.h) of instance URLs, so no query or fragment (paths are
+ * appended to it). */
+static const char *control_url_problem(const char *url) {
+  om_url_t u;
+  const char *why = "is invalid";
+  return om_url_parse(url, &u, &why) == 0 ? NULL : why;
+}
+
 /* Check every flag, build the instance and the URLs. Returns 0 or an exit
  * code (2) after printing a message naming the flag. */
 static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
@@ -572,18 +582,8 @@ static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
     return bad("--url", "is required");
   if (f->ttl == NULL)
     return bad("--ttl", "is required");
-  /* the control URL: the same rules as an instance URL, minus query and
-   * fragment (paths are appended to it) */
-  memset(&in, 0, sizeof in);
-  in.id = "x";
-  in.url = (char *)f->control;
-  in.ttl_ms = OM_TTL_MIN_MS;
-  in.weight = 1;
-  if (om_instance_validate(&in, &field, &why) != 0 ||
-      strpbrk(f->control, "?#") != NULL)
-    return bad("--control",
-               "must be an absolute http:// or https:// URL with a host, "
-               "without query or fragment");
+  if ((why = control_url_problem(f->control)) != NULL)
+    return bad("--control", why);
   if (!om_valid_name(f->service, strlen(f->service)))
     return bad("--service", "must be 1 to 128 characters of "
                             "[A-Za-z0-9._-] (not \".\" or \"..\")");
