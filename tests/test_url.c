@@ -51,8 +51,8 @@ static const good_t GOOD[] = {
     {"http://a/api/v1/", 0, OM_URL_HOST_NAME, "a", 80, 0, "/api/v1/"},
     {"http://a/p%20q/~x;y=1,z:@!$&'()*+", 0, OM_URL_HOST_NAME, "a", 80, 0,
      "/p%20q/~x;y=1,z:@!$&'()*+"},
-    {"http://nonexistent.invalid:1", 0, OM_URL_HOST_NAME,
-     "nonexistent.invalid", 1, 1, ""},
+    {"http://nonexistent.invalid:1", 0, OM_URL_HOST_NAME, "nonexistent.invalid",
+     1, 1, ""},
 };
 
 typedef struct {
@@ -210,9 +210,9 @@ static void length_and_arguments(void **state) {
 }
 
 static void literals_match_inet_pton(void **state) {
-  static const char *v4[] = {"0.0.0.0", "1.2.3.4", "255.255.255.255",
-                             "10.0.0.1", "1.2.3",   "256.1.1.1",
-                             "01.1.1.1", "1.1.1.1.", "1.1.1.-1", "a.b.c.d"};
+  static const char *v4[] = {
+      "0.0.0.0",   "1.2.3.4",  "255.255.255.255", "10.0.0.1", "1.2.3",
+      "256.1.1.1", "01.1.1.1", "1.1.1.1.",        "1.1.1.-1", "a.b.c.d"};
   static const char *v6[] = {"::",
                              "::1",
                              "1::",

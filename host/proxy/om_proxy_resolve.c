@@ -52,10 +52,13 @@ typedef union {
 typedef struct om__proxy_name_s {
   om_list_t link; /* the resolver's entries */
   struct om__proxy_resolver_s *res;
-  om__proxy_service_t *s; /* NULL once the entry is dead */
+  om__proxy_service_t *s;
   char host[OM_URL_HOST_MAX + 1];
-  uint32_t refs;
-  int busy; /* a lookup is in flight (the request below is the pool's) */
+  uint32_t refs; /* its peers, and the lookup in flight */
+  int busy;      /* a lookup is in flight (the request below is the pool's) */
+  /* the proxy closed while the lookup ran: the entry left the resolver
+   * (which may be gone), and only the lookup's answer frees it */
+  int orphan;
   union {
     uv_getaddrinfo_t gai;
     uv_work_t work;
@@ -179,8 +182,13 @@ static void lookup_done(om__proxy_name_t *e, const addr_t *list, size_t n,
   om__proxy_resolver_t *r = e->res;
   uint64_t now = uv_hrtime();
   e->busy = 0;
+  if (e->orphan) {
+    if (--e->refs == 0)
+      free(e);
+    return;
+  }
   r->inflight--;
-  if (e->refs == 0 || e->s == NULL) { /* every peer left meanwhile */
+  if (--e->refs == 0) { /* every peer left meanwhile */
     name_free(e);
   } else if (r->closing) {
     /* the answer is not needed any more */
@@ -212,9 +220,8 @@ static void lookup_done(om__proxy_name_t *e, const addr_t *list, size_t n,
     snprintf(count, sizeof count, "%zu", e->n);
     /* the first failure of a run is logged; the rest are counted */
     if (e->fails_in_row == 1)
-      om_log(OM_LOG_WARN, "proxy_resolve_failed", "service", e->s->name,
-             "host", e->host, "error", e->error, "kept_addresses", count,
-             NULL);
+      om_log(OM_LOG_WARN, "proxy_resolve_failed", "service", e->s->name, "host",
+             e->host, "error", e->error, "kept_addresses", count, NULL);
   }
   if (r->closing)
     om__proxy_maybe_finish(r->p);
@@ -309,15 +316,11 @@ static void start_lookup(om__proxy_name_t *e) {
     e->req.gai.data = e;
     rc = uv_getaddrinfo(p->loop, &e->req.gai, on_gai, e->host, NULL, &hints);
   }
-  if (rc != 0) {
-    /* not started: count it as a failed lookup, try again later */
-    e->busy = 1;
-    r->inflight++;
-    lookup_done(e, NULL, 0, uv_strerror(rc));
-    return;
-  }
   e->busy = 1;
+  e->refs++; /* the lookup's: the entry outlives its peers until it ends */
   r->inflight++;
+  if (rc != 0) /* not started: a failed lookup, tried again later */
+    lookup_done(e, NULL, 0, uv_strerror(rc));
 }
 
 /* ------------------------------------------------------------------ */
@@ -389,11 +392,7 @@ void om__proxy_resolve_detach(om__proxy_peer_t *peer) {
   peer->name = NULL;
   if (e == NULL || --e->refs > 0)
     return;
-  if (e->busy) {
-    e->s = NULL; /* freed when its lookup returns */
-    return;
-  }
-  name_free(e);
+  name_free(e); /* not busy: a lookup holds a reference */
 }
 
 /* Point peer's target at its address in use, with its port. */
@@ -513,12 +512,13 @@ void om__proxy_resolve_status(const om__proxy_peer_t *peer, json_t *o,
       addr_text(&e->addrs[peer->addr_i], buf, sizeof buf);
     json_object_set_new(o, "address", ready ? json_string(buf) : json_null());
     json_object_set_new(o, "resolve_error", json_string(e->error));
-    json_object_set_new(o, "resolve_failures", json_integer((json_int_t)e->failures));
+    json_object_set_new(o, "resolve_failures",
+                        json_integer((json_int_t)e->failures));
     json_object_set_new(
         o, "resolved_ms_ago",
-        e->last_ok_ns ? json_integer((json_int_t)((now - e->last_ok_ns) /
-                                                  NS_PER_MS))
-                      : json_null());
+        e->last_ok_ns
+            ? json_integer((json_int_t)((now - e->last_ok_ns) / NS_PER_MS))
+            : json_null());
   }
   {
     const char *why = peer->unusable;
@@ -535,10 +535,19 @@ void om__proxy_resolve_close(om_proxy_t *p) {
   if (r == NULL || r->closing)
     return;
   r->closing = 1;
-  OM_LIST_FOREACH(it, &r->names) {
+  /* Lookups in flight are cancelled if they have not started; one that
+   * runs (a slow DNS server) is not waited for: its entry leaves the
+   * resolver and is freed by the last of its answer and its peers. */
+  OM_LIST_FOREACH_SAFE(it, &r->names) {
     om__proxy_name_t *e = OM_LIST_ENTRY(it, om__proxy_name_t, link);
-    if (e->busy) /* it ends with UV_ECANCELED, or answers when it ran */
-      uv_cancel((uv_req_t *)&e->req);
+    if (!e->busy)
+      continue;
+    uv_cancel((uv_req_t *)&e->req);
+    if (r->hosts_file != NULL)
+      continue; /* reads the resolver's path: quick, and waited for */
+    e->orphan = 1;
+    om_list_remove(&e->link);
+    r->inflight--;
   }
   if (r->timer_open)
     uv_close((uv_handle_t *)&r->timer, on_timer_closed);
