@@ -84,8 +84,8 @@ static void set_topology(env_t *e, uint64_t revision, const char **ids,
     in[i].weight = 1;
     in[i].ttl_ms = 10000;
   }
-  assert_int_equal(om_snapshot_new("web", revision, in, n, &s, NULL, NULL, NULL),
-                   0);
+  assert_int_equal(
+      om_snapshot_new("web", revision, in, n, &s, NULL, NULL, NULL), 0);
   if (om_proxy_set_snapshot(e->proxy, s, err, sizeof err) != 0)
     fail_msg("om_proxy_set_snapshot: %s", err);
   om_snapshot_unref(s);
@@ -180,9 +180,9 @@ static void names_resolve_and_fail_over(void **state) {
   assert_true(wait_until(&e, "multi", is_ready));
   m = peer(&e, "multi");
   expect_addr(m, "127.0.0.2", 8082);
-  OM_ASSERT_CMP(om__proxy_resolve_outcome(m, OM_UPSTREAM_FAIL_CONNECT,
-                                          uv_hrtime()),
-                ==, 1);
+  OM_ASSERT_CMP(
+      om__proxy_resolve_outcome(m, OM_UPSTREAM_FAIL_CONNECT, uv_hrtime()), ==,
+      1);
   expect_addr(m, "127.0.0.3", 8082);
   OM_ASSERT_CMP(om__proxy_resolve_outcome(m, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT,
                                           uv_hrtime()),
@@ -193,8 +193,8 @@ static void names_resolve_and_fail_over(void **state) {
       om__proxy_resolve_outcome(m, OM_UPSTREAM_FAIL_MALFORMED, uv_hrtime()), ==,
       0);
   OM_ASSERT_CMP(m->addr_fails, ==, 0);
-  OM_ASSERT_CMP(om__proxy_resolve_outcome(peer(&e, "lit"),
-                                          OM_UPSTREAM_FAIL_CONNECT, uv_hrtime()),
+  OM_ASSERT_CMP(om__proxy_resolve_outcome(
+                    peer(&e, "lit"), OM_UPSTREAM_FAIL_CONNECT, uv_hrtime()),
                 ==, 0);
   /* a new revision with the same id and URL keeps the peer, resolved */
   set_topology(&e, 2, ids, urls, 5);
@@ -227,10 +227,36 @@ static void close_with_lookups_pending(void **state) {
   }
 }
 
+/* The system resolver: closing does not wait for a lookup that runs; its
+ * entry is freed when the answer comes (the loop still runs it). */
+static void close_with_getaddrinfo_running(void **state) {
+  static const char *ids[] = {"local"};
+  static const char *urls[] = {"http://localhost:1"};
+  env_t e;
+  (void)state;
+  unsetenv("OPENMESH_RESOLVE_HOSTS");
+  for (int round = 0; round < 3; round++) {
+    uint64_t t0;
+    env_start(&e);
+    set_topology(&e, 1, ids, urls, 1);
+    for (int k = 0; k < round; k++)
+      uv_run(&e.loop, UV_RUN_NOWAIT);
+    t0 = uv_hrtime();
+    assert_int_equal(om_proxy_close(e.proxy, on_closed, &e.closed), 0);
+    while (!e.closed && uv_hrtime() - t0 < UINT64_C(5000000000))
+      uv_run(&e.loop, UV_RUN_ONCE);
+    assert_true(e.closed);
+    uv_run(&e.loop, UV_RUN_DEFAULT); /* an orphaned answer, if any */
+    assert_int_equal(uv_loop_close(&e.loop), 0);
+  }
+  setenv("OPENMESH_RESOLVE_HOSTS", g_hosts, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(names_resolve_and_fail_over),
       cmocka_unit_test(close_with_lookups_pending),
+      cmocka_unit_test(close_with_getaddrinfo_running),
   };
   int rc;
   om_log_set_level(getenv("OM_TEST_LOG") != NULL ? OM_LOG_DEBUG : OM_LOG_ERROR);
