@@ -152,7 +152,8 @@ describe("peer URLs: one rule, names resolved by the proxy", function()
     for _, url in ipairs(bad) do
       local code, body = put("web-bad", url)
       assert.equal(400, code, url .. ": " .. body)
-      assert.truthy(body:find("url", 1, true), url .. ": " .. body)
+      local doc = H.json(body)
+      assert.same({ "invalid_field", "url" }, { doc.error, doc.field }, url .. ": " .. body)
     end
     -- later registrations reach the proxy: a new instance serves...
     local code, body = put("web-c", "http://127.0.0.1:" .. (base + 3))
