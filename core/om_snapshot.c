@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_url.h"
 
 typedef unsigned char uchar;
 
@@ -101,104 +102,15 @@ static int utf8_valid(const uchar *s, size_t n) {
   return 1;
 }
 
-static int is_alpha(uchar c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-}
-
-static int is_digit(uchar c) {
-  return c >= '0' && c <= '9';
-}
-
-static int is_hex(uchar c) {
-  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-static int prefix_nocase(const char *s, size_t n, const char *p) {
-  size_t k = strlen(p);
-  if (n < k)
-    return 0;
-  for (size_t i = 0; i < k; i++) {
-    uchar c = (uchar)s[i];
-    if (c >= 'A' && c <= 'Z')
-      c = (uchar)(c - 'A' + 'a');
-    if (c != (uchar)p[i])
-      return 0;
-  }
-  return 1;
-}
-
-/* NULL when u is an acceptable upstream URL, else why not. */
+/* NULL when u is an acceptable instance URL (om_url.h: the one rule the
+ * proxy applies too), else why not. */
 static const char *url_problem(const char *u) {
-  size_t n, i, a, end, host_end;
+  om_url_t parsed;
+  const char *why = "is invalid";
   if (u == NULL)
     return "is required";
-  n = bounded_len(u, OM_URL_MAX);
-  if (n == 0)
-    return "is empty";
-  if (n > OM_URL_MAX)
-    return "is longer than 2048 bytes";
-  for (i = 0; i < n; i++) {
-    uchar c = (uchar)u[i];
-    if (c <= 0x20 || c >= 0x7f)
-      return "contains whitespace, a control or a non-ASCII byte "
-             "(percent-encode it, RFC 3986 section 2.1)";
-  }
-  if (prefix_nocase(u, n, "http://"))
-    a = 7;
-  else if (prefix_nocase(u, n, "https://"))
-    a = 8;
-  else
-    return "must be an absolute http:// or https:// URL";
-  /* RFC 3986 section 3.2: the authority ends at the first / ? or #. */
-  for (end = a; end < n; end++)
-    if (u[end] == '/' || u[end] == '?' || u[end] == '#')
-      break;
-  if (memchr(u + a, '@', end - a) != NULL)
-    return "must not carry userinfo (RFC 9110 section 4.2.4)";
-  if (a == end)
-    return "has no host";
-  if (u[a] == '[') {
-    int colons = 0;
-    for (host_end = a + 1; host_end < end && u[host_end] != ']'; host_end++) {
-      uchar c = (uchar)u[host_end];
-      if (c == ':')
-        colons++;
-      else if (!is_hex(c) && c != '.')
-        return "has an invalid IPv6 literal";
-    }
-    if (host_end == end || colons < 2)
-      return "has an invalid IPv6 literal";
-    host_end++; /* past ']' */
-  } else {
-    for (host_end = a; host_end < end && u[host_end] != ':'; host_end++) {
-      uchar c = (uchar)u[host_end];
-      if (c == '%') {
-        if (host_end + 2 >= end || !is_hex((uchar)u[host_end + 1]) ||
-            !is_hex((uchar)u[host_end + 2]))
-          return "has an invalid percent-escape in the host";
-        host_end += 2;
-      } else if (!is_alpha(c) && !is_digit(c) && c != '-' && c != '.' &&
-                 c != '_' && c != '~')
-        return "has an invalid character in the host";
-    }
-    if (host_end == a)
-      return "has no host";
-  }
-  if (host_end < end) {
-    uint32_t port = 0;
-    size_t digits = end - host_end - 1;
-    if (u[host_end] != ':')
-      return "has an invalid host";
-    if (digits == 0 || digits > 5)
-      return "has an invalid port (1..65535)";
-    for (i = host_end + 1; i < end; i++) {
-      if (!is_digit((uchar)u[i]))
-        return "has an invalid port (1..65535)";
-      port = port * 10 + (uint32_t)(u[i] - '0');
-    }
-    if (port < 1 || port > 65535)
-      return "has an invalid port (1..65535)";
-  }
+  if (om_url_parse(u, &parsed, &why) != 0)
+    return why;
   return NULL;
 }
 

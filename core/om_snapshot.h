@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define OM_NAME_MAX 128 /* service and instance ids */
-#define OM_URL_MAX 2048
+#define OM_URL_MAX 2048 /* = OM_URL_MAX_LEN (om_url.h) */
 #define OM_ZONE_MAX 128
 #define OM_META_MAX_ENTRIES 64
 #define OM_META_KEY_MAX 128
@@ -68,13 +68,10 @@ int om_valid_name(const char *s, size_t len);
  * ("id", "url", "ttl_ms", "weight", "zone", "metadata") and *why to a static
  * reason (field and why may be NULL when not wanted).
  * - id: om_valid_name.
- * - url: at most OM_URL_MAX bytes of visible ASCII (no whitespace, control
- *   or non-ASCII bytes: RFC 3986 section 2 percent-encodes those), absolute
- *   http or https (scheme case-insensitive, RFC 3986 section 3.1) with a
- *   non-empty host (a reg-name of unreserved characters and %XX escapes, or
- *   a bracketed IPv6 literal), optional port 1..65535, no userinfo (RFC
- *   9110 section 4.2.4 forbids it in http(s) URIs), then nothing or a path,
- *   query or fragment.
+ * - url: the one URL rule of om_url.h (om_url_parse), the rule the proxy
+ *   applies too: http or https, an IPv4 or IPv6 literal or a DNS name, a
+ *   port, a path prefix; no userinfo, query or fragment. *why is
+ *   om_url_parse's reason.
  * - weight: finite, in (0, OM_WEIGHT_MAX]. ttl_ms: [OM_TTL_MIN_MS,
  *   OM_TTL_MAX_MS].
  * - zone: NULL, or 1..OM_ZONE_MAX bytes of printable ASCII (0x20-0x7e).

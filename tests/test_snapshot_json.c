@@ -104,7 +104,7 @@ static void encode_round_trip(void **state) {
   (void)state;
   for (int i = 0; i < 7; i++) {
     snprintf(ids[i], sizeof ids[i], "i%d", i);
-    in[i] = inst(ids[i], "http://[::1]:8080/p?q=\"x\"");
+    in[i] = inst(ids[i], "http://[::1]:8080/p;q='x'&y=$");
     in[i].weight = weights[i];
     in[i].zone = i % 2 ? "zone \"q\" \\" : NULL;
     in[i].metadata = kv;

@@ -49,6 +49,7 @@
 #include "om_log.h"
 #include "om_rng.h"
 #include "om_snapshot.h"
+#include "om_url.h"
 
 #define RETRY_FLOOR_MS 100u    /* never retry more often than this */
 #define RETRY_BASE_MS 200u     /* first backoff ceiling */

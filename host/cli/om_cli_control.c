@@ -7,20 +7,15 @@
 
 #include "om_cli.h"
 #include "om_cli_util.h"
-#include "om_snapshot.h"
+#include "om_url.h"
 
-/* The base URL as the registry accepts an instance URL (absolute http(s),
- * a host, no userinfo), and no query or fragment, since the API paths are
- * appended to it: the rule om_watch_new applies to its control URLs. */
-static int url_ok(const char *url) {
-  om_instance_t probe;
-  memset(&probe, 0, sizeof probe);
-  probe.id = "control";
-  probe.url = (char *)url;
-  probe.weight = 1.0;
-  probe.ttl_ms = OM_TTL_MIN_MS;
-  return om_instance_validate(&probe, NULL, NULL) == 0 &&
-         strpbrk(url, "?#") == NULL;
+/* Why url cannot be a control-plane base URL, or NULL: the one URL rule
+ * of instance URLs (om_url.h), which also refuses a query and a fragment
+ * (the API paths are appended to it). */
+static const char *url_problem(const char *url) {
+  om_url_t u;
+  const char *why = "is invalid";
+  return om_url_parse(url, &u, &why) == 0 ? NULL : why;
 }
 
 /* Length without trailing '/'. */
@@ -63,12 +58,12 @@ int om_cli_controls_add(const char *cmd, om_cli_controls_t *c, char *value) {
     char *comma = strchr(item, ',');
     if (comma != NULL)
       *comma = '\0';
-    if (!url_ok(item))
-      return om_cli_fail_usage(cmd,
-                               "--control: '%s' is not an absolute http:// "
-                               "or https:// URL with a host, without query "
-                               "or fragment",
-                               item);
+    const char *why = url_problem(item);
+    if (why != NULL) {
+      char msg[OM_URL_MAX_LEN + 128];
+      snprintf(msg, sizeof msg, "--control: '%s': url %s", item, why);
+      return om_cli_fail_usage(cmd, "%s", msg);
+    }
     for (size_t i = 0; i < c->n; i++)
       if (same_plane(c->urls[i], item))
         return om_cli_fail_usage(cmd, "--control: '%s' is given twice", item);

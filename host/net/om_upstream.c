@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_url.h"
 #include "om_http1.h"
 #include "om_http_chars.h"
 #include "om_upstream_internal.h"
@@ -188,95 +189,21 @@ const char *om_upstream_fail_name(om_upstream_fail_t fail) {
 /* ------------------------------------------------------------------ */
 /* URLs and targets */
 
-static int fail_url(const char **why, const char *msg) {
-  if (why != NULL)
-    *why = msg;
-  return OM_EPARSE;
-}
-
 int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
                           const char **why) {
-  const char *p, *h, *he;
-  size_t n, i;
-  unsigned char tmp[16];
+  om_url_t u;
+  int rc;
   if (url == NULL || out == NULL)
     return OM_EINVAL;
-  n = strlen(url);
   memset(out, 0, sizeof *out);
-  if (n >= 8 && om__http_ci_eq(url, 8, "https://"))
-    return fail_url(why, "https is not supported yet (TLS comes later)");
-  if (n < 7 || !om__http_ci_eq(url, 7, "http://"))
-    return fail_url(why, "the URL must start with http://");
-  p = url + 7;
-  if (*p == '[') {
-    h = p + 1;
-    he = strchr(h, ']');
-    if (he == NULL)
-      return fail_url(why, "an IPv6 literal must end with ']'");
-    if ((size_t)(he - h) >= sizeof out->host)
-      return fail_url(why, "the host must be a numeric IPv6 literal");
-    memcpy(out->host, h, (size_t)(he - h));
-    out->host[he - h] = 0;
-    if (strchr(out->host, '%') != NULL)
-      return fail_url(why, "IPv6 zone ids are not supported");
-    if (inet_pton(AF_INET6, out->host, tmp) != 1)
-      return fail_url(why, "the host must be a numeric IPv6 literal");
-    p = he + 1;
-  } else {
-    h = p;
-    while (*p != 0 && *p != ':' && *p != '/' && *p != '?' && *p != '#' &&
-           *p != '@')
-      p++;
-    if (*p == '@')
-      return fail_url(why, "userinfo is not allowed in a peer URL");
-    if (p == h)
-      return fail_url(why, "the URL has no host");
-    if ((size_t)(p - h) >= sizeof out->host)
-      return fail_url(why, "the host must be a numeric IPv4 literal "
-                           "(names are not resolved)");
-    memcpy(out->host, h, (size_t)(p - h));
-    out->host[p - h] = 0;
-    /* inet_pton takes exactly four dotted decimal parts, no leading
-     * zeros in glibc's strict form */
-    if (inet_pton(AF_INET, out->host, tmp) != 1)
-      return fail_url(why, "the host must be a numeric IPv4 literal "
-                           "(names are not resolved)");
-  }
-  out->port = 80;
-  if (*p == ':') {
-    long port = 0;
-    const char *d = ++p;
-    while (om__http_is_digit((unsigned char)*p) && p - d < 6)
-      port = port * 10 + (*p++ - '0');
-    if (p == d)
-      return fail_url(why, "the port is empty");
-    if (om__http_is_digit((unsigned char)*p) || port < 1 || port > 65535)
-      return fail_url(why, "the port must be 1..65535");
-    out->port = (int)port;
-  }
-  if (*p == '@')
-    return fail_url(why, "userinfo is not allowed in a peer URL");
-  if (*p != 0 && *p != '/') {
-    if (*p == '?')
-      return fail_url(why, "a peer URL takes no query");
-    if (*p == '#')
-      return fail_url(why, "a peer URL takes no fragment");
-    return fail_url(why, "unexpected character after the host");
-  }
-  out->path_prefix = p;
-  n = strlen(p);
-  for (i = 0; i < n;) {
-    size_t k;
-    if (p[i] == '?')
-      return fail_url(why, "a peer URL takes no query");
-    if (p[i] == '#')
-      return fail_url(why, "a peer URL takes no fragment");
-    k = uri_char(p, n, i, 0);
-    if (k == 0)
-      return fail_url(why, "a character not allowed in a URL path");
-    i += k;
-  }
-  out->path_prefix_len = n;
+  rc = om_url_parse(url, &u, why);
+  if (rc != 0)
+    return rc;
+  memcpy(out->host, u.host, sizeof out->host);
+  out->tls = u.tls;
+  out->port = u.port;
+  out->path_prefix = u.path;
+  out->path_prefix_len = u.path_len;
   return 0;
 }
 
@@ -309,17 +236,32 @@ int om_upstream_target_init(om_upstream_target_t *t, const char *host,
 
 int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
                                 const char **why) {
-  om_upstream_url_t u;
-  int rc;
+  om_url_t u;
+  int rc, dflt;
   if (t == NULL || url == NULL)
     return OM_EINVAL;
-  rc = om_upstream_parse_url(url, &u, why);
+  rc = om_url_parse(url, &u, why);
   if (rc != 0)
     return rc;
-  rc = om_upstream_target_init(t, u.host, u.port);
-  if (rc != 0)
-    return fail_url(why, "the host must be a numeric IP literal");
-  return 0;
+  dflt = u.port == (u.tls ? 443 : 80);
+  if (u.host_kind == OM_URL_HOST_NAME) {
+    memset(t, 0, sizeof *t);
+    t->addr.sa.sa_family = AF_UNSPEC;
+  } else if (om_upstream_target_init(t, u.host, u.port) != 0) {
+    if (why != NULL) /* not reached: om_url_parse checked the literal */
+      *why = "has an invalid IP literal";
+    return OM_EPARSE;
+  }
+  if (u.host_kind == OM_URL_HOST_IPV6)
+    snprintf(t->authority, sizeof t->authority, dflt ? "[%s]" : "[%s]:%d",
+             u.host, u.port);
+  else
+    snprintf(t->authority, sizeof t->authority, dflt ? "%s" : "%s:%d", u.host,
+             u.port);
+  t->tls = u.tls;
+  if (u.tls)
+    memcpy(t->host, u.host, sizeof t->host);
+  return u.host_kind == OM_URL_HOST_NAME ? OM_ENOTFOUND : 0;
 }
 
 /* ------------------------------------------------------------------ */

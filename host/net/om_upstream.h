@@ -94,9 +94,10 @@ typedef struct om_upstream_req_s om_upstream_req_t;
 /* peers */
 
 /*
- * A peer URL split by om_upstream_parse_url. host is the numeric address
- * without brackets, NUL-terminated; path_prefix points into the URL (""
- * when the URL has no path; never includes a query).
+ * A peer URL split by om_upstream_parse_url. host is the URL's host as
+ * written (an IP literal without brackets, or a DNS name), NUL-terminated;
+ * path_prefix points into the URL ("" when the URL has no path; never
+ * includes a query).
  */
 typedef struct om_upstream_url_s {
   char host[254];
@@ -107,18 +108,13 @@ typedef struct om_upstream_url_s {
 } om_upstream_url_t;
 
 /*
- * om_upstream_parse_url: split a peer URL as the control plane sends it,
- * `http://HOST[:PORT][/path]`, strictly: scheme `http` (case-insensitive,
- * RFC 3986 3.1); HOST a numeric IPv4 literal (dotted decimal, four parts)
- * or a bracketed IPv6 literal (no zone id); PORT 1..65535 in at most five
- * digits; the path made of RFC 3986 pchar and "/" with valid %-escapes.
- * Nothing is resolved, so names ("localhost") are refused: a peer must be
- * an address. Refused too: https (TLS comes later), userinfo, a query, a
- * fragment, an empty port, anything else.
+ * om_upstream_parse_url: split a peer URL by the mesh's one URL rule
+ * (core/om_url.h, om_url_parse: http or https, an IPv4 or IPv6 literal or
+ * a DNS name, a port, a path prefix; no userinfo, query or fragment).
+ * Nothing is resolved here: a name is for the caller to resolve.
  * Returns 0 and fills *out; OM_EINVAL for a NULL url or out; OM_EPARSE
- * with *why (if why is not NULL) set to a static message naming the
- * problem ("https is not supported yet (TLS comes later)"). On error *out
- * is unspecified.
+ * with *why (if why is not NULL) set to om_url_parse's static reason. On
+ * error *out is unspecified.
  */
 int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
                           const char **why);
@@ -157,9 +153,15 @@ int om_upstream_target_init(om_upstream_target_t *t, const char *host,
                             int port);
 
 /*
- * om_upstream_target_from_url: om_upstream_parse_url then
- * om_upstream_target_init; the path prefix, if any, is for the caller to
- * put in front of request targets. Same returns and *why as parse_url.
+ * om_upstream_target_from_url: a target for a peer URL (the rule of
+ * om_upstream_parse_url). authority is the URL's host and port, without
+ * the scheme's default port (":80", ":443"); tls and host are set for
+ * https. For an IP literal the address is set and 0 is returned. For a
+ * DNS name everything but the address is set (its family is AF_UNSPEC,
+ * which om_upstream_send refuses) and OM_ENOTFOUND is returned: the
+ * caller resolves the name and fills addr (the port in network order).
+ * The path prefix, if any, is for the caller to put in front of request
+ * targets. OM_EINVAL for NULL; OM_EPARSE with *why as for parse_url.
  */
 int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
                                 const char **why);

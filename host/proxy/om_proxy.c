@@ -21,6 +21,7 @@
 #include "om_policy.h"
 #include "om_proxy_internal.h"
 #include "om_sandbox.h"
+#include "om_url.h"
 
 /* Pool settings for a policy that leaves them out (policies/traffic.lua
  * spells out the same values). */
@@ -39,6 +40,8 @@
 #define MAX_RETRIES 100u
 
 #define DEF_BODY_IDLE_MS 30000.0
+/* a resolved peer name is looked up again this often */
+#define DEF_RESOLVE_MS 30000.0
 #define DEF_REPLAY ((size_t)1 << 20)
 #define DEF_REPLAY_BUDGET ((size_t)64 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
@@ -69,6 +72,7 @@ int om__proxy_outcome_status(om__proxy_outcome_t o) {
 void om__proxy_peer_unref(om__proxy_peer_t *peer) {
   if (peer == NULL || --peer->refs > 0)
     return;
+  om__proxy_resolve_detach(peer);
   free(peer->id);
   free(peer->url);
   free(peer->prefix);
@@ -88,39 +92,50 @@ void om__proxy_view_unref(om__proxy_view_t *v) {
 }
 
 /*
- * A peer's upstream target and path prefix from its URL. OM_EINVAL with
- * *why when the upstream client cannot reach it (a name, https, ...).
+ * This build's upstream client speaks plain TCP only: an https:// peer is
+ * kept in the view (a snapshot that has one is never refused) and shown in
+ * /status, but never selected, rather than sent plaintext.
  */
-static int peer_target(const char *url, om_upstream_target_t *t,
-                       const char **prefix, size_t *prefix_len,
-                       const char **why) {
-  om_upstream_url_t u;
-  if (om_upstream_parse_url(url, &u, why) != 0)
-    return OM_EINVAL;
-  if (om_upstream_target_init(t, u.host, u.port) != 0) {
-    *why = "not a numeric address";
-    return OM_EINVAL;
-  }
-  *prefix = u.path_prefix;
-  *prefix_len = u.path_prefix_len;
-  /* "/api/" + "/x" must read "/api/x" */
-  while (*prefix_len > 0 && (*prefix)[*prefix_len - 1] == '/')
-    (*prefix_len)--;
-  return 0;
+#define UPSTREAM_TLS 0
+
+/*
+ * A peer's upstream target and path prefix from its URL (the one URL rule,
+ * om_url.h). A literal gets its address here; a name (*is_name set) gets
+ * everything but the address, which om_proxy_resolve.c fills. OM_EINVAL
+ * with *why for a URL the rule refuses.
+ */
+static int peer_target(const char *url, om_upstream_target_t *t, om_url_t *u,
+                       int *is_name, const char **why) {
+  int rc = om_url_parse(url, u, why);
+  if (rc == 0)
+    rc = om_upstream_target_from_url(t, url, why);
+  *is_name = rc == OM_ENOTFOUND;
+  return rc == 0 || rc == OM_ENOTFOUND ? 0 : OM_EINVAL;
 }
 
-static om__proxy_peer_t *peer_new(const om_proxy_t *p,
+static om__proxy_peer_t *peer_new(om_proxy_t *p, om__proxy_service_t *s,
                                   const om_circuit_opts_t *co,
                                   const om_instance_t *in) {
   om__proxy_peer_t *peer = calloc(1, sizeof *peer);
   const char *prefix, *why;
   size_t plen;
+  om_url_t u;
+  int is_name = 0;
   if (peer == NULL)
     return NULL;
-  if (peer_target(in->url, &peer->target, &prefix, &plen, &why) != 0 ||
+  if (peer_target(in->url, &peer->target, &u, &is_name, &why) != 0 ||
       (peer->id = strdup(in->id)) == NULL ||
-      (peer->url = strdup(in->url)) == NULL ||
-      (peer->prefix = malloc(plen + 1)) == NULL) {
+      (peer->url = strdup(in->url)) == NULL) {
+    free(peer->id);
+    free(peer);
+    return NULL;
+  }
+  prefix = u.path;
+  plen = u.path_len;
+  /* "/api/" + "/x" must read "/api/x" */
+  while (plen > 0 && prefix[plen - 1] == '/')
+    plen--;
+  if ((peer->prefix = malloc(plen + 1)) == NULL) {
     free(peer->id);
     free(peer->url);
     free(peer);
@@ -130,9 +145,16 @@ static om__proxy_peer_t *peer_new(const om_proxy_t *p,
   peer->prefix[plen] = '\0';
   peer->prefix_len = plen;
   peer->weight = in->weight;
+  peer->port = u.port;
+  if (u.tls && !UPSTREAM_TLS)
+    peer->unusable = "tls not supported";
   om_circuit_init(&peer->circuit, co); /* checked before it is used */
   peer->refs = 1;
   peer->index = -1;
+  if (is_name && om__proxy_resolve_attach(p, s, peer, u.host) != 0) {
+    om__proxy_peer_unref(peer);
+    return NULL;
+  }
   return peer;
 }
 
@@ -141,9 +163,9 @@ static om__proxy_peer_t *peer_new(const om_proxy_t *p,
  * taken over (a reference more), others are new. Both lists are in id
  * order (snapshots sort by id), so one merge pass pairs them.
  */
-static int view_build(const om_proxy_t *p, const om_circuit_opts_t *co,
-                      const om__proxy_view_t *old, om_snapshot_t *snap,
-                      om__proxy_view_t **out) {
+static int view_build(om_proxy_t *p, om__proxy_service_t *s,
+                      const om_circuit_opts_t *co, const om__proxy_view_t *old,
+                      om_snapshot_t *snap, om__proxy_view_t **out) {
   size_t n = om_snapshot_count(snap), j = 0;
   om__proxy_view_t *v = calloc(1, sizeof *v);
   om_rendezvous_peer_t *rp = NULL;
@@ -165,7 +187,7 @@ static int view_build(const om_proxy_t *p, const om_circuit_opts_t *co,
         strcmp(old->peers[j]->url, in->url) == 0) {
       peer = old->peers[j];
       peer->refs++;
-    } else if ((peer = peer_new(p, co, in)) == NULL) {
+    } else if ((peer = peer_new(p, s, co, in)) == NULL) {
       goto fail;
     }
     peer->weight = in->weight;
@@ -348,6 +370,9 @@ static int read_settings_l(lua_State *L) {
       (uint64_t)num_field(L, t, "body_idle_timeout_ms", DEF_BODY_IDLE_MS);
   if (set->body_idle_ms > UINT32_MAX)
     set->body_idle_ms = UINT32_MAX;
+  /* peers by name (om_proxy_resolve.c); validated by the contract */
+  set->resolve_interval_ms =
+      (uint64_t)num_field(L, t, "resolve_interval_ms", DEF_RESOLVE_MS);
   lua_pushstring(L, "circuit");
   if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
     int c = lua_gettop(L);
@@ -557,6 +582,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
       om_metrics_counter(p->metrics, "openmesh_proxy_request_body_bytes_total",
                          "Request body bytes read from clients.", labels);
   om__proxy_shed_metrics(p, s, labels);
+  om__proxy_resolve_metrics(p, s, labels);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);
@@ -589,7 +615,7 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
   }
   /* the proxy's circuit settings until the policy's are read */
   s->set.circuit = s->circuit_applied = p->circuit;
-  if ((rc = view_build(p, &p->circuit, NULL, snap, &s->view)) != 0) {
+  if ((rc = view_build(p, s, &p->circuit, NULL, snap, &s->view)) != 0) {
     service_free(s);
     return rc;
   }
@@ -641,9 +667,10 @@ int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
   for (size_t i = 0; i < n; i++) {
     const om_instance_t *in = om_snapshot_instance(snap, i);
     om_upstream_target_t t;
-    const char *prefix, *why = "invalid";
-    size_t plen;
-    if (peer_target(in->url, &t, &prefix, &plen, &why) != 0) {
+    om_url_t u;
+    const char *why = "invalid";
+    int is_name;
+    if (peer_target(in->url, &t, &u, &is_name, &why) != 0) {
       om_errbuf(err, errlen, "service '%s': instance '%s': url '%s': %s", name,
                 in->id, in->url, why);
       return OM_EINVAL;
@@ -710,7 +737,7 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     }
     p->services[p->n_services++] = s;
   } else {
-    rc = view_build(p, &s->circuit_applied, s->view, snap, &v);
+    rc = view_build(p, s, &s->circuit_applied, s->view, snap, &v);
     if (rc == 0 && (rc = policy_set_peers(om__proxy_policy(s), v)) != 0) {
       om__proxy_view_unref(v);
       v = NULL;
@@ -775,6 +802,7 @@ static void proxy_free(om_proxy_t *p) {
   free(p->policy_path);
   free(p->lib_dir);
   free(p->scratch);
+  om__proxy_resolve_free(p);
   om_metrics_free(p->metrics);
   free(p);
 }
@@ -784,7 +812,7 @@ static void maybe_finish(om_proxy_t *p) {
   void (*cb)(void *);
   void *ud;
   if (!p->closing || p->server_open || p->admin_open || p->pool_open ||
-      p->calls > 0)
+      p->calls > 0 || om__proxy_resolve_busy(p))
     return;
   for (size_t i = 0; i < p->n_services; i++)
     if (p->services[i]->queue_timer_open || p->services[i]->watch != NULL)
@@ -794,6 +822,10 @@ static void maybe_finish(om_proxy_t *p) {
   proxy_free(p);
   if (cb != NULL)
     cb(ud);
+}
+
+void om__proxy_maybe_finish(om_proxy_t *p) {
+  maybe_finish(p);
 }
 
 void om__proxy_call_gone(om_proxy_t *p) {
@@ -836,6 +868,7 @@ static void on_server_closed(om_http_server_t *srv, void *ud) {
     om_http_server_close(p->admin, on_admin_closed);
   if (p->pool != NULL)
     om_upstream_pool_close(p->pool, on_pool_closed, p);
+  om__proxy_resolve_close(p);
   for (size_t i = 0; i < p->n_services; i++) {
     om__proxy_service_t *s = p->services[i];
     om_policy_watch_stop(s->watch);

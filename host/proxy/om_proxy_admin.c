@@ -230,17 +230,17 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     const om__proxy_peer_t *peer = s->view->peers[j];
     om_circuit_state_t st = om_circuit_state(&peer->circuit, now);
     uint64_t until = om_circuit_open_until(&peer->circuit, now);
-    json_array_append_new(
-        peers,
-        json_pack("{s:s, s:s, s:f, s:s, s:I, s:I, s:i, s:I, s:I, s:f}", "id",
-                  peer->id, "url", peer->url, "weight", peer->weight, "circuit",
-                  om_circuit_state_name(st), "circuit_open_ms",
-                  (json_int_t)(until > now ? (until - now) / 1000000 : 0),
-                  "trips", (json_int_t)om_circuit_trips(&peer->circuit, now),
-                  "inflight", (int)peer->inflight, "attempts",
-                  (json_int_t)peer->attempts, "failures",
-                  (json_int_t)peer->failures, "latency_ms",
-                  om_p2c_latency_ns(s->view->p2c, j, now) / 1e6));
+    json_t *po = json_pack(
+        "{s:s, s:s, s:f, s:s, s:I, s:I, s:i, s:I, s:I, s:f}", "id", peer->id,
+        "url", peer->url, "weight", peer->weight, "circuit",
+        om_circuit_state_name(st), "circuit_open_ms",
+        (json_int_t)(until > now ? (until - now) / 1000000 : 0), "trips",
+        (json_int_t)om_circuit_trips(&peer->circuit, now), "inflight",
+        (int)peer->inflight, "attempts", (json_int_t)peer->attempts, "failures",
+        (json_int_t)peer->failures, "latency_ms",
+        om_p2c_latency_ns(s->view->p2c, j, now) / 1e6);
+    om__proxy_resolve_status(peer, po, now);
+    json_array_append_new(peers, po);
   }
   o = json_pack(
       "{s:I, s:{s:s, s:s, s:I, s:I, s:s}, s:{s:i, s:i, s:i, s:i, s:b}, "
@@ -278,6 +278,15 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
                     (json_int_t)s->set.max_body_bytes, "replay_limit",
                     (json_int_t)s->set.replay_limit, "body_idle_timeout_ms",
                     (json_int_t)s->set.body_idle_ms)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
+  if (o != NULL && /* peers by name: how often a name is looked up */
+      json_object_set_new(
+          o, "resolve_interval_ms",
+          json_integer((json_int_t)(s->set.resolve_interval_ms
+                                        ? s->set.resolve_interval_ms
+                                        : 30000))) != 0) {
     json_decref(o);
     return NULL;
   }

@@ -427,14 +427,20 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
                 res->fail == OM_UPSTREAM_FAIL_TIMEOUT_TOTAL;
   int local = res->fail == OM_UPSTREAM_FAIL_LOCAL;
   int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED && !local;
+  int next_addr;
   c->up = NULL;
-  if (local) {
-    /* the process's trouble, not the peer's: it may be picked again */
+  if (local)
+    /* the process's trouble, not the peer's */
     om__proxy_local_error(c->p, c->s->name, res->os_err, res->detail, now);
+  /* a peer by name that failed to connect moves to its next address; while
+   * one is untried the failure is the address's, not the peer's */
+  next_addr = !local && om__proxy_resolve_outcome(c->peer, res->fail, now);
+  if (next_addr)
+    record = 0;
+  if (local || next_addr) /* it may be picked again */
     for (size_t k = 0; c->peer != NULL && k < c->n_subset; k++)
       if (c->view->peers[c->subset[k]] == c->peer)
         c->tried[c->subset[k] / 64] &= ~(UINT64_C(1) << (c->subset[k] % 64));
-  }
   if (c->paused) {
     if (c->req != NULL)
       om_http_response_on_drain(c->req, 0, NULL);

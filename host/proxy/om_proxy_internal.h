@@ -79,6 +79,15 @@ typedef struct om__proxy_peer_s {
   int sampled;               /* the P2C estimate has a real sample */
   uint64_t penalty_until_ns; /* end of the latest Retry-After window */
   uint64_t attempts, failures;
+  /* peers by name (om_proxy_resolve.c): the shared cache entry (NULL for
+   * an IP literal), the URL's port, the entry's generation target.addr
+   * was taken from, the address in use and the connect failures in a row
+   * that moved it */
+  struct om__proxy_name_s *name;
+  int port;
+  uint32_t name_gen, addr_i, addr_fails;
+  /* static: why the peer is never selected (NULL: it may be) */
+  const char *unusable;
 } om__proxy_peer_t;
 
 /* The peers of one snapshot revision, immutable once built. */
@@ -107,6 +116,9 @@ typedef struct om__proxy_settings_s {
   /* request bodies (om_proxy_body.c): the largest accepted (0: no
    * limit), what is kept for a replay, how long a body may stall */
   uint64_t max_body_bytes, replay_limit, body_idle_ms;
+  /* peers by name: how often a resolved name is looked up again (0 until
+   * a policy is read: the default) */
+  uint64_t resolve_interval_ms;
 } om__proxy_settings_t;
 
 /*
@@ -174,6 +186,7 @@ struct om__proxy_service_s {
   uint64_t trip_window_ns, shed_until_ns, shed_cooldown_ns;
   uint32_t trips_in_window;
   om_metric_t *m_policy_trips, *m_policy_sheds, *m_policy_shed_refused;
+  om_metric_t *m_resolve_failures; /* om_proxy_resolve.c */
 };
 
 struct om_proxy_s {
@@ -209,6 +222,7 @@ struct om_proxy_s {
   char status_key[32];
   om_proxy_status_fn status_fn;
   void *status_ud;
+  struct om__proxy_resolver_s *resolver; /* peers by name; NULL until one */
 };
 
 /*
@@ -301,6 +315,67 @@ om_policy_t *om__proxy_policy(const om__proxy_service_t *s);
 
 /* A call object was freed (the proxy may be waiting for the last one). */
 void om__proxy_call_gone(om_proxy_t *p);
+
+typedef struct json_t json_t;
+
+/* Something the closing proxy waits for ended (a name lookup, the
+ * resolver's timer): free it if nothing else is left. */
+void om__proxy_maybe_finish(om_proxy_t *p);
+
+/*
+ * om_proxy_resolve.c: peers whose URL names a host, resolved off the loop
+ * (uv_getaddrinfo on libuv's thread pool; or, for tests, a hosts-format
+ * file named by OPENMESH_RESOLVE_HOSTS, read on the pool too), cached per
+ * service and name, looked up again every resolve_interval_ms (default
+ * 30 s) and soon after a connect failure. A lookup that fails keeps the
+ * last good addresses; a name that never resolved leaves its peers
+ * unselectable (docs/PROXY.md "Peers by name").
+ *
+ * om__proxy_resolve_attach: peer (of service s, its target made by
+ * om_upstream_target_from_url) names host: share or make the cache entry
+ * and schedule its first lookup. 0, or OM_ENOMEM (nothing changed).
+ */
+int om__proxy_resolve_attach(om_proxy_t *p, om__proxy_service_t *s,
+                             om__proxy_peer_t *peer, const char *host);
+/* The peer is being freed: drop its reference to the cache entry. */
+void om__proxy_resolve_detach(om__proxy_peer_t *peer);
+/* A named peer's readiness (see om__proxy_peer_ready): resolved at least
+ * once; its target then holds the address in use. */
+int om__proxy_resolve_ready(om__proxy_peer_t *peer);
+/*
+ * om__proxy_resolve_outcome: how an attempt on peer ended. A connect
+ * failure (CONNECT, TIMEOUT_CONNECT) asks for a new lookup soon and moves
+ * the peer to its next address; returns 1 when that address has not
+ * failed in this run (the call may pick the peer again: the failure is
+ * the address's, not yet the peer's), else 0. Any other outcome ends the
+ * run. Literal peers: always 0.
+ */
+int om__proxy_resolve_outcome(om__proxy_peer_t *peer, om_upstream_fail_t fail,
+                              uint64_t now);
+/* The service's resolution metrics, registered under labels. */
+void om__proxy_resolve_metrics(om_proxy_t *p, om__proxy_service_t *s,
+                               const char *labels);
+/* peer's resolution state into its /status object o. */
+void om__proxy_resolve_status(const om__proxy_peer_t *peer, json_t *o,
+                              uint64_t now);
+/* The proxy is closing: stop the timer, cancel lookups in flight. */
+void om__proxy_resolve_close(om_proxy_t *p);
+/* Whether a lookup or the timer is still to end (the proxy waits). */
+int om__proxy_resolve_busy(const om_proxy_t *p);
+/* Free the resolver (every peer is gone, nothing is busy). */
+void om__proxy_resolve_free(om_proxy_t *p);
+
+/*
+ * Whether peer may take an attempt: its scheme is served by this build
+ * and its address is known (an IP literal, or a name resolved at least
+ * once). Selection skips the others, as it skips open circuits. Cheap
+ * for literals: the hot path pays one branch.
+ */
+static inline int om__proxy_peer_ready(om__proxy_peer_t *peer) {
+  if (peer->unusable != NULL)
+    return 0;
+  return peer->name == NULL || om__proxy_resolve_ready(peer);
+}
 
 /* om_proxy_call.c: the downstream handler, admission and the queue timer. */
 void om__proxy_on_request(om_http_request_t *req, void *ud);

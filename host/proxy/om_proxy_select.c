@@ -41,7 +41,8 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
   if (c->keyed) {
     for (size_t r = 0; r < v->n; r++) {
       uint32_t i = c->rank[r];
-      if (!bit(c->in_subset, i) || bit(c->tried, i))
+      if (!bit(c->in_subset, i) || bit(c->tried, i) ||
+          !om__proxy_peer_ready(v->peers[i]))
         continue;
       untried++;
       if (om_circuit_allow(&v->peers[i]->circuit, now)) {
@@ -58,6 +59,12 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
     uint32_t i = c->subset[k];
     if (bit(c->tried, i))
       continue;
+    if (!om__proxy_peer_ready(v->peers[i])) {
+      /* no address (a name never resolved) or no TLS: skipped as an
+       * open circuit is, but not counted as one */
+      om_p2c_bitmap_set(c->exclude, i);
+      continue;
+    }
     untried++;
     if (!om_circuit_peek(&v->peers[i]->circuit, now))
       om_p2c_bitmap_set(c->exclude, i);
@@ -80,7 +87,8 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
 static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
   for (size_t k = 0; k < c->n_subset; k++) {
     uint32_t i = c->subset[k];
-    if (!bit(c->tried, i) && om_circuit_peek(&c->view->peers[i]->circuit, now))
+    if (!bit(c->tried, i) && om__proxy_peer_ready(c->view->peers[i]) &&
+        om_circuit_peek(&c->view->peers[i]->circuit, now))
       return 1;
   }
   return 0;

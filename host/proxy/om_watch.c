@@ -17,6 +17,7 @@
 #include "om_rng.h"
 #include "om_snapshot_json.h"
 #include "om_sse.h"
+#include "om_url.h"
 
 #define WATCH_PATH "/v1/watch/services/"
 #define MS_NS UINT64_C(1000000)
@@ -668,18 +669,11 @@ int om_watch_close(om_watch_t *w, void (*done)(void *ud), void *ud) {
 /* ------------------------------------------------------------------ */
 /* creation */
 
-/* The base URL as om_instance_validate accepts a registration's (absolute
- * http(s), a host, no userinfo), and no query or fragment, since the
- * watch path is appended to it. */
+/* The base URL under the one URL rule of instance URLs (om_url.h), which
+ * also refuses a query and a fragment: the watch path is appended. */
 static int valid_base_url(const char *url) {
-  om_instance_t probe;
-  memset(&probe, 0, sizeof probe);
-  probe.id = "control";
-  probe.url = (char *)url;
-  probe.weight = 1.0;
-  probe.ttl_ms = OM_TTL_MIN_MS;
-  return om_instance_validate(&probe, NULL, NULL) == 0 &&
-         strpbrk(url, "?#") == NULL;
+  om_url_t u;
+  return om_url_parse(url, &u, NULL) == 0;
 }
 
 /* RFC 6750 section 2.1: b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" /

@@ -56,9 +56,9 @@ describe("--control with several planes", function()
       { ",http://127.0.0.1:1", "has an empty item" },
       { "http://127.0.0.1:1,", "has an empty item" },
       { "", "has an empty item" },
-      { "http://127.0.0.1:1,ftp://x", "'ftp://x' is not an absolute http://" },
-      { "http://127.0.0.1:1,http://u@h:1", "'http://u@h:1' is not an absolute" },
-      { "http://127.0.0.1:1,http://h:1/?q", "'http://h:1/?q' is not an absolute" },
+      { "http://127.0.0.1:1,ftp://x", "'ftp://x': url must be an absolute http://" },
+      { "http://127.0.0.1:1,http://u@h:1", "'http://u@h:1': url must not carry userinfo" },
+      { "http://127.0.0.1:1,http://h:1/?q", "'http://h:1/?q': url must not carry a query" },
       { "http://127.0.0.1:1,http://127.0.0.1:1/", "'http://127.0.0.1:1/' is given twice" },
       { "HTTP://LOCALHOST:1,http://localhost:1", "'http://localhost:1' is given twice" },
     }

@@ -348,6 +348,9 @@ local KIND_SPECS = {
     -- Wall clock one call of subset/key may hold the proxy's loop (default
     -- 1 ms; bindings/om_policy.h OM_POLICY_MAX_BUDGET_MS is the ceiling).
     { "budget_ms", number_within(0, 50) },
+    -- Peers by name (docs/PROXY.md "Peers by name"): a resolved host name
+    -- is looked up again this often (default 30 s), at least every 10 ms.
+    { "resolve_interval_ms", number_within(9, 86400000) },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
