@@ -441,8 +441,7 @@ static void https_url_sets_tls_host_and_port(void **state) {
                    0);
   assert_string_equal(t.authority, "[::1]:80");
   assert_string_equal(t.host, "::1");
-  assert_int_equal(om_upstream_target_from_url(&t, "http://10.0.0.1", &why),
-                   0);
+  assert_int_equal(om_upstream_target_from_url(&t, "http://10.0.0.1", &why), 0);
   assert_int_equal(t.tls, 0);
   assert_string_equal(t.host, "");
   assert_int_equal(om_upstream_parse_url("https://1.2.3.4?q", &u, &why),
@@ -515,8 +514,17 @@ static void pool_keys_by_name(void **state) {
   plain.tls = 0;
   plain.host[0] = 0;
   om_upstream_stats_t st;
-  assert_int_equal(om_upstream_peer_stats(fx->pool, &plain, &st),
-                   OM_ENOTFOUND);
+  assert_int_equal(om_upstream_peer_stats(fx->pool, &plain, &st), OM_ENOTFOUND);
+  /* the address, told to prove a name: another peer again */
+  om_upstream_request_t qn = {
+      .method = "GET", .target = "/", .tls_server_name = "localhost"};
+  call_on(fx, &fx->tgt, &qn, &c);
+  assert_int_equal(c.res.err, 0);
+  assert_int_equal(c.res.reused, 0);
+  OM_ASSERT_CMP(fx->srv.accepted, ==, 3);
+  qn.tls_server_name = "wrong.example";
+  call_on(fx, &fx->tgt, &qn, &c);
+  assert_int_equal(c.res.tls_fail, OM_TLS_FAIL_HOSTNAME);
   /* a name the certificate does not carry fails on its own */
   snprintf(byname.host, sizeof byname.host, "other.example");
   call_on(fx, &byname, &q, &c);
@@ -529,8 +537,8 @@ static void expect_verify_failure(const char *cert, const char *key,
                                   om_tls_fail_t want, const char *detail) {
   fx_t *fx = fx_new(cert, key, NULL, NULL);
   call_t c;
-  om_upstream_request_t q = {.method = "POST", .target = "/", .body = "x",
-                             .body_len = 1};
+  om_upstream_request_t q = {
+      .method = "POST", .target = "/", .body = "x", .body_len = 1};
   call_on(fx, &fx->tgt, &q, &c);
   assert_int_equal(c.res.fail, OM_UPSTREAM_FAIL_CONNECT);
   assert_string_equal(c.res.reason, "connect");

@@ -344,13 +344,16 @@ static uint32_t name_hash(const char *s) {
   return h | 1;
 }
 
-/* The key of t; ctx is the TLS context of a tls target (NULL for plain). */
+/* The key of t; ctx and sn (the name to prove, "" for the host) matter
+ * only for a tls target. */
 static void key_of(const om_upstream_target_t *t, const om_tls_ctx_t *ctx,
-                   pkey_t *k) {
+                   const char *sn, pkey_t *k) {
   memset(k, 0, sizeof *k);
   if (t->tls) {
     k->tls_ctx = ctx;
-    k->name_hash = name_hash(t->host);
+    k->name_hash = name_hash(t->host) ^ (name_hash(sn) << 7);
+    if (k->name_hash == 0)
+      k->name_hash = 1;
   }
   k->family = t->addr.sa.sa_family;
   if (k->family == AF_INET) {
@@ -375,11 +378,13 @@ static uint64_t key_hash(const pkey_t *k) {
 }
 
 static peer_t *peer_find(const om_upstream_pool_t *p, const pkey_t *k,
-                         uint64_t h, const om_upstream_target_t *t) {
+                         uint64_t h, const om_upstream_target_t *t,
+                         const char *sn) {
   peer_t *e;
   for (e = p->buckets[h & (p->nbuckets - 1)]; e != NULL; e = e->hnext)
     if (e->hash == h && memcmp(&e->key, k, sizeof *k) == 0 &&
-        (k->name_hash == 0 || strcmp(e->target.host, t->host) == 0))
+        (k->name_hash == 0 || (strcmp(e->target.host, t->host) == 0 &&
+                               strcmp(e->server_name, sn) == 0)))
       return e;
   return NULL;
 }
@@ -435,13 +440,13 @@ static void peer_grow(om_upstream_pool_t *p) {
 }
 
 static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t,
-                        om_tls_ctx_t *ctx) {
+                        om_tls_ctx_t *ctx, const char *sn) {
   pkey_t k;
   uint64_t h;
   peer_t *e;
-  key_of(t, ctx, &k);
+  key_of(t, ctx, sn, &k);
   h = key_hash(&k);
-  e = peer_find(p, &k, h, t);
+  e = peer_find(p, &k, h, t, sn);
   if (e != NULL)
     return e;
   e = calloc(1, sizeof *e);
@@ -453,8 +458,10 @@ static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t,
   e->key = k;
   e->hash = h;
   e->target = *t;
-  if (t->tls)
+  if (t->tls) {
     e->tls_ctx = om_tls_ctx_ref(ctx);
+    memcpy(e->server_name, sn, strlen(sn) + 1);
+  }
   peer_grow(p);
   e->hnext = p->buckets[h & (p->nbuckets - 1)];
   p->buckets[h & (p->nbuckets - 1)] = e;
@@ -715,8 +722,8 @@ int om_upstream_peer_stats(const om_upstream_pool_t *p,
   peer_t *e;
   if (p == NULL || t == NULL || out == NULL)
     return OM_EINVAL;
-  key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, &k);
-  e = peer_find(p, &k, key_hash(&k), t);
+  key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, "", &k);
+  e = peer_find(p, &k, key_hash(&k), t, "");
   if (e == NULL)
     return OM_ENOTFOUND;
   *out = e->st;
@@ -901,6 +908,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   peer_t *e;
   conn_t *c;
   om_tls_ctx_t *tls = NULL;
+  const char *sn = "";
   int rc;
   uint64_t now;
   if (p == NULL || t == NULL || q == NULL || cb == NULL || out == NULL ||
@@ -936,12 +944,14 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   }
   if (t->tls) {
     tls = om__up_tls_ctx_for(p, q);
-    if (tls == NULL) {
+    if (q->tls_server_name != NULL)
+      sn = q->tls_server_name;
+    if (tls == NULL || strlen(sn) > 253) {
       om__up_req_recycle(r);
       return OM_EINVAL;
     }
   }
-  e = peer_get(p, t, tls);
+  e = peer_get(p, t, tls, sn);
   if (e == NULL) {
     om__up_req_recycle(r);
     return OM_ENOMEM;

@@ -350,6 +350,11 @@ typedef struct om_upstream_request_s {
   /* The client TLS context for a tls target (borrowed: connections take
    * their own reference); NULL: the pool's. Ignored for plain targets. */
   om_tls_ctx_t *tls_ctx;
+  /* The name a tls target must prove (SNI and verification) instead of
+   * its host: a URL by address to a certificate for a name. NULL or "":
+   * the host. Connections are pooled per name, so this is part of the
+   * key too. At most 253 bytes (OM_EINVAL beyond). */
+  const char *tls_server_name;
 } om_upstream_request_t;
 
 /*

@@ -70,6 +70,7 @@ struct peer_s {
   pkey_t key;
   om_upstream_target_t target; /* the address to connect to */
   om_tls_ctx_t *tls_ctx;       /* TLS peers: a reference, NULL otherwise */
+  char server_name[254];       /* TLS peers: the name to prove; "": host */
   om_list_t idle;              /* conn_t by ilink, most recently used first */
   size_t refs;                 /* connections and requests pointing here */
   om_upstream_stats_t st;

@@ -112,7 +112,8 @@ void om__up_tls_start(conn_t *c) {
   req_t *r = c->req;
   char ip[64], key[64 + 8 + sizeof e->target.host];
   unsigned port;
-  om_tls_conn_opts_t o = {.host = e->target.host, .session_key = key};
+  const char *name = e->server_name[0] ? e->server_name : e->target.host;
+  om_tls_conn_opts_t o = {.host = name, .session_key = key};
   int rc;
   r->res.tls_fail = 0;
   r->res.tls_handshake = 0;
@@ -124,7 +125,7 @@ void om__up_tls_start(conn_t *c) {
     uv_ip4_name(&e->target.addr.in4, ip, sizeof ip);
     port = ntohs(e->target.addr.in4.sin_port);
   }
-  snprintf(key, sizeof key, "%s:%u|%s", ip, port, e->target.host);
+  snprintf(key, sizeof key, "%s:%u|%s", ip, port, name);
   c->tin = malloc(OM__UP_TLS_IN);
   if (c->tin == NULL) {
     om__up_attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
@@ -299,8 +300,7 @@ void om__up_tls_body_flush(conn_t *c) {
    * goes on with the next ones, as on the plaintext path */
   c->inflight_bytes = bytes;
   c->wreq.data = c;
-  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, om__up_on_write) !=
-      0) {
+  if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, om__up_on_write) != 0) {
     r->body_pending -= bytes;
     c->inflight_bytes = 0;
     c->broken = 1;
