@@ -182,8 +182,7 @@ static int read_tls(om_policy_t *pol, tls_cfg_t *c, char *err, size_t errlen) {
 }
 
 /* The context of c: its files, each falling back to the proxy's flag. */
-static int build(const om_proxy_t *p, tls_cfg_t *c, char *err,
-                 size_t errlen) {
+static int build(const om_proxy_t *p, tls_cfg_t *c, char *err, size_t errlen) {
   int own_pair = c->cert_file != NULL;
   om_tls_opts_t o = {
       .role = OM_TLS_CLIENT,
@@ -219,8 +218,8 @@ int om__proxy_tls_prepare(om__proxy_service_t *s, om_policy_t *next,
     rc = build(s->proxy, c, err, sizeof err);
   if (rc != 0) {
     snprintf(s->tls->error, sizeof s->tls->error, "%s", err);
-    om_log(OM_LOG_ERROR, "proxy_policy_tls_failed", "service", s->name,
-           "path", s->policy_path, "error", err, NULL);
+    om_log(OM_LOG_ERROR, "proxy_policy_tls_failed", "service", s->name, "path",
+           s->policy_path, "error", err, NULL);
     cfg_clear(c);
     free(c);
     return rc == OM_ENOMEM ? OM_ENOMEM : OM_EINVAL;
@@ -335,9 +334,8 @@ void om__proxy_tls_status(const om__proxy_service_t *s, json_t *o) {
       json_object_set_new(errs, peer->id, json_string(peer->tls_error));
   }
   tls = json_pack(
-      "{s:b, s:s?, s:s?, s:s?, s:b, s:s, s:I, s:I, s:I, s:o}", "policy",
-      c->has, "ca_file", c->ca_file ? c->ca_file : p->opts.upstream_ca,
-      "cert_file",
+      "{s:b, s:s?, s:s?, s:s?, s:b, s:s, s:I, s:I, s:I, s:o}", "policy", c->has,
+      "ca_file", c->ca_file ? c->ca_file : p->opts.upstream_ca, "cert_file",
       c->cert_file ? c->cert_file : (c->has ? NULL : p->opts.upstream_cert),
       "server_name", c->server_name, "verify", c->has ? c->verify : 1, "error",
       t->error, "handshakes", (json_int_t)t->handshakes, "resumed",
