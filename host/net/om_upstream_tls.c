@@ -77,8 +77,11 @@ static void handshake_fail(conn_t *c, const char *detail) {
   om_upstream_pool_t *p = c->pool;
   c->peer->st.tls_failures++;
   p->st.tls_failures++;
-  if (c->req != NULL && c->tls != NULL)
-    c->req->res.tls_fail = (int)om_tls_fail(c->tls);
+  if (c->req != NULL) { /* a peer that hung up mid-handshake: protocol */
+    om_tls_fail_t f = c->tls != NULL ? om_tls_fail(c->tls) : OM_TLS_FAIL_NONE;
+    c->req->res.tls_fail =
+        (int)(f != OM_TLS_FAIL_NONE ? f : OM_TLS_FAIL_PROTOCOL);
+  }
   om__up_attempt_fail(c, OM_UPSTREAM_FAIL_CONNECT, 0, detail);
 }
 
@@ -141,6 +144,7 @@ void om__up_tls_start(conn_t *c) {
   if (rc != 0) {
     c->peer->st.tls_failures++;
     c->pool->st.tls_failures++;
+    r->res.tls_fail = OM_TLS_FAIL_ENGINE;
     om__up_attempt_fail(c, OM_UPSTREAM_FAIL_CONNECT, 0,
                         "TLS: no server name to verify");
     return;

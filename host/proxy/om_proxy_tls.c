@@ -333,14 +333,14 @@ void om__proxy_tls_status(const om__proxy_service_t *s, json_t *o) {
     if (peer->tls_error != NULL)
       json_object_set_new(errs, peer->id, json_string(peer->tls_error));
   }
-  tls = json_pack(
-      "{s:b, s:s?, s:s?, s:s?, s:b, s:s, s:I, s:I, s:I, s:o}", "policy", c->has,
-      "ca_file", c->ca_file ? c->ca_file : p->opts.upstream_ca, "cert_file",
-      c->cert_file ? c->cert_file : (c->has ? NULL : p->opts.upstream_cert),
-      "server_name", c->server_name, "verify", c->has ? c->verify : 1, "error",
-      t->error, "handshakes", (json_int_t)t->handshakes, "resumed",
-      (json_int_t)t->resumed, "failures", (json_int_t)t->failures,
-      "peer_errors", errs);
+  tls = json_pack("{s:b, s:s?, s:s?, s:s?, s:b, s:s, s:I, s:I, s:I, s:o}",
+                  "policy", c->has, "ca_file",
+                  c->ca_file ? c->ca_file : p->opts.upstream_ca, "cert_file",
+                  c->cert_file ? c->cert_file : p->opts.upstream_cert,
+                  "server_name", c->server_name, "verify",
+                  c->has ? c->verify : 1, "error", t->error, "handshakes",
+                  (json_int_t)t->handshakes, "resumed", (json_int_t)t->resumed,
+                  "failures", (json_int_t)t->failures, "peer_errors", errs);
   if (tls != NULL)
     json_object_set_new(o, "tls", tls);
 }
