@@ -89,7 +89,7 @@ void om__proxy_view_unref(om__proxy_view_t *v) {
 
 /*
  * A peer's upstream target and path prefix from its URL. OM_EINVAL with
- * *why when the upstream client cannot reach it (a name, https, ...).
+ * *why when the upstream client cannot reach it (a name, a query, ...).
  */
 static int peer_target(const char *url, om_upstream_target_t *t,
                        const char **prefix, size_t *prefix_len,

@@ -156,7 +156,7 @@ int om_proxy_admin_port(const om_proxy_t *p);
  *
  * A snapshot whose revision is older than the current one is refused
  * (OM_ESTATE); the same revision again is a no-op (0). Every peer URL
- * must be one the upstream client can reach (http://IP[:PORT][/path]):
+ * must be one the upstream client can reach (http[s]://IP[:PORT][/path]):
  * otherwise OM_EINVAL naming the instance. A policy that does not load
  * is OM_EPOLICY. On any error (OM_ENOMEM included) the previous snapshot
  * stays in force, nothing changed, and err (may be NULL) says why.
@@ -168,7 +168,7 @@ int om_proxy_admin_port(const om_proxy_t *p);
  */
 /*
  * om_proxy_check_snapshot: whether om_proxy_set_snapshot would refuse snap
- * for its peers (a URL the upstream client cannot reach: a name, https).
+ * for its peers (a URL the upstream client cannot reach: a name, a query).
  * 0, or OM_EINVAL with the reason in err. No side effects: a watch calls it
  * before a snapshot becomes its current one (om_watch_opts_t.check).
  */
