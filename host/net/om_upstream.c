@@ -1066,7 +1066,10 @@ int om_upstream_resume(om_upstream_req_t *r) {
   c = r->conn;
   if (c != NULL && c->phase != PH_CONNECTING) {
     om__up_read_on(c);
-    if (c->pos < c->len || (c->tls != NULL && om__up_tls_pending(c)))
+    /* bytes to deliver, or a body whose last byte went out in the
+     * on_body that paused: it ends from the kick */
+    if (c->pos < c->len || (c->tls != NULL && om__up_tls_pending(c)) ||
+        (c->phase == PH_BODY_CL && c->remaining == 0))
       pend_push(r, PEND_PROCESS);
   }
   return 0;

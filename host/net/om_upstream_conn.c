@@ -873,6 +873,8 @@ static int step_data(conn_t *c) {
   const char *b = c->buf + c->pos;
   size_t avail = c->len - c->pos, n = avail;
   int rc;
+  if (c->phase == PH_BODY_CL && c->remaining == 0)
+    return msg_complete(c); /* paused in the on_body of the last bytes */
   if (c->phase != PH_BODY_EOF && c->remaining < n)
     n = (size_t)c->remaining;
   if (n == 0)
