@@ -645,6 +645,67 @@ static void streamed_body_over_tls(void **state) {
   fx_free(fx);
 }
 
+/* A response paused after every piece and resumed from the loop: the
+ * bytes the engine still holds (decrypted or not) come out on resume. */
+typedef struct {
+  call_t c;
+  om_upstream_req_t *r;
+  uv_idle_t idle;
+  int pauses;
+} pauser_t;
+
+static void on_resume_idle(uv_idle_t *h) {
+  pauser_t *p = h->data;
+  uv_idle_stop(h);
+  if (!p->c.done)
+    om_upstream_resume(p->r);
+}
+
+static void on_body_pause(void *ud, const char *d, size_t n) {
+  pauser_t *p = ud;
+  on_body(&p->c, d, n);
+  if (om_upstream_pause(p->r) == 0) {
+    p->pauses++;
+    uv_idle_start(&p->idle, on_resume_idle);
+  }
+}
+
+static int on_headers_p(void *ud, const om_upstream_response_t *r) {
+  return on_headers(&((pauser_t *)ud)->c, r);
+}
+
+static void on_done_p(void *ud, const om_upstream_result_t *res) {
+  on_done(&((pauser_t *)ud)->c, res);
+}
+
+static void paused_responses_resume_from_the_engine(void **state) {
+  fx_t *fx = fx_new("server.pem", "server.key", NULL, NULL);
+  static const om_upstream_callbacks_t PCB = {on_headers_p, on_body_pause,
+                                              on_done_p};
+  pauser_t p;
+  memset(&p, 0, sizeof p);
+  uv_idle_init(&fx->loop, &p.idle);
+  p.idle.data = &p;
+  om_upstream_request_t q = {
+      .method = "GET", .target = "/size/500000", .timeout_ms = 5000};
+  assert_int_equal(om_upstream_send(fx->pool, &fx->tgt, &q, &PCB, &p, &p.r), 0);
+  RUN_UNTIL(fx, p.c.done, 6000);
+  assert_true(p.c.done);
+  if (p.c.res.err != 0)
+    fail_msg("%s (%s) after %zu bytes, %d pauses", p.c.res.reason,
+             p.c.res.detail, p.c.body, p.pauses);
+  OM_ASSERT_CMP(p.c.body, ==, 500000);
+  OM_ASSERT_CMP(p.pauses, >, 5);
+  uv_close((uv_handle_t *)&p.idle, NULL);
+  /* and the connection went back to the pool in sync */
+  call_t c;
+  get(fx, "/size/10", &c);
+  assert_int_equal(c.res.err, 0);
+  assert_int_equal(c.res.reused, 1);
+  OM_ASSERT_CMP(c.body, ==, 10);
+  fx_free(fx);
+}
+
 static void allocation_failures(void **state) {
   fx_t *fx = fx_new("server.pem", "server.key", NULL, NULL);
   for (long n = 0;; n++) {
@@ -682,6 +743,7 @@ int main(void) {
       cmocka_unit_test(handshake_within_the_connect_timeout),
       cmocka_unit_test(client_certificate_to_upstream),
       cmocka_unit_test(streamed_body_over_tls),
+      cmocka_unit_test(paused_responses_resume_from_the_engine),
       cmocka_unit_test(allocation_failures),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
