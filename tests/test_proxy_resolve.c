@@ -167,9 +167,8 @@ static void names_resolve_and_fail_over(void **state) {
   expect_addr(a, "127.0.0.9", 8081);
   assert_string_equal(a->target.authority, "a.test:8081");
   assert_string_equal(a->prefix, "/api");
-  /* https: resolved or not, never selected by this build */
-  assert_false(om__proxy_peer_ready(peer(&e, "https")));
-  assert_string_equal(peer(&e, "https")->unusable, "tls not supported");
+  /* https: a literal, ready at once, with its TLS name */
+  assert_true(om__proxy_peer_ready(peer(&e, "https")));
   assert_int_equal(peer(&e, "https")->target.tls, 1);
   assert_string_equal(peer(&e, "https")->target.host, "127.0.0.1");
   assert_string_equal(peer(&e, "https")->target.authority, "127.0.0.1:8443");

@@ -402,15 +402,14 @@ static void bad_snapshots_leave_routing_on_the_last_good_one(void **state) {
   assert_int_equal(pstats(&app).revision, 10);
   all_reach(&app, &app.a, &app.b);
 
-  /* an https:// peer beside A: a valid snapshot under the one URL rule,
+  /* a peer by name beside A: a valid snapshot under the one URL rule,
    * taken by the watch and the proxy (never refused for a URL the
-   * registry accepts); this build sends no TLS, so the https peer is
-   * never selected and every call still reaches A */
+   * registry accepts); once localhost resolves, calls reach both */
   {
-    char https[64];
-    snprintf(https, sizeof https, "https://127.0.0.1:%d",
+    char named[64];
+    snprintf(named, sizeof named, "http://localhost:%d",
              om_http_server_port(app.b.srv));
-    instance(ihttps, sizeof ihttps, "b", https);
+    instance(ihttps, sizeof ihttps, "b", named);
   }
   snprintf(two, sizeof two, "%s,%s", ia, ihttps);
   snapshot_event(ev, sizeof ev, SERVICE, 11, two);

@@ -2160,6 +2160,21 @@ static void streaming_with_pause_and_resume(void **state) {
     RUN_UNTIL(fx, c->done, 2000);
     expect_ok(c, 200, "hello");
   }
+  /* pause inside the on_body that carried the last byte of a
+   * Content-Length body: resume ends the response */
+  {
+    cap_t *c = &C[3];
+    cap_init(c, fx, M_PAUSE_BODY);
+    assert_int_equal(send_simple(c, "GET", "/ok"), 0);
+    RUN_UNTIL(fx, c->body_calls == 1, 2000);
+    assert_int_equal(c->pause_rc, 0);
+    spin(fx, 30);
+    assert_int_equal(c->done, 0);
+    assert_int_equal(om_upstream_resume(c->req), 0);
+    RUN_UNTIL(fx, c->done, 2000);
+    assert_int_equal(c->done, 1);
+    expect_ok(c, 200, "hello");
+  }
   fx_free(fx);
 }
 

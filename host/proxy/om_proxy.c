@@ -92,13 +92,6 @@ void om__proxy_view_unref(om__proxy_view_t *v) {
 }
 
 /*
- * This build's upstream client speaks plain TCP only: an https:// peer is
- * kept in the view (a snapshot that has one is never refused) and shown in
- * /status, but never selected, rather than sent plaintext.
- */
-#define UPSTREAM_TLS 0
-
-/*
  * A peer's upstream target and path prefix from its URL (the one URL rule,
  * om_url.h). A literal gets its address here; a name (*is_name set) gets
  * everything but the address, which om_proxy_resolve.c fills. OM_EINVAL
@@ -146,8 +139,6 @@ static om__proxy_peer_t *peer_new(om_proxy_t *p, om__proxy_service_t *s,
   peer->prefix_len = plen;
   peer->weight = in->weight;
   peer->port = u.port;
-  if (u.tls && !UPSTREAM_TLS)
-    peer->unusable = "tls not supported";
   om_circuit_init(&peer->circuit, co); /* checked before it is used */
   peer->refs = 1;
   peer->index = -1;
@@ -474,6 +465,7 @@ static void apply_circuits(om__proxy_service_t *s) {
 static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   om__proxy_service_t *s = ud;
   om__proxy_settings_t set;
+  om__proxy_tls_staged_t tls;
   (void)prev;
   om_circuit_t probe;
   memset(&set, 0, sizeof set);
@@ -485,9 +477,14 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
     return -1;
   if (om_circuit_init(&probe, &set.circuit) != 0)
     return -1; /* the contract keeps these valid: be safe anyway */
+  if (om__proxy_tls_prepare(s, next, &tls) != 0)
+    return -1; /* a TLS file that does not load: logged, in /status */
   om__proxy_cache_invalidate(&s->cache);
-  if (apply_settings(s, &set) != 0)
+  if (apply_settings(s, &set) != 0) {
+    om__proxy_tls_discard(&tls);
     return -1;
+  }
+  om__proxy_tls_commit(s, &tls);
   apply_circuits(s);
   om__proxy_shed_reset(s); /* a new version is judged afresh */
   return 0;
@@ -593,6 +590,7 @@ static void service_free(om__proxy_service_t *s) {
   om_admission_free(s->adm);
   om_limiter_free(s->limiter);
   om_retry_budget_free(s->budget);
+  om__proxy_tls_service_free(s);
   free(s->name);
   free(s);
 }
@@ -638,6 +636,7 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
   s->queue_timer_open = 1;
   s->queue_timer_at = OM_DEADLINE_NEVER;
   register_metrics(p, s);
+  om__proxy_tls_metrics(p, s);
   *out = s;
   return 0;
 }
@@ -803,6 +802,7 @@ static void proxy_free(om_proxy_t *p) {
   free(p->lib_dir);
   free(p->scratch);
   om__proxy_resolve_free(p);
+  om__proxy_tls_fini(p);
   om_metrics_free(p->metrics);
   free(p);
 }
@@ -1003,8 +1003,12 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
       "relayed and cut; client_closed; else the reason of the proxy's "
       "error).",
       "service=\"\",outcome=\"no_peers\"");
+  if ((rc = om__proxy_tls_init(p, err, errlen)) != 0) {
+    proxy_free(p);
+    return rc;
+  }
   /* the handles last: once one exists, only an asynchronous close frees */
-  rc = om_upstream_pool_new(loop, &opts->upstream, &p->pool);
+  rc = om_upstream_pool_new(loop, &p->opts.upstream, &p->pool);
   if (rc != 0) {
     proxy_free(p);
     om_errbuf(err, errlen,

@@ -521,9 +521,7 @@ void om__proxy_resolve_status(const om__proxy_peer_t *peer, json_t *o,
             : json_null());
   }
   {
-    const char *why = peer->unusable;
-    if (why == NULL && e != NULL && e->n == 0)
-      why = "unresolved";
+    const char *why = e != NULL && e->n == 0 ? "unresolved" : NULL;
     json_object_set_new(o, "available", json_boolean(why == NULL));
     json_object_set_new(o, "unavailable_reason",
                         why ? json_string(why) : json_null());
