@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "om_cli.h"
+#include "om_cli_tls.h"
 #include "om_cli_util.h"
 #include "om_control.h"
 #include "om_errno.h"
@@ -39,17 +40,23 @@ typedef struct {
   om_store_sub_t *sub;
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
+  om_http_tls_t *tls; /* --tls-cert: the proxy listener's */
   int stopping;
 } up_t;
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: openmesh up [--store memory|redis://HOST:PORT/DB] [DIR]\n\n"
+          "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
+          "                   [--tls-cert FILE --tls-key FILE]\n"
+          "                   [--tls-client-ca FILE] [DIR]\n\n"
           "Run the mesh on its embedded default: a control plane (memory\n"
           "store, or Redis with --store) and the example services described\n"
           "in DIR/up.json (default: examples/), each registered with a lease\n"
           "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
           "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
+          "The --tls-* flags serve the proxy's listener (what callers reach)\n"
+          "over HTTPS; the control plane and the examples stay plaintext on\n"
+          "loopback, inside the one process:\n" OM_CLI_TLS_HELP "\n"
           "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
           "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
           "an invalid up.json\n");
@@ -61,6 +68,8 @@ static void on_store_closed(void *ud) {
 
 static void on_control_closed(void *ud) {
   up_t *up = ud;
+  om_http_tls_close(up->tls);
+  up->tls = NULL;
   om_store_close(up->store, on_store_closed, up);
   uv_close((uv_handle_t *)&up->sig_int, NULL);
   uv_close((uv_handle_t *)&up->sig_term, NULL);
@@ -126,6 +135,7 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   port = (int)integer(px, "port", 7601, 0, 65535, &bad);
   admin = (int)integer(px, "admin_port", 7602, 0, 65535, &bad);
   o.policy_path = str(px, "policy", om_default_policy(), &bad);
+  o.server.tls = up->tls;
   if (bad) {
     fprintf(stderr,
             "openmesh up: %s: proxy needs port, admin_port and a "
@@ -235,8 +245,9 @@ static void tour(up_t *up, const char *host, int port) {
   int pp = om_proxy_port(up->proxy), ap = om_proxy_admin_port(up->proxy);
   printf("\nOpenMesh is up.\n\n"
          "  control plane   http://%s:%d   (%s store)\n"
-         "  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
-         host, port, om_store_name(up->store), host, pp, host, ap);
+         "  proxy           %s://%s:%d   (admin: http://%s:%d/status)\n",
+         host, port, om_store_name(up->store), up->tls ? "https" : "http", host,
+         pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
@@ -274,6 +285,7 @@ int om_cmd_up(int argc, char **argv) {
   up_t *up;
   const char *store = "memory";
   int have_dir = 0;
+  om_cli_tls_t tls = {0};
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
       usage(stdout);
@@ -283,6 +295,12 @@ int om_cmd_up(int argc, char **argv) {
       store = argv[++a];
     } else if (strncmp(argv[a], "--store=", 8) == 0) {
       store = argv[a] + 8;
+    } else if (strcmp(argv[a], "--tls-cert") == 0 && a + 1 < argc) {
+      tls.cert = argv[++a];
+    } else if (strcmp(argv[a], "--tls-key") == 0 && a + 1 < argc) {
+      tls.key = argv[++a];
+    } else if (strcmp(argv[a], "--tls-client-ca") == 0 && a + 1 < argc) {
+      tls.client_ca = argv[++a];
     } else if (argv[a][0] == '-' || have_dir) {
       usage(stderr);
       return OM_EXIT_USAGE;
@@ -292,6 +310,8 @@ int om_cmd_up(int argc, char **argv) {
     }
   }
   if ((rc = om_cli_store_arg("up", store, &use_redis)) != OM_EXIT_OK)
+    return rc;
+  if ((rc = om_cli_tls_check("up", &tls)) != OM_EXIT_OK)
     return rc;
   snprintf(file, sizeof file, "%s/up.json", dir);
   conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
@@ -338,6 +358,12 @@ int om_cmd_up(int argc, char **argv) {
     rc = OM_EXIT_FAILURE;
     goto done;
   }
+  if (om_cli_tls_load("up", &up->loop, &tls, 0, &up->tls) != OM_EXIT_OK) {
+    om_store_close(up->store, on_store_closed, up);
+    uv_run(&up->loop, UV_RUN_DEFAULT);
+    rc = OM_EXIT_USAGE;
+    goto done;
+  }
   co.store = up->store;
   if (om_control_new(&up->loop, &co, &up->ctl) != 0 ||
       om_control_listen(up->ctl, host, port) != 0) {
@@ -364,6 +390,8 @@ int om_cmd_up(int argc, char **argv) {
   } else if (up->ctl != NULL) {
     stop(up);
   } else {
+    om_http_tls_close(up->tls);
+    up->tls = NULL;
     om_store_close(up->store, on_store_closed, up);
     uv_close((uv_handle_t *)&up->sig_int, NULL);
     uv_close((uv_handle_t *)&up->sig_term, NULL);
