@@ -24,12 +24,13 @@ enum {
 /* The rows of a command's option table. */
 #define OM_CLI_TLS_LONGOPTS                                                    \
   {"tls-cert", required_argument, NULL, OM_CLI_OPT_TLS_CERT},                  \
-      {"tls-key", required_argument, NULL, OM_CLI_OPT_TLS_KEY},                \
-      {"tls-client-ca", required_argument, NULL, OM_CLI_OPT_TLS_CLIENT_CA}
+      {"tls-key", required_argument, NULL, OM_CLI_OPT_TLS_KEY}, {              \
+    "tls-client-ca", required_argument, NULL, OM_CLI_OPT_TLS_CLIENT_CA         \
+  }
 
 /* The lines of a command's help text. */
 #define OM_CLI_TLS_HELP                                                        \
-  "  --tls-cert FILE           serve HTTPS with this certificate (PEM, the\n" \
+  "  --tls-cert FILE           serve HTTPS with this certificate (PEM, the\n"  \
   "                            chain after the leaf); needs --tls-key\n"       \
   "  --tls-key FILE            the certificate's private key (PEM)\n"          \
   "  --tls-client-ca FILE      ask for client certificates and verify them\n"  \

@@ -362,8 +362,8 @@ static void tls_failed(conn_t *c) {
   if (!c->tls_counted)
     count(c, OM_HTTP_TLS_ERROR);
   c->tls_dead = 1;
-  om_log(OM_LOG_INFO, "tls_handshake_failed", "remote", c->remote_ip,
-         "reason", om_tls_reason(c->tls), "detail", detail, NULL);
+  om_log(OM_LOG_INFO, "tls_handshake_failed", "remote", c->remote_ip, "reason",
+         om_tls_reason(c->tls), "detail", detail, NULL);
   (void)flush_out(c);
   om__http_conn_close(c, 0);
 }

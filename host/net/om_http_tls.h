@@ -55,8 +55,8 @@ typedef struct om_http_tls_opts_s {
 
 /* Handshake results, as counted and labelled. */
 #define OM_HTTP_TLS_RESULT_MAP(XX)                                             \
-  XX(OK, "ok")             /* completed */                                     \
-  XX(ERROR, "error")       /* refused: protocol, certificate */               \
+  XX(OK, "ok")                 /* completed */                                 \
+  XX(ERROR, "error")           /* refused: protocol, certificate */            \
   XX(INCOMPLETE, "incomplete") /* the client left or timed out first */
 
 typedef enum {
@@ -121,8 +121,7 @@ void om_http_tls_close(om_http_tls_t *t);
  * is gone. Owned by the connection: valid during the handler call and
  * while the request's connection lives.
  */
-const om_tls_identity_t *
-om_http_request_identity(const om_http_request_t *req);
+const om_tls_identity_t *om_http_request_identity(const om_http_request_t *req);
 
 /* 1 when req came over TLS. */
 int om_http_request_is_tls(const om_http_request_t *req);
