@@ -19,6 +19,11 @@
 # is the median of the per-round ratios (each from runs next to each
 # other).
 #
+# Also the server's CPU time per handshake (utime + stime of the process
+# doing them, /proc/PID/stat, over the run): tls_handshake_cpu_ratio is
+# nginx's over openmesh's (above 1: openmesh spends less), steadier on a
+# loaded machine than the rates.
+#
 # Prints `name value unit` lines; each run's figures go to stderr. Exits
 # non-zero when a contender does not start. Loopback only, ports
 # OM_BENCH_TLS_PORT_BASE..+2 (default 19520); a temp dir for certificates,
@@ -95,7 +100,8 @@ key=$tmp/certs/server.key
 "$bin" control --listen "127.0.0.1:$om_port" --log-level warn \
   --tls-cert "$cert" --tls-key "$key" >"$tmp/openmesh.out" 2>&1 &
 pids+=($!)
-wait_port $om_port $! openmesh
+om_pid=$!
+wait_port $om_port $om_pid openmesh
 
 nginx_conf() { # NAME PORT
   cat <<CONF
@@ -129,47 +135,71 @@ for n in nginx:$ng_port nginx_b:$ngb_port; do
   pids+=($!)
   wait_port "$port" $! "$name"
 done
+# nginx's handshakes happen in its worker, the master's child
+ng_pid=$(pgrep -P "$(cat "$tmp/nginx.pid")" | head -1)
+ngb_pid=$(pgrep -P "$(cat "$tmp/nginx_b.pid")" | head -1)
 
-# run PORT: full handshakes per second: the connections s_time completed
-# over the wall-clock time it ran (its own "connections/user sec" is the
-# client's CPU time, not the server's rate)
+# cpu PID: utime + stime of PID in clock ticks (/proc/PID/stat)
+cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# run PORT PID: "RATE CPU_US": full handshakes per second (the connections
+# s_time completed over the wall-clock time it ran; its own "connections/
+# user sec" is the client's CPU time) and the server's CPU time per
+# handshake (PID: the process doing the handshakes), which a loaded
+# machine disturbs less than the rate
 run() {
-  local t0 t1 n
+  local t0 t1 c0 c1 n
+  c0=$(cpu "$2")
   t0=$(date +%s.%N)
   n=$(openssl s_time -connect "127.0.0.1:$1" -new -time "$secs" 2>/dev/null |
     awk '/connections in [0-9]+ real seconds/ { print $1 }')
   t1=$(date +%s.%N)
-  [ -n "$n" ] && awk -v n="$n" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", n / (b - a) }'
+  c1=$(cpu "$2")
+  [ -n "$n" ] && [ "$n" -gt 0 ] &&
+    awk -v n="$n" -v a="$t0" -v b="$t1" -v c="$((c1 - c0))" -v hz="$hz" \
+      'BEGIN { printf "%.1f %.1f", n / (b - a), c * 1e6 / hz / n }'
 }
 
 declare -A port=([openmesh]=$om_port [nginx]=$ng_port [nginx_b]=$ngb_port)
+declare -A pid=([openmesh]=$om_pid [nginx]=$ng_pid [nginx_b]=$ngb_pid)
 order=(openmesh nginx nginx_b)
-ratios=()
-aa=()
-om_all=()
-ng_all=()
+ratios=() aa=() cpu_ratios=() cpu_aa=() om_rate=() ng_rate=() om_cpu=() ng_cpu=()
+div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 for r in $(seq "$rounds"); do
-  declare -A got=()
+  declare -A rate=() us=()
   for c in "${order[@]}"; do
-    got[$c]=$(run "${port[$c]}")
-    [ -n "${got[$c]}" ] || {
+    out=$(run "${port[$c]}" "${pid[$c]}") || true
+    [ -n "$out" ] || {
       log "round $r: $c gave no figure"
       exit 1
     }
+    rate[$c]=${out% *}
+    us[$c]=${out#* }
   done
-  log "round $r: openmesh ${got[openmesh]}/s nginx ${got[nginx]}/s nginx_b ${got[nginx_b]}/s"
-  ratios+=("$(awk -v a="${got[openmesh]}" -v b="${got[nginx]}" 'BEGIN { printf "%.3f", a / b }')")
-  aa+=("$(awk -v a="${got[nginx_b]}" -v b="${got[nginx]}" 'BEGIN { printf "%.3f", a / b }')")
-  om_all+=("${got[openmesh]}")
-  ng_all+=("${got[nginx]}")
+  log "round $r: openmesh ${rate[openmesh]}/s ${us[openmesh]} us," \
+    "nginx ${rate[nginx]}/s ${us[nginx]} us, nginx_b ${rate[nginx_b]}/s ${us[nginx_b]} us"
+  ratios+=("$(div "${rate[openmesh]}" "${rate[nginx]}")")
+  aa+=("$(div "${rate[nginx_b]}" "${rate[nginx]}")")
+  # CPU: nginx's per handshake over ours, so above 1 is better as for rates
+  cpu_ratios+=("$(div "${us[nginx]}" "${us[openmesh]}")")
+  cpu_aa+=("$(div "${us[nginx]}" "${us[nginx_b]}")")
+  om_rate+=("${rate[openmesh]}")
+  ng_rate+=("${rate[nginx]}")
+  om_cpu+=("${us[openmesh]}")
+  ng_cpu+=("${us[nginx]}")
   order=("${order[@]:1}" "${order[0]}") # rotate
-  unset got
+  unset rate us
 done
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
   if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "tls_handshakes_per_s_openmesh $(median "${om_all[@]}") handshakes/s"
-echo "tls_handshakes_per_s_nginx $(median "${ng_all[@]}") handshakes/s"
+echo "tls_handshakes_per_s_openmesh $(median "${om_rate[@]}") handshakes/s"
+echo "tls_handshakes_per_s_nginx $(median "${ng_rate[@]}") handshakes/s"
 echo "tls_handshakes_per_s $(median "${ratios[@]}") ratio"
 echo "tls_handshakes_per_s_aa $(median "${aa[@]}") ratio"
+echo "tls_handshake_cpu_us_openmesh $(median "${om_cpu[@]}") us"
+echo "tls_handshake_cpu_us_nginx $(median "${ng_cpu[@]}") us"
+echo "tls_handshake_cpu_ratio $(median "${cpu_ratios[@]}") ratio"
+echo "tls_handshake_cpu_ratio_aa $(median "${cpu_aa[@]}") ratio"
