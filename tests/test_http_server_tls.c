@@ -44,8 +44,8 @@ static int setup(void **state) {
   (void)state;
   if (!mkdtemp(dir))
     return -1;
-  snprintf(cmd, sizeof cmd, "%s/tests/fixtures/tls_certs.sh %s",
-           OM_SOURCE_DIR, dir);
+  snprintf(cmd, sizeof cmd, "%s/tests/fixtures/tls_certs.sh %s", OM_SOURCE_DIR,
+           dir);
   return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -121,8 +121,7 @@ static void on_request(om_http_request_t *req, void *ud) {
     static const om_tunnel_callbacks_t cb = {tun_data, tun_eof, NULL,
                                              tun_close};
     om_http_header_t h[1] = {{"Upgrade", "echo", 0, 0}};
-    assert_int_equal(
-        om_http_response_upgrade(req, h, 1, &cb, fx, &fx->tun), 0);
+    assert_int_equal(om_http_response_upgrade(req, h, 1, &cb, fx, &fx->tun), 0);
     return;
   }
   om_http_respond(req, 200, NULL, 0, fx->identity, strlen(fx->identity));
@@ -145,8 +144,8 @@ static void fx_start(fx_t *fx, const char *client_ca, uint64_t timeout_ms) {
   so.max_pipelined = 1;
   so.header_timeout_ms = timeout_ms;
   so.idle_timeout_ms = timeout_ms;
-  assert_int_equal(
-      om_http_server_new(&fx->loop, &so, on_request, fx, &fx->srv), 0);
+  assert_int_equal(om_http_server_new(&fx->loop, &so, on_request, fx, &fx->srv),
+                   0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
   fx->port = om_http_server_port(fx->srv);
 }
@@ -428,8 +427,8 @@ static void a_handshake_that_never_comes_times_out(void **state) {
     uv_run(&fx.loop, UV_RUN_NOWAIT);
     poll(NULL, 0, 5);
   }
-  OM_ASSERT_CMP(
-      om_http_tls_stats(fx.tls)->handshakes[OM_HTTP_TLS_INCOMPLETE], ==, 1);
+  OM_ASSERT_CMP(om_http_tls_stats(fx.tls)->handshakes[OM_HTTP_TLS_INCOMPLETE],
+                ==, 1);
   cli_free(&c);
   fx_stop(&fx);
 }

@@ -64,7 +64,7 @@ static void usage(FILE *out) {
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
       "  --log-level LEVEL         debug, info (default), warn, "
-      "error\n" OM_CLI_TLS_HELP
+      "error\n" OM_CLI_TLS_HELP_28
       "                            (with --tokens, a client certificate is\n"
       "                            optional and its SANs may hold roles:\n"
       "                            'san:NAME ROLES' lines)\n\n"

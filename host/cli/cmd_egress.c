@@ -50,7 +50,7 @@ static void usage(FILE *out) {
       "  --drain-timeout DURATION in-flight responses on SIGTERM (default "
       "10s)\n"
       "  --log-level LEVEL        debug, info (default), warn, "
-      "error\n" OM_CLI_TLS_HELP "\n"
+      "error\n" OM_CLI_TLS_HELP_27 "\n"
       "Endpoints: POST /v1/chat/completions, POST /v1/turns, GET "
       "/v1/pending,\nGET /metrics, GET /status, GET /healthz.\n\n"
       "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "

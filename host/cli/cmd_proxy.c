@@ -74,10 +74,11 @@ static void usage(FILE *out) {
       "it)\n"
       "  --log-level LEVEL           debug, info (default), warn, error\n"
       "TLS on the --listen listener (the admin listener stays "
-      "plaintext):\n" OM_CLI_TLS_HELP
-      "                            (a caller without a certificate is\n"
-      "                            refused at the handshake; the verified\n"
-      "                            identity is the policy's req.identity)\n\n"
+      "plaintext):\n" OM_CLI_TLS_HELP_30
+      "                              (a caller without a certificate is\n"
+      "                              refused at the handshake; the verified\n"
+      "                              identity is the policy's "
+      "req.identity)\n\n"
       "DURATION: 500ms, 10s, 2m, 1h. SIZE: 1048576, 512KiB, 8MiB, 1GiB.\n"
       "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
       "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files (a bad "

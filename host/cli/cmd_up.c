@@ -56,7 +56,7 @@ static void usage(FILE *out) {
           "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
           "The --tls-* flags serve the proxy's listener (what callers reach)\n"
           "over HTTPS; the control plane and the examples stay plaintext on\n"
-          "loopback, inside the one process:\n" OM_CLI_TLS_HELP "\n"
+          "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
           "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
           "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
           "an invalid up.json\n");

@@ -28,15 +28,25 @@ enum {
     "tls-client-ca", required_argument, NULL, OM_CLI_OPT_TLS_CLIENT_CA         \
   }
 
-/* The lines of a command's help text. */
-#define OM_CLI_TLS_HELP                                                        \
-  "  --tls-cert FILE           serve HTTPS with this certificate (PEM, the\n"  \
-  "                            chain after the leaf); needs --tls-key\n"       \
-  "  --tls-key FILE            the certificate's private key (PEM)\n"          \
-  "  --tls-client-ca FILE      ask for client certificates and verify them\n"  \
-  "                            against these CAs (PEM); needs --tls-cert.\n"   \
-  "                            The files are reloaded on SIGHUP and when\n"    \
-  "                            they change; a bad file keeps the last good\n"
+/* The lines of a command's help text, the descriptions at column 27 plus
+ * the spaces in P (a string literal: "" for 27, " " for 28...); the
+ * commands use the _27, _28 and _30 forms below. */
+#define OM__CLI_TLS_IND "                           "
+#define OM__CLI_TLS_HELP(P)                                                    \
+  "  --tls-cert FILE          " P                                              \
+  "serve HTTPS with this certificate (PEM,\n" OM__CLI_TLS_IND P                \
+  "the chain after the leaf); needs --tls-key\n"                               \
+  "  --tls-key FILE           " P "the certificate's private key (PEM)\n"      \
+  "  --tls-client-ca FILE     " P                                              \
+  "ask for client certificates and verify\n" OM__CLI_TLS_IND P                 \
+  "them against these CAs (PEM); needs\n" OM__CLI_TLS_IND P                    \
+  "--tls-cert. The files are reloaded on\n" OM__CLI_TLS_IND P                  \
+  "SIGHUP and when they change; a bad file\n" OM__CLI_TLS_IND P                \
+  "keeps the last good\n"
+
+#define OM_CLI_TLS_HELP_27 OM__CLI_TLS_HELP("")
+#define OM_CLI_TLS_HELP_28 OM__CLI_TLS_HELP(" ")
+#define OM_CLI_TLS_HELP_30 OM__CLI_TLS_HELP("   ")
 
 typedef struct om_cli_tls_s {
   const char *cert, *key, *client_ca;
