@@ -262,11 +262,13 @@ int om_cmd_control(int argc, char **argv) {
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);
-  if (tokens == NULL && !insecure && !is_loopback(host)) {
+  /* a required client certificate is authentication too */
+  if (tokens == NULL && !insecure && tls.client_ca == NULL &&
+      !is_loopback(host)) {
     fprintf(stderr,
             "openmesh control: refusing to listen on %s without "
-            "authentication: give --tokens FILE, or --insecure to accept "
-            "anyone who can reach the port\n",
+            "authentication: give --tokens FILE (or --tls-client-ca FILE), "
+            "or --insecure to accept anyone who can reach the port\n",
             host);
     return OM_EXIT_USAGE;
   }

@@ -249,6 +249,12 @@ s.serve_forever()
       local _, text = H.request(dir, "GET", "http://127.0.0.1:" .. admin .. "/metrics")
       local errors = tonumber(text:match('openmesh_proxy_listener_tls_handshakes_total{result="error"} (%d+)'))
       assert.is_true(errors >= 2, text)
+      local _, st = H.request(dir, "GET", "http://127.0.0.1:" .. admin .. "/status")
+      local tls = H.json(st).listener_tls
+      assert.is_true(tls.client_certificates)
+      assert.equal(1, tls.generation)
+      assert.is_true(tls.handshakes.error >= 2)
+      assert.is_true(tls.handshakes.ok >= 6)
     end)
   end)
 
