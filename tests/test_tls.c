@@ -28,8 +28,8 @@ static int setup(void **state) {
   if (!mkdtemp(dir))
     return -1;
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s/tests/fixtures/tls_certs.sh %s",
-           OM_SOURCE_DIR, dir);
+  snprintf(cmd, sizeof cmd, "%s/tests/fixtures/tls_certs.sh %s", OM_SOURCE_DIR,
+           dir);
   return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -205,8 +205,7 @@ static void verification_failures_name_the_reason(void **state) {
   /* an IP literal is checked against the IP SANs */
   expect_refused("server.pem", "server.key", "10.1.2.3", OM_TLS_FAIL_HOSTNAME,
                  "certificate verify failed: hostname mismatch");
-  expect_refused("expired.pem", "expired.key", "localhost",
-                 OM_TLS_FAIL_EXPIRED,
+  expect_refused("expired.pem", "expired.key", "localhost", OM_TLS_FAIL_EXPIRED,
                  "certificate verify failed: certificate has expired");
   expect_refused(
       "untrusted.pem", "untrusted.key", "localhost", OM_TLS_FAIL_UNTRUSTED,

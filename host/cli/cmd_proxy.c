@@ -37,7 +37,9 @@ static void usage(FILE *out) {
       "DURATION]\n"
       "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n"
       "                      [--tls-cert FILE --tls-key FILE]\n"
-      "                      [--tls-client-ca FILE]\n\n"
+      "                      [--tls-client-ca FILE]\n"
+      "                      [--upstream-ca FILE]\n"
+      "                      [--upstream-cert FILE --upstream-key FILE]\n\n"
       "The data plane: routes each call (service from Host) through the "
       "traffic\npolicy, admission, selection, one deadline, safe retries "
       "and per-peer\ncircuits (docs/PROXY.md).\n\n"
@@ -73,6 +75,12 @@ static void usage(FILE *out) {
       "                              a policy's max_body_bytes overrides "
       "it)\n"
       "  --log-level LEVEL           debug, info (default), warn, error\n"
+      "  --upstream-ca FILE          CA certificates (PEM) trusted for "
+      "https://\n"
+      "                              peers (default: the system store)\n"
+      "  --upstream-cert FILE        a client certificate (PEM) presented to\n"
+      "                              https:// peers (mutual TLS), with\n"
+      "  --upstream-key FILE         its private key (PEM)\n"
       "TLS on the --listen listener (the admin listener stays "
       "plaintext):\n" OM_CLI_TLS_HELP_30
       "                              (a caller without a certificate is\n"
@@ -81,8 +89,8 @@ static void usage(FILE *out) {
       "req.identity)\n\n"
       "DURATION: 500ms, 10s, 2m, 1h. SIZE: 1048576, 512KiB, 8MiB, 1GiB.\n"
       "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
-      "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files (a bad "
-      "file\nkeeps the previous version).\n\n"
+      "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files and "
+      "the TLS\nfiles (a bad file keeps the previous version).\n\n"
       "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
       "usage\nor invalid input (a bad --static file or policy)\n");
 }
@@ -216,6 +224,9 @@ static void on_hup(uv_signal_t *h, int signum) {
   failed = om_proxy_reload_policies(app->proxy);
   snprintf(n, sizeof n, "%d", failed);
   om_log(OM_LOG_INFO, "proxy_policies_reloaded", "rejected", n, NULL);
+  failed = om_proxy_reload_tls(app->proxy);
+  snprintf(n, sizeof n, "%d", failed);
+  om_log(OM_LOG_INFO, "proxy_tls_reloaded", "rejected", n, NULL);
 }
 
 static void shutdown_loop(app_t *app) {
@@ -246,6 +257,9 @@ int om_cmd_proxy(int argc, char **argv) {
       {"circuit-cooldown", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"max-body-bytes", required_argument, NULL, 'B'},
+      {"upstream-ca", required_argument, NULL, 1001},
+      {"upstream-cert", required_argument, NULL, 1002},
+      {"upstream-key", required_argument, NULL, 1003},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
@@ -336,6 +350,15 @@ int om_cmd_proxy(int argc, char **argv) {
         return fail_usage("--circuit-cooldown: '%s' is not a duration like "
                           "30s",
                           optarg);
+      break;
+    case 1001:
+      o.upstream_ca = optarg;
+      break;
+    case 1002:
+      o.upstream_cert = optarg;
+      break;
+    case 1003:
+      o.upstream_key = optarg;
       break;
     default:
       if (om_cli_tls_option(&tls, c, optarg))

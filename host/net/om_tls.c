@@ -53,7 +53,7 @@ struct om_tls_ctx {
 struct om_tls {
   om_tls_ctx_t *ctx;
   SSL *ssl;
-  BIO *rbio, *wbio; /* owned by ssl */
+  BIO *rbio, *wbio;    /* owned by ssl */
   uint64_t generation; /* of ctx when the engine was made */
   om_tls_fail_t fail;
   int closed, shut;
@@ -73,9 +73,9 @@ static const char *const fail_reasons[] = {
 };
 
 static const char *const fail_names[] = {
-    "none",         "hostname", "expired", "not_yet_valid",
-    "untrusted",    "self_signed", "verify", "no_peer_cert",
-    "alert",        "protocol", "engine",
+    "none",      "hostname",    "expired", "not_yet_valid",
+    "untrusted", "self_signed", "verify",  "no_peer_cert",
+    "alert",     "protocol",    "engine",
 };
 
 _Static_assert(sizeof fail_names / sizeof fail_names[0] == OM_TLS_FAIL__COUNT,
@@ -154,9 +154,8 @@ fail:
 }
 
 /* Every certificate of a PEM file, in order; NULL with err on failure. */
-static STACK_OF(X509) *
-    read_certs(const char *label, const char *path, int *rc, char *err,
-               size_t errlen) {
+static STACK_OF(X509) * read_certs(const char *label, const char *path, int *rc,
+                                   char *err, size_t errlen) {
   BIO *b = read_file(label, path, rc, err, errlen);
   if (!b)
     return NULL;
@@ -181,8 +180,8 @@ static STACK_OF(X509) *
   /* the loop ends on "no start line" at the end of the file, or on a
    * damaged block: only the first is the end of a good file */
   unsigned long e = ERR_peek_last_error();
-  int clean_end = ERR_GET_LIB(e) == ERR_LIB_PEM &&
-                  ERR_GET_REASON(e) == PEM_R_NO_START_LINE;
+  int clean_end =
+      ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE;
   ERR_clear_error();
   BIO_free(b);
   if (sk_X509_num(certs) == 0 || !clean_end) {
@@ -301,8 +300,7 @@ static int on_new_session(SSL *ssl, SSL_SESSION *sess) {
 static SSL_SESSION *session_find(om_tls_ctx_t *c, const char *key) {
   for (int i = 0; i < SESSION_SLOTS; i++) {
     session_slot_t *s = &c->slots[i];
-    if (s->sess && s->generation == c->generation &&
-        strcmp(s->key, key) == 0) {
+    if (s->sess && s->generation == c->generation && strcmp(s->key, key) == 0) {
       if (!SSL_SESSION_is_resumable(s->sess)) {
         slot_clear(s);
         return NULL;
@@ -375,8 +373,7 @@ static int build_ssl_ctx(om_tls_ctx_t *c, SSL_CTX **out, char *err,
     SSL_CTX_set_session_cache_mode(s, SSL_SESS_CACHE_CLIENT |
                                           SSL_SESS_CACHE_NO_INTERNAL_STORE);
     SSL_CTX_sess_set_new_cb(s, on_new_session);
-    if (SSL_CTX_set_alpn_protos(s, c->alpn_wire, (unsigned)c->alpn_len) !=
-        0) {
+    if (SSL_CTX_set_alpn_protos(s, c->alpn_wire, (unsigned)c->alpn_len) != 0) {
       rc = OM_ENOMEM;
       goto fail;
     }
@@ -385,8 +382,7 @@ static int build_ssl_ctx(om_tls_ctx_t *c, SSL_CTX **out, char *err,
     SSL_CTX_set_session_id_context(s, sid, sizeof sid - 1);
     SSL_CTX_set_alpn_select_cb(s, alpn_select, c);
     if (c->client_ca_file) {
-      cas = read_certs(c->client_ca_label, c->client_ca_file, &rc, err,
-                       errlen);
+      cas = read_certs(c->client_ca_label, c->client_ca_file, &rc, err, errlen);
       if (!cas)
         goto fail;
       X509_STORE *st = SSL_CTX_get_cert_store(s);
@@ -395,12 +391,11 @@ static int build_ssl_ctx(om_tls_ctx_t *c, SSL_CTX **out, char *err,
         X509_STORE_add_cert(st, ca);
         SSL_CTX_add_client_CA(s, ca);
       }
-      SSL_CTX_set_verify(s,
-                         SSL_VERIFY_PEER |
-                             (c->client_cert_optional
-                                  ? 0
-                                  : SSL_VERIFY_FAIL_IF_NO_PEER_CERT),
-                         NULL);
+      SSL_CTX_set_verify(
+          s,
+          SSL_VERIFY_PEER |
+              (c->client_cert_optional ? 0 : SSL_VERIFY_FAIL_IF_NO_PEER_CERT),
+          NULL);
     }
   }
   sk_X509_pop_free(certs, X509_free);
@@ -486,9 +481,8 @@ int om_tls_ctx_new(const om_tls_opts_t *opts, om_tls_ctx_t **out, char *err,
   COPY_OR_FAIL(c->cert_label, cl);
   COPY_OR_FAIL(c->key_label, kl);
   COPY_OR_FAIL(c->ca_label, opts->ca_label ? opts->ca_label : "ca_file");
-  COPY_OR_FAIL(c->client_ca_label, opts->client_ca_label
-                                       ? opts->client_ca_label
-                                       : "client_ca_file");
+  COPY_OR_FAIL(c->client_ca_label, opts->client_ca_label ? opts->client_ca_label
+                                                         : "client_ca_file");
   int rc = alpn_wire(opts->alpn ? opts->alpn : "http/1.1", &c->alpn_wire,
                      &c->alpn_len);
   if (rc != 0) {
@@ -560,9 +554,9 @@ int om_tls_new(om_tls_ctx_t *ctx, const om_tls_conn_opts_t *o, om_tls_t **out,
     return OM_EINVAL;
   }
   if (ctx->role == OM_TLS_CLIENT) {
-    const char *n = o ? (o->server_name && o->server_name[0] ? o->server_name
-                                                             : o->host)
-                      : NULL;
+    const char *n =
+        o ? (o->server_name && o->server_name[0] ? o->server_name : o->host)
+          : NULL;
     if (n && n[0]) {
       size_t len = strlen(n);
       if (n[0] == '[' && len > 2 && n[len - 1] == ']') {
@@ -613,9 +607,9 @@ int om_tls_new(om_tls_ctx_t *ctx, const om_tls_conn_opts_t *o, om_tls_t **out,
       if (!ip && SSL_set_tlsext_host_name(t->ssl, name) != 1)
         goto nomem;
       if (!ctx->no_verify) {
-        int ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl),
-                                                    name)
-                    : SSL_set1_host(t->ssl, name);
+        int ok =
+            ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), name)
+               : SSL_set1_host(t->ssl, name);
         if (ok != 1)
           goto nomem;
       }
@@ -792,6 +786,10 @@ int om_tls_shutdown(om_tls_t *t) {
   return r < 0 ? OM_EIO : 0;
 }
 
+int om_tls_in_pending(const om_tls_t *t) {
+  return SSL_pending(t->ssl) > 0 || BIO_ctrl_pending(t->rbio) > 0;
+}
+
 size_t om_tls_out_pending(const om_tls_t *t) {
   return BIO_ctrl_pending(t->wbio);
 }
@@ -905,8 +903,8 @@ int om_tls_peer_identity(const om_tls_t *t, om_tls_identity_t **out) {
     memcpy(id->subject, data, (size_t)len);
   id->subject[len] = 0;
   BIO_free(b);
-  GENERAL_NAMES *sans = X509_get_ext_d2i(peer, NID_subject_alt_name, NULL,
-                                         NULL);
+  GENERAL_NAMES *sans =
+      X509_get_ext_d2i(peer, NID_subject_alt_name, NULL, NULL);
   for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans); i++) {
     const GENERAL_NAME *g = sk_GENERAL_NAME_value(sans, i);
     int r = 0;

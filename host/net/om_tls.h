@@ -217,6 +217,11 @@ int om_tls_write(om_tls_t *t, const void *data, size_t len);
  */
 int om_tls_shutdown(om_tls_t *t);
 
+/* om_tls_in_pending: 1 when decrypted bytes or ciphertext not yet
+ * processed wait in the engine (a reader that paused must come back), else
+ * 0. */
+int om_tls_in_pending(const om_tls_t *t);
+
 /* om_tls_out_pending: bytes of ciphertext waiting to be written. */
 size_t om_tls_out_pending(const om_tls_t *t);
 

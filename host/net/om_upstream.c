@@ -204,10 +204,10 @@ int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
   n = strlen(url);
   memset(out, 0, sizeof *out);
   if (n >= 8 && om__http_ci_eq(url, 8, "https://"))
-    return fail_url(why, "https is not supported yet (TLS comes later)");
-  if (n < 7 || !om__http_ci_eq(url, 7, "http://"))
-    return fail_url(why, "the URL must start with http://");
-  p = url + 7;
+    out->tls = 1;
+  else if (n < 7 || !om__http_ci_eq(url, 7, "http://"))
+    return fail_url(why, "the URL must start with http:// or https://");
+  p = url + (out->tls ? 8 : 7);
   if (*p == '[') {
     h = p + 1;
     he = strchr(h, ']');
@@ -242,7 +242,7 @@ int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
       return fail_url(why, "the host must be a numeric IPv4 literal "
                            "(names are not resolved)");
   }
-  out->port = 80;
+  out->port = out->tls ? 443 : 80;
   if (*p == ':') {
     long port = 0;
     const char *d = ++p;
@@ -319,14 +319,42 @@ int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
   rc = om_upstream_target_init(t, u.host, u.port);
   if (rc != 0)
     return fail_url(why, "the host must be a numeric IP literal");
+  if (u.tls) { /* the default port is 443: the authority says so */
+    const char *o = t->addr.sa.sa_family == AF_INET6 ? "[" : "";
+    const char *c = t->addr.sa.sa_family == AF_INET6 ? "]" : "";
+    t->tls = 1;
+    memcpy(t->host, u.host, sizeof t->host);
+    if (u.port == 443)
+      snprintf(t->authority, sizeof t->authority, "%s%s%s", o, u.host, c);
+    else
+      snprintf(t->authority, sizeof t->authority, "%s%s%s:%d", o, u.host, c,
+               u.port);
+  }
   return 0;
 }
 
 /* ------------------------------------------------------------------ */
 /* peers */
 
-static void key_of(const om_upstream_target_t *t, pkey_t *k) {
+/* FNV-1a of a host name, never 0 (0 marks a plain peer). */
+static uint32_t name_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 16777619u;
+  return h | 1;
+}
+
+/* The key of t; ctx and sn (the name to prove, "" for the host) matter
+ * only for a tls target. */
+static void key_of(const om_upstream_target_t *t, const om_tls_ctx_t *ctx,
+                   const char *sn, pkey_t *k) {
   memset(k, 0, sizeof *k);
+  if (t->tls) {
+    k->tls_ctx = ctx;
+    k->name_hash = name_hash(t->host) ^ (name_hash(sn) << 7);
+    if (k->name_hash == 0)
+      k->name_hash = 1;
+  }
   k->family = t->addr.sa.sa_family;
   if (k->family == AF_INET) {
     k->port = t->addr.in4.sin_port;
@@ -343,18 +371,27 @@ static uint64_t key_hash(const pkey_t *k) {
   memcpy(&b, k->addr + 8, 8);
   h = a ^ (b * 0x9e3779b97f4a7c15ull) ^
       ((uint64_t)k->port << 16 | k->family) * 0xbf58476d1ce4e5b9ull;
+  h ^= ((uint64_t)k->name_hash << 32) ^ (uint64_t)(uintptr_t)k->tls_ctx;
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
   return h ^ (h >> 29);
 }
 
 static peer_t *peer_find(const om_upstream_pool_t *p, const pkey_t *k,
-                         uint64_t h) {
+                         uint64_t h, const om_upstream_target_t *t,
+                         const char *sn) {
   peer_t *e;
   for (e = p->buckets[h & (p->nbuckets - 1)]; e != NULL; e = e->hnext)
-    if (e->hash == h && memcmp(&e->key, k, sizeof *k) == 0)
+    if (e->hash == h && memcmp(&e->key, k, sizeof *k) == 0 &&
+        (k->name_hash == 0 || (strcmp(e->target.host, t->host) == 0 &&
+                               strcmp(e->server_name, sn) == 0)))
       return e;
   return NULL;
+}
+
+static void peer_free(peer_t *e) {
+  om_tls_ctx_unref(e->tls_ctx);
+  free(e);
 }
 
 static void peer_unlink(om_upstream_pool_t *p, peer_t *e) {
@@ -373,7 +410,7 @@ static void peer_evict_one(om_upstream_pool_t *p) {
     for (e = p->buckets[i]; e != NULL; e = e->hnext)
       if (e->refs == 0) {
         peer_unlink(p, e);
-        free(e);
+        peer_free(e);
         return;
       }
   }
@@ -402,13 +439,14 @@ static void peer_grow(om_upstream_pool_t *p) {
   p->nbuckets = n;
 }
 
-static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t) {
+static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t,
+                        om_tls_ctx_t *ctx, const char *sn) {
   pkey_t k;
   uint64_t h;
   peer_t *e;
-  key_of(t, &k);
+  key_of(t, ctx, sn, &k);
   h = key_hash(&k);
-  e = peer_find(p, &k, h);
+  e = peer_find(p, &k, h, t, sn);
   if (e != NULL)
     return e;
   e = calloc(1, sizeof *e);
@@ -420,6 +458,10 @@ static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t) {
   e->key = k;
   e->hash = h;
   e->target = *t;
+  if (t->tls) {
+    e->tls_ctx = om_tls_ctx_ref(ctx);
+    memcpy(e->server_name, sn, strlen(sn) + 1);
+  }
   peer_grow(p);
   e->hnext = p->buckets[h & (p->nbuckets - 1)];
   p->buckets[h & (p->nbuckets - 1)] = e;
@@ -560,9 +602,11 @@ static void on_kick_closed(uv_handle_t *h) {
     peer_t *e = p->buckets[i], *next;
     for (; e != NULL; e = next) {
       next = e->hnext;
-      free(e);
+      peer_free(e);
     }
   }
+  om_tls_ctx_unref(p->tls_ctx);
+  om_tls_ctx_unref(p->tls_default);
   while ((r = p->free_reqs) != NULL) {
     p->free_reqs = r->next;
     free(r->head);
@@ -620,6 +664,14 @@ int om_upstream_pool_new(uv_loop_t *loop, const om_upstream_pool_opts_t *opts,
   }
   p->loop = loop;
   p->o = o;
+  if (o.tls_ctx != NULL) {
+    if (om_tls_ctx_role(o.tls_ctx) != OM_TLS_CLIENT) {
+      free(p->buckets);
+      free(p);
+      return OM_EINVAL;
+    }
+    p->tls_ctx = om_tls_ctx_ref(o.tls_ctx);
+  }
   uv_idle_init(loop, &p->kick);
   p->kick.data = p;
   *out = p;
@@ -670,8 +722,8 @@ int om_upstream_peer_stats(const om_upstream_pool_t *p,
   peer_t *e;
   if (p == NULL || t == NULL || out == NULL)
     return OM_EINVAL;
-  key_of(t, &k);
-  e = peer_find(p, &k, key_hash(&k));
+  key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, "", &k);
+  e = peer_find(p, &k, key_hash(&k), t, "");
   if (e == NULL)
     return OM_ENOTFOUND;
   *out = e->st;
@@ -855,6 +907,8 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   req_t *r;
   peer_t *e;
   conn_t *c;
+  om_tls_ctx_t *tls = NULL;
+  const char *sn = "";
   int rc;
   uint64_t now;
   if (p == NULL || t == NULL || q == NULL || cb == NULL || out == NULL ||
@@ -888,7 +942,16 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
     om__up_req_recycle(r);
     return rc;
   }
-  e = peer_get(p, t);
+  if (t->tls) {
+    tls = om__up_tls_ctx_for(p, q);
+    if (q->tls_server_name != NULL)
+      sn = q->tls_server_name;
+    if (tls == NULL || strlen(sn) > 253) {
+      om__up_req_recycle(r);
+      return OM_EINVAL;
+    }
+  }
+  e = peer_get(p, t, tls, sn);
   if (e == NULL) {
     om__up_req_recycle(r);
     return OM_ENOMEM;
@@ -1003,7 +1066,7 @@ int om_upstream_resume(om_upstream_req_t *r) {
   c = r->conn;
   if (c != NULL && c->phase != PH_CONNECTING) {
     om__up_read_on(c);
-    if (c->pos < c->len)
+    if (c->pos < c->len || (c->tls != NULL && om__up_tls_pending(c)))
       pend_push(r, PEND_PROCESS);
   }
   return 0;

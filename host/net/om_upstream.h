@@ -73,6 +73,26 @@
  * the head included); such a connection is never pooled. Any other answer
  * is an ordinary response.
  *
+ * TLS (a target with tls set: an https:// peer): the connection is TCP,
+ * then a TLS handshake over om_tls.h's engine, before the request is
+ * written; reads are decrypted into the same read buffer and parsed the
+ * same way, writes are encrypted. The connect timeout (and a head
+ * timeout) covers TCP and the handshake together. Where the TLS context
+ * comes from: the request's tls_ctx, else the pool's (opts.tls_ctx),
+ * else one the pool makes on first use (the system CA store, verifying);
+ * so a proxy builds a context per distinct policy setting and passes it
+ * per request. SNI and the name verified are the target's host (an IP
+ * literal is verified against the certificate's IP addresses, without
+ * SNI). Pooled connections are keyed by address, host and context, so a
+ * TLS connection is only reused for the same name and the same trust;
+ * new connections resume the last session of the same address and name
+ * (res.tls_handshake 2). A handshake or verification failure is a
+ * connect failure of that peer: "connect", res.sent 0, res.tls_fail the
+ * class and res.detail its reason ("certificate verify failed: hostname
+ * mismatch"). Upgrades (101) over TLS are not tunnelled: such a request
+ * ends "aborted". The plaintext path is unchanged and pays nothing for
+ * TLS but a key compare.
+ *
  * Threading: everything runs on the loop thread. The process must ignore
  * SIGPIPE (libuv writes with writev; a peer reset would kill the process).
  */
@@ -86,6 +106,7 @@
 #include <uv.h>
 
 #include "om_http_server.h" /* om_http_header_t */
+#include "om_tls.h"
 
 typedef struct om_upstream_pool_s om_upstream_pool_t;
 typedef struct om_upstream_req_s om_upstream_req_t;
@@ -108,17 +129,16 @@ typedef struct om_upstream_url_s {
 
 /*
  * om_upstream_parse_url: split a peer URL as the control plane sends it,
- * `http://HOST[:PORT][/path]`, strictly: scheme `http` (case-insensitive,
- * RFC 3986 3.1); HOST a numeric IPv4 literal (dotted decimal, four parts)
- * or a bracketed IPv6 literal (no zone id); PORT 1..65535 in at most five
- * digits; the path made of RFC 3986 pchar and "/" with valid %-escapes.
- * Nothing is resolved, so names ("localhost") are refused: a peer must be
- * an address. Refused too: https (TLS comes later), userinfo, a query, a
- * fragment, an empty port, anything else.
- * Returns 0 and fills *out; OM_EINVAL for a NULL url or out; OM_EPARSE
- * with *why (if why is not NULL) set to a static message naming the
- * problem ("https is not supported yet (TLS comes later)"). On error *out
- * is unspecified.
+ * `http[s]://HOST[:PORT][/path]`, strictly: scheme `http` or `https`
+ * (case-insensitive, RFC 3986 3.1; https sets tls and port 443); HOST a numeric
+ * IPv4 literal (dotted decimal, four parts) or a bracketed IPv6 literal (no
+ * zone id); PORT 1..65535 in at most five digits; the path made of RFC 3986
+ * pchar and "/" with valid %-escapes. Nothing is resolved, so names
+ * ("localhost") are refused: a peer must be an address. Refused too: userinfo,
+ * a query, a fragment, an empty port, anything else. Returns 0 and fills *out;
+ * OM_EINVAL for a NULL url or out; OM_EPARSE with *why (if why is not NULL) set
+ * to a static message naming the problem ("a peer URL takes no query"). On
+ * error *out is unspecified.
  */
 int om_upstream_parse_url(const char *url, om_upstream_url_t *out,
                           const char **why);
@@ -158,8 +178,9 @@ int om_upstream_target_init(om_upstream_target_t *t, const char *host,
 
 /*
  * om_upstream_target_from_url: om_upstream_parse_url then
- * om_upstream_target_init; the path prefix, if any, is for the caller to
- * put in front of request targets. Same returns and *why as parse_url.
+ * om_upstream_target_init (and for https, tls and host set, the authority
+ * without ":443"); the path prefix, if any, is for the caller to put in
+ * front of request targets. Same returns and *why as parse_url.
  */
 int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
                                 const char **why);
@@ -190,6 +211,10 @@ typedef struct om_upstream_pool_opts_s {
   /* Peers remembered (with their counters). Beyond it a peer with no
    * connection and no request is forgotten to make room. Default 4096. */
   size_t max_peers;
+  /* The client TLS context for https:// targets of requests that carry
+   * none (the pool takes a reference); NULL: one made on first use, the
+   * system CA store, verifying. */
+  om_tls_ctx_t *tls_ctx;
 } om_upstream_pool_opts_t;
 
 /*
@@ -197,15 +222,18 @@ typedef struct om_upstream_pool_opts_s {
  * connections now; the rest count since the peer was first used.
  */
 typedef struct om_upstream_stats_s {
-  uint64_t active;   /* connections carrying a request (connecting too) */
-  uint64_t idle;     /* connections in the pool */
-  uint64_t connects; /* connection attempts started */
-  uint64_t reuses;   /* attempts sent on a pooled connection */
-  uint64_t requests; /* requests started (om_upstream_send returned 0) */
-  uint64_t failures; /* requests that ended with an upstream failure:
-                        every class but aborted, closed, internal and
-                        local */
-  uint64_t retries;  /* transparent stale keep-alive retries */
+  uint64_t active;         /* connections carrying a request (connecting too) */
+  uint64_t idle;           /* connections in the pool */
+  uint64_t connects;       /* connection attempts started */
+  uint64_t reuses;         /* attempts sent on a pooled connection */
+  uint64_t requests;       /* requests started (om_upstream_send returned 0) */
+  uint64_t failures;       /* requests that ended with an upstream failure:
+                              every class but aborted, closed, internal and
+                              local */
+  uint64_t retries;        /* transparent stale keep-alive retries */
+  uint64_t tls_handshakes; /* TLS handshakes completed (resumed too) */
+  uint64_t tls_resumed;    /* of those, sessions resumed */
+  uint64_t tls_failures;   /* TLS handshakes that failed */
 } om_upstream_stats_t;
 
 /*
@@ -319,6 +347,14 @@ typedef struct om_upstream_request_s {
    * the bytes must add up to it), or -1 (sent chunked). */
   int body_stream;
   int64_t body_stream_length;
+  /* The client TLS context for a tls target (borrowed: connections take
+   * their own reference); NULL: the pool's. Ignored for plain targets. */
+  om_tls_ctx_t *tls_ctx;
+  /* The name a tls target must prove (SNI and verification) instead of
+   * its host: a URL by address to a certificate for a name. NULL or "":
+   * the host. Connections are pooled per name, so this is part of the
+   * key too. At most 253 bytes (OM_EINVAL beyond). */
+  const char *tls_server_name;
 } om_upstream_request_t;
 
 /*
@@ -438,6 +474,12 @@ typedef struct om_upstream_result_s {
   /* the libuv error code (negative errno) behind a CONNECT or LOCAL
    * failure; 0 otherwise */
   int os_err;
+  /* a CONNECT failure in the TLS handshake: its class (om_tls_fail_t,
+   * detail is its reason); 0 otherwise */
+  int tls_fail;
+  /* the last attempt's connection made a TLS handshake: 1 full, 2
+   * resumed; 0 for a pooled or plain connection */
+  int tls_handshake;
 } om_upstream_result_t;
 
 /*
@@ -474,7 +516,8 @@ typedef struct om_upstream_callbacks_s {
  * connect included, comes through the callbacks. Returns OM_EINVAL (a
  * NULL argument, no on_done, a target not made by om_upstream_target_*,
  * a method or target or header refused as described in
- * om_upstream_request_t, a target or body over 4 GiB), OM_ESTATE (the pool is
+ * om_upstream_request_t, a target or body over 4 GiB, a tls target with
+ * no context and none could be made), OM_ESTATE (the pool is
  * closing) or OM_ENOMEM, and then no callback will run and nothing was sent (a
  * pooled connection stays pooled).
  */

@@ -48,6 +48,10 @@ void om__up_body_flush(conn_t *c) {
   if (r == NULL || !r->streamed || c->writing || c->closing ||
       c->phase == PH_CONNECTING || r->bq_head == NULL)
     return;
+  if (c->tls != NULL) {
+    om__up_tls_body_flush(c);
+    return;
+  }
   for (b = r->bq_head; b != NULL && n < FLUSH_BUFS; b = b->next) {
     bufs[n++] = uv_buf_init(b->data, (unsigned)b->len);
     bytes += b->len;

@@ -37,6 +37,9 @@ static void on_conn_closed(uv_handle_t *h) {
   free(c->buf);
   free(c->hdrs);
   free(c->fields);
+  om_tls_free(c->tls);
+  free(c->tin);
+  free(c->tout);
   free(c);
   p->nconns--;
   om__up_pool_maybe_finish(p);
@@ -65,9 +68,8 @@ void om__up_conn_close(conn_t *c) {
   uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  conn_t *c = h->data;
-  (void)suggested;
+/* Make room in c's read buffer (compact, grow) and return it. */
+size_t om__up_buf_room(conn_t *c) {
   if (c->pos == c->len) {
     c->pos = c->len = 0;
   } else if (c->pos > 0 && c->cap - c->len < READ_MIN) {
@@ -94,8 +96,19 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
       c->cap = BODY_READ;
     }
   }
+  return c->cap - c->len;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  conn_t *c = h->data;
+  (void)suggested;
+  if (c->tls != NULL) { /* ciphertext: decrypted into buf by the reader */
+    buf->base = c->tin;
+    buf->len = OM__UP_TLS_IN;
+    return;
+  }
+  buf->len = om__up_buf_room(c); /* 0 makes libuv report UV_ENOBUFS */
   buf->base = c->buf + c->len;
-  buf->len = c->cap - c->len; /* 0 makes libuv report UV_ENOBUFS */
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
@@ -182,7 +195,7 @@ static void conn_arm(conn_t *c) {
  * have read the request) or when provably nothing of it left (the first
  * write failed at once); any other ends.
  */
-static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
+void om__up_attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
                          const char *detail) {
   req_t *r = c->req;
   om_upstream_pool_t *p = c->pool;
@@ -206,6 +219,11 @@ static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
   om__up_req_end(r, fail, err, detail);
 }
 
+static void attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
+                         const char *detail) {
+  om__up_attempt_fail(c, fail, err, detail);
+}
+
 static void on_timer(uv_timer_t *t) {
   conn_t *c = t->data;
   req_t *r = c->req;
@@ -223,7 +241,9 @@ static void on_timer(uv_timer_t *t) {
         ((r->connect_due != 0 && now >= r->connect_due) ||
          (r->head_due != 0 && now >= r->head_due))) {
       attempt_fail(c, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, 0,
-                   "the connect timeout passed");
+                   c->tls != NULL ? "the connect timeout passed in the TLS "
+                                    "handshake"
+                                  : "the connect timeout passed");
       return;
     }
     if (c->phase == PH_HEAD &&
@@ -244,7 +264,11 @@ static void on_timer(uv_timer_t *t) {
 void om__up_on_write(uv_write_t *w, int status) {
   conn_t *c = w->data;
   c->writing = 0;
-  if (om__up_body_written(c, status) != 0 || c->closing || status == 0)
+  if (om__up_body_written(c, status) != 0 || c->closing)
+    return;
+  if (status == 0 && c->tls != NULL) /* what was encrypted meanwhile */
+    status = om__up_tls_flush(c);
+  if (status == 0)
     return;
   if (c->req != NULL && c->phase == PH_HEAD) {
     attempt_fail(c, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
@@ -264,6 +288,10 @@ static void conn_write(conn_t *c) {
   unsigned nb = 1, k = 0;
   size_t total = r->head_len + r->body_len, left;
   int n, rc;
+  if (c->tls != NULL) {
+    om__up_tls_write_request(c);
+    return;
+  }
   b[0] = uv_buf_init(r->head, (unsigned)r->head_len);
   if (r->body_len > 0) {
     b[1] = uv_buf_init((char *)r->body, (unsigned)r->body_len);
@@ -349,6 +377,10 @@ static void on_connect(uv_connect_t *cr, int status) {
   if (status < 0) {
     c->req->res.os_err = status;
     attempt_fail(c, connect_class(status), 0, uv_strerror(status));
+    return;
+  }
+  if (c->peer->target.tls) {
+    om__up_tls_start(c); /* the request starts after the handshake */
     return;
   }
   om__up_conn_start(c);
@@ -497,7 +529,8 @@ static int msg_complete(conn_t *c) {
   /* reused only when the whole request went out, a streamed body too */
   int reuse = c->keepalive && !c->writing && !c->broken && c->pos == c->len &&
               !p->closing &&
-              (!r->streamed || (r->body_ended && r->bq_head == NULL));
+              (!r->streamed || (r->body_ended && r->bq_head == NULL)) &&
+              (c->tls == NULL || !om__up_tls_stray(c));
   om__up_detach(c);
   if (reuse)
     conn_make_idle(c);
@@ -645,6 +678,13 @@ static int step_101(conn_t *c, char *b, size_t end) {
   if (!r->upgrade)
     return malformed(c, OM_EPARSE,
                      "101 Switching Protocols (no upgrade was asked for)");
+  if (c->tls != NULL) {
+    om__up_detach(c);
+    om__up_conn_close(c);
+    om__up_req_end(r, OM_UPSTREAM_FAIL_ABORTED, 0,
+                   "an upgrade over TLS is not tunnelled");
+    return STEP_STOP;
+  }
   c->resp.upgrade = NULL;
   c->resp.upgrade_len = 0;
   for (i = 0; i < hd->n_fields; i++) {
@@ -869,13 +909,16 @@ void om__up_conn_process(conn_t *c) {
     default:
       return;
     }
+    /* TLS: what was read is decrypted as the parser asks for it */
+    if (rc == STEP_MORE && c->tls != NULL && om__up_tls_pull(c) == 1)
+      continue;
     if (rc != STEP_GO)
       return;
   }
 }
 
 /* EOF or a read error on a connection carrying a request. */
-static void conn_eof(conn_t *c, ssize_t err) {
+void om__up_conn_eof(conn_t *c, ssize_t err) {
   int eof = err == UV_EOF;
   if (err == UV_ENOBUFS) {
     attempt_fail(c, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
@@ -909,6 +952,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = s->data;
   if (nread == 0 || c->closing)
     return;
+  if (c->tls != NULL) {
+    om__up_tls_on_read(c, nread);
+    return;
+  }
   c->read_full = nread > 0 && (size_t)nread == buf->len;
   if (c->req == NULL) {
     /* pooled: the server closed it, or sent what nobody asked for */
@@ -921,5 +968,5 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     om__up_conn_process(c);
     return;
   }
-  conn_eof(c, nread);
+  om__up_conn_eof(c, nread);
 }

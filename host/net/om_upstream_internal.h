@@ -33,6 +33,9 @@
 #define FREE_REQS_MAX 256u  /* request objects kept for reuse */
 #define REQ_HEAD_KEEP 8192u /* a recycled request keeps this much head */
 #define HDRS_INITIAL 16u
+/* a TLS connection's ciphertext reads: one whole record (16 KiB of
+ * plaintext and its overhead, RFC 8446 5.2) */
+#define OM__UP_TLS_IN (16u * 1024u + 512u)
 
 /* ------------------------------------------------------------------ */
 /* types */
@@ -50,10 +53,15 @@ typedef struct bchunk_s {
 typedef struct conn_s conn_t;
 typedef om_upstream_req_t req_t;
 
+/* A peer's key: the address, and for TLS the context and a hash of the
+ * host (the host itself is compared too: peer_find). Plain peers have
+ * tls_ctx NULL and name_hash 0. */
 typedef struct {
   uint16_t family;
   uint16_t port; /* network order */
   uint8_t addr[16];
+  uint32_t name_hash;
+  const om_tls_ctx_t *tls_ctx;
 } pkey_t;
 
 struct peer_s {
@@ -61,6 +69,8 @@ struct peer_s {
   uint64_t hash;
   pkey_t key;
   om_upstream_target_t target; /* the address to connect to */
+  om_tls_ctx_t *tls_ctx;       /* TLS peers: a reference, NULL otherwise */
+  char server_name[254];       /* TLS peers: the name to prove; "": host */
   om_list_t idle;              /* conn_t by ilink, most recently used first */
   size_t refs;                 /* connections and requests pointing here */
   om_upstream_stats_t st;
@@ -112,6 +122,11 @@ struct conn_s {
   size_t hdrs_cap;
   om_upstream_response_t resp;
   struct om_tunnel_s *tunnel; /* the holder after a 101 (PH_TUNNEL) */
+  /* TLS connections only (om_upstream_tls.c): the engine, the ciphertext
+   * read buffer and the ciphertext of the write in flight */
+  om_tls_t *tls;
+  char *tin, *tout;
+  size_t tout_cap;
 };
 
 enum { R_FREE, R_ACTIVE, R_DONE };
@@ -150,6 +165,8 @@ struct om_upstream_req_s {
 
 struct om_upstream_pool_s {
   uv_loop_t *loop;
+  om_tls_ctx_t *tls_ctx;     /* opts.tls_ctx (a reference) or NULL */
+  om_tls_ctx_t *tls_default; /* made on first use when tls_ctx is NULL */
   uv_idle_t kick;
   om_upstream_pool_opts_t o;
   peer_t **buckets;
@@ -166,7 +183,7 @@ struct om_upstream_pool_s {
   om_upstream_stats_t st;
 };
 
-static uint64_t now_ms(const om_upstream_pool_t *p) {
+static inline uint64_t now_ms(const om_upstream_pool_t *p) {
   return uv_now(p->loop);
 }
 
@@ -242,5 +259,42 @@ int om__up_conn_connect(req_t *r);
 /* Run c's request through what is buffered, until more bytes are needed
  * or the request stops. */
 void om__up_conn_process(conn_t *c);
+/* End the attempt on c (closed) with this failure: a stale keep-alive
+ * retry when allowed, else the request ends. */
+void om__up_attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
+                         const char *detail);
+/* Make room in c's read buffer (compact, grow) and return it. */
+size_t om__up_buf_room(conn_t *c);
+/* EOF (UV_EOF) or a read error on a connection carrying a request. */
+void om__up_conn_eof(conn_t *c, ssize_t err);
+
+/* om_upstream_tls.c */
+
+/* The TCP connection of a TLS peer is up: start the handshake; the
+ * request starts when it completes (om__up_conn_start). */
+void om__up_tls_start(conn_t *c);
+/* on_read of a TLS connection. */
+void om__up_tls_on_read(conn_t *c, ssize_t nread);
+/* Decrypt more plaintext into c's read buffer: 1 when bytes came, 0 when
+ * more ciphertext is needed, -1 when the attempt ended (c closed). */
+int om__up_tls_pull(conn_t *c);
+/* Encrypt and send r's head and body (conn_write's TLS path). */
+void om__up_tls_write_request(conn_t *c);
+/* Encrypt body pieces and write them (om__up_body_flush's TLS path):
+ * the pieces are freed, their plaintext bytes count as in flight. */
+void om__up_tls_body_flush(conn_t *c);
+/* Write the pending ciphertext when no write is in flight: 0, or a
+ * libuv error (nothing else done: the caller ends the attempt). */
+int om__up_tls_flush(conn_t *c);
+/* Nonzero when decrypted bytes or unread ciphertext wait in the engine. */
+int om__up_tls_pending(const conn_t *c);
+/* Nonzero when c must not be pooled: a byte after the response, a
+ * close_notify or an error in what the engine holds. */
+int om__up_tls_stray(conn_t *c);
+/* The TLS context for a request to a tls target: the request's, the
+ * pool's, or the pool's default (made now); NULL when the default cannot
+ * be made. */
+om_tls_ctx_t *om__up_tls_ctx_for(om_upstream_pool_t *p,
+                                 const om_upstream_request_t *q);
 
 #endif /* OM_UPSTREAM_INTERNAL_H */

@@ -98,7 +98,8 @@ static int peer_target(const char *url, om_upstream_target_t *t,
   om_upstream_url_t u;
   if (om_upstream_parse_url(url, &u, why) != 0)
     return OM_EINVAL;
-  if (om_upstream_target_init(t, u.host, u.port) != 0) {
+  /* the same parse again, for tls and host (https://) */
+  if (om_upstream_target_from_url(t, url, why) != 0) {
     *why = "not a numeric address";
     return OM_EINVAL;
   }
@@ -450,6 +451,7 @@ static void apply_circuits(om__proxy_service_t *s) {
 static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   om__proxy_service_t *s = ud;
   om__proxy_settings_t set;
+  om__proxy_tls_staged_t tls;
   (void)prev;
   om_circuit_t probe;
   memset(&set, 0, sizeof set);
@@ -461,9 +463,14 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
     return -1;
   if (om_circuit_init(&probe, &set.circuit) != 0)
     return -1; /* the contract keeps these valid: be safe anyway */
+  if (om__proxy_tls_prepare(s, next, &tls) != 0)
+    return -1; /* a TLS file that does not load: logged, in /status */
   om__proxy_cache_invalidate(&s->cache);
-  if (apply_settings(s, &set) != 0)
+  if (apply_settings(s, &set) != 0) {
+    om__proxy_tls_discard(&tls);
     return -1;
+  }
+  om__proxy_tls_commit(s, &tls);
   apply_circuits(s);
   om__proxy_shed_reset(s); /* a new version is judged afresh */
   return 0;
@@ -568,6 +575,7 @@ static void service_free(om__proxy_service_t *s) {
   om_admission_free(s->adm);
   om_limiter_free(s->limiter);
   om_retry_budget_free(s->budget);
+  om__proxy_tls_service_free(s);
   free(s->name);
   free(s);
 }
@@ -613,6 +621,7 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
   s->queue_timer_open = 1;
   s->queue_timer_at = OM_DEADLINE_NEVER;
   register_metrics(p, s);
+  om__proxy_tls_metrics(p, s);
   *out = s;
   return 0;
 }
@@ -776,6 +785,7 @@ static void proxy_free(om_proxy_t *p) {
   free(p->policy_path);
   free(p->lib_dir);
   free(p->scratch);
+  om__proxy_tls_fini(p);
   om_metrics_free(p->metrics);
   free(p);
 }
@@ -971,8 +981,12 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
       "relayed and cut; client_closed; else the reason of the proxy's "
       "error).",
       "service=\"\",outcome=\"no_peers\"");
+  if ((rc = om__proxy_tls_init(p, err, errlen)) != 0) {
+    proxy_free(p);
+    return rc;
+  }
   /* the handles last: once one exists, only an asynchronous close frees */
-  rc = om_upstream_pool_new(loop, &opts->upstream, &p->pool);
+  rc = om_upstream_pool_new(loop, &p->opts.upstream, &p->pool);
   if (rc != 0) {
     proxy_free(p);
     om_errbuf(err, errlen,

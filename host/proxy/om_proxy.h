@@ -110,6 +110,14 @@ typedef struct om_proxy_opts_s {
    * its budget (docs/PROXY.md "Policy budgets"); it doubles per failed
    * probe up to 30 times this. Default 10 s. */
   uint64_t policy_shed_cooldown_ms;
+  /* TLS to https:// peers (docs/PROXY.md "TLS to upstreams"): the CA
+   * certificates to trust (NULL: the system store) and a client
+   * certificate and key to present (both or neither), for every service;
+   * a policy's tls = {...} overrides them field by field. Read by
+   * om_proxy_new (an error names the flag and the file), re-read by
+   * om_proxy_reload_tls. upstream.tls_ctx is ignored: this is its
+   * source. */
+  const char *upstream_ca, *upstream_cert, *upstream_key;
 } om_proxy_opts_t;
 
 /*
@@ -177,6 +185,15 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
  * loaded or unchanged).
  */
 int om_proxy_reload_policies(om_proxy_t *p);
+
+/*
+ * om_proxy_reload_tls: re-read the files of every TLS context (the
+ * proxy's --upstream-* and each service policy's tls), on SIGHUP. A
+ * context whose files fail keeps its last good ones (logged, in /status).
+ * New connections use the new files; open ones keep theirs. Returns the
+ * number of contexts that failed, OM_EINVAL for NULL.
+ */
+int om_proxy_reload_tls(om_proxy_t *p);
 
 /*
  * om_proxy_close: stop accepting, let in-flight calls finish (up to

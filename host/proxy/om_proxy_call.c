@@ -429,6 +429,8 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   int local = res->fail == OM_UPSTREAM_FAIL_LOCAL;
   int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED && !local;
   c->up = NULL;
+  if (res->tls_handshake != 0 || res->tls_fail != 0)
+    om__proxy_tls_done(c->s, c->peer, res, now);
   if (local) {
     /* the process's trouble, not the peer's: it may be picked again */
     om__proxy_local_error(c->p, c->s->name, res->os_err, res->detail, now);
@@ -634,6 +636,8 @@ static void start_attempt(om__proxy_call_t *c) {
       c->replayable && om__proxy_request_allows(c, 0, OM_RETRY_ERR_RESET,
                                                 OM_RETRY_PHASE_POST_SEND);
   ur.upgrade = c->upgrade[0] != '\0' ? c->upgrade : NULL;
+  if (peer->target.tls)
+    om__proxy_tls_request(c->s, &ur);
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];

@@ -79,6 +79,7 @@ typedef struct om__proxy_peer_s {
   int sampled;               /* the P2C estimate has a real sample */
   uint64_t penalty_until_ns; /* end of the latest Retry-After window */
   uint64_t attempts, failures;
+  const char *tls_error; /* the latest TLS handshake failure (static) */
 } om__proxy_peer_t;
 
 /* The peers of one snapshot revision, immutable once built. */
@@ -174,6 +175,7 @@ struct om__proxy_service_s {
   uint64_t trip_window_ns, shed_until_ns, shed_cooldown_ns;
   uint32_t trips_in_window;
   om_metric_t *m_policy_trips, *m_policy_sheds, *m_policy_shed_refused;
+  struct om__proxy_tls_s *tls; /* om_proxy_tls.c; NULL until the policy */
 };
 
 struct om_proxy_s {
@@ -205,6 +207,10 @@ struct om_proxy_s {
   size_t replay_held;
   uint64_t replay_refused;
   om__proxy_log_limit_t local_log; /* proxy_local_resources lines */
+  /* TLS to upstreams (om_proxy_tls.c): the context of --upstream-* (the
+   * pool's default) and the proxy's copies of those file names */
+  om_tls_ctx_t *tls_default;
+  char *upstream_ca, *upstream_cert, *upstream_key;
 };
 
 /*
@@ -498,5 +504,42 @@ void om__proxy_shed_outcome(om__proxy_service_t *s, int rc, int ran,
 typedef struct json_t json_t;
 void om__proxy_isolation_status(const om__proxy_service_t *s, json_t *o,
                                 uint64_t now);
+
+/* ------------------------------------------------------------------ */
+/* om_proxy_tls.c: TLS to a service's https:// peers */
+
+typedef struct om__proxy_tls_s om__proxy_tls_t;
+
+/* A policy version's tls settings, built and waiting for the swap. */
+typedef struct {
+  void *cfg; /* the new settings and context; NULL: nothing staged */
+  int keep;  /* the same as the current ones: nothing changes */
+} om__proxy_tls_staged_t;
+
+/* Build the proxy's client context from opts.upstream_* (errors name the
+ * flag and the file) and make it the pool's default. */
+int om__proxy_tls_init(om_proxy_t *p, char *err, size_t errlen);
+void om__proxy_tls_fini(om_proxy_t *p);
+void om__proxy_tls_service_free(om__proxy_service_t *s);
+/* Read next's tls table and build its context unless it says what the
+ * current one says. 0 with *staged; else the version is to be refused
+ * (logged, kept for /status, nothing changed). */
+int om__proxy_tls_prepare(om__proxy_service_t *s, om_policy_t *next,
+                          om__proxy_tls_staged_t *staged);
+/* The swap went through: the staged settings become the service's. */
+void om__proxy_tls_commit(om__proxy_service_t *s,
+                          om__proxy_tls_staged_t *staged);
+/* The swap failed: free what was staged. */
+void om__proxy_tls_discard(om__proxy_tls_staged_t *staged);
+/* The service's context and server name on an upstream request. */
+void om__proxy_tls_request(const om__proxy_service_t *s,
+                           om_upstream_request_t *ur);
+/* Register openmesh_proxy_tls_handshakes_total for s. */
+void om__proxy_tls_metrics(om_proxy_t *p, om__proxy_service_t *s);
+/* An attempt ended: count its handshake, note and log a failure. */
+void om__proxy_tls_done(om__proxy_service_t *s, om__proxy_peer_t *peer,
+                        const om_upstream_result_t *res, uint64_t now);
+/* The service's "tls" object in /status. */
+void om__proxy_tls_status(const om__proxy_service_t *s, json_t *o);
 
 #endif /* OM_PROXY_INTERNAL_H */

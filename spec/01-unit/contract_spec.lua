@@ -198,6 +198,20 @@ describe("contract.validate", function()
         "field 'body_idle_timeout_ms': number > 0 expected, got 0")
     end)
 
+    it("checks the tls settings of https:// peers", function()
+      accepts(traffic { tls = {} })
+      accepts(traffic { tls = { ca_file = "ca.pem", server_name = "api.internal", verify = false,
+        cert_file = "c.pem", key_file = "c.key" } })
+      rejects(traffic { tls = "on" }, "field 'tls': table expected, got 'on'")
+      rejects(traffic { tls = { ca = "ca.pem" } }, "unknown field 'tls.ca'")
+      rejects(traffic { tls = { ca_file = "" } }, "field 'tls.ca_file': non-empty string expected, got ''")
+      rejects(traffic { tls = { verify = "yes" } }, "field 'tls.verify': boolean expected, got 'yes'")
+      rejects(traffic { tls = { server_name = 7 } },
+        "field 'tls.server_name': must be a host name of 1..253 bytes, got 7")
+      rejects(traffic { tls = { cert_file = "c.pem" } }, "field 'tls.key_file': required with cert_file")
+      rejects(traffic { tls = { key_file = "c.key" } }, "field 'tls.cert_file': required with key_file")
+    end)
+
     it("checks budget_ms: positive, at most 50", function()
       accepts(traffic { budget_ms = 0.5 })
       accepts(traffic { budget_ms = 50 })

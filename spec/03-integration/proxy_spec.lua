@@ -141,10 +141,10 @@ describe("openmesh proxy, the real binary", function()
     assert.equal(2, rc)
     assert.matches("--listen", out, 1, true)
     H.writefile(dir .. "/bad.json",
-      '{"services": {"orders": {"instances": [{"id": "a", "url": "https://127.0.0.1:1"}]}}}')
+      '{"services": {"orders": {"instances": [{"id": "a", "url": "http://127.0.0.1:1/?q"}]}}}')
     out, rc = H.sh(bin .. " proxy --static " .. H.q(dir .. "/bad.json") .. " 2>&1")
     assert.equal(2, rc)
-    assert.matches("services.orders.instances[0].url: https", out, 1, true)
+    assert.matches("services.orders.instances[0].url: a peer URL takes no query", out, 1, true)
     out, rc = H.sh(bin .. " proxy --static " .. H.q(dir .. "/static.json") ..
       " --service-policy nobody=" .. H.q(dir .. "/traffic.lua") .. " 2>&1")
     assert.equal(2, rc)

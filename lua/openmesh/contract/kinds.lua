@@ -348,6 +348,30 @@ local KIND_SPECS = {
     -- Wall clock one call of subset/key may hold the proxy's loop (default
     -- 1 ms; bindings/om_policy.h OM_POLICY_MAX_BUDGET_MS is the ceiling).
     { "budget_ms", number_within(0, 50) },
+    -- TLS to this service's https:// peers (docs/PROXY.md "TLS to
+    -- upstreams"): the proxy reads the files when the version loads, and a
+    -- file that does not load rejects the version. A missing field falls
+    -- back to the proxy's --upstream-ca / --upstream-cert / --upstream-key.
+    { "tls", record({
+      { "ca_file", nonempty },
+      { "server_name", function(v, path)
+        if type(v) ~= "string" or v == "" or #v > 253 then
+          return field_error(path, ("must be a host name of 1..253 bytes, got %s"):format(show(v)))
+        end
+      end },
+      { "verify", boolean },
+      { "cert_file", nonempty },
+      { "key_file", nonempty },
+    }, function(v, path)
+      local cert, key = rawget(v, "cert_file"), rawget(v, "key_file")
+      if (cert == nil) ~= (key == nil) then
+        local missing, given = "key_file", "cert_file"
+        if cert == nil then
+          missing, given = "cert_file", "key_file"
+        end
+        return field_error(join(path, missing), ("required with %s"):format(given))
+      end
+    end) },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
