@@ -1,6 +1,8 @@
 -- TLS on the listeners, with the real binaries: `openmesh control` over
 -- HTTPS answered by curl --cacert; `openmesh proxy` with client
--- certificates routing by req.identity to real upstreams; certificate
+-- certificates routing by req.identity to real upstreams; two proxies
+-- with mutual TLS between them (the caller's --upstream-cert is the
+-- callee's req.identity); certificate
 -- auth on the control plane (san: lines); bad files refused at start with
 -- exit 2; reload that keeps the last good certificate. Certificates are
 -- made for the run by tests/fixtures/tls_certs.sh.
@@ -255,6 +257,54 @@ s.serve_forever()
       assert.equal(1, tls.generation)
       assert.is_true(tls.handshakes.error >= 2)
       assert.is_true(tls.handshakes.ok >= 6)
+    end)
+  end)
+
+  describe("two proxies: service-to-service mutual TLS", function()
+    local callee
+
+    setup(function()
+      local a, b = upstream("A2"), upstream("B2")
+      H.writefile(dir .. "/callee.json", cjson.encode { services = { web = { revision = 1, instances = {
+        { id = "a1", url = "http://127.0.0.1:" .. a, metadata = { group = "a" } },
+        { id = "b1", url = "http://127.0.0.1:" .. b, metadata = { group = "b" } },
+      } } } })
+      callee = start("proxy", "proxy_listening",
+        "--admin 127.0.0.1:0 --static " .. q(dir .. "/callee.json") ..
+        " --policy examples/policies/identity_route.lua" ..
+        " --tls-cert " .. q(certs .. "/server.pem") .. " --tls-key " .. q(certs .. "/server.key") ..
+        " --tls-client-ca " .. q(certs .. "/ca.pem"))
+      H.writefile(dir .. "/caller.json", cjson.encode { services = { web = { revision = 1, instances = {
+        { id = "callee", url = "https://127.0.0.1:" .. callee.port },
+      } } } })
+    end)
+
+    -- The caller's sidecar: plaintext for its application, TLS with the
+    -- given client certificate (or none) to the callee's proxy.
+    local function caller(name, cert)
+      local args = "--static " .. q(dir .. "/caller.json") .. " --upstream-ca " .. q(certs .. "/ca.pem")
+      if cert then
+        args = args .. " --upstream-cert " .. q(certs .. "/" .. cert .. ".pem") ..
+          " --upstream-key " .. q(certs .. "/" .. cert .. ".key")
+      end
+      return H.start_proxy(dir, name, args)
+    end
+
+    it("routes by the identity the calling proxy presents", function()
+      local pa, pb, pn = caller("caller-a", "client-a"), caller("caller-b", "client-b"), caller("caller-none")
+      for _ = 1, 3 do
+        local status, body = H.request(dir, "GET", pa.url .. "/", { headers = { "Host: web" } })
+        assert.equal(200, status)
+        assert.equal("A2", body)
+        status, body = H.request(dir, "GET", pb.url .. "/", { headers = { "Host: web" } })
+        assert.equal(200, status)
+        assert.equal("B2", body)
+      end
+      -- no client certificate: the callee refuses the handshake, the caller
+      -- answers with its own error and nothing reaches an upstream
+      local status, body = H.request(dir, "GET", pn.url .. "/", { headers = { "Host: web" } })
+      assert.is_true(status >= 500, status .. " " .. body)
+      assert.matches('"reason":"upstream"', body, 1, true)
     end)
   end)
 
