@@ -33,7 +33,7 @@
 
 typedef struct {
   uv_loop_t loop;
-  uv_signal_t sig_int, sig_term;
+  uv_signal_t sig_int, sig_term, sig_hup; /* hup: --tls-* reload */
   om_store_t *store;
   om_control_t *ctl;
   om_proxy_t *proxy;
@@ -73,6 +73,7 @@ static void on_control_closed(void *ud) {
   om_store_close(up->store, on_store_closed, up);
   uv_close((uv_handle_t *)&up->sig_int, NULL);
   uv_close((uv_handle_t *)&up->sig_term, NULL);
+  uv_close((uv_handle_t *)&up->sig_hup, NULL);
 }
 
 static void on_proxy_closed(void *ud) {
@@ -160,6 +161,14 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
     return OM_EXIT_FAILURE;
   }
   return OM_EXIT_OK;
+}
+
+/* SIGHUP (only with --tls-cert): reload the listener's files. */
+static void on_hup(uv_signal_t *h, int signum) {
+  up_t *up = h->data;
+  (void)signum;
+  if (up->tls != NULL && !up->stopping)
+    (void)om_http_tls_reload(up->tls, NULL, 0); /* logged and counted */
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -382,10 +391,13 @@ int om_cmd_up(int argc, char **argv) {
   }
   uv_signal_init(&up->loop, &up->sig_int);
   uv_signal_init(&up->loop, &up->sig_term);
-  up->sig_int.data = up->sig_term.data = up;
+  uv_signal_init(&up->loop, &up->sig_hup);
+  up->sig_int.data = up->sig_term.data = up->sig_hup.data = up;
   if (rc == OM_EXIT_OK) {
     uv_signal_start(&up->sig_int, on_signal, SIGINT);
     uv_signal_start(&up->sig_term, on_signal, SIGTERM);
+    if (up->tls != NULL)
+      uv_signal_start(&up->sig_hup, on_hup, SIGHUP);
     tour(up, host, om_control_port(up->ctl));
   } else if (up->ctl != NULL) {
     stop(up);
@@ -395,6 +407,7 @@ int om_cmd_up(int argc, char **argv) {
     om_store_close(up->store, on_store_closed, up);
     uv_close((uv_handle_t *)&up->sig_int, NULL);
     uv_close((uv_handle_t *)&up->sig_term, NULL);
+    uv_close((uv_handle_t *)&up->sig_hup, NULL);
   }
   uv_run(&up->loop, UV_RUN_DEFAULT);
 done:
