@@ -165,7 +165,7 @@ typedef struct {
   int fd;
   om_tls_t *e;
   om_tls_ctx_t *ctx;
-  int eof, failed;
+  int eof, failed, notified; /* notified: the server's close_notify came */
   size_t dribble; /* >0: send the ciphertext this many bytes at a time */
   char in[1u << 16];
   size_t in_len;
@@ -254,7 +254,7 @@ static void cli_step(fx_t *fx, cli_t *c, int ms) {
       continue;
     }
     if (rc == OM_TLS_CLOSED)
-      c->eof = 1;
+      c->eof = c->notified = 1;
     else if (rc < 0)
       c->failed = 1;
     break;
@@ -314,6 +314,25 @@ static void keep_alive_requests_see_the_client_identity(void **state) {
   OM_ASSERT_CMP(fx.requests, ==, 2);
   OM_ASSERT_CMP(fx.was_tls, ==, 1);
   OM_ASSERT_CMP(om_http_tls_stats(fx.tls)->handshakes[OM_HTTP_TLS_OK], ==, 1);
+  cli_free(&c);
+  fx_stop(&fx);
+}
+
+/* Connection: close: the answer, then close_notify before the FIN. */
+static void a_graceful_close_sends_close_notify(void **state) {
+  fx_t fx;
+  cli_t c;
+  uint64_t t0;
+  (void)state;
+  fx_start(&fx, NULL, 2000);
+  cli_new(&c, fx.port, NULL);
+  assert_int_equal(cli_handshake(&fx, &c), 0);
+  cli_send(&fx, &c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  t0 = uv_hrtime();
+  while (!c.eof && uv_hrtime() - t0 < 2000000000u)
+    cli_step(&fx, &c, 5);
+  assert_non_null(memmem(c.in, c.in_len, "HTTP/1.1 200", 12));
+  OM_ASSERT_CMP(c.notified, ==, 1);
   cli_free(&c);
   fx_stop(&fx);
 }
@@ -488,6 +507,7 @@ static void reload_keeps_the_last_good_files(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(keep_alive_requests_see_the_client_identity),
+      cmocka_unit_test(a_graceful_close_sends_close_notify),
       cmocka_unit_test(a_missing_client_certificate_fails_the_handshake),
       cmocka_unit_test(ciphertext_dribbled_a_byte_at_a_time),
       cmocka_unit_test(pipelined_records_wait_inside_the_engine),
