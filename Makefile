@@ -77,6 +77,7 @@ bench: deps deps-bench
 	bash bench/stream_bench.sh $(BENCH_BUILD)/bin/openmesh
 	/usr/bin/python3 bench/failover_bench.py $(BENCH_BUILD)/bin/openmesh
 	bash bench/names_bench.sh $(BENCH_BUILD)/bin/openmesh
+	bash bench/handshake_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/tls_bench.sh $(BENCH_BUILD)/bin/openmesh
 
 # The HTTP/1.1 framing module against http-parser on many generated

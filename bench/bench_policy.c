@@ -60,7 +60,8 @@ static void bench_traffic_call(void) {
       {"x-user", 6, "user-1234", 9},
       {"x-request-id", 12, "5f0c2a8e-1", 10},
   };
-  om_policy_req_t req = {"orders", "GET", "/v1/orders/42", headers, 5, NULL, 0};
+  om_policy_req_t req = {"orders", "GET", "/v1/orders/42", headers, 5, NULL,
+                         0,        NULL};
   uint32_t out[16];
   size_t n;
   char err[256];
@@ -126,7 +127,7 @@ static void bench_hostile(const char *name, double budget_ms,
   for (size_t i = 0; i < sizeof tags - 1; i++)
     tags[i] = (char)('a' + i % 26);
   h[0] = (om_policy_kv_t){"x-tags", 6, tags, sizeof tags - 1};
-  req = (om_policy_req_t){"svc", "GET", "/", h, 1, NULL, 0};
+  req = (om_policy_req_t){"svc", "GET", "/", h, 1, NULL, 0, NULL};
   if (om_policy_set_peers(p, &peer, 1) != 0)
     exit(1);
   for (int r = 0; r < 31; r++) {

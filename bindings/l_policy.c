@@ -293,6 +293,54 @@ static const char *opt_string_field(lua_State *L, int idx, const char *f,
   return s;
 }
 
+/* An array of strings field of the table at idx (Lua-owned strings, the
+ * array in a userdata kept alive by anchors). */
+static size_t read_strings(lua_State *L, int idx, const char *field,
+                           const char *const **out, int anchors) {
+  size_t n;
+  const char **v;
+  idx = lua_absindex(L, idx);
+  *out = NULL;
+  if (lua_getfield(L, idx, field) == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "field 'identity.%s': array of strings expected", field);
+  n = lua_rawlen(L, -1);
+  v = lua_newuserdatauv(L, (n ? n : 1) * sizeof *v, 0);
+  lua_rawseti(L, anchors, (lua_Integer)lua_rawlen(L, anchors) + 1);
+  for (size_t i = 0; i < n; i++) {
+    if (lua_rawgeti(L, -1, (lua_Integer)i + 1) != LUA_TSTRING)
+      luaL_error(L, "field 'identity.%s': array of strings expected", field);
+    v[i] = lua_tostring(L, -1); /* alive in the caller's table */
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  *out = v;
+  return n;
+}
+
+/* req.identity, when the table has one: into a userdata kept by anchors. */
+static const om_policy_identity_t *read_identity(lua_State *L, int idx,
+                                                 int anchors) {
+  om_policy_identity_t *id;
+  if (lua_getfield(L, idx, "identity") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "field 'identity': table expected, got %s",
+               luaL_typename(L, -1));
+  id = lua_newuserdatauv(L, sizeof *id, 0);
+  lua_rawseti(L, anchors, (lua_Integer)lua_rawlen(L, anchors) + 1);
+  id->subject = opt_string_field(L, -1, "subject", "");
+  id->n_uris = read_strings(L, -1, "uris", &id->uris, anchors);
+  id->n_dns = read_strings(L, -1, "dns", &id->dns, anchors);
+  lua_pop(L, 1);
+  return id;
+}
+
 static void read_req(lua_State *L, int idx, om_policy_req_t *req, int anchors) {
   om_policy_kv_t *h, *m;
   luaL_checktype(L, idx, LUA_TTABLE);
@@ -303,6 +351,7 @@ static void read_req(lua_State *L, int idx, om_policy_req_t *req, int anchors) {
   req->headers = h;
   req->n_metadata = read_kv(L, idx, "metadata", &m, anchors);
   req->metadata = m;
+  req->identity = read_identity(L, idx, anchors);
 }
 
 /* The peers and key of one route call; arrays live in Lua userdata. */

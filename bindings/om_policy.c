@@ -599,6 +599,32 @@ nomem:
   return OM_ENOMEM;
 }
 
+/* req.identity: { subject, uris, dns, spiffe } or nothing pushed. */
+static void push_identity(lua_State *L, const om_policy_identity_t *id) {
+  const char *spiffe = NULL;
+  lua_createtable(L, 0, 4); /* [.., identity] */
+  lua_pushstring(L, id->subject != NULL ? id->subject : "");
+  lua_setfield(L, -2, "subject");
+  lua_createtable(L, (int)id->n_uris, 0);
+  for (size_t i = 0; i < id->n_uris; i++) {
+    lua_pushstring(L, id->uris[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+    if (spiffe == NULL && strncmp(id->uris[i], "spiffe://", 9) == 0)
+      spiffe = id->uris[i];
+  }
+  lua_setfield(L, -2, "uris");
+  lua_createtable(L, (int)id->n_dns, 0);
+  for (size_t i = 0; i < id->n_dns; i++) {
+    lua_pushstring(L, id->dns[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  lua_setfield(L, -2, "dns");
+  if (spiffe != NULL) {
+    lua_pushstring(L, spiffe);
+    lua_setfield(L, -2, "spiffe");
+  }
+}
+
 /* key(req) then subset(req, peers): returns key, result. Runs protected. */
 const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
                                            const char *name) {
@@ -657,6 +683,10 @@ static int call_route(lua_State *L) {
   else
     push_kv_table(L, req->metadata, req->n_metadata);
   lua_setfield(L, 1, "metadata");
+  if (req->identity != NULL) {
+    push_identity(L, req->identity);
+    lua_setfield(L, 1, "identity");
+  }
 call:
   if (p->has_key) {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);

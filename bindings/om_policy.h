@@ -42,6 +42,20 @@ typedef struct om_policy_kv_s {
   size_t value_len;
 } om_policy_kv_t;
 
+/*
+ * The verified client certificate of a caller, as the policy sees it
+ * (req.identity): the subject (RFC 2253 text), the URI and the DNS SANs.
+ * The policy also gets `spiffe`, the first URI SAN that starts with
+ * "spiffe://". Strings are NUL-terminated and the caller's.
+ */
+typedef struct om_policy_identity_s {
+  const char *subject;
+  const char *const *uris;
+  size_t n_uris;
+  const char *const *dns;
+  size_t n_dns;
+} om_policy_identity_t;
+
 /* What a traffic policy sees of a request. Strings are NUL-terminated. */
 typedef struct om_policy_req_s {
   const char *service;
@@ -51,6 +65,10 @@ typedef struct om_policy_req_s {
   size_t n_headers;
   const om_policy_kv_t *metadata;
   size_t n_metadata;
+  /* NULL for a plaintext or anonymous caller (req.identity is nil); a
+   * policy that declares vary never sees it (its decisions are shared
+   * between callers) */
+  const om_policy_identity_t *identity;
 } om_policy_req_t;
 
 /* What a traffic policy sees of a peer. zone may be NULL. */

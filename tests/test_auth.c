@@ -76,9 +76,52 @@ static void bad_files_name_the_line(void **state) {
                    OM_ENOTFOUND);
 }
 
+static void san_lines_grant_roles_to_certificates(void **state) {
+  (void)state;
+  char err[256];
+  om_auth_t *a = NULL;
+  const char *deployer[] = {"spiffe://mesh/ns/ops/sa/deployer",
+                            "deployer.ops.mesh"};
+  const char *reader[] = {"spiffe://mesh/ns/a/sa/x"};
+  const char *stranger[] = {"spiffe://mesh/ns/b/sa/y", "b.mesh"};
+  write_tokens("tok read\nsan:spiffe://mesh/ns/ops/sa/deployer admin\n"
+               "san:spiffe://mesh/ns/a/sa/x read\n"
+               "san:reader.mesh read\nsan:b.mesh register\n");
+  assert_int_equal(om_auth_load(path, &a, err, sizeof err), 0);
+  OM_ASSERT_CMP(om_auth_count(a), ==, 5);
+  OM_ASSERT_CMP(om_auth_san_count(a), ==, 4);
+  OM_ASSERT_CMP(om_auth_check_sans(a, deployer, 2, OM_ROLE_ADMIN), ==,
+                OM_AUTH_OK);
+  OM_ASSERT_CMP(om_auth_check_sans(a, reader, 1, OM_ROLE_READ), ==, OM_AUTH_OK);
+  OM_ASSERT_CMP(om_auth_check_sans(a, reader, 1, OM_ROLE_REGISTER), ==,
+                OM_AUTH_FORBIDDEN);
+  /* a DNS SAN matches too; a URI that is not listed does not */
+  OM_ASSERT_CMP(om_auth_check_sans(a, stranger, 2, OM_ROLE_REGISTER), ==,
+                OM_AUTH_OK);
+  OM_ASSERT_CMP(om_auth_check_sans(a, stranger, 1, OM_ROLE_READ), ==,
+                OM_AUTH_MISSING);
+  OM_ASSERT_CMP(om_auth_check_sans(a, NULL, 0, OM_ROLE_READ), ==,
+                OM_AUTH_MISSING);
+  /* a SAN name is never a bearer token */
+  OM_ASSERT_CMP(check(a, "Bearer san:reader.mesh", OM_ROLE_READ), ==,
+                OM_AUTH_INVALID);
+  OM_ASSERT_CMP(check(a, "Bearer tok", OM_ROLE_READ), ==, OM_AUTH_OK);
+  om_auth_free(a);
+  /* a file of SAN lines only is a valid file; an empty name is not */
+  write_tokens("san:b.mesh read\n");
+  assert_int_equal(om_auth_load(path, &a, err, sizeof err), 0);
+  om_auth_free(a);
+  a = NULL;
+  write_tokens("san: read\n");
+  assert_int_equal(om_auth_load(path, &a, err, sizeof err), OM_EPARSE);
+  if (strstr(err, ":1: 'san:' needs a name") == NULL)
+    fail_msg("'%s' lacks the reason", err);
+  unlink(path);
+}
+
 static void load_survives_allocation_failures(void **state) {
   (void)state;
-  write_tokens("a read\nb register\nc admin\n");
+  write_tokens("a read\nb register\nsan:x.mesh read\nc admin\n");
   for (long n = 0;; n++) {
     char err[256];
     om_auth_t *a = NULL;
@@ -86,7 +129,7 @@ static void load_survives_allocation_failures(void **state) {
     int rc = om_auth_load(path, &a, err, sizeof err);
     om_test_alloc_reset();
     if (rc == 0) {
-      assert_int_equal(om_auth_count(a), 3);
+      assert_int_equal(om_auth_count(a), 4);
       om_auth_free(a);
       break;
     }
@@ -99,6 +142,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(roles_are_enforced),
       cmocka_unit_test(bad_files_name_the_line),
+      cmocka_unit_test(san_lines_grant_roles_to_certificates),
       cmocka_unit_test(load_survives_allocation_failures),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

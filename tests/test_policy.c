@@ -139,7 +139,7 @@ static void route_returns_subset_indices(void **state) {
   };
   const om_policy_kv_t hdr[] = {{"x-canary", 8, "1", 1},
                                 {"x-user", 6, "u-42", 4}};
-  om_policy_req_t req = {"svc", "GET", "/", hdr, 2, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", hdr, 2, NULL, 0, NULL};
   uint32_t out[3];
   size_t n = 99, klen = 0;
   const char *key = NULL;
@@ -183,7 +183,7 @@ static void route_never_widens(void **state) {
   char err[512];
   assert_int_equal(om_policy_set_peers(p, peers, 3), 0);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    om_policy_req_t req = {"svc", "GET", cases[i].path, NULL, 0, NULL, 0};
+    om_policy_req_t req = {"svc", "GET", cases[i].path, NULL, 0, NULL, 0, NULL};
     size_t n = 77;
     int rc = om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err);
     if (rc != OM_EPOLICY || n != 77 || strstr(err, cases[i].want) == NULL)
@@ -191,7 +191,7 @@ static void route_never_widens(void **state) {
                cases[i].want);
   }
   /* ... and the same state still routes afterwards */
-  om_policy_req_t ok = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  om_policy_req_t ok = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
   size_t n = 0;
   assert_int_equal(
       om_policy_route(p, &ok, out, &n, NULL, NULL, err, sizeof err), 0);
@@ -211,7 +211,7 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
   uint32_t out[1];
   size_t n = 0;
   char err[512];
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
   (void)state;
   for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
     snprintf(
@@ -275,7 +275,7 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
                                          {"t", "capture.lua:7: os.time"}};
     for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
       om_policy_kv_t h = {"x-a", 3, how[i][0], 1};
-      om_policy_req_t hreq = {"svc", "GET", "/", &h, 1, NULL, 0};
+      om_policy_req_t hreq = {"svc", "GET", "/", &h, 1, NULL, 0, NULL};
       assert_int_equal(
           om_policy_route(p, &hreq, out, &n, NULL, NULL, err, sizeof err),
           OM_EPOLICY);
@@ -324,7 +324,7 @@ static void select_metadata_fast_path_agrees(void **state) {
       {"c", NULL, NULL, 1, NULL, 0}, {"d", NULL, NULL, 1, v2x, 1},
       {"e", NULL, NULL, 1, v2, 1},
   };
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
   uint32_t out[5];
   size_t n = 0;
   char err[512];
@@ -342,7 +342,7 @@ static void key_must_be_a_string(void **state) {
   om_policy_t *p = load_ok("key.lua", "return {kind = 'traffic', "
                                       "key = function() return 42 end, "
                                       "subset = function(r, p) return p end}");
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
   char err[512];
   size_t n;
   assert_int_equal(

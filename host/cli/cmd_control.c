@@ -15,6 +15,7 @@
 
 #include "om_auth.h"
 #include "om_cli.h"
+#include "om_cli_tls.h"
 #include "om_cli_util.h"
 #include "om_control.h"
 #include "om_errno.h"
@@ -32,7 +33,9 @@ static void usage(FILE *out) {
       "                        [--tokens FILE] [--insecure]\n"
       "                        [--ping-interval DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
-      "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n\n"
+      "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n"
+      "                        [--tls-cert FILE --tls-key FILE]\n"
+      "                        [--tls-client-ca FILE]\n\n"
       "The control plane: leased registry, revisioned discovery, SSE "
       "watches,\nvalidated configuration (docs/CONTROL.md).\n\n"
       "  --listen HOST:PORT        IP literal and port (default "
@@ -60,7 +63,11 @@ static void usage(FILE *out) {
       "high-water mark)\n"
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
-      "  --log-level LEVEL         debug, info (default), warn, error\n\n"
+      "  --log-level LEVEL         debug, info (default), warn, "
+      "error\n" OM_CLI_TLS_HELP_28
+      "                            (with --tokens, a client certificate is\n"
+      "                            optional and its SANs may hold roles:\n"
+      "                            'san:NAME ROLES' lines)\n\n"
       "DURATION: 500ms, 15s, 2m, 1h. SIZE: "
       "bytes, or\nwith K/KiB, M/MiB, G/GiB (powers of 1024).\n"
       "Signals: SIGTERM/SIGINT end watch streams cleanly and exit 0; "
@@ -117,6 +124,7 @@ typedef struct app_s {
   om_store_t *store;
   om_control_t *ctl;
   const char *tokens;
+  om_http_tls_t *tls;
   int stopping;
 } app_t;
 
@@ -127,6 +135,8 @@ static void on_store_closed(void *ud) {
 static void on_control_closed(void *ud) {
   app_t *app = ud;
   app->ctl = NULL;
+  om_http_tls_close(app->tls);
+  app->tls = NULL;
   om_store_close(app->store, on_store_closed, app);
   om_cli_signals_close(&app->sigs);
 }
@@ -146,6 +156,8 @@ static void on_hup(uv_signal_t *h, int signum) {
   (void)signum;
   if (app->ctl == NULL)
     return;
+  if (app->tls != NULL)
+    (void)om_http_tls_reload(app->tls, NULL, 0); /* logged and counted */
   if (app->tokens == NULL) {
     om_log(OM_LOG_INFO, "auth_reload_skipped", "reason",
            "started without --tokens", NULL);
@@ -168,8 +180,10 @@ int om_cmd_control(int argc, char **argv) {
       {"cors-origin", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
+      OM_CLI_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7600", *store = "memory", *tokens = NULL;
+  om_cli_tls_t tls = {0};
   const char *prefix = NULL;
   uint64_t store_wait_ms = 10000;
   om_store_redis_opts_t ro;
@@ -231,11 +245,15 @@ int om_cmd_control(int argc, char **argv) {
       co.cors_origin = optarg;
       break;
     default:
+      if (om_cli_tls_option(&tls, c, optarg))
+        break;
       if ((rc = om_cli_common_option("control", c, optarg, usage)) >= 0)
         return rc;
     }
   }
   if ((rc = om_cli_no_operands("control", argc, argv)) != OM_EXIT_OK)
+    return rc;
+  if ((rc = om_cli_tls_check("control", &tls)) != OM_EXIT_OK)
     return rc;
   if ((rc = om_cli_store_arg("control", store, &use_redis)) != OM_EXIT_OK)
     return rc;
@@ -244,11 +262,13 @@ int om_cmd_control(int argc, char **argv) {
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
                       listen);
-  if (tokens == NULL && !insecure && !is_loopback(host)) {
+  /* a required client certificate is authentication too */
+  if (tokens == NULL && !insecure && tls.client_ca == NULL &&
+      !is_loopback(host)) {
     fprintf(stderr,
             "openmesh control: refusing to listen on %s without "
-            "authentication: give --tokens FILE, or --insecure to accept "
-            "anyone who can reach the port\n",
+            "authentication: give --tokens FILE (or --tls-client-ca FILE), "
+            "or --insecure to accept anyone who can reach the port\n",
             host);
     return OM_EXIT_USAGE;
   }
@@ -270,6 +290,16 @@ int om_cmd_control(int argc, char **argv) {
     free(app);
     return OM_EXIT_FAILURE;
   }
+  /* with tokens, a certificate is one way in among others */
+  if (om_cli_tls_load("control", &app->loop, &tls, tokens != NULL, &app->tls) !=
+      OM_EXIT_OK) {
+    om_auth_free(auth);
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&app->loop);
+    free(app);
+    return OM_EXIT_USAGE;
+  }
+  co.http.tls = app->tls;
   if (use_redis) {
     ro.url = store;
     ro.prefix = prefix;
@@ -281,6 +311,8 @@ int om_cmd_control(int argc, char **argv) {
               "characters of [A-Za-z0-9:._{}-]\n",
               prefix != NULL ? prefix : "");
       om_auth_free(auth);
+      om_http_tls_close(app->tls);
+      uv_run(&app->loop, UV_RUN_DEFAULT);
       uv_loop_close(&app->loop);
       free(app);
       return OM_EXIT_USAGE;
@@ -295,6 +327,7 @@ int om_cmd_control(int argc, char **argv) {
               "%" PRIu64 " ms\n",
               store, store_wait_ms);
       om_auth_free(auth);
+      om_http_tls_close(app->tls);
       om_store_close(app->store, NULL, NULL);
       uv_run(&app->loop, UV_RUN_DEFAULT);
       uv_loop_close(&app->loop);
@@ -314,6 +347,7 @@ int om_cmd_control(int argc, char **argv) {
               "header value\n",
               co.cors_origin != NULL ? co.cors_origin : "");
       om_auth_free(auth);
+      om_http_tls_close(app->tls);
       om_store_close(app->store, NULL, NULL);
       uv_run(&app->loop, UV_RUN_DEFAULT);
       uv_loop_close(&app->loop);
@@ -324,6 +358,7 @@ int om_cmd_control(int argc, char **argv) {
   if (rc != 0) {
     fprintf(stderr, "openmesh control: cannot start: %s\n", om_strerror(rc));
     om_auth_free(auth);
+    om_http_tls_close(app->tls);
     if (app->store != NULL)
       om_store_close(app->store, NULL, NULL);
     uv_run(&app->loop, UV_RUN_DEFAULT);
@@ -335,8 +370,8 @@ int om_cmd_control(int argc, char **argv) {
   if (rc == 0) {
     port = om_control_port(app->ctl);
     snprintf(url, sizeof url,
-             strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
-             host, port);
+             strchr(host, ':') != NULL ? "%s://[%s]:%d" : "%s://%s:%d",
+             app->tls != NULL ? "https" : "http", host, port);
     om_log(OM_LOG_INFO, "control_listening", "url", url, "store",
            om_store_name(app->store), "auth", auth != NULL ? "bearer" : "off",
            NULL);
@@ -345,6 +380,7 @@ int om_cmd_control(int argc, char **argv) {
     fprintf(stderr, "openmesh control: cannot listen on %s: %s\n", listen,
             om_strerror(rc));
     om_control_close(app->ctl, NULL, NULL);
+    om_http_tls_close(app->tls);
     uv_run(&app->loop, UV_RUN_DEFAULT);
     om_store_close(app->store, NULL, NULL);
   }

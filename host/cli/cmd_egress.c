@@ -17,6 +17,7 @@
 #include "om_cli_util.h"
 #include "om_egress.h"
 #include "om_errno.h"
+#include "om_cli_tls.h"
 #include "om_log.h"
 
 static void usage(FILE *out) {
@@ -26,7 +27,9 @@ static void usage(FILE *out) {
       "                       [--fallback FILE] [--heuristics FILE]\n"
       "                       [--channels FILE] [--errors FILE]\n"
       "                       [--drain-timeout DURATION] [--log-level "
-      "LEVEL]\n\n"
+      "LEVEL]\n"
+      "                       [--tls-cert FILE --tls-key FILE]\n"
+      "                       [--tls-client-ca FILE]\n\n"
       "The model-call gateway: classifies, retries and falls back across "
       "the\nroutes of the fallback policy (Layer A), delivers agent turns "
       "through\nchannel connectors (Layer B), degrades with a holding line "
@@ -46,7 +49,8 @@ static void usage(FILE *out) {
       "  --errors FILE            append one JSON line per EgressError\n"
       "  --drain-timeout DURATION in-flight responses on SIGTERM (default "
       "10s)\n"
-      "  --log-level LEVEL        debug, info (default), warn, error\n\n"
+      "  --log-level LEVEL        debug, info (default), warn, "
+      "error\n" OM_CLI_TLS_HELP_27 "\n"
       "Endpoints: POST /v1/chat/completions, POST /v1/turns, GET "
       "/v1/pending,\nGET /metrics, GET /status, GET /healthz.\n\n"
       "exit: 0 stopped by a signal, 1 runtime failure (cannot listen), 2 "
@@ -61,12 +65,15 @@ typedef struct app_s {
   uv_loop_t loop;
   om_cli_signals_t sigs;
   om_egress_t *g;
+  om_http_tls_t *tls;
   int stopping;
 } app_t;
 
 static void on_closed(void *ud) {
   app_t *app = ud;
   app->g = NULL;
+  om_http_tls_close(app->tls);
+  app->tls = NULL;
   om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "egress_stopped", NULL);
 }
@@ -87,6 +94,8 @@ static void on_hup(uv_signal_t *h, int signum) {
   (void)signum;
   if (app->g == NULL || app->stopping)
     return;
+  if (app->tls != NULL)
+    (void)om_http_tls_reload(app->tls, NULL, 0); /* logged and counted */
   snprintf(n, sizeof n, "%d", om_egress_reload_policies(app->g));
   om_log(OM_LOG_INFO, "egress_policies_reloaded", "rejected", n, NULL);
 }
@@ -115,7 +124,9 @@ int om_cmd_egress(int argc, char **argv) {
       {"drain-timeout", required_argument, NULL, 'd'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
+      OM_CLI_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
+  om_cli_tls_t tls = {0};
   const char *listen = "127.0.0.1:7700", *dir = NULL, *fallback = NULL;
   const char *heuristics = NULL;
   char fbuf[4096], hbuf[4096], host[64], url[96], err[2048];
@@ -153,11 +164,15 @@ int om_cmd_egress(int argc, char **argv) {
         drain_ms = 1;
       break;
     default:
+      if (om_cli_tls_option(&tls, c, optarg))
+        break;
       if ((rc = om_cli_common_option("egress", c, optarg, usage)) >= 0)
         return rc;
     }
   }
   if ((rc = om_cli_no_operands("egress", argc, argv)) != OM_EXIT_OK)
+    return rc;
+  if ((rc = om_cli_tls_check("egress", &tls)) != OM_EXIT_OK)
     return rc;
   if (om_parse_listen(listen, host, sizeof host, &port) != 0)
     return fail_usage("--listen: '%s' is not IP:PORT (IPv6 as [ADDR]:PORT)",
@@ -173,9 +188,17 @@ int om_cmd_egress(int argc, char **argv) {
     free(app);
     return OM_EXIT_FAILURE;
   }
+  if (om_cli_tls_load("egress", &app->loop, &tls, 0, &app->tls) != OM_EXIT_OK) {
+    uv_run(&app->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&app->loop);
+    free(app);
+    return OM_EXIT_USAGE;
+  }
+  o.server.tls = app->tls;
   rc = om_egress_new(&app->loop, &o, &app->g, err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "openmesh egress: %s\n", err);
+    om_http_tls_close(app->tls);
     uv_run(&app->loop, UV_RUN_DEFAULT);
     uv_loop_close(&app->loop);
     free(app);
@@ -191,8 +214,8 @@ int om_cmd_egress(int argc, char **argv) {
     return OM_EXIT_FAILURE;
   }
   snprintf(url, sizeof url,
-           strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d", host,
-           om_egress_port(app->g));
+           strchr(host, ':') != NULL ? "%s://[%s]:%d" : "%s://%s:%d",
+           app->tls != NULL ? "https" : "http", host, om_egress_port(app->g));
   om_log(OM_LOG_INFO, "egress_listening", "url", url, "fallback",
          o.fallback_path, "heuristics", o.heuristics_path, "channels",
          o.channels_path ? o.channels_path : "", "errors",

@@ -16,6 +16,7 @@
 
 #include "om_cli.h"
 #include "om_cli_control.h"
+#include "om_cli_tls.h"
 #include "om_cli_util.h"
 #include "om_errno.h"
 #include "om_log.h"
@@ -38,6 +39,8 @@ static void usage(FILE *out) {
       "                      [--circuit-failures N] [--circuit-cooldown "
       "DURATION]\n"
       "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n"
+      "                      [--tls-cert FILE --tls-key FILE]\n"
+      "                      [--tls-client-ca FILE]\n"
       "                      [--upstream-ca FILE]\n"
       "                      [--upstream-cert FILE --upstream-key FILE]\n\n"
       "The data plane: routes each call (service from Host) through the "
@@ -85,7 +88,13 @@ static void usage(FILE *out) {
       "                              peers (default: the system store)\n"
       "  --upstream-cert FILE        a client certificate (PEM) presented to\n"
       "                              https:// peers (mutual TLS), with\n"
-      "  --upstream-key FILE         its private key (PEM)\n\n"
+      "  --upstream-key FILE         its private key (PEM)\n"
+      "TLS on the --listen listener (the admin listener stays "
+      "plaintext):\n" OM_CLI_TLS_HELP_30
+      "                              (a caller without a certificate is\n"
+      "                              refused at the handshake; the verified\n"
+      "                              identity is the policy's "
+      "req.identity)\n\n"
       "DURATION: 500ms, 10s, 2m, 1h. SIZE: 1048576, 512KiB, 8MiB, 1GiB.\n"
       "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
       "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files and "
@@ -136,6 +145,7 @@ typedef struct app_s {
   om_curl_uv_t *curl; /* --control: the watches' transport */
   om_watch_t *watches[MAX_WATCHES];
   size_t n_watches, watches_open;
+  om_http_tls_t *tls; /* --tls-cert: the listener's */
   int stopping;
 } app_t;
 
@@ -208,6 +218,8 @@ static void close_watches(app_t *app) {
 static void on_proxy_closed(void *ud) {
   app_t *app = ud;
   app->proxy = NULL;
+  om_http_tls_close(app->tls);
+  app->tls = NULL;
   om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "proxy_stopped", NULL);
 }
@@ -230,6 +242,8 @@ static void on_hup(uv_signal_t *h, int signum) {
   (void)signum;
   if (app->proxy == NULL || app->stopping)
     return;
+  if (app->tls != NULL)
+    (void)om_http_tls_reload(app->tls, NULL, 0); /* logged and counted */
   failed = om_proxy_reload_policies(app->proxy);
   snprintf(n, sizeof n, "%d", failed);
   om_log(OM_LOG_INFO, "proxy_policies_reloaded", "rejected", n, NULL);
@@ -240,8 +254,12 @@ static void on_hup(uv_signal_t *h, int signum) {
 
 static void shutdown_loop(app_t *app) {
   close_watches(app);
-  if (app->proxy != NULL)
+  if (app->proxy != NULL) {
     om_proxy_close(app->proxy, on_proxy_closed, app);
+  } else {
+    om_http_tls_close(app->tls);
+    app->tls = NULL;
+  }
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
 }
@@ -266,8 +284,10 @@ int om_cmd_proxy(int argc, char **argv) {
       {"upstream-cert", required_argument, NULL, 1002},
       {"upstream-key", required_argument, NULL, 1003},
       {"help", no_argument, NULL, 'h'},
+      OM_CLI_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
+  om_cli_tls_t tls = {0};
   const char *policy = NULL, *static_file = NULL;
   om_cli_controls_t control = {.n = 0};
   char control_list[2048];
@@ -367,6 +387,8 @@ int om_cmd_proxy(int argc, char **argv) {
       o.upstream_key = optarg;
       break;
     default:
+      if (om_cli_tls_option(&tls, c, optarg))
+        break;
       if ((rc = om_cli_common_option("proxy", c, optarg, usage)) >= 0)
         return rc;
     }
@@ -374,6 +396,8 @@ int om_cmd_proxy(int argc, char **argv) {
   if ((rc = om_cli_no_operands("proxy", argc, argv)) != OM_EXIT_OK)
     return rc;
   om_cli_controls_join(&control, control_list, sizeof control_list);
+  if ((rc = om_cli_tls_check("proxy", &tls)) != OM_EXIT_OK)
+    return rc;
   if ((static_file == NULL) == (control.n == 0)) {
     fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
                     "--static FILE or --control URL\n"
@@ -441,6 +465,13 @@ int om_cmd_proxy(int argc, char **argv) {
     om_proxy_static_free(snaps, n_snaps);
     return OM_EXIT_FAILURE;
   }
+  if (om_cli_tls_load("proxy", &app->loop, &tls, 0, &app->tls) != OM_EXIT_OK) {
+    om_proxy_static_free(snaps, n_snaps);
+    shutdown_loop(app);
+    free(app);
+    return OM_EXIT_USAGE;
+  }
+  o.server.tls = app->tls;
   rc = om_proxy_new(&app->loop, &o, &app->proxy, err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "openmesh proxy: %s\n", err);
@@ -504,7 +535,8 @@ int om_cmd_proxy(int argc, char **argv) {
     return exit_code;
   }
   snprintf(url, sizeof url,
-           strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d", host,
+           strchr(host, ':') != NULL ? "%s://[%s]:%d" : "%s://%s:%d",
+           app->tls != NULL ? "https" : "http", host,
            om_proxy_port(app->proxy));
   snprintf(aurl, sizeof aurl,
            strchr(ahost, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",

@@ -26,6 +26,7 @@
 
 #include "om_cli.h"
 #include "om_cli_control.h"
+#include "om_cli_tls.h"
 #include "om_cli_util.h"
 #include "om_control.h"
 #include "om_curl_uv.h"
@@ -42,13 +43,14 @@
 
 typedef struct {
   uv_loop_t loop;
-  uv_signal_t sig_int, sig_term;
+  uv_signal_t sig_int, sig_term, sig_hup; /* hup: --tls-* reload */
   om_store_t *store;
   om_control_t *ctl;
   om_proxy_t *proxy;
   om_store_sub_t *sub;
   om_example_t *examples[MAX_SERVICES];
   size_t n_examples, stopped;
+  om_http_tls_t *tls; /* --tls-cert: the proxy listener's */
   int stopping;
   /* --control: the planes joined, the proxy's watches on them, and one
    * `openmesh register` per example */
@@ -64,7 +66,9 @@ typedef struct {
 static void usage(FILE *out) {
   fprintf(out,
           "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
-          "                   [--control URL[,URL...]] [DIR]\n\n"
+          "                   [--control URL[,URL...]]\n"
+          "                   [--tls-cert FILE --tls-key FILE]\n"
+          "                   [--tls-client-ca FILE] [DIR]\n\n"
           "Run the mesh on its embedded default: a control plane (memory\n"
           "store, or Redis with --store) and the example services described\n"
           "in DIR/up.json (default: examples/), each registered with a lease\n"
@@ -77,6 +81,9 @@ static void usage(FILE *out) {
           "                     repeat it or give a comma list; the next\n"
           "                     plane is used when one fails. Not with\n"
           "                     --store.\n\n"
+          "The --tls-* flags serve the proxy's listener (what callers reach)\n"
+          "over HTTPS; the control plane and the examples stay plaintext on\n"
+          "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
           "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
           "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
           "an invalid up.json\n");
@@ -88,9 +95,12 @@ static void on_store_closed(void *ud) {
 
 static void on_control_closed(void *ud) {
   up_t *up = ud;
+  om_http_tls_close(up->tls);
+  up->tls = NULL;
   om_store_close(up->store, on_store_closed, up);
   uv_close((uv_handle_t *)&up->sig_int, NULL);
   uv_close((uv_handle_t *)&up->sig_term, NULL);
+  uv_close((uv_handle_t *)&up->sig_hup, NULL);
 }
 
 /* The embedded control plane, or (--control) nothing to close. */
@@ -342,6 +352,7 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   port = (int)integer(px, "port", 7601, 0, 65535, &bad);
   admin = (int)integer(px, "admin_port", 7602, 0, 65535, &bad);
   o.policy_path = str(px, "policy", om_default_policy(), &bad);
+  o.server.tls = up->tls;
   if (bad) {
     fprintf(stderr,
             "openmesh up: %s: proxy needs port, admin_port and a "
@@ -368,6 +379,14 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
     return OM_EXIT_FAILURE;
   }
   return OM_EXIT_OK;
+}
+
+/* SIGHUP (only with --tls-cert): reload the listener's files. */
+static void on_hup(uv_signal_t *h, int signum) {
+  up_t *up = h->data;
+  (void)signum;
+  if (up->tls != NULL && !up->stopping)
+    (void)om_http_tls_reload(up->tls, NULL, 0); /* logged and counted */
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -474,8 +493,8 @@ static void tour(up_t *up, const char *host, int port) {
            "  control plane   %s   (%s store)\n",
            cp, om_store_name(up->store));
   }
-  printf("  proxy           http://%s:%d   (admin: http://%s:%d/status)\n",
-         host, pp, host, ap);
+  printf("  proxy           %s://%s:%d   (admin: http://%s:%d/status)\n",
+         up->tls ? "https" : "http", host, pp, host, ap);
   for (size_t i = 0; i < up->n_examples; i++)
     printf("  example         %s\n", om_example_url(up->examples[i]));
   printf("\nTry:\n"
@@ -514,6 +533,7 @@ int om_cmd_up(int argc, char **argv) {
   const char *store = "memory";
   int have_dir = 0, have_store = 0;
   om_cli_controls_t control = {.n = 0};
+  om_cli_tls_t tls = {0};
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
       usage(stdout);
@@ -530,6 +550,12 @@ int om_cmd_up(int argc, char **argv) {
       char *v = argv[a][9] == '=' ? argv[a] + 10 : argv[++a];
       if ((rc = om_cli_controls_add("up", &control, v)) != OM_EXIT_OK)
         return rc;
+    } else if (strcmp(argv[a], "--tls-cert") == 0 && a + 1 < argc) {
+      tls.cert = argv[++a];
+    } else if (strcmp(argv[a], "--tls-key") == 0 && a + 1 < argc) {
+      tls.key = argv[++a];
+    } else if (strcmp(argv[a], "--tls-client-ca") == 0 && a + 1 < argc) {
+      tls.client_ca = argv[++a];
     } else if (argv[a][0] == '-' || have_dir) {
       usage(stderr);
       return OM_EXIT_USAGE;
@@ -544,6 +570,8 @@ int om_cmd_up(int argc, char **argv) {
                              "joined have their store)",
                              store);
   if ((rc = om_cli_store_arg("up", store, &use_redis)) != OM_EXIT_OK)
+    return rc;
+  if ((rc = om_cli_tls_check("up", &tls)) != OM_EXIT_OK)
     return rc;
   snprintf(file, sizeof file, "%s/up.json", dir);
   conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
@@ -592,6 +620,12 @@ int om_cmd_up(int argc, char **argv) {
     rc = OM_EXIT_FAILURE;
     goto done;
   }
+  if (om_cli_tls_load("up", &up->loop, &tls, 0, &up->tls) != OM_EXIT_OK) {
+    om_store_close(up->store, on_store_closed, up);
+    uv_run(&up->loop, UV_RUN_DEFAULT);
+    rc = OM_EXIT_USAGE;
+    goto done;
+  }
   co.store = up->store;
   /* --control: the examples' own leases go to this local store, which
    * nothing else reads; their leases on the planes are the keepers' */
@@ -612,17 +646,23 @@ int om_cmd_up(int argc, char **argv) {
   }
   uv_signal_init(&up->loop, &up->sig_int);
   uv_signal_init(&up->loop, &up->sig_term);
-  up->sig_int.data = up->sig_term.data = up;
+  uv_signal_init(&up->loop, &up->sig_hup);
+  up->sig_int.data = up->sig_term.data = up->sig_hup.data = up;
   if (rc == OM_EXIT_OK) {
     uv_signal_start(&up->sig_int, on_signal, SIGINT);
     uv_signal_start(&up->sig_term, on_signal, SIGTERM);
+    if (up->tls != NULL)
+      uv_signal_start(&up->sig_hup, on_hup, SIGHUP);
     tour(up, host, up->ctl != NULL ? om_control_port(up->ctl) : 0);
   } else if (up->ctl != NULL || up->proxy != NULL) {
     stop(up);
   } else {
+    om_http_tls_close(up->tls);
+    up->tls = NULL;
     om_store_close(up->store, on_store_closed, up);
     uv_close((uv_handle_t *)&up->sig_int, NULL);
     uv_close((uv_handle_t *)&up->sig_term, NULL);
+    uv_close((uv_handle_t *)&up->sig_hup, NULL);
   }
   uv_run(&up->loop, UV_RUN_DEFAULT);
 done:

@@ -20,9 +20,17 @@ typedef struct {
   int roles;
 } entry_t;
 
+/* A `san:` line: a certificate name, not a secret. */
+typedef struct {
+  char *name;
+  int roles;
+} san_t;
+
 struct om_auth_s {
   entry_t *entries;
   size_t n;
+  san_t *sans;
+  size_t n_sans;
   uint64_t key; /* per-process: digests are useless elsewhere */
 };
 
@@ -82,6 +90,28 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
                path, lineno);
       goto fail;
     }
+    if (strncmp(tok, "san:", 4) == 0) {
+      san_t *sv;
+      if (tok[4] == '\0') {
+        snprintf(err, errlen, "%s:%d: 'san:' needs a name (san:NAME ROLES)",
+                 path, lineno);
+        goto fail;
+      }
+      sv = realloc(a->sans, (a->n_sans + 1) * sizeof *sv);
+      if (sv == NULL) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto fail;
+      }
+      a->sans = sv;
+      size_t nl = strlen(tok + 4) + 1;
+      if ((sv[a->n_sans].name = malloc(nl)) == NULL) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto fail;
+      }
+      memcpy(sv[a->n_sans].name, tok + 4, nl);
+      sv[a->n_sans++].roles = r;
+      continue;
+    }
     entry_t *e = realloc(a->entries, (a->n + 1) * sizeof *e);
     if (e == NULL) {
       snprintf(err, errlen, "%s: out of memory", path);
@@ -94,7 +124,7 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
     memset(line, 0, sizeof line); /* no plaintext token left behind */
   }
   fclose(f);
-  if (a->n == 0) {
+  if (a->n == 0 && a->n_sans == 0) {
     snprintf(err, errlen, "%s: no tokens", path);
     om_auth_free(a);
     return OM_EPARSE;
@@ -110,12 +140,35 @@ fail:
 void om_auth_free(om_auth_t *a) {
   if (a == NULL)
     return;
+  for (size_t i = 0; i < a->n_sans; i++)
+    free(a->sans[i].name);
+  free(a->sans);
   free(a->entries);
   free(a);
 }
 
 size_t om_auth_count(const om_auth_t *a) {
-  return a->n;
+  return a->n + a->n_sans;
+}
+
+size_t om_auth_san_count(const om_auth_t *a) {
+  return a->n_sans;
+}
+
+om_auth_result_t om_auth_check_sans(const om_auth_t *a, const char *const *sans,
+                                    size_t n, int role) {
+  int roles = 0, matched = 0;
+  if (a == NULL || sans == NULL)
+    return OM_AUTH_MISSING;
+  for (size_t i = 0; i < a->n_sans; i++)
+    for (size_t k = 0; k < n; k++)
+      if (sans[k] != NULL && strcmp(sans[k], a->sans[i].name) == 0) {
+        roles |= a->sans[i].roles;
+        matched = 1;
+      }
+  if (!matched)
+    return OM_AUTH_MISSING;
+  return (roles & role) == role ? OM_AUTH_OK : OM_AUTH_FORBIDDEN;
 }
 
 /* Equal digests, in time independent of where they differ. */

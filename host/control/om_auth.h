@@ -8,6 +8,12 @@
  * (XXH3-128 with a per-process random key) and a presented token is
  * compared with every entry in constant time, so neither a token's content
  * nor its length leaks through timing.
+ *
+ * A line `san:NAME ROLE[,ROLE...]` grants the roles to a caller whose
+ * client certificate the listener verified (--tls-client-ca) and that
+ * carries NAME as a URI or DNS subject alternative name, e.g.
+ * `san:spiffe://mesh/ns/ops/sa/deployer admin`: an alternative to a
+ * bearer token. A name is not a secret: it is kept and compared as text.
  */
 #ifndef OM_AUTH_H
 #define OM_AUTH_H
@@ -38,8 +44,11 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen);
 
 void om_auth_free(om_auth_t *a);
 
-/* The number of tokens loaded. */
+/* The number of entries loaded (tokens and SAN lines). */
 size_t om_auth_count(const om_auth_t *a);
+
+/* The number of SAN lines among them. */
+size_t om_auth_san_count(const om_auth_t *a);
 
 /*
  * om_auth_check: the Authorization header's value (NULL when absent)
@@ -48,5 +57,16 @@ size_t om_auth_count(const om_auth_t *a);
  */
 om_auth_result_t om_auth_check(const om_auth_t *a, const char *header,
                                size_t len, int role);
+
+/*
+ * om_auth_check_sans: the subject alternative names (URI and DNS) of a
+ * verified client certificate against a role: the roles of every `san:`
+ * line naming one of them are granted together. OM_AUTH_OK; OM_AUTH_
+ * FORBIDDEN when a line matched without the role; OM_AUTH_MISSING when
+ * none matched (the caller may then look at a bearer token). a or sans
+ * NULL (n 0) is OM_AUTH_MISSING.
+ */
+om_auth_result_t om_auth_check_sans(const om_auth_t *a, const char *const *sans,
+                                    size_t n, int role);
 
 #endif /* OM_AUTH_H */

@@ -24,6 +24,7 @@
  * what they share is in om_control_internal.h.
  */
 #include "om_control_internal.h"
+#include "om_http_tls.h"
 
 /* ------------------------------------------------------------------ */
 /* vocabulary tables */
@@ -804,6 +805,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   rc = om_http_server_new(loop, &opts->http, on_request, c, &c->srv);
   if (rc != 0)
     goto fail_cfg;
+  om_http_tls_metrics(opts->http.tls, c->metrics, "openmesh_control");
   uv_timer_init(loop, &c->ping); /* cannot fail */
   c->ping.data = c;
   uv_timer_start(&c->ping, om__on_ping, c->ping_ms, c->ping_ms);

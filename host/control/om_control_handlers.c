@@ -5,6 +5,7 @@
  * operator routes (status, metrics).
  */
 #include "om_control_internal.h"
+#include "om_http_tls.h"
 
 /* ------------------------------------------------------------------ */
 /* auth */
@@ -21,6 +22,22 @@ static const char *role_name(int role) {
  * access_token query parameter (RFC 6750 2.3): a browser's EventSource
  * cannot set headers.
  */
+/* The `san:` lines of the token file against the verified client
+ * certificate's URI and DNS SANs (OM_AUTH_MISSING: none matched, or no
+ * certificate). */
+static om_auth_result_t cert_roles(const om_auth_t *a,
+                                   const om_tls_identity_t *id, int role) {
+  om_auth_result_t u, d;
+  if (id == NULL || om_auth_san_count(a) == 0)
+    return OM_AUTH_MISSING;
+  u = om_auth_check_sans(a, (const char *const *)id->uris, id->n_uris, role);
+  d = om_auth_check_sans(a, (const char *const *)id->dns, id->n_dns, role);
+  if (u == OM_AUTH_OK || d == OM_AUTH_OK)
+    return OM_AUTH_OK;
+  return u == OM_AUTH_FORBIDDEN || d == OM_AUTH_FORBIDDEN ? OM_AUTH_FORBIDDEN
+                                                          : OM_AUTH_MISSING;
+}
+
 int om__authorize(ctx_t *x, int role) {
   om_control_t *c = x->c;
   om_http_request_t *req = x->req;
@@ -47,7 +64,11 @@ int om__authorize(ctx_t *x, int role) {
       hl = 6;
     }
   }
-  r = om_auth_check(c->auth, h, hl, role);
+  r = cert_roles(c->auth, om_http_request_identity(req), role);
+  /* a certificate without the role may still come with a token that
+   * has it */
+  if (r != OM_AUTH_OK && (r == OM_AUTH_MISSING || h != NULL))
+    r = om_auth_check(c->auth, h, hl, role);
   if (r == OM_AUTH_OK)
     return 1;
   if (r == OM_AUTH_FORBIDDEN) {

@@ -21,6 +21,7 @@
 
 #include "om_egress_server.h"
 #include "om_errno.h"
+#include "om_http_tls.h"
 #include "om_log.h"
 #include "om_message.h"
 #include "om_paths.h"
@@ -746,6 +747,7 @@ int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
     return rc;
   }
   register_metrics(g);
+  om_http_tls_metrics(opts->server.tls, g->metrics, "openmesh_egress");
   *out = g;
   return 0;
 }

@@ -285,6 +285,10 @@ static void take_connection(om_http_server_t *s, int fd) {
   c->fresh = 1;
   c->hstart_set = 1;
   c->t_header = c->t_read = c->t_idle = c->t_write = om__http_now_ms(c);
+  if (s->o.tls != NULL && om__http_tls_accept(c) != 0) {
+    om__http_conn_close(c, 1);
+    return;
+  }
   om__http_conn_update(c);
 }
 

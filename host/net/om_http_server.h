@@ -213,6 +213,10 @@ typedef struct om_http_server_opts_s {
    * Zero (the default): the whole body is read before the handler runs,
    * as the control plane and the egress gateway want. */
   int stream_bodies;
+  /* Non-NULL: HTTPS. Every connection handshakes first (bounded by
+   * header_timeout_ms) with this listener TLS (om_http_tls.h: not owned,
+   * it must outlive the server). NULL (the default): plaintext. */
+  struct om_http_tls_s *tls;
 } om_http_server_opts_t;
 
 /*

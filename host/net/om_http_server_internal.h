@@ -17,6 +17,7 @@
 #include "om_http1.h"
 #include "om_list.h"
 #include "om_http_server.h"
+#include "om_tls.h"
 
 /* ------------------------------------------------------------------ */
 /* limits and defaults */
@@ -167,6 +168,13 @@ struct om_http_conn_s {
   struct sockaddr_storage remote;
   char remote_ip[46];
   int remote_port;
+  /* HTTPS (srv->o.tls): the engine, the verified client certificate
+   * (NULL: none); the handshake was counted; the engine failed (only
+   * its pending alert may still go out); plaintext may wait inside the
+   * engine while reading is stopped (om_http_server_tls.c) */
+  om_tls_t *tls;
+  om_tls_identity_t *peer;
+  unsigned tls_counted : 1, tls_dead : 1, tls_in : 1;
 };
 
 struct om_http_server_s {
@@ -234,6 +242,10 @@ void om__http_conn_pump(conn_t *c);
 void om__http_conn_update(conn_t *c);
 /* c's timer: the earliest deadline of its phase passed. */
 void om__http_on_timer(uv_timer_t *t);
+/* The plaintext read callbacks (libuv's, and the TLS glue's after
+ * decryption). */
+void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 
 /* The answer to a refusal of the framing module. */
 om_http_reject_t om__http_reject_of(om_http1_err_t e);
@@ -253,6 +265,11 @@ void om__http_body_pump(conn_t *c);
 void om__http_body_fail(conn_t *c, om_http_reject_t why);
 
 /* om_http_server_write.c */
+
+/* Send bytes as they go on the wire, in order after everything sent
+ * before (straight to the socket when nothing is queued). 0, or
+ * OM_ESTATE / OM_ENOMEM with the connection marked failed. */
+int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb);
 
 /* Write bufs on c: gathered in the corked buffer when small, else at
  * once behind it; 0, or OM_ESTATE when c is gone (a broken write marks
@@ -278,5 +295,29 @@ char *om__http_build_head(om_http_server_t *s, char *stackbuf, size_t stackcap,
                           int status, const om_http_header_t *h, size_t n,
                           const rh_t *rh, int add_cl, uint64_t cl, int chunked,
                           int conn_hdr, size_t *len);
+
+/* om_http_server_tls.c (only for connections of a server with o.tls) */
+
+/* A new engine for an accepted connection: 0, or an error (logged). */
+int om__http_tls_accept(conn_t *c);
+/* The read callbacks of a TLS connection: ciphertext in, the plaintext
+ * ones called with what it decrypts to. */
+void om__http_tls_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void om__http_tls_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+/* Drive the handshake and deliver the plaintext inside the engine (loop
+ * callbacks only: the read path runs). */
+void om__http_tls_pump(conn_t *c);
+/* Encrypt and send (om__http_conn_send_raw's contract). */
+int om__http_tls_send(conn_t *c, const uv_buf_t *bufs, unsigned nb);
+/* Queue close_notify before our FIN. */
+void om__http_tls_notify(conn_t *c);
+/* Closing: what is corked and a close_notify, as far as the socket takes
+ * them now. */
+void om__http_tls_goodbye(conn_t *c);
+/* Hand the engine over to the tunnel after a 101. */
+void om__http_tls_tunnel(conn_t *c, struct om_tunnel_s *t);
+/* The connection is freed: count an unfinished handshake, free the
+ * engine and the identity. */
+void om__http_tls_free(conn_t *c);
 
 #endif /* OM_HTTP_SERVER_INTERNAL_H */

@@ -709,7 +709,7 @@ void om__http_conn_pump(conn_t *c) {
 /* ------------------------------------------------------------------ */
 /* reading and timers */
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   conn_t *c = h->data;
   om_http_server_t *s = c->srv;
   size_t maxcap = s->o.max_header_bytes + READ_SLACK;
@@ -742,7 +742,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
                      (unsigned)(c->in_cap - c->in_len));
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = st->data;
   om_http_server_t *s = c->srv;
   if (c->phase == PH_CLOSING)
@@ -802,7 +802,8 @@ enum {
   K_WRITE,
   K_LINGER,
   K_FAIL,
-  K_KICK
+  K_KICK,
+  K_TLS
 };
 
 /* The earliest deadline that applies now, and which one it is. */
@@ -813,6 +814,10 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
   if (c->phase == PH_FAILED) {
     *dl = 0;
     return K_FAIL;
+  }
+  if (c->tls_in && c->reading) {
+    *dl = 0;
+    return K_TLS;
   }
   if (c->phase == PH_LINGERING) {
     uint64_t last = c->t_read > c->t_linger ? c->t_read : c->t_linger;
@@ -873,6 +878,11 @@ void om__http_on_timer(uv_timer_t *t) {
     return;
   }
   switch (kind) {
+  case K_TLS:
+    om__http_tls_pump(c);
+    if (c->phase != PH_CLOSING)
+      om__http_conn_update(c);
+    return;
   case K_KICK:
     c->kick = 0;
     if (om__http_body_wanted(c))
@@ -923,7 +933,9 @@ void om__http_conn_update(conn_t *c) {
     want = c->q_len < s->o.max_pipelined &&
            c->in_len - c->in_off < s->o.max_header_bytes + READ_SLACK;
   if (want && !c->reading) {
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) {
+    if (uv_read_start((uv_stream_t *)&c->tcp,
+                      c->tls ? om__http_tls_alloc : om__http_on_alloc,
+                      c->tls ? om__http_tls_read : om__http_on_read) == 0) {
       c->reading = 1;
       /* time spent paused by us is not the client's */
       c->t_read = om__http_now_ms(c);

@@ -18,6 +18,7 @@
 #include "om_errno.h"
 #include "om_http_chars.h"
 #include "om_http_server_internal.h"
+#include "om_tls.h"
 #include "om_tunnel_internal.h"
 
 #define TUN_READ_BYTES (16u * 1024u)
@@ -45,6 +46,10 @@ struct om_tunnel_s {
   size_t pending;  /* bytes in uv_write requests */
   size_t low;      /* on_drain threshold, while want_drain */
   unsigned writes; /* uv_write requests not yet called back */
+  /* a TLS connection's engine (the owner's): reads are decrypted, writes
+   * encrypted; tls_in: plaintext may wait inside it (read on the kick) */
+  om_tls_t *tls;
+  unsigned tls_in : 1;
   unsigned paused : 1, reading : 1, eof_in : 1, shut_asked : 1, shut_busy : 1,
       shut_done : 1, want_drain : 1, kick_closed : 1, owner_gone : 1;
 };
@@ -58,6 +63,7 @@ typedef struct {
 
 static void tun_update(om_tunnel_t *t);
 static void on_kick(uv_timer_t *h);
+static void tls_drain(om_tunnel_t *t);
 
 static void maybe_free(om_tunnel_t *t) {
   if (t->phase != TP_RELEASED || !t->kick_closed || t->writes > 0 ||
@@ -139,6 +145,11 @@ static void on_kick(uv_timer_t *h) {
     if (t->phase != TP_OPEN)
       return;
   }
+  if (t->tls_in && !t->paused) {
+    tls_drain(t);
+    if (t->phase != TP_OPEN)
+      return;
+  }
   tun_update(t);
 }
 
@@ -153,11 +164,65 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(t->rbuf, TUN_READ_BYTES);
 }
 
+/* The peer's end of the stream (FIN, or a TLS close_notify). */
+static void got_eof(om_tunnel_t *t) {
+  t->eof_in = 1;
+  tun_update(t);
+  if (t->cb.on_eof != NULL)
+    t->cb.on_eof(t->ud);
+  if (t->phase == TP_OPEN && both_closed(t))
+    finish(t, 0, 0);
+}
+
+static int raw_write(om_tunnel_t *t, const char *data, size_t len);
+
+/* Send the engine's pending ciphertext. */
+static int tls_flush(om_tunnel_t *t) {
+  char buf[TUN_READ_BYTES];
+  size_t n;
+  while ((n = om_tls_out_take(t->tls, buf, sizeof buf)) > 0) {
+    int rc = raw_write(t, buf, n);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* Deliver the plaintext inside the engine while the holder wants it. */
+static void tls_drain(om_tunnel_t *t) {
+  t->tls_in = 0;
+  while (t->phase == TP_OPEN && !t->paused && !t->eof_in) {
+    size_t n = 0;
+    int rc = om_tls_read(t->tls, t->rbuf, TUN_READ_BYTES, &n);
+    if (rc < 0 || tls_flush(t) != 0) {
+      finish(t, OM_EIO, 1);
+      return;
+    }
+    if (rc == OM_TLS_WANT_READ)
+      return;
+    if (rc == OM_TLS_CLOSED) {
+      got_eof(t);
+      return;
+    }
+    deliver(t, t->rbuf, n);
+  }
+  if (t->phase == TP_OPEN && t->paused)
+    t->tls_in = 1;
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   om_tunnel_t *t = st->data;
   (void)buf;
   if (t->phase != TP_OPEN || nread == 0)
     return;
+  if (nread > 0 && t->tls != NULL) {
+    if (om_tls_feed(t->tls, t->rbuf, (size_t)nread) != 0) {
+      finish(t, OM_ENOMEM, 1);
+      return;
+    }
+    tls_drain(t);
+    return;
+  }
   if (nread > 0) {
     deliver(t, t->rbuf, (size_t)nread);
     return;
@@ -166,12 +231,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     finish(t, OM_EIO, 1);
     return;
   }
-  t->eof_in = 1;
-  tun_update(t);
-  if (t->cb.on_eof != NULL)
-    t->cb.on_eof(t->ud);
-  if (t->phase == TP_OPEN && both_closed(t))
-    finish(t, 0, 0);
+  got_eof(t);
 }
 
 /* Read when the holder wants bytes, the pre-read ones are out and no EOF
@@ -268,6 +328,11 @@ int om__tunnel_new(uv_tcp_t *tcp, const char *pre, size_t pre_len,
   return 0;
 }
 
+void om__tunnel_use_tls(om_tunnel_t *t, struct om_tls *tls, int pending) {
+  t->tls = tls;
+  t->tls_in = pending ? 1 : 0;
+}
+
 void om__tunnel_owner_gone(om_tunnel_t *t) {
   if (t == NULL || t->phase == TP_RELEASED)
     return;
@@ -288,17 +353,27 @@ void om__tunnel_owner_gone(om_tunnel_t *t) {
 /* the holder's side */
 
 int om_tunnel_write(om_tunnel_t *t, const char *data, size_t len) {
-  uv_stream_t *st;
-  uv_buf_t b;
-  size_t done = 0;
-  twreq_t *w;
   if (t == NULL || (data == NULL && len > 0))
     return OM_EINVAL;
   if (t->phase != TP_OPEN || t->shut_asked)
     return OM_ESTATE;
   if (len == 0)
     return 0;
-  st = (uv_stream_t *)t->tcp;
+  if (t->tls == NULL)
+    return raw_write(t, data, len);
+  if (om_tls_write(t->tls, data, len) != 0) {
+    fail_later(t, OM_EIO);
+    return OM_ESTATE;
+  }
+  return tls_flush(t);
+}
+
+/* Write bytes as they go on the wire, after everything written before. */
+static int raw_write(om_tunnel_t *t, const char *data, size_t len) {
+  uv_stream_t *st = (uv_stream_t *)t->tcp;
+  uv_buf_t b;
+  size_t done = 0;
+  twreq_t *w;
   if (t->writes == 0) {
     int n;
     b = uv_buf_init((char *)data, (unsigned)len);
@@ -337,6 +412,11 @@ int om_tunnel_shutdown(om_tunnel_t *t) {
   if (t->shut_asked)
     return 0;
   t->shut_asked = 1;
+  if (t->tls != NULL &&
+      (om_tls_shutdown(t->tls) != 0 || tls_flush(t) != 0)) { /* close_notify */
+    fail_later(t, OM_EIO);
+    return OM_ESTATE;
+  }
   if (uv_shutdown(&t->shut, (uv_stream_t *)t->tcp, on_shut) != 0) {
     fail_later(t, OM_EIO);
     return OM_ESTATE;
@@ -359,7 +439,7 @@ int om_tunnel_resume(om_tunnel_t *t) {
   if (!t->paused)
     return 0;
   t->paused = 0;
-  if (t->pre_len > 0)
+  if (t->pre_len > 0 || t->tls_in)
     kick_soon(t); /* delivered from the loop, never from here */
   else
     tun_update(t);
@@ -436,6 +516,8 @@ int om_http_response_upgrade(om_http_request_t *req,
     return rc;
   }
   c->in_off = c->in_len = 0;
+  if (c->tls != NULL)
+    om__http_tls_tunnel(c, t);
   if (c->reading) {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = 0;

@@ -60,7 +60,7 @@ static void on_write(uv_write_t *wr, int status) {
  * socket when nothing is queued, the rest copied. Returns 0, or OM_ESTATE
  * / OM_ENOMEM with the connection marked failed.
  */
-static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   uv_stream_t *st = (uv_stream_t *)&c->tcp;
   size_t total = 0, done = 0, off = 0;
   unsigned i;
@@ -112,6 +112,13 @@ static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
     c->t_write = om__http_now_ms(c);
   om__http_conn_update(c);
   return 0;
+}
+
+/* Send the HTTP layer's bytes: encrypted first on a TLS connection. */
+static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  if (c->tls != NULL)
+    return om__http_tls_send(c, bufs, nb);
+  return om__http_conn_send_raw(c, bufs, nb);
 }
 
 /* Drop what is corked (sent or not) and lend the buffer back. */
@@ -349,6 +356,8 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   om_list_remove(&c->link);
   s->m.connections_active--;
   ob_release(c);
+  if (c->tls != NULL)
+    om__http_tls_free(c);
   free(c->in);
   free(c->fields);
   free(c);
@@ -364,7 +373,9 @@ void om__http_conn_close(conn_t *c, int reset) {
   req_t *r;
   if (c->phase == PH_CLOSING)
     return;
-  if (!reset && c->phase != PH_FAILED && c->ob_len > 0) {
+  if (!reset && c->phase != PH_FAILED && c->tls != NULL) {
+    om__http_tls_goodbye(c);
+  } else if (!reset && c->phase != PH_FAILED && c->ob_len > 0) {
     /* what a write before the close would have sent at once */
     uv_buf_t b = uv_buf_init(c->ob, (unsigned)c->ob_len);
     (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
@@ -432,6 +443,8 @@ void om__http_conn_finish(conn_t *c, int no_linger) {
   c->discarded = 0; /* what lingering may drop before the cut */
   c->no_linger = no_linger ? 1 : 0;
   c->shut.data = c;
+  if (c->tls != NULL)
+    om__http_tls_notify(c); /* close_notify, before our FIN */
   if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
     om__http_conn_fail(c);
     return;

@@ -36,6 +36,17 @@ int om__tunnel_new(uv_tcp_t *tcp, const char *pre, size_t pre_len,
                    om_tunnel_t **out);
 
 /*
+ * om__tunnel_use_tls: the owner's connection is TLS: the tunnel decrypts
+ * what it reads and encrypts what it writes with tls (the owner's engine,
+ * which outlives the tunnel's use of the handle), and its shutdown sends
+ * close_notify first. pending: plaintext may already wait inside the
+ * engine (delivered after the pre-read bytes). Call right after
+ * om__tunnel_new.
+ */
+struct om_tls;
+void om__tunnel_use_tls(om_tunnel_t *t, struct om_tls *tls, int pending);
+
+/*
  * om__tunnel_owner_gone: the owner is closing the handle itself (server
  * or pool shutdown). tcp->data is restored to owner at once; the holder's
  * on_close(ud, OM_ESTATE) runs from the loop afterwards, and release is

@@ -16,6 +16,7 @@
 #include <lua.h>
 
 #include "om_errno.h"
+#include "om_http_tls.h"
 #include "om_log.h"
 #include "om_paths.h"
 #include "om_policy.h"
@@ -1017,9 +1018,12 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     return rc;
   }
   rc = om_http_server_new(loop, &so, om__proxy_on_request, p, &p->server);
-  if (rc == 0)
-    rc = om_http_server_new(loop, &opts->server, om__proxy_on_admin, p,
-                            &p->admin);
+  if (rc == 0) {
+    om_http_server_opts_t ao = opts->server;
+    ao.tls = NULL; /* TLS is the callers' listener's; admin stays plain */
+    rc = om_http_server_new(loop, &ao, om__proxy_on_admin, p, &p->admin);
+    om_http_tls_metrics(so.tls, p->metrics, "openmesh_proxy_listener");
+  }
   if (rc != 0) {
     /* close what was opened; once the loop has run, maybe_finish frees */
     om_errbuf(err, errlen,

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "om_errno.h"
+#include "om_http_tls.h"
 #include "om_proxy_internal.h"
 
 typedef struct {
@@ -297,6 +298,20 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   return o;
 }
 
+/* The callers' listener's TLS (null: plaintext). */
+static json_t *listener_tls_status(const om_http_tls_t *t) {
+  const om_http_tls_stats_t *st = om_http_tls_stats(t);
+  if (st == NULL)
+    return json_null();
+  return json_pack(
+      "{s:b, s:I, s:{s:I, s:I, s:I}, s:{s:I, s:I}}", "client_certificates",
+      om_http_tls_verifies_clients(t), "generation", (json_int_t)st->generation,
+      "handshakes", "ok", (json_int_t)st->handshakes[OM_HTTP_TLS_OK], "error",
+      (json_int_t)st->handshakes[OM_HTTP_TLS_ERROR], "incomplete",
+      (json_int_t)st->handshakes[OM_HTTP_TLS_INCOMPLETE], "reloads", "ok",
+      (json_int_t)st->reloads_ok, "error", (json_int_t)st->reloads_error);
+}
+
 static void status(const om_proxy_t *p, om_http_request_t *req) {
   uint64_t now = uv_hrtime();
   json_t *root = json_object(), *services = json_object();
@@ -317,6 +332,8 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
                       (json_int_t)p->replay_held, "budget_bytes",
                       (json_int_t)p->opts.replay_budget, "refused",
                       (json_int_t)p->replay_refused)) != 0 ||
+        json_object_set_new(root, "listener_tls",
+                            listener_tls_status(p->opts.server.tls)) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
     if (p->status_fn != NULL) {

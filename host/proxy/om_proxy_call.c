@@ -29,6 +29,7 @@
 #include "om_backoff.h"
 #include "om_errno.h"
 #include "om_http_chars.h"
+#include "om_http_tls.h"
 #include "om_log.h"
 #include "om_policy.h"
 #include "om_proxy_cache.h"
@@ -938,6 +939,14 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   preq.path = req->path;
   preq.headers = kv;
   preq.n_headers = req->n_headers;
+  const om_tls_identity_t *tid = om_http_request_identity(req);
+  om_policy_identity_t pid; /* the caller's client certificate: req.identity */
+  if (tid != NULL) {
+    pid = (om_policy_identity_t){tid->subject, (const char *const *)tid->uris,
+                                 tid->n_uris, (const char *const *)tid->dns,
+                                 tid->n_dns};
+    preq.identity = &pid;
+  }
   rc = route(s, &preq, &n_subset, &key, &key_len, err, sizeof err, now);
   if (kv != kv_stack)
     free(kv);

@@ -28,12 +28,23 @@ local function lower_case(name)
   end
 end
 
+-- The verified client certificate of the caller (nil for a plaintext or
+-- anonymous caller): its subject, URI and DNS SANs, and the first URI SAN
+-- that is a SPIFFE ID.
+local identity_shape = record {
+  { "subject", text },
+  { "uris", array_of(text) },
+  { "dns", array_of(text) },
+  { "spiffe", text },
+}
+
 local req_shape = record {
   { "service", text },
   { "method", text },
   { "path", text },
   { "headers", map_of(text, lower_case) },
   { "metadata", map_of(text) },
+  { "identity", identity_shape },
 }
 
 local peer_shape = record {
@@ -60,6 +71,30 @@ local ctx_shape = record {
   { "question", text },
 }
 
+-- An identity as a spec writes it (nil stays nil), as the proxy builds it:
+-- uris and dns always present, spiffe the first spiffe:// URI SAN unless
+-- given.
+local function default_identity(t)
+  if t == nil then
+    return nil
+  end
+  local id = {
+    subject = t.subject or "",
+    uris = shallow_copy(t.uris),
+    dns = shallow_copy(t.dns),
+    spiffe = t.spiffe,
+  }
+  if id.spiffe == nil then
+    for _, u in ipairs(id.uris) do
+      if u:sub(1, 9) == "spiffe://" then
+        id.spiffe = u
+        break
+      end
+    end
+  end
+  return id
+end
+
 -- A request as an example or a spec writes it, with the documented
 -- defaults filled in. Always a fresh table: policies may mutate theirs.
 function M.default_req(t)
@@ -70,6 +105,7 @@ function M.default_req(t)
     path = t.path or "/",
     headers = shallow_copy(t.headers),
     metadata = shallow_copy(t.metadata),
+    identity = default_identity(t.identity),
   }
 end
 

@@ -1,0 +1,77 @@
+/*
+ * om_cli_tls.h: the listener TLS flags every server command shares
+ * (--tls-cert FILE --tls-key FILE: HTTPS; --tls-client-ca FILE: ask for
+ * and verify client certificates), their usage rules and the start-up
+ * load that turns a bad file into exit 2.
+ */
+#ifndef OM_CLI_TLS_H
+#define OM_CLI_TLS_H
+
+#include <getopt.h>
+#include <stdio.h>
+
+#include <uv.h>
+
+#include "om_http_tls.h"
+
+/* getopt_long values, out of the range of the commands' own letters */
+enum {
+  OM_CLI_OPT_TLS_CERT = 0x7401,
+  OM_CLI_OPT_TLS_KEY,
+  OM_CLI_OPT_TLS_CLIENT_CA,
+};
+
+/* The rows of a command's option table. */
+#define OM_CLI_TLS_LONGOPTS                                                    \
+  {"tls-cert", required_argument, NULL, OM_CLI_OPT_TLS_CERT},                  \
+      {"tls-key", required_argument, NULL, OM_CLI_OPT_TLS_KEY}, {              \
+    "tls-client-ca", required_argument, NULL, OM_CLI_OPT_TLS_CLIENT_CA         \
+  }
+
+/* The lines of a command's help text, the descriptions at column 27 plus
+ * the spaces in P (a string literal: "" for 27, " " for 28...); the
+ * commands use the _27, _28 and _30 forms below. */
+#define OM__CLI_TLS_IND "                           "
+#define OM__CLI_TLS_HELP(P)                                                    \
+  "  --tls-cert FILE          " P                                              \
+  "serve HTTPS with this certificate (PEM,\n" OM__CLI_TLS_IND P                \
+  "the chain after the leaf); needs --tls-key\n"                               \
+  "  --tls-key FILE           " P "the certificate's private key (PEM)\n"      \
+  "  --tls-client-ca FILE     " P                                              \
+  "ask for client certificates and verify\n" OM__CLI_TLS_IND P                 \
+  "them against these CAs (PEM); needs\n" OM__CLI_TLS_IND P                    \
+  "--tls-cert. The files are reloaded on\n" OM__CLI_TLS_IND P                  \
+  "SIGHUP and when they change; a bad file\n" OM__CLI_TLS_IND P                \
+  "keeps the last good\n"
+
+#define OM_CLI_TLS_HELP_27 OM__CLI_TLS_HELP("")
+#define OM_CLI_TLS_HELP_28 OM__CLI_TLS_HELP(" ")
+#define OM_CLI_TLS_HELP_30 OM__CLI_TLS_HELP("   ")
+
+typedef struct om_cli_tls_s {
+  const char *cert, *key, *client_ca;
+} om_cli_tls_t;
+
+/* c is one of the TLS options: store arg and return 1; else 0. */
+int om_cli_tls_option(om_cli_tls_t *t, int c, const char *arg);
+
+/*
+ * After parsing: the usage rules (a certificate without its key or the
+ * reverse, a client CA without a certificate: exit 2 with a message).
+ * OM_EXIT_OK otherwise.
+ */
+int om_cli_tls_check(const char *cmd, const om_cli_tls_t *t);
+
+/*
+ * Load the files (NULL *out when no --tls-cert was given): a file that is
+ * missing, unreadable, not PEM of its kind, or a key that does not match
+ * the certificate prints "openmesh CMD: --tls-key FILE: why" and returns
+ * OM_EXIT_USAGE. client_optional: with --tls-client-ca, a client without a
+ * certificate is still served (anonymous; see om_http_tls_opts_t). The
+ * files are watched for changes. OM_EXIT_OK with *out (the caller closes
+ * it with om_http_tls_close once the servers that use it are closed).
+ */
+int om_cli_tls_load(const char *cmd, uv_loop_t *loop, const om_cli_tls_t *t,
+                    int client_optional, om_http_tls_t **out);
+
+#endif /* OM_CLI_TLS_H */
