@@ -89,9 +89,9 @@
  * (res.tls_handshake 2). A handshake or verification failure is a
  * connect failure of that peer: "connect", res.sent 0, res.tls_fail the
  * class and res.detail its reason ("certificate verify failed: hostname
- * mismatch"). Upgrades (101) over TLS are not tunnelled: such a request
- * ends "aborted". The plaintext path is unchanged and pays nothing for
- * TLS but a key compare.
+ * mismatch"). A 101 over TLS is tunnelled through the connection's engine
+ * (om_upstream_take_tunnel). The plaintext path is unchanged and pays nothing
+ * for TLS but a key compare.
  *
  * Threading: everything runs on the loop thread. The process must ignore
  * SIGPIPE (libuv writes with writev; a peer reset would kill the process).

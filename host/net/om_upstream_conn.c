@@ -658,6 +658,10 @@ int om_upstream_take_tunnel(om_upstream_req_t *r,
     om__up_read_on(c);
     return rc;
   }
+  /* over TLS the tunnel decrypts and encrypts with the connection's
+   * engine, which lives until the handle closes (on_conn_closed) */
+  if (c->tls != NULL)
+    om__tunnel_use_tls(c->tunnel, c->tls, om_tls_in_pending(c->tls));
   c->pos = c->len = 0;
   uv_timer_stop(&c->timer);
   c->timer_due = 0;
@@ -678,13 +682,6 @@ static int step_101(conn_t *c, char *b, size_t end) {
   if (!r->upgrade)
     return malformed(c, OM_EPARSE,
                      "101 Switching Protocols (no upgrade was asked for)");
-  if (c->tls != NULL) {
-    om__up_detach(c);
-    om__up_conn_close(c);
-    om__up_req_end(r, OM_UPSTREAM_FAIL_ABORTED, 0,
-                   "an upgrade over TLS is not tunnelled");
-    return STEP_STOP;
-  }
   c->resp.upgrade = NULL;
   c->resp.upgrade_len = 0;
   for (i = 0; i < hd->n_fields; i++) {

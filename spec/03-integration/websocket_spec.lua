@@ -97,4 +97,52 @@ describe("WebSocket through openmesh proxy", function()
     assert.matches('openmesh_proxy_upgrades_total{service="ws",outcome="switched"} 1', metrics, 1, true)
     assert.matches('openmesh_proxy_requests_total{service="ws",outcome="ok"} 1', metrics, 1, true)
   end)
+
+  -- An https:// peer: the 101 arrives over TLS and the tunnel carries the
+  -- frames through the connection's TLS engine, both ways.
+  describe("to an https:// peer", function()
+    local tdir, techo, tproxy
+    setup(function()
+      tdir = H.tmpdir()
+      local _, crc = H.sh("bash " .. H.q(FIXTURES .. "tls_certs.sh") .. " " .. H.q(tdir .. "/certs") .. " 2>&1")
+      assert.equal(0, crc)
+      techo = H.spawn(PYTHON .. " " .. H.q(FIXTURES .. "ws_echo.py") .. " 0 " ..
+        H.q(tdir .. "/certs/server.pem") .. " " .. H.q(tdir .. "/certs/server.key"), tdir, "wss_echo")
+      local port = H.wait_for(function()
+        return tonumber(H.readfile(techo.out):match("listening (%d+)"))
+      end, 10)
+      assert(port, "ws_echo.py over TLS did not start: " .. H.readfile(techo.out))
+      H.writefile(tdir .. "/traffic.lua", POLICY)
+      H.writefile(tdir .. "/static.json", cjson.encode({ services = {
+        ws = { instances = { { id = "echo", url = "https://localhost:" .. port } } },
+      } }))
+      tproxy = H.start_proxy(tdir, "proxy_tls", "--policy " .. H.q(tdir .. "/traffic.lua") ..
+        " --static " .. H.q(tdir .. "/static.json") ..
+        " --upstream-ca " .. H.q(tdir .. "/certs/ca.pem"))
+    end)
+    teardown(function()
+      if tdir then
+        os.execute("rm -rf " .. H.q(tdir))
+      end
+    end)
+
+    it("exchanges 200 messages over TLS and closes with 1000", function()
+      local out, rc = H.sh("timeout 120 " .. PYTHON .. " " .. H.q(FIXTURES .. "ws_client.py") ..
+        " " .. tproxy.port .. " ws 200 0 2>&1")
+      local res = out:match("(%b{})")
+      assert(res, "no result from ws_client.py: " .. out)
+      res = cjson.decode(res)
+      assert.equal(200, res.sent)
+      assert.equal(200, res.received)
+      assert.equal(0, res.mismatches)
+      assert.equal(1000, res.close_code)
+      assert.equal(0, rc)
+      assert.truthy(H.wait_for(function()
+        return H.readfile(techo.out):match("closed 1000")
+      end, 5), H.readfile(techo.out))
+      local metrics = H.sh(H.curl(5) .. " -s http://127.0.0.1:" .. tproxy.admin_port .. "/metrics")
+      assert.matches('openmesh_proxy_upgrades_total{service="ws",outcome="switched"} 1', metrics, 1, true)
+      assert.matches('openmesh_proxy_tls_handshakes_total{service="ws",result="ok"} 1', metrics, 1, true)
+    end)
+  end)
 end)
