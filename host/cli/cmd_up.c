@@ -66,34 +66,34 @@ typedef struct {
 } up_t;
 
 static void usage(FILE *out) {
-  fprintf(out,
-          "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
-          "                   [--control URL[,URL...]]\n"
-          "                   [--control-ca FILE]\n"
-          "                   [--control-cert FILE --control-key FILE]\n"
-          "                   [--tls-cert FILE --tls-key FILE]\n"
-          "                   [--tls-client-ca FILE] [DIR]\n\n"
-          "Run the mesh on its embedded default: a control plane (memory\n"
-          "store, or Redis with --store) and the example services described\n"
-          "in DIR/up.json (default: examples/), each registered with a lease\n"
-          "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
-          "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
-          "  --control URL[,URL...]  join these control planes (on one\n"
-          "                     store) instead of running one: the proxy\n"
-          "                     watches them and each example's lease is\n"
-          "                     kept there by an `openmesh register` child;\n"
-          "                     repeat it or give a comma list; the next\n"
-          "                     plane is used when one fails. Not with\n"
-          "                     --store.\n"
-          "With --control https://..., the proxy's watches and the keepers\n"
-          "use (peer and host always verified):\n" OM_CLI_CONTROL_TLS_HELP_27
-          "\n"
-          "The --tls-* flags serve the proxy's listener (what callers reach)\n"
-          "over HTTPS; the control plane and the examples stay plaintext on\n"
-          "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
-          "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
-          "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
-          "an invalid up.json\n");
+  fprintf(
+      out,
+      "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
+      "                   [--control URL[,URL...]]\n"
+      "                   [--tls-cert FILE --tls-key FILE]\n"
+      "                   [--tls-client-ca FILE]\n"
+      "                   [--control-ca FILE]\n"
+      "                   [--control-cert FILE --control-key FILE] [DIR]\n\n"
+      "Run the mesh on its embedded default: a control plane (memory\n"
+      "store, or Redis with --store) and the example services described\n"
+      "in DIR/up.json (default: examples/), each registered with a lease\n"
+      "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
+      "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
+      "  --control URL[,URL...]  join these control planes (on one\n"
+      "                     store) instead of running one: the proxy\n"
+      "                     watches them and each example's lease is\n"
+      "                     kept there by an `openmesh register` child;\n"
+      "                     repeat it or give a comma list; the next\n"
+      "                     plane is used when one fails. Not with\n"
+      "                     --store.\n\n"
+      "The --tls-* flags serve the proxy's listener (what callers reach)\n"
+      "over HTTPS; the control plane and the examples stay plaintext on\n"
+      "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
+      "With --control https://..., the proxy's watches and the keepers\n"
+      "use (peer and host always verified):\n" OM_CLI_CONTROL_TLS_HELP_27 "\n"
+      "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
+      "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
+      "an invalid up.json\n");
 }
 
 static void on_store_closed(void *ud) {
