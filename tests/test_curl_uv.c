@@ -957,6 +957,41 @@ static void alloc_failures(void **state) {
   waitpid(pid, NULL, 0);
 }
 
+/* The TLS options: a certificate goes with its key, NULL is the defaults,
+ * a request refuses a half pair before anything starts, and the message
+ * of a failed verification says what failed. */
+static void tls_options(void **state) {
+  fx_t *fx = fx_new();
+  got_t g = {0};
+  om_curl_req_t req = {0};
+  om_curl_tls_t half = {.cert_file = "c.pem"}, key_only = {.key_file = "k"};
+  om_curl_tls_t full = {
+      .ca_file = "ca.pem", .cert_file = "c.pem", .key_file = "k.pem"};
+  char out[CURL_ERROR_SIZE + 64];
+  CURL *e = curl_easy_init();
+  (void)state;
+  assert_non_null(e);
+  OM_ASSERT_CMP(om_curl_easy_tls(NULL, &full), ==, OM_EINVAL);
+  OM_ASSERT_CMP(om_curl_easy_tls(e, NULL), ==, 0);
+  OM_ASSERT_CMP(om_curl_easy_tls(e, &full), ==, 0);
+  OM_ASSERT_CMP(om_curl_easy_tls(e, &half), ==, OM_EINVAL);
+  OM_ASSERT_CMP(om_curl_easy_tls(e, &key_only), ==, OM_EINVAL);
+  curl_easy_cleanup(e);
+  req.url = "https://127.0.0.1:1/";
+  req.tls = &half;
+  OM_ASSERT_CMP(om_curl_uv_request(fx->cu, &req, on_resp, &g, NULL), ==,
+                OM_EINVAL);
+  OM_ASSERT_CMP(om_curl_uv_active(fx->cu), ==, 0);
+  assert_string_equal(
+      om_curl_error_text(CURLE_PEER_FAILED_VERIFICATION,
+                         "SSL certificate problem: x", out, sizeof out),
+      "TLS verification of the server failed: SSL certificate problem: x");
+  assert_string_equal(
+      om_curl_error_text(CURLE_COULDNT_CONNECT, "", out, sizeof out),
+      curl_easy_strerror(CURLE_COULDNT_CONNECT));
+  fx_free(fx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(simple_get),
@@ -973,6 +1008,7 @@ int main(void) {
       cmocka_unit_test(misuse_from_libcurl_callback),
       cmocka_unit_test(argument_errors),
       cmocka_unit_test(alloc_failures),
+      cmocka_unit_test(tls_options),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv and libcurl write to closed peers */
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,18 +6,27 @@
 #
 #   OPENMESH=build/bin/openmesh examples/ha/run.sh        # from the repo root
 #   examples/ha/run.sh --keep                             # stay up after the tour
+#   examples/ha/run.sh --tls                              # HTTPS planes, private CA
 set -eu
 
 OPENMESH=${OPENMESH:-openmesh}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REDIS_PORT=${REDIS_PORT:-6390}
-A=http://127.0.0.1:7610
-B=http://127.0.0.1:7611
 PROXY=http://127.0.0.1:7620
 ADMIN=http://127.0.0.1:7621
 SERVICE_PORT=9301
 KEEP=0
-[ "${1:-}" = "--keep" ] && KEEP=1
+TLS=0
+for arg in "$@"; do
+  case $arg in
+  --keep) KEEP=1 ;;
+  --tls) TLS=1 ;;
+  *)
+    echo "usage: run.sh [--keep] [--tls]" >&2
+    exit 2
+    ;;
+  esac
+done
 
 DIR=$(mktemp -d /tmp/openmesh-ha.XXXXXX)
 PIDS=""
@@ -52,6 +61,19 @@ wait_for() { # what, command...
   done
 }
 
+# --tls: the planes serve HTTPS with a throwaway CA's certificate; the
+# clients trust that CA (--control-ca), curl too
+SCHEME=http PLANE_TLS="" CLIENT_TLS="" CURL_TLS=""
+if [ $TLS -eq 1 ]; then
+  "$HERE/../../tests/fixtures/tls_certs.sh" "$DIR/certs"
+  SCHEME=https
+  PLANE_TLS="--tls-cert $DIR/certs/server.pem --tls-key $DIR/certs/server.key"
+  CLIENT_TLS="--control-ca $DIR/certs/ca.pem"
+  CURL_TLS="--cacert $DIR/certs/ca.pem"
+fi
+A=$SCHEME://127.0.0.1:7610
+B=$SCHEME://127.0.0.1:7611
+
 command -v redis-server >/dev/null || { echo "run.sh: needs redis-server" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "run.sh: needs python3" >&2; exit 1; }
 
@@ -60,20 +82,26 @@ start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
   --appendonly no --dir "$DIR"
 wait_for redis redis-cli -p "$REDIS_PORT" ping
 STORE=redis://127.0.0.1:$REDIS_PORT/0
-start plane_a "$OPENMESH" control --listen 127.0.0.1:7610 --store "$STORE"
-start plane_b "$OPENMESH" control --listen 127.0.0.1:7611 --store "$STORE"
-wait_for "plane A" curl -sf "$A/healthz"
-wait_for "plane B" curl -sf "$B/healthz"
+# shellcheck disable=SC2086 # the *_TLS lists split on purpose
+start plane_a "$OPENMESH" control --listen 127.0.0.1:7610 --store "$STORE" $PLANE_TLS
+# shellcheck disable=SC2086
+start plane_b "$OPENMESH" control --listen 127.0.0.1:7611 --store "$STORE" $PLANE_TLS
+# shellcheck disable=SC2086
+wait_for "plane A" curl -sf $CURL_TLS "$A/healthz"
+# shellcheck disable=SC2086
+wait_for "plane B" curl -sf $CURL_TLS "$B/healthz"
 
 # 2. a service kept registered through either plane (a 2 s lease)
-start web "$OPENMESH" register --control "$A,$B" --service web --id web-1 \
+# shellcheck disable=SC2086
+start web "$OPENMESH" register --control "$A,$B" $CLIENT_TLS --service web --id web-1 \
   --url "http://127.0.0.1:$SERVICE_PORT" --ttl 2s --drain 0 -- \
   python3 "$HERE/hello.py" "$SERVICE_PORT" web-1
 
 wait_for "web-1" curl -sf "http://127.0.0.1:$SERVICE_PORT/"
 
 # 3. a proxy watching web on either plane
-start proxy "$OPENMESH" proxy --control "$A" --control "$B" --service web \
+# shellcheck disable=SC2086
+start proxy "$OPENMESH" proxy --control "$A" --control "$B" $CLIENT_TLS --service web \
   --listen 127.0.0.1:7620 --admin 127.0.0.1:7621
 wait_for "the route to web" curl -sf -H 'Host: web' "$PROXY/"
 
@@ -82,7 +110,8 @@ watch_of() { # the proxy's view of web's watch
     'import json,sys; w=json.load(sys.stdin)["watches"]["web"]; print("watch on", w["control"], "revision", w["revision"], "failovers", w["failovers"])'
 }
 instances() { # what plane B serves
-  curl -s "$B/v1/services/web" | python3 -c \
+  # shellcheck disable=SC2086
+  curl -s $CURL_TLS "$B/v1/services/web" | python3 -c \
     'import json,sys; print("plane B has", [i["id"] for i in json.load(sys.stdin)["instances"]])'
 }
 

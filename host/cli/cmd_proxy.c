@@ -42,7 +42,9 @@ static void usage(FILE *out) {
       "                      [--tls-cert FILE --tls-key FILE]\n"
       "                      [--tls-client-ca FILE]\n"
       "                      [--upstream-ca FILE]\n"
-      "                      [--upstream-cert FILE --upstream-key FILE]\n\n"
+      "                      [--upstream-cert FILE --upstream-key FILE]\n"
+      "                      [--control-ca FILE]\n"
+      "                      [--control-cert FILE --control-key FILE]\n\n"
       "The data plane: routes each call (service from Host) through the "
       "traffic\npolicy, admission, selection, one deadline, safe retries "
       "and per-peer\ncircuits (docs/PROXY.md).\n\n"
@@ -94,7 +96,9 @@ static void usage(FILE *out) {
       "                              (a caller without a certificate is\n"
       "                              refused at the handshake; the verified\n"
       "                              identity is the policy's "
-      "req.identity)\n\n"
+      "req.identity)\n"
+      "TLS to https:// --control planes (peer and host always "
+      "verified):\n" OM_CLI_CONTROL_TLS_HELP_30 "\n"
       "DURATION: 500ms, 10s, 2m, 1h. SIZE: 1048576, 512KiB, 8MiB, 1GiB.\n"
       "Signals: SIGTERM/SIGINT stop accepting, drain in-flight calls (up to "
       "the\ndrain timeout) and exit 0; SIGHUP reloads the policy files and "
@@ -285,9 +289,12 @@ int om_cmd_proxy(int argc, char **argv) {
       {"upstream-key", required_argument, NULL, 1003},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
+      OM_CLI_CONTROL_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
   const char *listen = "127.0.0.1:7601", *admin = "127.0.0.1:7602";
   om_cli_tls_t tls = {0};
+  om_cli_control_tls_t ctls = {0};
+  om_curl_tls_t control_tls = {0};
   const char *policy = NULL, *static_file = NULL;
   om_cli_controls_t control = {.n = 0};
   char control_list[2048];
@@ -387,7 +394,8 @@ int om_cmd_proxy(int argc, char **argv) {
       o.upstream_key = optarg;
       break;
     default:
-      if (om_cli_tls_option(&tls, c, optarg))
+      if (om_cli_tls_option(&tls, c, optarg) ||
+          om_cli_control_tls_option(&ctls, c, optarg))
         break;
       if ((rc = om_cli_common_option("proxy", c, optarg, usage)) >= 0)
         return rc;
@@ -411,6 +419,15 @@ int om_cmd_proxy(int argc, char **argv) {
   if (control.n == 0 && (n_services > 0 || token_file != NULL))
     return fail_usage("%s: --service and --token-file go with --control",
                       n_services > 0 ? "--service" : "--token-file");
+  if (control.n == 0 &&
+      (ctls.ca != NULL || ctls.cert != NULL || ctls.key != NULL))
+    return fail_usage("%s: the --control-* TLS flags go with --control",
+                      ctls.ca     ? "--control-ca"
+                      : ctls.cert ? "--control-cert"
+                                  : "--control-key");
+  if ((rc = om_cli_control_tls_check("proxy", &ctls, &control_tls)) !=
+      OM_EXIT_OK)
+    return rc;
   if (token_file != NULL) {
     const char *why;
     if (om_read_token_file(token_file, token, sizeof token, &why) != 0)
@@ -512,6 +529,7 @@ int om_cmd_proxy(int argc, char **argv) {
                             .service = services[i],
                             .metrics = om_proxy_metrics(app->proxy),
                             .token = token_file != NULL ? token : NULL,
+                            .tls = &control_tls,
                             .on_snapshot = on_watch_snapshot,
                             .check = on_watch_check,
                             .ud = app};

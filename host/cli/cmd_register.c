@@ -43,6 +43,7 @@
 #include "om_backoff.h"
 #include "om_cli.h"
 #include "om_cli_control.h"
+#include "om_cli_tls.h"
 #include "om_cli_util.h"
 #include "om_curl_uv.h"
 #include "om_errno.h"
@@ -77,6 +78,7 @@ typedef struct reg_s {
   size_t put_len;
   uint64_t ttl_ms, drain_ms;
   char auth[TOKEN_MAX + 32]; /* "Authorization: Bearer ..." or "" */
+  om_curl_tls_t tls;         /* --control-ca, --control-cert/-key */
   /* runtime */
   enum phase phase;
   om_curl_request_t *inflight;
@@ -108,6 +110,8 @@ static void usage(FILE *out) {
       "                         --url U --ttl DURATION [--weight W]\n"
       "                         [--zone Z] [--meta KEY=VALUE ...]\n"
       "                         [--token-file F] [--drain DURATION]\n"
+      "                         [--control-ca FILE]\n"
+      "                         [--control-cert FILE --control-key FILE]\n"
       "                         [--] [CMD ARGS...]\n\n"
       "Keep the lease of one service instance alive in the control plane:\n"
       "register it (PUT /v1/services/S/instances/I), renew every ttl/3,\n"
@@ -129,7 +133,9 @@ static void usage(FILE *out) {
       "  --zone Z           locality label\n"
       "  --meta KEY=VALUE   metadata entry (repeatable)\n"
       "  --token-file F     bearer token: first line of F\n"
-      "  --drain DURATION   wait after removing the lease (default 5s)\n\n"
+      "  --drain DURATION   wait after removing the lease (default 5s)\n"
+      "https:// control planes (peer and host always "
+      "verified):\n" OM_CLI_CONTROL_TLS_HELP_27 "\n"
       "DURATION: digits and a unit: 500ms, 10s, 2m, 1h (or 0).\n"
       "exit: CMD's status (128+N when killed by signal N); 0 without CMD;\n"
       "1 runtime failure; 2 usage or invalid input; 126/127 CMD could not\n"
@@ -253,6 +259,7 @@ static void start_request(reg_t *r, enum req_kind kind, uint64_t timeout_ms,
   }
   req.timeout_ms = timeout_ms;
   req.max_body = 64 * 1024;
+  req.tls = &r->tls;
   rc = om_curl_uv_request(r->cu, &req, cb, r, &r->inflight);
   if (rc != 0) {
     /* report it like a failed exchange: the caller retries */
@@ -638,6 +645,7 @@ typedef struct flags_s {
   om_cli_controls_t control;
   const char *service, *id, *url, *ttl, *weight, *zone;
   const char *token_file, *drain;
+  om_cli_control_tls_t tls;
   char **meta;
   size_t n_meta;
 } flags_t;
@@ -710,6 +718,9 @@ static int configure(reg_t *r, const flags_t *f, om_kv_t *kv) {
   r->ttl_ms = ttl_ms;
   r->service = f->service;
   r->id = f->id;
+  rc = om_cli_control_tls_check("register", &f->tls, &r->tls);
+  if (rc != OM_EXIT_OK)
+    return rc;
   if (f->token_file != NULL) {
     char tok[TOKEN_MAX];
     if (om_read_token_file(f->token_file, tok, sizeof tok, &why) != 0) {
@@ -797,6 +808,7 @@ int om_cmd_register(int argc, char **argv) {
       {"token-file", required_argument, NULL, 'T'},
       {"drain", required_argument, NULL, 'd'},
       {"help", no_argument, NULL, 'h'},
+      OM_CLI_CONTROL_TLS_LONGOPTS,
       {NULL, 0, NULL, 0}};
   flags_t f;
   reg_t *r;
@@ -852,6 +864,15 @@ int om_cmd_register(int argc, char **argv) {
       break;
     case 'm':
       f.meta[f.n_meta++] = optarg;
+      break;
+    case OM_CLI_OPT_CONTROL_CA:
+      slot = &f.tls.ca;
+      break;
+    case OM_CLI_OPT_CONTROL_CERT:
+      slot = &f.tls.cert;
+      break;
+    case OM_CLI_OPT_CONTROL_KEY:
+      slot = &f.tls.key;
       break;
     case 'h':
       usage(stdout);

@@ -56,6 +56,8 @@ typedef struct {
    * `openmesh register` per example */
   om_cli_controls_t control;
   char control_list[2048];
+  om_cli_control_tls_t ctls; /* --control-*: passed on to the keepers */
+  om_curl_tls_t control_tls; /* the same, for the watches */
   om_curl_uv_t *curl;
   om_watch_t *watches[MAX_SERVICES];
   size_t n_watches, watches_open;
@@ -64,29 +66,34 @@ typedef struct {
 } up_t;
 
 static void usage(FILE *out) {
-  fprintf(out,
-          "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
-          "                   [--control URL[,URL...]]\n"
-          "                   [--tls-cert FILE --tls-key FILE]\n"
-          "                   [--tls-client-ca FILE] [DIR]\n\n"
-          "Run the mesh on its embedded default: a control plane (memory\n"
-          "store, or Redis with --store) and the example services described\n"
-          "in DIR/up.json (default: examples/), each registered with a lease\n"
-          "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
-          "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
-          "  --control URL[,URL...]  join these control planes (on one\n"
-          "                     store) instead of running one: the proxy\n"
-          "                     watches them and each example's lease is\n"
-          "                     kept there by an `openmesh register` child;\n"
-          "                     repeat it or give a comma list; the next\n"
-          "                     plane is used when one fails. Not with\n"
-          "                     --store.\n\n"
-          "The --tls-* flags serve the proxy's listener (what callers reach)\n"
-          "over HTTPS; the control plane and the examples stay plaintext on\n"
-          "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
-          "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
-          "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
-          "an invalid up.json\n");
+  fprintf(
+      out,
+      "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
+      "                   [--control URL[,URL...]]\n"
+      "                   [--tls-cert FILE --tls-key FILE]\n"
+      "                   [--tls-client-ca FILE]\n"
+      "                   [--control-ca FILE]\n"
+      "                   [--control-cert FILE --control-key FILE] [DIR]\n\n"
+      "Run the mesh on its embedded default: a control plane (memory\n"
+      "store, or Redis with --store) and the example services described\n"
+      "in DIR/up.json (default: examples/), each registered with a lease\n"
+      "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
+      "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
+      "  --control URL[,URL...]  join these control planes (on one\n"
+      "                     store) instead of running one: the proxy\n"
+      "                     watches them and each example's lease is\n"
+      "                     kept there by an `openmesh register` child;\n"
+      "                     repeat it or give a comma list; the next\n"
+      "                     plane is used when one fails. Not with\n"
+      "                     --store.\n\n"
+      "The --tls-* flags serve the proxy's listener (what callers reach)\n"
+      "over HTTPS; the control plane and the examples stay plaintext on\n"
+      "loopback, inside the one process:\n" OM_CLI_TLS_HELP_27 "\n"
+      "With --control https://..., the proxy's watches and the keepers\n"
+      "use (peer and host always verified):\n" OM_CLI_CONTROL_TLS_HELP_27 "\n"
+      "exit: 0 stopped by Ctrl-C or SIGTERM, 1 runtime failure (a port\n"
+      "in use, Redis unreachable), 2 usage, a malformed --store URL or\n"
+      "an invalid up.json\n");
 }
 
 static void on_store_closed(void *ud) {
@@ -209,7 +216,7 @@ static void on_keeper_exit(uv_process_t *p, int64_t status, int term_signal) {
  */
 static int start_keeper(up_t *up, const om_example_opts_t *o,
                         const om_example_t *e) {
-  char exe[4096], *argv[16 + 2 * (OM_CLI_CONTROL_MAX + 16)], meta[16][512];
+  char exe[4096], *argv[24 + 2 * (OM_CLI_CONTROL_MAX + 16)], meta[16][512];
   size_t exe_len = sizeof exe, n = 0;
   uv_process_options_t po;
   uv_stdio_container_t stdio[3];
@@ -223,6 +230,7 @@ static int start_keeper(up_t *up, const om_example_opts_t *o,
     argv[n++] = "--control";
     argv[n++] = (char *)up->control.urls[i];
   }
+  om_cli_control_tls_args(&up->ctls, argv, &n);
   argv[n++] = "--service";
   argv[n++] = (char *)o->service;
   argv[n++] = "--id";
@@ -320,6 +328,7 @@ static int start_watches(up_t *up, json_t *services) {
     const char *name = json_string_value(json_object_get(svc, "service"));
     om_watch_opts_t wo = {.control_urls = up->control.urls,
                           .n_control_urls = up->control.n,
+                          .tls = &up->control_tls,
                           .service = name,
                           .metrics = om_proxy_metrics(up->proxy),
                           .on_snapshot = on_watch_snapshot,
@@ -534,6 +543,8 @@ int om_cmd_up(int argc, char **argv) {
   int have_dir = 0, have_store = 0;
   om_cli_controls_t control = {.n = 0};
   om_cli_tls_t tls = {0};
+  om_cli_control_tls_t ctls = {0};
+  om_curl_tls_t control_tls = {0};
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
       usage(stdout);
@@ -556,6 +567,12 @@ int om_cmd_up(int argc, char **argv) {
       tls.key = argv[++a];
     } else if (strcmp(argv[a], "--tls-client-ca") == 0 && a + 1 < argc) {
       tls.client_ca = argv[++a];
+    } else if (strcmp(argv[a], "--control-ca") == 0 && a + 1 < argc) {
+      ctls.ca = argv[++a];
+    } else if (strcmp(argv[a], "--control-cert") == 0 && a + 1 < argc) {
+      ctls.cert = argv[++a];
+    } else if (strcmp(argv[a], "--control-key") == 0 && a + 1 < argc) {
+      ctls.key = argv[++a];
     } else if (argv[a][0] == '-' || have_dir) {
       usage(stderr);
       return OM_EXIT_USAGE;
@@ -572,6 +589,16 @@ int om_cmd_up(int argc, char **argv) {
   if ((rc = om_cli_store_arg("up", store, &use_redis)) != OM_EXIT_OK)
     return rc;
   if ((rc = om_cli_tls_check("up", &tls)) != OM_EXIT_OK)
+    return rc;
+  if (control.n == 0 &&
+      (ctls.ca != NULL || ctls.cert != NULL || ctls.key != NULL))
+    return om_cli_fail_usage("up",
+                             "%s: the --control-* TLS flags go with "
+                             "--control",
+                             ctls.ca     ? "--control-ca"
+                             : ctls.cert ? "--control-cert"
+                                         : "--control-key");
+  if ((rc = om_cli_control_tls_check("up", &ctls, &control_tls)) != OM_EXIT_OK)
     return rc;
   snprintf(file, sizeof file, "%s/up.json", dir);
   conf = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
@@ -599,6 +626,8 @@ int om_cmd_up(int argc, char **argv) {
     return OM_EXIT_FAILURE;
   }
   up->control = control;
+  up->ctls = ctls;
+  up->control_tls = control_tls;
   om_cli_controls_join(&control, up->control_list, sizeof up->control_list);
   if (use_redis) {
     om_store_redis_opts_t ro = {0};

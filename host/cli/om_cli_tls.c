@@ -3,6 +3,7 @@
 
 #include "om_cli.h"
 #include "om_cli_util.h"
+#include "om_tls.h"
 
 int om_cli_tls_option(om_cli_tls_t *t, int c, const char *arg) {
   switch (c) {
@@ -52,4 +53,68 @@ int om_cli_tls_load(const char *cmd, uv_loop_t *loop, const om_cli_tls_t *t,
     return OM_EXIT_USAGE;
   }
   return OM_EXIT_OK;
+}
+
+int om_cli_control_tls_option(om_cli_control_tls_t *t, int c, const char *arg) {
+  switch (c) {
+  case OM_CLI_OPT_CONTROL_CA:
+    t->ca = arg;
+    return 1;
+  case OM_CLI_OPT_CONTROL_CERT:
+    t->cert = arg;
+    return 1;
+  case OM_CLI_OPT_CONTROL_KEY:
+    t->key = arg;
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+int om_cli_control_tls_check(const char *cmd, const om_cli_control_tls_t *t,
+                             om_curl_tls_t *out) {
+  om_tls_opts_t o = {0};
+  om_tls_ctx_t *ctx = NULL;
+  char err[1024];
+  if (t->cert != NULL && t->key == NULL)
+    return om_cli_fail_usage(cmd, "--control-cert %s needs --control-key",
+                             t->cert);
+  if (t->key != NULL && t->cert == NULL)
+    return om_cli_fail_usage(cmd, "--control-key %s needs --control-cert",
+                             t->key);
+  if (out != NULL) {
+    out->ca_file = t->ca;
+    out->cert_file = t->cert;
+    out->key_file = t->key;
+  }
+  if (t->ca == NULL && t->cert == NULL)
+    return OM_EXIT_OK;
+  /* the engine's loader, as libcurl (OpenSSL too) will read the files */
+  o.role = OM_TLS_CLIENT;
+  o.ca_file = t->ca;
+  o.cert_file = t->cert;
+  o.key_file = t->key;
+  o.ca_label = "--control-ca";
+  o.cert_label = "--control-cert";
+  o.key_label = "--control-key";
+  if (om_tls_ctx_new(&o, &ctx, err, sizeof err) != 0) {
+    fprintf(stderr, "openmesh %s: %s\n", cmd, err);
+    return OM_EXIT_USAGE;
+  }
+  om_tls_ctx_unref(ctx);
+  return OM_EXIT_OK;
+}
+
+void om_cli_control_tls_args(const om_cli_control_tls_t *t, char **argv,
+                             size_t *n) {
+  if (t->ca != NULL) {
+    argv[(*n)++] = "--control-ca";
+    argv[(*n)++] = (char *)t->ca;
+  }
+  if (t->cert != NULL) {
+    argv[(*n)++] = "--control-cert";
+    argv[(*n)++] = (char *)t->cert;
+    argv[(*n)++] = "--control-key";
+    argv[(*n)++] = (char *)t->key;
+  }
 }

@@ -12,6 +12,7 @@
 
 #include <uv.h>
 
+#include "om_curl_uv.h"
 #include "om_http_tls.h"
 
 /* getopt_long values, out of the range of the commands' own letters */
@@ -19,6 +20,9 @@ enum {
   OM_CLI_OPT_TLS_CERT = 0x7401,
   OM_CLI_OPT_TLS_KEY,
   OM_CLI_OPT_TLS_CLIENT_CA,
+  OM_CLI_OPT_CONTROL_CA,
+  OM_CLI_OPT_CONTROL_CERT,
+  OM_CLI_OPT_CONTROL_KEY,
 };
 
 /* The rows of a command's option table. */
@@ -73,5 +77,64 @@ int om_cli_tls_check(const char *cmd, const om_cli_tls_t *t);
  */
 int om_cli_tls_load(const char *cmd, uv_loop_t *loop, const om_cli_tls_t *t,
                     int client_optional, om_http_tls_t **out);
+
+/* ---- clients of an HTTPS control plane ---- */
+
+/*
+ * --control-ca FILE (trust for the planes' certificates; default the
+ * system store), --control-cert FILE --control-key FILE (a client
+ * certificate for the planes: with a `san:` entry in a plane's --tokens it
+ * stands in for the bearer token). Used by register, proxy and up for
+ * every request to the planes (heartbeats, the DELETE on exit, watches).
+ */
+#define OM_CLI_CONTROL_TLS_LONGOPTS                                            \
+  {"control-ca", required_argument, NULL, OM_CLI_OPT_CONTROL_CA},              \
+      {"control-cert", required_argument, NULL, OM_CLI_OPT_CONTROL_CERT}, {    \
+    "control-key", required_argument, NULL, OM_CLI_OPT_CONTROL_KEY             \
+  }
+
+/* The help lines, descriptions at column 27 plus P (as OM__CLI_TLS_HELP). */
+#define OM__CLI_CONTROL_TLS_HELP(P)                                            \
+  "  --control-ca FILE        " P                                              \
+  "CA certificates (PEM) trusted for https://\n" OM__CLI_TLS_IND P             \
+  "control planes (default: the system store)\n"                               \
+  "  --control-cert FILE      " P                                              \
+  "a client certificate (PEM) presented to the\n" OM__CLI_TLS_IND P            \
+  "control planes (a `san:` line of their\n" OM__CLI_TLS_IND P                 \
+  "--tokens gives it roles); needs --control-key\n"                            \
+  "  --control-key FILE       " P "its private key (PEM)\n"
+
+#define OM_CLI_CONTROL_TLS_HELP_27 OM__CLI_CONTROL_TLS_HELP("")
+#define OM_CLI_CONTROL_TLS_HELP_28 OM__CLI_CONTROL_TLS_HELP(" ")
+#define OM_CLI_CONTROL_TLS_HELP_30 OM__CLI_CONTROL_TLS_HELP("   ")
+
+typedef struct om_cli_control_tls_s {
+  const char *ca, *cert, *key;
+} om_cli_control_tls_t;
+
+/* c is one of the --control-* TLS options: store arg and return 1; else 0.
+ */
+int om_cli_control_tls_option(om_cli_control_tls_t *t, int c, const char *arg);
+
+/*
+ * After parsing: --control-cert without --control-key or the reverse is
+ * "openmesh CMD: --control-cert FILE needs --control-key" and
+ * OM_EXIT_USAGE. Then every file given is loaded once with the TLS engine
+ * (om_tls_ctx_new, client role) and dropped, so a missing, unreadable or
+ * malformed file, or a key that does not match the certificate, is
+ * "openmesh CMD: --control-key FILE: why" and OM_EXIT_USAGE now rather
+ * than a failed handshake later. OM_EXIT_OK otherwise, and *out (may be
+ * NULL) is the libcurl form of t, pointing into t's strings.
+ */
+int om_cli_control_tls_check(const char *cmd, const om_cli_control_tls_t *t,
+                             om_curl_tls_t *out);
+
+/*
+ * The flags again as arguments for a child `openmesh register` (up's
+ * keepers): appends "--control-ca", FILE, ... for each flag set to argv at
+ * *n (room for 6 more is the caller's). The strings are t's.
+ */
+void om_cli_control_tls_args(const om_cli_control_tls_t *t, char **argv,
+                             size_t *n);
 
 #endif /* OM_CLI_TLS_H */

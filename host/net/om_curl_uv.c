@@ -417,6 +417,7 @@ struct om_curl_request_s {
   size_t len, cap, max;
   int too_big, oom, in_cb;
   char errbuf[CURL_ERROR_SIZE];
+  char errtext[CURL_ERROR_SIZE + 64]; /* om_curl_error_text's */
 };
 
 static void request_free(om_curl_request_t *r) {
@@ -478,7 +479,8 @@ static void request_done(void *ud, CURL *easy, CURLcode result) {
     resp.result = CURLE_OUT_OF_MEMORY;
     resp.error = "out of memory";
   } else if (result != CURLE_OK)
-    resp.error = r->errbuf[0] != '\0' ? r->errbuf : curl_easy_strerror(result);
+    resp.error =
+        om_curl_error_text(result, r->errbuf, r->errtext, sizeof r->errtext);
   else
     resp.error = "";
   if (resp.result == CURLE_OK && r->len > 0) {
@@ -549,6 +551,8 @@ static int request_setup(om_curl_request_t *r, const om_curl_req_t *req) {
       add_header(&r->headers, "Expect:") != 0)
     return OM_ENOMEM;
   if ((rc = om_curl_easy_base(e, req->url, r->errbuf)) != 0)
+    return rc;
+  if ((rc = om_curl_easy_tls(e, req->tls)) != 0)
     return rc;
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
                    timeout > LONG_MAX ? LONG_MAX : (long)timeout);
@@ -653,4 +657,49 @@ int om_curl_easy_base(CURL *e, const char *url, char *errbuf) {
   if (errbuf != NULL)
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
   return 0;
+}
+
+/* A libcurl refusal as an OM_E* code. */
+static int tls_opt(CURL *e, CURLoption opt, const char *value) {
+  CURLcode cc = curl_easy_setopt(e, opt, value);
+  if (cc == CURLE_OK)
+    return 0;
+  return cc == CURLE_OUT_OF_MEMORY ? OM_ENOMEM : OM_EINVAL;
+}
+
+int om_curl_easy_tls(CURL *e, const om_curl_tls_t *tls) {
+  int rc = 0;
+  if (e == NULL)
+    return OM_EINVAL;
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (tls == NULL)
+    return 0;
+  if ((tls->cert_file == NULL) != (tls->key_file == NULL))
+    return OM_EINVAL;
+  if (tls->ca_file != NULL)
+    rc = tls_opt(e, CURLOPT_CAINFO, tls->ca_file);
+  if (rc == 0 && tls->cert_file != NULL) {
+    rc = tls_opt(e, CURLOPT_SSLCERT, tls->cert_file);
+    if (rc == 0)
+      rc = tls_opt(e, CURLOPT_SSLCERTTYPE, "PEM");
+    if (rc == 0)
+      rc = tls_opt(e, CURLOPT_SSLKEY, tls->key_file);
+    if (rc == 0)
+      rc = tls_opt(e, CURLOPT_SSLKEYTYPE, "PEM");
+  }
+  return rc;
+}
+
+const char *om_curl_error_text(CURLcode result, const char *errbuf, char *out,
+                               size_t cap) {
+  const char *why =
+      errbuf != NULL && errbuf[0] != '\0' ? errbuf : curl_easy_strerror(result);
+  if (cap == 0)
+    return "";
+  if (result == CURLE_PEER_FAILED_VERIFICATION)
+    snprintf(out, cap, "TLS verification of the server failed: %s", why);
+  else
+    snprintf(out, cap, "%s", why);
+  return out;
 }

@@ -66,6 +66,41 @@ int om_curl_uv_new(uv_loop_t *loop, om_curl_uv_t **out);
 int om_curl_easy_base(CURL *e, const char *url, char *errbuf);
 
 /*
+ * TLS client settings for https:// transfers (the control plane's clients).
+ * Every field may be NULL. Peer and host verification are always on; these
+ * only say what to trust and what to present.
+ */
+typedef struct om_curl_tls_s {
+  const char *ca_file;   /* CA certificates (PEM) to trust; NULL: system */
+  const char *cert_file; /* client certificate (PEM) presented on request */
+  const char *key_file;  /* its private key (PEM); with cert_file only */
+} om_curl_tls_t;
+
+/*
+ * om_curl_easy_tls: apply tls (NULL: defaults only) to e: CURLOPT_CAINFO,
+ * CURLOPT_SSLCERT and CURLOPT_SSLKEY (PEM) when set, and
+ * CURLOPT_SSL_VERIFYPEER 1 and CURLOPT_SSL_VERIFYHOST 2 always, so no
+ * caller can turn verification off by omission. libcurl copies the names:
+ * tls may go away on return. The files are read at each handshake, not
+ * here: validate them beforehand (the commands do, at start). Returns 0;
+ * OM_EINVAL when cert_file and key_file are not both set or both NULL, or
+ * libcurl refuses an option (a TLS backend without file support); OM_ENOMEM.
+ */
+int om_curl_easy_tls(CURL *e, const om_curl_tls_t *tls);
+
+/*
+ * om_curl_error_text: a failed transfer's message for logs, into out (cap
+ * bytes, NUL-terminated, truncated if needed): errbuf (the transfer's
+ * CURLOPT_ERRORBUFFER, may be NULL or empty) or libcurl's text for
+ * result, and for a certificate that failed verification a prefix saying
+ * so ("TLS verification of the server failed: SSL certificate problem:
+ * unable to get local issuer certificate"), since libcurl's own words do
+ * not name verification. Returns out ("" when cap is 0).
+ */
+const char *om_curl_error_text(CURLcode result, const char *errbuf, char *out,
+                               size_t cap);
+
+/*
  * om_curl_uv_add: start the transfer of easy, fully configured by the
  * caller. cb(ud, easy, result) is called exactly once, from the loop,
  * when it ends, unless it is cancelled (om_curl_uv_cancel) or the glue is
@@ -121,6 +156,9 @@ typedef struct om_curl_req_s {
   size_t body_len;
   uint64_t timeout_ms; /* the whole exchange; 0: 30 s */
   size_t max_body;     /* response body cap; 0: OM_CURL_MAX_BODY */
+  /* https:// trust and client certificate (om_curl_easy_tls); NULL: the
+   * system store, no certificate. Copied. */
+  const om_curl_tls_t *tls;
 } om_curl_req_t;
 
 typedef struct om_curl_resp_s {
@@ -150,7 +188,8 @@ typedef struct om_curl_request_s om_curl_request_t;
  * *out (out may be NULL) is a handle for om_curl_request_cancel, valid
  * until cb returns. Returns 0; OM_EINVAL (NULL cu, cb or url; a method
  * that is not a token; a header line with CR, LF or NUL; body NULL with
- * body_len > 0; a URL libcurl refuses); OM_ESTATE (closing, or from inside
+ * body_len > 0; a URL libcurl refuses; tls that om_curl_easy_tls
+ * refuses); OM_ESTATE (closing, or from inside
  * a libcurl callback); OM_ENOMEM. On error cb will not run.
  */
 int om_curl_uv_request(om_curl_uv_t *cu, const om_curl_req_t *req,

@@ -564,8 +564,7 @@ static void on_done(void *ud, CURL *easy, CURLcode result) {
   } else if (result != CURLE_OK) {
     w->st.transport_errors++;
     why = END_TRANSPORT;
-    snprintf(msg, sizeof msg, "%s",
-             w->errbuf[0] != '\0' ? w->errbuf : curl_easy_strerror(result));
+    om_curl_error_text(result, w->errbuf, msg, sizeof msg);
   } else {
     why = END_EOF;
     snprintf(msg, sizeof msg, "the control plane ended the stream");
@@ -811,9 +810,13 @@ static void watch_free_unstarted(om_watch_t *w) {
   free(w);
 }
 
-static int setup_easy(om_watch_t *w) {
+/* The handle is set up once and reused for every request of the watch;
+ * libcurl keeps its copies of the TLS file names, so tls is not kept. */
+static int setup_easy(om_watch_t *w, const om_curl_tls_t *tls) {
   CURL *e = w->easy;
   int rc = om_curl_easy_base(e, w->url, w->errbuf);
+  if (rc == 0)
+    rc = om_curl_easy_tls(e, tls);
   if (rc != 0)
     return rc;
   /* a stream has no end: the silence timer is the only timeout, and it
@@ -862,6 +865,8 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
       (planes = planes_of(opts, &n_planes)) == NULL || opts->service == NULL ||
       !om_valid_name(opts->service, strlen(opts->service)) ||
       (opts->token != NULL && !valid_token(opts->token)) ||
+      (opts->tls != NULL &&
+       (opts->tls->cert_file == NULL) != (opts->tls->key_file == NULL)) ||
       opts->max_event_bytes > OM_SSE_MAX_EVENT_BYTES_LIMIT)
     return OM_EINVAL;
   hb = opts->heartbeat_ms ? opts->heartbeat_ms : OM_WATCH_DEFAULT_HEARTBEAT_MS;
@@ -887,7 +892,7 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   w->ud = opts->ud;
   om_rng_seed(&w->rng,
               opts->seed ? opts->seed : uv_hrtime() ^ (uint64_t)(uintptr_t)w);
-  rc = setup_easy(w);
+  rc = setup_easy(w, opts->tls);
   if (rc == 0)
     rc = start_request(w);
   if (rc != 0) {

@@ -125,6 +125,14 @@ typedef struct om_watch_opts_s {
    * `Authorization: Bearer <token>`; NULL: none. At most
    * OM_WATCH_TOKEN_MAX visible ASCII bytes. Copied. */
   const char *token;
+  /* For https:// planes: the CA file to trust (NULL: the system store)
+   * and a client certificate and key to present (both or neither; a
+   * control plane with a `san:` entry for it takes it instead of a
+   * token). Peer and host are always verified; a verification failure
+   * is a transport error of that plane (logged with libcurl's reason),
+   * so the watch moves on as for a connect failure. The names are
+   * copied; the files are read at each handshake. NULL: defaults. */
+  const om_curl_tls_t *tls;
   /* The control plane's ping interval; 0: 15 s. */
   uint64_t heartbeat_ms;
   /* Backoff ceiling for the first retry, doubling up to the cap;
@@ -192,7 +200,8 @@ typedef struct om_watch_stats_s {
  * *out; OM_EINVAL (NULL argument, no or invalid service, a URL that is
  * not absolute http(s) or holds bytes a URL cannot, no URL, both
  * control_url and control_urls, more than OM_WATCH_MAX_PLANES or the
- * same URL twice, a token with bytes a
+ * same URL twice, a tls with a certificate and no key or the reverse, a
+ * token with bytes a
  * header cannot carry or longer than OM_WATCH_TOKEN_MAX, max_event_bytes
  * above the parser's limit); OM_ESTATE (called from inside a libcurl
  * callback, or cu is closing); OM_ENOMEM. On error nothing was allocated
