@@ -1114,6 +1114,7 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->peers = s->view->n;
   out->policy_cache_hits = s->cache.hits;
   out->policy_cache_misses = s->cache.misses;
+  out->denied = s->denied;
   return 0;
 }
 
