@@ -852,13 +852,18 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
  * The policy's authorize refused the call: 403 forbidden with its reason,
  * before admission and without reaching a peer. The caller's
  * X-Request-Id is echoed, else a fresh one (as the upstream would have
- * got) names the refusal.
+ * got) names the refusal. Logged as proxy_denied with the caller's
+ * identity, at most once a second per service (a refused caller that
+ * retries in a loop must not flood the log; the metric counts each).
  */
 static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
-                 const char *reason) {
+                 const char *reason, const om_policy_identity_t *who,
+                 uint64_t now) {
   static const char hex[] = "0123456789abcdef";
   char rid[33];
   const char *id = om_http_request_header(req, "x-request-id", NULL);
+  const char *caller = "";
+  uint64_t held;
   s->denied++;
   om_metric_inc(s->m_denied);
   om_metric_inc(s->outcomes[OM__PROXY_FORBIDDEN]);
@@ -868,6 +873,20 @@ static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
       rid[i] = hex[(w[i / 16] >> (60 - 4 * (i % 16))) & 0xf];
     rid[32] = '\0';
     id = rid;
+  }
+  if (who != NULL) { /* the SPIFFE ID when there is one, else the subject */
+    caller = who->subject != NULL ? who->subject : "";
+    for (size_t i = 0; i < who->n_uris; i++)
+      if (strncmp(who->uris[i], "spiffe://", 9) == 0) {
+        caller = who->uris[i];
+        break;
+      }
+  }
+  if (om__proxy_log_limit(&s->deny_log, now, &held)) {
+    char sup[24];
+    snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
+    om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
+           "caller", caller, "reason", reason, "suppressed", sup, NULL);
   }
   respond_error(req, OM__PROXY_FORBIDDEN,
                 reason[0] != '\0' ? reason
@@ -978,7 +997,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (kv != kv_stack)
     free(kv);
   if (rc == OM_POLICY_DENIED) {
-    deny(p, s, req, err);
+    deny(p, s, req, err, preq.identity, now);
     return;
   }
   if (rc != 0) {

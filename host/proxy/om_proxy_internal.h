@@ -189,7 +189,8 @@ struct om__proxy_service_s {
   om_metric_t *m_resolve_failures; /* om_proxy_resolve.c */
   uint64_t denied;                 /* calls the policy's authorize refused */
   om_metric_t *m_denied;
-  struct om__proxy_tls_s *tls; /* om_proxy_tls.c; NULL until the policy */
+  om__proxy_log_limit_t deny_log; /* proxy_denied lines */
+  struct om__proxy_tls_s *tls;    /* om_proxy_tls.c; NULL until the policy */
 };
 
 struct om_proxy_s {

@@ -107,6 +107,12 @@ s.serve_forever()
       assert.matches("saw /a%-" .. i .. "\n", seen)
     end
     assert.not_matches("saw /b", seen)
+    -- logged with the caller and the request id, at most once a second
+    assert.truthy(H.wait_for(function()
+      return H.readfile(proxy.out):find('"event":"proxy_denied","service":"web","request_id":"', 1, true)
+    end, 5), H.readfile(proxy.out))
+    assert.matches('"caller":"spiffe://mesh/ns/b/sa/y","reason":"namespace b may not call web"',
+      H.readfile(proxy.out), 1, true)
   end)
 
   it("counts the refusals in /metrics and /status", function()
