@@ -114,6 +114,8 @@ describe("contract.validate", function()
       p.subset = nil
       rejects(p, "field 'subset': function expected, got nil")
       rejects(traffic { key = "x-user" }, "field 'key': function expected, got 'x-user'")
+      rejects(traffic { authorize = true }, "field 'authorize': function expected, got true")
+      accepts(traffic { authorize = function() return true end })
     end)
 
     it("accepts every pool setting at its bounds", function()
