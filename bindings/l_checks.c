@@ -8,11 +8,15 @@
  *     result must be an array of the very tables of peers, each at most
  *     once
  *   om.checks.key(value) -> nil | "key returned ..."  (string or nil)
+ *   om.checks.authorize(ok, reason) -> true | false, reason | nil,
+ *     "authorize returned ..."  (true alone, or false and an optional
+ *     reason of printable ASCII; reason "" when none)
  *   om.checks.order(names, routes) -> nil | "order returned ..."
  *     names must be a non-empty array of names in routes (an array of
  *     route names), each at most once
  *   om.checks.vary_view(vary, req) -> the request as a policy that
- *     declares vary (an array of header names, ":method", ":path") sees
+ *     declares vary (an array of header names, ":method", ":path",
+ *     ":identity") sees
  *     it: the service and the declared fields; reading anything else
  *     raises, naming the field
  *   om.checks.pattern(p) -> nil | stock Lua's message for a pattern the
@@ -118,6 +122,9 @@ static int l_vary_view(lua_State *L) {
       path = 1;
       lua_getfield(L, 2, "path");
       lua_setfield(L, out, "path");
+    } else if (strcmp(name, ":identity") == 0) {
+      lua_getfield(L, 2, "identity");
+      lua_setfield(L, out, "identity");
     } else {
       lua_getfield(L, seen, name);
       lua_setfield(L, headers, name);
@@ -135,6 +142,23 @@ static int l_vary_view(lua_State *L) {
   lua_pop(L, 1); /* seen */
   lua_setfield(L, out, "headers");
   return 1;
+}
+
+static int l_authorize(lua_State *L) {
+  char err[512], reason[OM_POLICY_REASON_MAX + 1];
+  int rc;
+  lua_settop(L, 2);
+  rc = om__policy_check_authorize(L, 1, reason, err, sizeof err);
+  if (rc < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err);
+    return 2;
+  }
+  lua_pushboolean(L, rc == 0);
+  if (rc == 0)
+    return 1;
+  lua_pushstring(L, reason);
+  return 2;
 }
 
 static int l_pattern(lua_State *L) {
@@ -159,6 +183,7 @@ static int l_pattern_prefix(lua_State *L) {
 void om__lua_open_checks(lua_State *L) {
   static const luaL_Reg funcs[] = {{"subset", l_subset},
                                    {"key", l_key},
+                                   {"authorize", l_authorize},
                                    {"order", l_order},
                                    {"vary_view", l_vary_view},
                                    {"pattern", l_pattern},

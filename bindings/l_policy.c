@@ -11,6 +11,8 @@
  *   p:kind() ; p:name() ; p:version() ; p:settings()
  *   p:subset(req, peers) -> {id, ...} | nil, "EPOLICY: ...", "EPOLICY"
  *   p:key(req) -> string | nil
+ *   p:authorize(req) -> true | false, reason | nil, "EPOLICY: ...",
+ *     "EPOLICY"  (true also for a policy without authorize)
  *   p:order(ctx) -> {route, ...}
  *   p:evaluate(text [, ctx]) -> {flagged =, confidence =, checks = {...}}
  *   p:close()   -- also __gc and __close
@@ -416,6 +418,30 @@ static int l_key(lua_State *L) {
   return contract_call(L, p, "key", 2, 1);
 }
 
+/* Through om_policy_authorize: the proxy's own call, check and budget. */
+static int l_authorize(lua_State *L) {
+  om_policy_t *p = check_policy(L, 1);
+  om_policy_req_t req = {0};
+  char err[ERRLEN];
+  int rc;
+  if (om_policy_kind(p) != OM_POLICY_TRAFFIC)
+    return luaL_error(L, "not a traffic policy");
+  lua_settop(L, 2);
+  lua_newtable(L); /* [p, req, anchors] */
+  read_req(L, 2, &req, 3);
+  rc = om_policy_authorize(p, &req, err, sizeof err);
+  if (rc == 0) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (rc == OM_POLICY_DENIED) {
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, err);
+    return 2;
+  }
+  return om__lua_fail(L, rc, err);
+}
+
 static int l_order(lua_State *L) {
   om_policy_t *p = check_policy(L, 1);
   if (om_policy_kind(p) != OM_POLICY_FALLBACK)
@@ -444,12 +470,17 @@ static int l_tostring(lua_State *L) {
 }
 
 void om__lua_open_policy(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"kind", l_kind},       {"name", l_name},
-      {"version", l_version}, {"settings", l_settings},
-      {"subset", l_subset},   {"key", l_key},
-      {"order", l_order},     {"evaluate", l_evaluate},
-      {"close", l_close},     {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"kind", l_kind},
+                                     {"name", l_name},
+                                     {"version", l_version},
+                                     {"settings", l_settings},
+                                     {"subset", l_subset},
+                                     {"key", l_key},
+                                     {"authorize", l_authorize},
+                                     {"order", l_order},
+                                     {"evaluate", l_evaluate},
+                                     {"close", l_close},
+                                     {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", l_close},
                                   {"__close", l_close},
                                   {"__tostring", l_tostring},

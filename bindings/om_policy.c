@@ -19,7 +19,8 @@
 #include "om_policy_check.h"
 
 /* Registry keys (their addresses) in the policy's state. */
-static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_PEERS, K_EMPTY;
+static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_AUTHORIZE, K_PEERS,
+    K_EMPTY;
 /* a policy that declares vary: the metatables of its view of a request */
 static const char K_VARY_HEADERS, K_VARY_REQ, K_VARY_METADATA;
 /* set (true) once a policy that declares vary has run its top level */
@@ -34,11 +35,14 @@ struct om_policy_s {
   uint32_t stamp;
   om__peer_map_t map;
   om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
-  int has_key;
-  /* `vary` (traffic): the header names, and :method / :path */
+  int has_key, has_authorize;
+  /* `vary` (traffic): the header names, and :method / :path / :identity */
   char **vary;
   size_t n_vary;
-  int vary_set, vary_method, vary_path;
+  int vary_set, vary_method, vary_path, vary_identity;
+  /* the last call's authorize refused it, with this reason ("" for none) */
+  int denied;
+  char reason[OM_POLICY_REASON_MAX + 1];
   /* the budgets of one route call (traffic): from budget_ms */
   double budget_ms;
   uint64_t route_instr, route_wall_ns;
@@ -128,6 +132,8 @@ static int capture(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_SUBSET);
   p->has_key = rawfield(L, 2, "key") == LUA_TFUNCTION;
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
+  p->has_authorize = rawfield(L, 2, "authorize") == LUA_TFUNCTION;
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_AUTHORIZE);
   if (rawfield(L, 2, "vary") == LUA_TTABLE && p->kind == OM_POLICY_TRAFFIC) {
     /* validated: an array of distinct names */
     lua_Unsigned n = lua_rawlen(L, -1);
@@ -143,6 +149,8 @@ static int capture(lua_State *L) {
         p->vary_method = 1;
       } else if (name != NULL && strcmp(name, ":path") == 0) {
         p->vary_path = 1;
+      } else if (name != NULL && strcmp(name, ":identity") == 0) {
+        p->vary_identity = 1;
       } else if (name != NULL) {
         if ((p->vary[p->n_vary] = strdup(name)) == NULL)
           return luaL_error(L, "not enough memory");
@@ -422,13 +430,14 @@ void om_policy_free(om_policy_t *p) {
 }
 
 int om_policy_vary(const om_policy_t *p, const char *const **names, size_t *n,
-                   int *method, int *path) {
+                   int *method, int *path, int *identity) {
   if (p == NULL || !p->vary_set)
     return 0;
   *names = (const char *const *)p->vary;
   *n = p->n_vary;
   *method = p->vary_method;
   *path = p->vary_path;
+  *identity = p->vary_identity;
   return 1;
 }
 
@@ -625,7 +634,6 @@ static void push_identity(lua_State *L, const om_policy_identity_t *id) {
   }
 }
 
-/* key(req) then subset(req, peers): returns key, result. Runs protected. */
 const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
                                            const char *name) {
   size_t nl = strlen(name);
@@ -637,10 +645,34 @@ const om_policy_kv_t *om_policy_req_header(const om_policy_req_t *req,
   return found;
 }
 
+/*
+ * authorize(req) with req at index 1: 0 to go on; 1 when it refused
+ * (p->denied, p->reason set); raises on any other answer, so the call
+ * fails as a policy error. Runs protected.
+ */
+static int run_authorize(lua_State *L, om_policy_t *p) {
+  char msg[512];
+  int rc;
+  if (!p->has_authorize)
+    return 0;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_AUTHORIZE);
+  lua_pushvalue(L, 1);
+  lua_call(L, 1, 2); /* [req, ok, reason] */
+  rc = om__policy_check_authorize(L, 2, p->reason, msg, sizeof msg);
+  if (rc < 0)
+    return luaL_error(L, "%s", msg);
+  lua_settop(L, 1);
+  p->denied = rc == 1;
+  return rc;
+}
+
+/* authorize(req), then key(req) and subset(req, peers): returns key,
+ * result, or nothing when authorize refused. Runs protected. */
 static int call_route(lua_State *L) {
   char msg[512];
   const om_policy_req_t *req = lua_touserdata(L, 1);
-  const om_policy_t *p = lua_touserdata(L, 2);
+  om_policy_t *p = lua_touserdata(L, 2);
+  int only_authorize = lua_toboolean(L, 3);
   lua_settop(L, 0);
   lua_createtable(L, 0, 5); /* [req] */
   lua_pushstring(L, req->service != NULL ? req->service : "");
@@ -668,6 +700,10 @@ static int call_route(lua_State *L) {
     lua_setfield(L, 1, "headers");
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_METADATA);
     lua_setfield(L, 1, "metadata");
+    if (p->vary_identity && req->identity != NULL) {
+      push_identity(L, req->identity);
+      lua_setfield(L, 1, "identity");
+    }
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
     lua_setmetatable(L, 1);
     goto call;
@@ -688,6 +724,8 @@ static int call_route(lua_State *L) {
     lua_setfield(L, 1, "identity");
   }
 call:
+  if (run_authorize(L, p) != 0 || only_authorize)
+    return 0;
   if (p->has_key) {
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);
     lua_pushvalue(L, 1);
@@ -714,15 +752,25 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
     om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
+  p->denied = 0;
   lua_settop(L, 0);
   lua_pushcfunction(L, call_route);
   lua_pushlightuserdata(L, (void *)req);
   lua_pushlightuserdata(L, p);
-  if (om_sandbox_call_limited(p->sb, 2, 2, p->route_instr, p->route_wall_ns) !=
+  lua_pushboolean(L, 0);
+  if (om_sandbox_call_limited(p->sb, 3, 2, p->route_instr, p->route_wall_ns) !=
       LUA_OK) {
     om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     return OM_EPOLICY;
+  }
+  if (p->denied) {
+    om_errbuf(err, errlen, "%s", p->reason);
+    if (key != NULL)
+      *key = NULL;
+    *n_out = 0;
+    lua_settop(L, 0);
+    return OM_POLICY_DENIED;
   }
   /* [key, result]: raw reads only from here on */
   if (key != NULL)
@@ -737,4 +785,37 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                                out, n_out, err, errlen);
   lua_settop(L, 2);
   return rc == 0 ? 0 : OM_EPOLICY;
+}
+
+int om_policy_authorize(om_policy_t *p, const om_policy_req_t *req, char *err,
+                        size_t errlen) {
+  lua_State *L = om_sandbox_state(p->sb);
+  if (p->kind != OM_POLICY_TRAFFIC || req == NULL) {
+    om_errbuf(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  om_errbuf(err, errlen, "%s", "");
+  if (!p->has_authorize)
+    return 0;
+  p->denied = 0;
+  lua_settop(L, 0);
+  lua_pushcfunction(L, call_route);
+  lua_pushlightuserdata(L, (void *)req);
+  lua_pushlightuserdata(L, p);
+  lua_pushboolean(L, 1);
+  if (om_sandbox_call_limited(p->sb, 3, 0, p->route_instr, p->route_wall_ns) !=
+      LUA_OK) {
+    om_lua_errmsg(L, err, errlen, "");
+    lua_settop(L, 0);
+    return OM_EPOLICY;
+  }
+  lua_settop(L, 0);
+  if (!p->denied)
+    return 0;
+  om_errbuf(err, errlen, "%s", p->reason);
+  return OM_POLICY_DENIED;
+}
+
+int om_policy_has_authorize(const om_policy_t *p) {
+  return p != NULL && p->has_authorize;
 }

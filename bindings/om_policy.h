@@ -66,8 +66,8 @@ typedef struct om_policy_req_s {
   const om_policy_kv_t *metadata;
   size_t n_metadata;
   /* NULL for a plaintext or anonymous caller (req.identity is nil); a
-   * policy that declares vary never sees it (its decisions are shared
-   * between callers) */
+   * policy that declares vary sees it only when its vary names
+   * ":identity" (its decisions are shared between callers) */
   const om_policy_identity_t *identity;
 } om_policy_req_t;
 
@@ -123,16 +123,43 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
 size_t om_policy_peer_count(const om_policy_t *p);
 
 /*
- * om_policy_route: run a traffic policy for one request: key(req) when the
- * policy has one, then subset(req, peers). On 0, out[0..*n_out) are indices
- * into the current peer view (out must hold om_policy_peer_count entries) and
- * *key / *key_len the policy's key (NULL when none; valid until the next call
- * into this policy). Anything but a proper subset is OM_EPOLICY with the
- * reason in err: the caller fails the request, never widens it.
+ * What om_policy_route and om_policy_authorize return when the policy's
+ * authorize(req) refused the call: positive, since it is the policy's
+ * answer and not a failure. err then holds the policy's reason (at most
+ * OM_POLICY_REASON_MAX bytes of printable ASCII, "" when it gave none).
+ */
+#define OM_POLICY_DENIED 2
+#define OM_POLICY_REASON_MAX 200
+
+/*
+ * om_policy_route: run a traffic policy for one request: authorize(req)
+ * when the policy has one, then key(req) when it has one, then
+ * subset(req, peers), all in one call under one budget. On 0,
+ * out[0..*n_out) are indices into the current peer view (out must hold
+ * om_policy_peer_count entries) and *key / *key_len the policy's key (NULL
+ * when none; valid until the next call into this policy). OM_POLICY_DENIED
+ * when authorize refused (key and subset did not run; *n_out 0, *key NULL;
+ * the reason in err): the caller answers 403 and reaches no peer. Anything
+ * but a proper answer (authorize: true, or false and a reason; subset: a
+ * subset) is OM_EPOLICY with the reason in err: the caller fails the
+ * request, never widens it.
  */
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t *n_out, const char **key, size_t *key_len, char *err,
                     size_t errlen);
+
+/*
+ * om_policy_authorize: only authorize(req) of a traffic policy, under the
+ * budget of a route call (what openmesh.testing's policy:authorize runs).
+ * 0 when the policy allows the call or has no authorize; OM_POLICY_DENIED
+ * with the reason in err; OM_EPOLICY with the message in err for any
+ * other answer or a raised error; OM_EINVAL for another kind.
+ */
+int om_policy_authorize(om_policy_t *p, const om_policy_req_t *req, char *err,
+                        size_t errlen);
+
+/* om_policy_has_authorize: 1 when the traffic policy has authorize(req). */
+int om_policy_has_authorize(const om_policy_t *p);
 
 /*
  * The budget of one om_policy_route call, from the traffic policy's
@@ -154,14 +181,16 @@ double om_policy_budget_ms(const om_policy_t *p);
 
 /*
  * om_policy_vary: 1 when the traffic policy declares `vary`, with its
- * header names (lower-case; owned by the policy) and whether :method and
- * :path are among them; 0 otherwise. Such a policy sees only the service
- * and those fields (om_policy_route builds nothing else), so for one peer
- * view its decision is a function of them: a caller may reuse it for
- * every request that agrees on them (the proxy's decision cache).
+ * header names (lower-case; owned by the policy) and whether :method,
+ * :path and :identity are among them; 0 otherwise. Such a policy sees
+ * only the service and those fields (om_policy_route builds nothing
+ * else), so for one peer view its decision (authorize's included) is a
+ * function of them: a caller may reuse it for every request that agrees
+ * on them (the proxy's decision cache), the caller's identity included
+ * when :identity is declared.
  */
 int om_policy_vary(const om_policy_t *p, const char *const **names, size_t *n,
-                   int *method, int *path);
+                   int *method, int *path, int *identity);
 
 /* The value of header `name` (lower-case) in req: the last occurrence, as
  * the policy's headers table has it; NULL when absent. */

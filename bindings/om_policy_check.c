@@ -288,6 +288,60 @@ int om__policy_check_key(lua_State *L, int idx, char *err, size_t errlen) {
 }
 
 /* ------------------------------------------------------------------ */
+/* authorize                                                          */
+
+int om__policy_check_authorize(lua_State *L, int idx, char *reason, char *err,
+                               size_t errlen) {
+  char shown[256];
+  int t = lua_type(L, idx), rt = lua_type(L, idx + 1);
+  reason[0] = '\0';
+  if (t != LUA_TBOOLEAN) {
+    om_errbuf(err, errlen,
+              "authorize returned a %s (%s), expected true, or false and a "
+              "reason",
+              t == LUA_TNONE ? "nil" : lua_typename(L, t),
+              om__policy_show(L, idx, shown, sizeof shown));
+    return -1;
+  }
+  if (lua_toboolean(L, idx)) {
+    if (rt == LUA_TNIL || rt == LUA_TNONE)
+      return 0;
+    om_errbuf(err, errlen,
+              "authorize returned true and a %s (%s): a reason goes with "
+              "false only",
+              lua_typename(L, rt),
+              om__policy_show(L, idx + 1, shown, sizeof shown));
+    return -1;
+  }
+  if (rt == LUA_TNIL || rt == LUA_TNONE)
+    return 1;
+  if (rt == LUA_TSTRING) {
+    size_t len;
+    const char *s = lua_tolstring(L, idx + 1, &len); /* a string: no alloc */
+    int printable = len <= OM_POLICY_REASON_MAX;
+    for (size_t i = 0; printable && i < len; i++)
+      printable = s[i] >= 0x20 && s[i] <= 0x7e;
+    if (printable) {
+      memcpy(reason, s, len);
+      reason[len] = '\0';
+      return 1;
+    }
+    om_errbuf(err, errlen,
+              "authorize returned false and the reason %s, expected at most "
+              "%d bytes of printable ASCII",
+              om__policy_show(L, idx + 1, shown, sizeof shown),
+              OM_POLICY_REASON_MAX);
+    return -1;
+  }
+  om_errbuf(err, errlen,
+            "authorize returned false and a %s (%s), expected a string "
+            "reason or nothing",
+            lua_typename(L, rt),
+            om__policy_show(L, idx + 1, shown, sizeof shown));
+  return -1;
+}
+
+/* ------------------------------------------------------------------ */
 /* order                                                              */
 
 /* "{a, b}": the route names as the message lists them; pushes it. */

@@ -8,6 +8,8 @@
  *   subset(req, peers): an array (keys exactly 1..n) of the very peer
  *     tables offered, each at most once; an empty array is fine.
  *   key(req): a string or nil.
+ *   authorize(req): true, or false and an optional reason (a string of
+ *     at most OM_POLICY_REASON_MAX bytes of printable ASCII).
  *   order(ctx): a non-empty array of defined route names, each at most
  *     once.
  *   vary: a policy that declares vary sees a view of the request that
@@ -21,6 +23,8 @@
 #include <stdint.h>
 
 #include <lua.h>
+
+#include "om_policy.h" /* OM_POLICY_REASON_MAX */
 
 /*
  * Which peer a table is: an open-addressing map from a peer table's
@@ -66,6 +70,18 @@ int om__policy_check_subset(lua_State *L, int res, const om__peer_map_t *map,
  * Never allocates nor raises.
  */
 int om__policy_check_key(lua_State *L, int idx, char *err, size_t errlen);
+
+/*
+ * om__policy_check_authorize: the answer of authorize(req), the values at
+ * idx and idx + 1 (a missing one reads as nil). 0 for `true` alone; 1 for
+ * `false` with no reason or a reason of at most OM_POLICY_REASON_MAX
+ * printable ASCII bytes, copied NUL-terminated into reason (room for
+ * OM_POLICY_REASON_MAX + 1; "" when none); else -1 and e.g. "authorize
+ * returned a string ("yes"), expected true, or false and a reason" in err.
+ * Never allocates nor raises.
+ */
+int om__policy_check_authorize(lua_State *L, int idx, char *reason, char *err,
+                               size_t errlen);
 
 /*
  * om__policy_check_order: 0 (stack unchanged) when the value at names is a

@@ -53,6 +53,8 @@ static void shipped_policies_load(void **state) {
       {OM_SOURCE_DIR "/examples/policies/keyed_affinity.lua",
        OM_POLICY_TRAFFIC},
       {OM_SOURCE_DIR "/examples/policies/streaming.lua", OM_POLICY_TRAFFIC},
+      {OM_SOURCE_DIR "/examples/policies/identity_authorize.lua",
+       OM_POLICY_TRAFFIC},
   };
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char err[1024];
@@ -352,6 +354,99 @@ static void key_must_be_a_string(void **state) {
   om_policy_free(p);
 }
 
+/* authorize runs first: a refusal skips key and subset and says why; any
+ * other answer fails the call, as for subset. */
+static void authorize_refuses_first(void **state) {
+  static const char src[] =
+      "local calls = 0\n"
+      "return { kind = 'traffic',\n"
+      "  authorize = function(req)\n"
+      "    local s = req.identity and req.identity.spiffe\n"
+      "    if req.path == '/bad' then return false, 1 end\n"
+      "    if s == 'spiffe://mesh/ns/a/sa/x' then return true end\n"
+      "    return false, 'not a: ' .. tostring(s) end,\n"
+      "  key = function(req) calls = calls + 1 return tostring(calls) end,\n"
+      "  subset = function(_, p) return p end }\n";
+  om_policy_t *p = load_ok("authorize.lua", src);
+  const om_policy_peer_t peers[] = {{"a", NULL, NULL, 1, NULL, 0}};
+  const char *uri_a[] = {"urn:x", "spiffe://mesh/ns/a/sa/x"};
+  const char *uri_b[] = {"spiffe://mesh/ns/b/sa/y"};
+  om_policy_identity_t a = {"CN=a", uri_a, 2, NULL, 0};
+  om_policy_identity_t b = {"CN=b", uri_b, 1, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, &a};
+  uint32_t out[1];
+  size_t n = 9, klen = 0;
+  const char *key = NULL;
+  char err[512];
+  assert_int_equal(om_policy_has_authorize(p), 1);
+  assert_int_equal(om_policy_set_peers(p, peers, 1), 0);
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err), 0);
+  OM_ASSERT_CMP(n, ==, 1);
+  assert_string_equal(key, "1");
+  req.identity = &b;
+  OM_ASSERT_CMP(om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err),
+                ==, OM_POLICY_DENIED);
+  assert_string_equal(err, "not a: spiffe://mesh/ns/b/sa/y");
+  OM_ASSERT_CMP(n, ==, 0);
+  assert_null(key);
+  req.identity = NULL;
+  OM_ASSERT_CMP(om_policy_authorize(p, &req, err, sizeof err), ==,
+                OM_POLICY_DENIED);
+  assert_string_equal(err, "not a: nil");
+  req.identity = &a;
+  OM_ASSERT_CMP(om_policy_authorize(p, &req, err, sizeof err), ==, 0);
+  /* key ran only on the allowed route call: the next key is "2" */
+  assert_int_equal(
+      om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err), 0);
+  assert_string_equal(key, "2");
+  req.path = "/bad";
+  OM_ASSERT_CMP(om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err),
+                ==, OM_EPOLICY);
+  assert_non_null(strstr(err, "authorize returned false and a number (1)"));
+  om_policy_free(p);
+  p = load_ok("plain.lua", canary_src);
+  assert_int_equal(om_policy_has_authorize(p), 0);
+  OM_ASSERT_CMP(om_policy_authorize(p, &req, err, sizeof err), ==, 0);
+  om_policy_free(p);
+}
+
+/* vary = { ":identity" } shows req.identity; without it a vary policy
+ * sees nil. */
+static void vary_identity_is_declared(void **state) {
+  static const char with[] =
+      "return { kind = 'traffic', vary = { ':identity' },\n"
+      "  authorize = function(req)\n"
+      "    return false, req.identity and req.identity.subject or 'nil' end,\n"
+      "  subset = function(_, p) return p end }\n";
+  static const char without[] =
+      "return { kind = 'traffic', vary = { 'x-a' },\n"
+      "  authorize = function(req)\n"
+      "    return false, req.identity and req.identity.subject or 'nil' end,\n"
+      "  subset = function(_, p) return p end }\n";
+  om_policy_identity_t a = {"CN=a", NULL, 0, NULL, 0};
+  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, &a};
+  const char *const *names;
+  size_t n;
+  int method, path, identity;
+  char err[512];
+  om_policy_t *p = load_ok("with.lua", with);
+  assert_int_equal(om_policy_vary(p, &names, &n, &method, &path, &identity), 1);
+  OM_ASSERT_CMP(n, ==, 0);
+  OM_ASSERT_CMP(identity, ==, 1);
+  OM_ASSERT_CMP(om_policy_authorize(p, &req, err, sizeof err), ==,
+                OM_POLICY_DENIED);
+  assert_string_equal(err, "CN=a");
+  om_policy_free(p);
+  p = load_ok("without.lua", without);
+  assert_int_equal(om_policy_vary(p, &names, &n, &method, &path, &identity), 1);
+  OM_ASSERT_CMP(identity, ==, 0);
+  OM_ASSERT_CMP(om_policy_authorize(p, &req, err, sizeof err), ==,
+                OM_POLICY_DENIED);
+  assert_string_equal(err, "nil");
+  om_policy_free(p);
+}
+
 static void load_survives_allocation_failures(void **state) {
   (void)state;
   const char *src = "return {kind = 'traffic', subset = function(r, p) "
@@ -387,6 +482,8 @@ int main(void) {
       cmocka_unit_test(select_metadata_fast_path_agrees),
       cmocka_unit_test(vary_policies_lose_chance_and_the_clock),
       cmocka_unit_test(key_must_be_a_string),
+      cmocka_unit_test(authorize_refuses_first),
+      cmocka_unit_test(vary_identity_is_declared),
       cmocka_unit_test(load_survives_allocation_failures),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2151,6 +2151,61 @@ vary_policies_are_cached_and_see_only_what_they_declare(void **state) {
   env_close(&e);
 }
 
+/*
+ * authorize(req) refuses a call before any peer: 403 forbidden with the
+ * policy's reason and an x-request-id. A policy with vary caches the
+ * refusal with its reason; a wrong answer is a policy_error.
+ */
+static void authorize_refuses_before_any_peer(void **state) {
+  env_t e;
+  res_t r;
+  om_proxy_stats_t st;
+  const char *pol;
+  (void)state;
+  env_init(&e);
+  env_fx(&e, "a", FX_OK);
+  pol = policy_file(
+      "authorize.lua",
+      "  vary = { 'x-user' },\n"
+      "  authorize = function(req)\n"
+      "    local u = req.headers['x-user']\n"
+      "    if u == 'ok' then return true end\n"
+      "    if u == 'quiet' then return false end\n"
+      "    if u == 'odd' then return 'yes' end\n"
+      "    return false, 'user ' .. tostring(u) .. ' may not call ' .. "
+      "req.service end,\n");
+  env_proxy(&e, NULL, pol);
+  env_topology(&e, "orders", 1);
+  for (int i = 0; i < 3; i++) {
+    get(&e, "orders", "x-user: eve\r\n", &r);
+    OM_ASSERT_CMP(r.status, ==, 403);
+    assert_string_equal(r.reason, "forbidden");
+    assert_non_null(strstr(r.body, "\"message\":\"user eve may not call "
+                                   "orders\""));
+    assert_non_null(strstr(r.head, "x-request-id: "));
+  }
+  OM_ASSERT_CMP(total_requests(&e), ==, 0);
+  get(&e, "orders", "x-user: ok\r\n", &r);
+  OM_ASSERT_CMP(r.status, ==, 200);
+  OM_ASSERT_CMP(total_requests(&e), ==, 1);
+  get(&e, "orders", "x-user: quiet\r\n", &r); /* no reason: ours */
+  OM_ASSERT_CMP(r.status, ==, 403);
+  assert_non_null(strstr(r.body, "the traffic policy refused the call"));
+  get(&e, "orders", "x-user: odd\r\n", &r);
+  OM_ASSERT_CMP(r.status, ==, 500);
+  assert_string_equal(r.reason, "policy_error");
+  assert_non_null(strstr(r.body, "authorize returned a string"));
+  get(&e, "orders", "x-user: eve\r\nx-request-id: rid-7\r\n", &r);
+  assert_non_null(strstr(r.head, "x-request-id: rid-7"));
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  OM_ASSERT_CMP(st.denied, ==, 5);
+  /* misses: eve, ok, quiet, odd (an error is never cached); hits: eve */
+  OM_ASSERT_CMP(st.policy_cache_misses, ==, 4);
+  OM_ASSERT_CMP(st.policy_cache_hits, ==, 3);
+  OM_ASSERT_CMP(total_requests(&e), ==, 1);
+  env_close(&e);
+}
+
 /* An answer too big for a cache slot (here the policy's key) is not
  * cached: memory stays bounded whatever a policy returns. */
 static void vary_cache_is_bounded(void **state) {
@@ -3699,6 +3754,7 @@ int main(void) {
       cmocka_unit_test(overrunning_policy_is_shed_then_probed),
       cmocka_unit_test(policies_hot_reload_and_keep_the_last_good_one),
       cmocka_unit_test(vary_policies_are_cached_and_see_only_what_they_declare),
+      cmocka_unit_test(authorize_refuses_before_any_peer),
       cmocka_unit_test(vary_cache_is_bounded),
       cmocka_unit_test(admin_serves_metrics_status_and_health),
       cmocka_unit_test(upgrade_tunnels_past_the_deadline_until_a_side_closes),

@@ -4,7 +4,8 @@
 -- of namespace "a" (spiffe://mesh/ns/a/...) goes only to the peers whose
 -- metadata group is "a", one of namespace "b" only to group "b", and any
 -- other caller (another namespace, a certificate without a SPIFFE ID, a
--- plaintext or anonymous caller: identity nil) to none (no_peers).
+-- plaintext or anonymous caller: identity nil) to none (no_peers). To
+-- refuse a caller with 403 instead, see identity_authorize.lua.
 local policy = require "openmesh.policy"
 
 -- "spiffe://mesh/ns/a/sa/x" -> "a"
@@ -19,7 +20,8 @@ return {
   description = "Namespace a and b callers (SPIFFE IDs) to their own peer groups; others to none.",
 
   -- No vary: the decision depends on the caller's identity, which is
-  -- per connection (a policy that declares vary never sees it).
+  -- per connection (a policy that declares vary sees it only when its
+  -- vary names ":identity"; examples/policies/identity_authorize.lua).
   subset = function(req, peers)
     local ns = namespace(req)
     if ns ~= "a" and ns ~= "b" then

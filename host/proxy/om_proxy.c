@@ -553,6 +553,11 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
     s->m_retries_post = om_metrics_counter(
         p->metrics, "openmesh_proxy_retries_total", help, ph);
   }
+  s->m_denied = om_metrics_counter(
+      p->metrics, "openmesh_proxy_denied_total",
+      "Calls the traffic policy's authorize refused (403 forbidden): no "
+      "peer was reached.",
+      labels);
   s->m_budget = om_metrics_counter(
       p->metrics, "openmesh_proxy_retry_budget_exhausted_total",
       "Retries refused because the service's retry budget was spent.", labels);
@@ -1109,6 +1114,7 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->peers = s->view->n;
   out->policy_cache_hits = s->cache.hits;
   out->policy_cache_misses = s->cache.misses;
+  out->denied = s->denied;
   return 0;
 }
 

@@ -242,6 +242,7 @@ typedef struct om_proxy_stats_s {
   uint64_t policy_cache_misses;
   uint64_t retries_pre_send; /* of retries: no byte of the request had left
                                 (the rest are post-send) */
+  uint64_t denied; /* refused by the policy's authorize (403 forbidden) */
 } om_proxy_stats_t;
 
 /* Returns 0 and fills *out; OM_ENOTFOUND for an unknown service. */

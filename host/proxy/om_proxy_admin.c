@@ -291,6 +291,12 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     json_decref(o);
     return NULL;
   }
+  if (o != NULL && /* refused by the policy's authorize (403 forbidden) */
+      json_object_set_new(json_object_get(o, "calls"), "denied",
+                          json_integer((json_int_t)s->denied)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
   if (o != NULL)
     om__proxy_isolation_status(s, o, now);
   if (o != NULL)

@@ -15,7 +15,8 @@ struct om__proxy_cache_slot_s {
   uint64_t gen, hash; /* gen 0: empty */
   size_t key_len, pkey_len, n_subset, cap;
   int has_pkey;
-  char *mem; /* the subset (uint32_t), the key bytes, the policy's key */
+  int denied; /* authorize refused: no subset, the reason as the pkey */
+  char *mem;  /* the subset (uint32_t), the key bytes, the policy's key */
 };
 
 void om__proxy_cache_init(om__proxy_cache_t *c, om_metrics_t *metrics,
@@ -54,9 +55,44 @@ static void put_field(char *buf, size_t *len, const char *v, size_t vl) {
   }
 }
 
+/* The bytes the caller's identity takes in a key (see put_identity). */
+static size_t identity_size(const om_policy_identity_t *id) {
+  size_t need = 4;
+  if (id == NULL)
+    return need;
+  need += 4 + 4 + (id->subject != NULL ? strlen(id->subject) : 0);
+  for (size_t i = 0; i < id->n_uris; i++)
+    need += 4 + strlen(id->uris[i]);
+  for (size_t i = 0; i < id->n_dns; i++)
+    need += 4 + strlen(id->dns[i]);
+  return need;
+}
+
+/* The identity's canonical text: absent, or the subject, then the URI
+ * SANs and the DNS SANs each with its count first, so that no two
+ * identities the policy can tell apart share a key. */
+static void put_identity(char *buf, size_t *len,
+                         const om_policy_identity_t *id) {
+  uint32_t counts[2];
+  if (id == NULL) {
+    put_field(buf, len, NULL, 0);
+    return;
+  }
+  counts[0] = (uint32_t)id->n_uris;
+  counts[1] = (uint32_t)id->n_dns;
+  put_field(buf, len, (const char *)counts, sizeof counts);
+  put_field(buf, len, id->subject != NULL ? id->subject : "",
+            id->subject != NULL ? strlen(id->subject) : 0);
+  for (size_t i = 0; i < id->n_uris; i++)
+    put_field(buf, len, id->uris[i], strlen(id->uris[i]));
+  for (size_t i = 0; i < id->n_dns; i++)
+    put_field(buf, len, id->dns[i], strlen(id->dns[i]));
+}
+
 /* The bytes of the fields a vary policy sees; 0, or -1 when too long. */
 static int vary_key(const om_policy_req_t *req, const char *const *names,
-                    size_t n, int method, int path, char *buf, size_t *len) {
+                    size_t n, int method, int path, int identity, char *buf,
+                    size_t *len) {
   size_t need = 0;
   const om_policy_kv_t *kv[64];
   if (n > sizeof kv / sizeof kv[0])
@@ -69,6 +105,8 @@ static int vary_key(const om_policy_req_t *req, const char *const *names,
     need += 4 + strlen(req->method);
   if (path)
     need += 4 + strlen(req->path);
+  if (identity)
+    need += identity_size(req->identity);
   if (need > OM__PROXY_CACHE_KEY_MAX)
     return -1;
   *len = 0;
@@ -76,6 +114,8 @@ static int vary_key(const om_policy_req_t *req, const char *const *names,
     put_field(buf, len, req->method, strlen(req->method));
   if (path)
     put_field(buf, len, req->path, strlen(req->path));
+  if (identity)
+    put_identity(buf, len, req->identity);
   for (size_t i = 0; i < n; i++)
     put_field(buf, len, kv[i] != NULL ? kv[i]->value : NULL,
               kv[i] != NULL ? kv[i]->value_len : 0);
@@ -85,7 +125,7 @@ static int vary_key(const om_policy_req_t *req, const char *const *names,
 static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
                         uint64_t hash, const char *kb, size_t kl,
                         const uint32_t *subset, size_t n, const char *pkey,
-                        size_t pkl) {
+                        size_t pkl, int denied) {
   size_t need = n * sizeof *subset + kl + pkl;
   if (need > slot->cap || slot->mem == NULL) {
     char *m = malloc(need > 0 ? need : 1);
@@ -105,6 +145,7 @@ static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
   slot->n_subset = n;
   slot->has_pkey = pkey != NULL;
   slot->pkey_len = pkl;
+  slot->denied = denied;
 }
 
 int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
@@ -113,14 +154,14 @@ int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
                           char *err, size_t errlen) {
   const char *const *names;
   size_t n_names, kl;
-  int method, path, rc;
+  int method, path, identity, rc;
   char kb[OM__PROXY_CACHE_KEY_MAX];
   uint64_t hash;
   om__proxy_cache_slot_t *slot;
-  if (!om_policy_vary(pol, &names, &n_names, &method, &path))
+  if (!om_policy_vary(pol, &names, &n_names, &method, &path, &identity))
     return om_policy_route(pol, preq, scratch, n_subset, key, key_len, err,
                            errlen);
-  if (vary_key(preq, names, n_names, method, path, kb, &kl) != 0 ||
+  if (vary_key(preq, names, n_names, method, path, identity, kb, &kl) != 0 ||
       (c->slots == NULL &&
        (c->slots = calloc(OM__PROXY_CACHE_SLOTS, sizeof *c->slots)) == NULL)) {
     c->misses++; /* too long to cache (or no memory): the policy runs */
@@ -134,24 +175,38 @@ int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
   slot = &c->slots[hash % OM__PROXY_CACHE_SLOTS];
   if (slot->gen == c->gen && slot->hash == hash && slot->key_len == kl &&
       memcmp(slot->mem + slot->n_subset * sizeof(uint32_t), kb, kl) == 0) {
+    c->hits++;
+    om_metric_inc(c->m_hits);
+    if (slot->denied) { /* the refusal's reason is where a key would be */
+      size_t rl = slot->pkey_len < errlen ? slot->pkey_len : errlen - 1;
+      if (errlen > 0) {
+        memcpy(err, slot->mem + slot->key_len, rl);
+        err[rl] = '\0';
+      }
+      *n_subset = 0;
+      *key = NULL;
+      *key_len = 0;
+      return OM_POLICY_DENIED;
+    }
     memcpy(scratch, slot->mem, slot->n_subset * sizeof(uint32_t));
     *n_subset = slot->n_subset;
     *key = slot->has_pkey
                ? slot->mem + slot->n_subset * sizeof(uint32_t) + slot->key_len
                : NULL;
     *key_len = slot->pkey_len;
-    c->hits++;
-    om_metric_inc(c->m_hits);
     return 0;
   }
   c->misses++;
   om_metric_inc(c->m_misses);
   rc = om_policy_route(pol, preq, scratch, n_subset, key, key_len, err, errlen);
   /* Errors are not cached (each one is logged and counted), nor answers
-   * too big for a slot's bound. */
-  if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
-      (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
+   * too big for a slot's bound. A refusal is a decision, cached as one. */
+  if (rc == OM_POLICY_DENIED)
+    cache_store(slot, c->gen, hash, kb, kl, scratch, 0, err != NULL ? err : "",
+                err != NULL ? strlen(err) : 0, 1);
+  else if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
+           (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
     cache_store(slot, c->gen, hash, kb, kl, scratch, *n_subset, *key,
-                *key != NULL ? *key_len : 0);
+                *key != NULL ? *key_len : 0, 0);
   return rc;
 }

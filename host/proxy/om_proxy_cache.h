@@ -3,11 +3,13 @@
  *
  * The decision cache, for a traffic policy that declares `vary`: such a
  * policy sees only the service and the declared fields (om_policy_vary),
- * so for one peer view and one policy version its subset and key are a
- * function of those fields, and the answer for one request serves every
- * request that agrees on them. Direct-mapped by a hash of the fields;
- * a slot is valid for one generation (bumped on every view or policy
- * change). Bounded: SLOTS entries per service, each one allocation of at
+ * so for one peer view and one policy version its authorize, subset and
+ * key are a function of those fields (the caller's identity among them
+ * when the vary names ":identity": its subject and SANs are part of the
+ * slot's key), and the answer for one request serves every request that
+ * agrees on them; a refusal is cached with its reason. Direct-mapped by a hash
+ * of the fields; a slot is valid for one generation (bumped on every view or
+ * policy change). Bounded: SLOTS entries per service, each one allocation of at
  * most KEY_MAX bytes of request fields, KEY_MAX of the policy's key and
  * SUBSET_MAX peers (a larger answer is not cached): under 24 KiB a slot.
  */
@@ -50,7 +52,8 @@ void om__proxy_cache_free(om__proxy_cache_t *c);
 /*
  * om__proxy_cache_route: om_policy_route (same arguments and results),
  * answered from the cache when pol declares vary and the request's vary
- * fields match a slot of the current generation. On a hit the subset is
+ * fields match a slot of the current generation (a cached refusal returns
+ * OM_POLICY_DENIED with its reason in err). On a hit the subset is
  * copied to scratch and *key points into the slot, valid until the next
  * call, as the policy's own key would be. Errors are never cached; a
  * failed allocation only means the policy runs.

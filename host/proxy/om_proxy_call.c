@@ -848,6 +848,52 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
   return rc;
 }
 
+/*
+ * The policy's authorize refused the call: 403 forbidden with its reason,
+ * before admission and without reaching a peer. The caller's
+ * X-Request-Id is echoed, else a fresh one (as the upstream would have
+ * got) names the refusal. Logged as proxy_denied with the caller's
+ * identity, at most once a second per service (a refused caller that
+ * retries in a loop must not flood the log; the metric counts each).
+ */
+static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
+                 const char *reason, const om_policy_identity_t *who,
+                 uint64_t now) {
+  static const char hex[] = "0123456789abcdef";
+  char rid[33];
+  const char *id = om_http_request_header(req, "x-request-id", NULL);
+  const char *caller = "";
+  uint64_t held;
+  s->denied++;
+  om_metric_inc(s->m_denied);
+  om_metric_inc(s->outcomes[OM__PROXY_FORBIDDEN]);
+  if (id == NULL || id[0] == '\0') {
+    uint64_t w[2] = {om_rng_next(&p->rng), om_rng_next(&p->rng)};
+    for (int i = 0; i < 32; i++)
+      rid[i] = hex[(w[i / 16] >> (60 - 4 * (i % 16))) & 0xf];
+    rid[32] = '\0';
+    id = rid;
+  }
+  if (who != NULL) { /* the SPIFFE ID when there is one, else the subject */
+    caller = who->subject != NULL ? who->subject : "";
+    for (size_t i = 0; i < who->n_uris; i++)
+      if (strncmp(who->uris[i], "spiffe://", 9) == 0) {
+        caller = who->uris[i];
+        break;
+      }
+  }
+  if (om__proxy_log_limit(&s->deny_log, now, &held)) {
+    char sup[24];
+    snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
+    om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
+           "caller", caller, "reason", reason, "suppressed", sup, NULL);
+  }
+  respond_error(req, OM__PROXY_FORBIDDEN,
+                reason[0] != '\0' ? reason
+                                  : "the traffic policy refused the call",
+                0, id);
+}
+
 /* The service named by Host (an optional :port ignored). */
 static om__proxy_service_t *service_of(const om_proxy_t *p,
                                        const om_http_request_t *req,
@@ -950,6 +996,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   rc = route(s, &preq, &n_subset, &key, &key_len, err, sizeof err, now);
   if (kv != kv_stack)
     free(kv);
+  if (rc == OM_POLICY_DENIED) {
+    deny(p, s, req, err, preq.identity, now);
+    return;
+  }
   if (rc != 0) {
     uint64_t held;
     if (rc < 0 && om__proxy_log_limit(&s->policy_log, now, &held)) {

@@ -139,7 +139,8 @@ typedef struct om__proxy_settings_s {
   XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")                          \
   XX(BODY_TOO_LARGE, 413, "body_too_large")                                    \
   XX(BODY_TIMEOUT, 408, "request_timeout")                                     \
-  XX(LOCAL, 503, "local_resources")
+  XX(LOCAL, 503, "local_resources")                                            \
+  XX(FORBIDDEN, 403, "forbidden")
 
 typedef enum {
 #define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
@@ -186,7 +187,10 @@ struct om__proxy_service_s {
   uint32_t trips_in_window;
   om_metric_t *m_policy_trips, *m_policy_sheds, *m_policy_shed_refused;
   om_metric_t *m_resolve_failures; /* om_proxy_resolve.c */
-  struct om__proxy_tls_s *tls;     /* om_proxy_tls.c; NULL until the policy */
+  uint64_t denied;                 /* calls the policy's authorize refused */
+  om_metric_t *m_denied;
+  om__proxy_log_limit_t deny_log; /* proxy_denied lines */
+  struct om__proxy_tls_s *tls;    /* om_proxy_tls.c; NULL until the policy */
 };
 
 struct om_proxy_s {

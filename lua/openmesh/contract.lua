@@ -39,6 +39,7 @@ contract.check_ctx = inputs.check_ctx
 contract.visible_req = answers.visible_req
 contract.subset = answers.subset
 contract.key = answers.key
+contract.authorize = answers.authorize
 contract.order = answers.order
 contract.evaluate = answers.evaluate
 contract.holding_line = answers.holding_line

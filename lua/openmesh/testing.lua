@@ -5,6 +5,7 @@
 --   local p = assert(testing.load("policies/traffic.lua"))
 --   local peers = testing.peers{ "a", { id = "b", zone = "z1" } }
 --   assert.same({ "a", "b" }, testing.subset(p, testing.req{}, peers))
+--   assert.same({ false, "..." }, { testing.authorize(p, testing.req{}) })
 --
 -- testing.load goes through the real validator (the C runtime's
 -- om.policy.load: sandbox, budgets, contract.validate, examples), so a
@@ -158,6 +159,27 @@ function testing.key(policy, req)
   return key
 end
 
+-- testing.authorize(policy, req) -> true | false, reason: what
+-- authorize() answers for req (partial: defaults filled in); true for a
+-- policy without authorize(). reason is "" when the policy gave none. An
+-- answer the proxy would count as a policy_error raises.
+function testing.authorize(policy, req)
+  req = contract.default_req(req)
+  local ok, reason
+  if is_handle(policy) then
+    ok, reason = policy:authorize(req)
+  else
+    ok, reason = contract.authorize(policy, req)
+  end
+  if ok == nil then
+    misuse(reason)
+  end
+  if ok then
+    return true
+  end
+  return false, reason
+end
+
 -- testing.order(policy, ctx) -> the route names, in order.
 function testing.order(policy, ctx)
   ctx = contract.default_ctx(ctx)
@@ -207,7 +229,8 @@ end
 -- Through om.policy.load{path = path} (the C runtime: sandbox, budgets,
 -- validation, examples), exactly as hot reload loads it; opts are merged
 -- into its argument. The handle has :kind() :name() :version() :settings()
--- :subset(req, peers) -> ids, :key(req), :order(ctx), :evaluate(text, ctx).
+-- :subset(req, peers) -> ids, :key(req), :authorize(req), :order(ctx),
+-- :evaluate(text, ctx).
 function testing.load(path, opts)
   local args = { path = path }
   for k, v in pairs(opts or {}) do

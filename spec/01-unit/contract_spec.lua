@@ -114,6 +114,8 @@ describe("contract.validate", function()
       p.subset = nil
       rejects(p, "field 'subset': function expected, got nil")
       rejects(traffic { key = "x-user" }, "field 'key': function expected, got 'x-user'")
+      rejects(traffic { authorize = true }, "field 'authorize': function expected, got true")
+      accepts(traffic { authorize = function() return true end })
     end)
 
     it("accepts every pool setting at its bounds", function()
@@ -226,11 +228,11 @@ describe("contract.validate", function()
       accepts(traffic { vary = { "x-user", "cookie", ":method", ":path" } })
       rejects(traffic { vary = "x-user" }, "field 'vary': array of header names expected, got 'x-user'")
       rejects(traffic { vary = { "X-User" } },
-        "field 'vary[1]': 'X-User' is not a lower-case header name, \":method\" or \":path\"")
+        "field 'vary[1]': 'X-User' is not a lower-case header name, \":method\", \":path\" or \":identity\"")
       rejects(traffic { vary = { ":authority" } },
-        "field 'vary[1]': ':authority' is not a lower-case header name, \":method\" or \":path\"")
+        "field 'vary[1]': ':authority' is not a lower-case header name, \":method\", \":path\" or \":identity\"")
       rejects(traffic { vary = { "a b" } },
-        "field 'vary[1]': 'a b' is not a lower-case header name, \":method\" or \":path\"")
+        "field 'vary[1]': 'a b' is not a lower-case header name, \":method\", \":path\" or \":identity\"")
       rejects(traffic { vary = { "x", "x" } }, "field 'vary[2]': duplicate name 'x'")
       rejects(traffic { vary = { 1 } }, "field 'vary[1]': header name expected, got 1")
       -- the example's x-b header is invisible to a policy that varies on x-a only
@@ -247,7 +249,7 @@ describe("contract.validate", function()
       rejects(traffic { subset = reads_b, vary = { "x-a" }, examples = ex },
         'example 1: subset raised: reads header \'x-b\', which its vary does not name (add "x-b" to vary)')
       rejects(traffic { subset = reads_b, vary = { "x-a", "X-B" }, examples = ex },
-        "field 'vary[2]': 'X-B' is not a lower-case header name, \":method\" or \":path\"")
+        "field 'vary[2]': 'X-B' is not a lower-case header name, \":method\", \":path\" or \":identity\"")
       rejects(traffic { subset = reads_b, vary = { "x-b" }, examples = {
         { req = { method = "POST" }, peers = { { id = "a" } }, expect = {} } } },
         'example 1: subset raised: reads req.method, which its vary does not name (add ":method" to vary)')
@@ -458,7 +460,7 @@ describe("contract.validate", function()
 
     it("needs something to check in a traffic example", function()
       rejects(traffic { examples = { { peers = { { id = "a" } } } } },
-        "field 'examples[1]': an example needs 'expect' or 'expect_key'")
+        "field 'examples[1]': an example needs 'expect', 'expect_key' or 'expect_authorized'")
     end)
 
     it("needs unique peer ids and expected ids among the peers", function()

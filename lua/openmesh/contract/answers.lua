@@ -94,6 +94,25 @@ function M.subset(policy, req, peers)
   return result
 end
 
+-- M.authorize(policy, req) -> true | false, reason | nil, message
+-- Whether the policy lets the call go on to key and subset: true without
+-- authorize(); else its answer, which must be true alone, or false and an
+-- optional reason of at most 200 bytes of printable ASCII ("" when it gave
+-- none; om.checks.authorize, the check the proxy applies). Any other
+-- answer, or a raise, is an error for this request (the proxy's 500
+-- policy_error), never an allowed call.
+function M.authorize(policy, req)
+  local fn = rawget(policy, "authorize")
+  if fn == nil then
+    return true
+  end
+  local res = table.pack(vary_pcall(policy, fn, M.visible_req(policy, req)))
+  if not res[1] then
+    return nil, raised("authorize", res[2])
+  end
+  return checks.authorize(res[2], res[3])
+end
+
 -- M.key(policy, req) -> string | nil | nil, message
 -- A policy without key() has no key (the proxy then uses x-openmesh-key).
 function M.key(policy, req)

@@ -152,7 +152,8 @@ end
 -- `vary`: the request fields a traffic policy's decision depends on, as
 -- HTTP's Vary names them: lower-case header names (RFC 9110 5.1: field
 -- names are tokens; the proxy gives them lower-case), ":method" and
--- ":path" (HTTP/2's pseudo-header spelling). Each at most once.
+-- ":path" (HTTP/2's pseudo-header spelling), and ":identity" (the
+-- caller's verified client certificate, req.identity). Each at most once.
 local function vary_list(v, path)
   if type(v) ~= "table" then
     return expected(path, "array of header names", v)
@@ -168,9 +169,10 @@ local function vary_list(v, path)
     if type(name) ~= "string" then
       return expected(at, "header name", name)
     end
-    if name ~= ":method" and name ~= ":path" and
+    if name ~= ":method" and name ~= ":path" and name ~= ":identity" and
       (name == "" or name:find("[^%l%d!#$%%&'*+%-.^_`|~]")) then
-      return field_error(at, ("%s is not a lower-case header name, \":method\" or \":path\""):format(quote(name)))
+      return field_error(at, ("%s is not a lower-case header name, \":method\", \":path\" or \":identity\"")
+        :format(quote(name)))
     end
     if seen[name] then
       return field_error(at, ("duplicate name %s"):format(quote(name)))

@@ -57,6 +57,20 @@ local function ids_of(peers)
 end
 
 local function run_traffic_example(policy, ex)
+  if ex.expect_authorized ~= nil then
+    local ok, reason = answers.authorize(policy, inputs.default_req(ex.req))
+    if ok == nil then
+      return reason
+    end
+    if ok ~= ex.expect_authorized then
+      return ("authorize returned %s%s, expected %s"):format(tostring(ok),
+        ok and "" or (reason ~= "" and " (reason " .. quote(reason) .. ")" or ""),
+        tostring(ex.expect_authorized))
+    end
+    if ex.expect_reason ~= nil and reason ~= ex.expect_reason then
+      return ("authorize gave the reason %s, expected %s"):format(quote(reason), quote(ex.expect_reason))
+    end
+  end
   if ex.expect ~= nil then
     local got, err = answers.subset(policy, inputs.default_req(ex.req), default_peers(ex.peers))
     if not got then
@@ -115,8 +129,11 @@ end
 
 -- Constraints inside one traffic example that no field alone can check.
 local function traffic_example_rule(ex, path)
-  if ex.expect == nil and ex.expect_key == nil then
-    return field_error(path, "an example needs 'expect' or 'expect_key'")
+  if ex.expect == nil and ex.expect_key == nil and ex.expect_authorized == nil then
+    return field_error(path, "an example needs 'expect', 'expect_key' or 'expect_authorized'")
+  end
+  if ex.expect_reason ~= nil and ex.expect_authorized ~= false then
+    return field_error(join(path, "expect_reason"), "goes with expect_authorized = false")
   end
   local ids = {}
   for i, p in ipairs(ex.peers or {}) do
@@ -143,6 +160,9 @@ local traffic_example = record({
   { "peers", array_of(peer_shape) },
   { "expect", array_of(nonempty) },
   { "expect_key", string_or_false },
+  -- what authorize(req) answers: true, or false and (optionally) the reason
+  { "expect_authorized", boolean },
+  { "expect_reason", text },
 }, traffic_example_rule)
 
 local fallback_example = record {
@@ -375,6 +395,10 @@ local KIND_SPECS = {
         return field_error(join(path, missing), ("required with %s"):format(given))
       end
     end) },
+    -- authorize(req) -> true | false, reason: runs first, under the same
+    -- budget as key and subset; false answers 403 forbidden with the
+    -- reason (docs/POLICIES.md "Refusing a call").
+    { "authorize", func },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
