@@ -777,7 +777,7 @@ int om_proxy_reload_policies(om_proxy_t *p) {
 /* ------------------------------------------------------------------ */
 /* lifecycle */
 
-static char *dup_or_null(const char *s, int *bad) {
+char *om__proxy_dup_or_null(const char *s, int *bad) {
   char *d;
   if (s == NULL)
     return NULL;
@@ -942,8 +942,9 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
   }
   p->loop = loop;
   p->opts = *opts;
-  p->policy_path = dup_or_null(opts->policy_path, &bad);
-  p->lib_dir = dup_or_null(opts->lib_dir ? opts->lib_dir : om_lib_dir(), &bad);
+  p->policy_path = om__proxy_dup_or_null(opts->policy_path, &bad);
+  p->lib_dir =
+      om__proxy_dup_or_null(opts->lib_dir ? opts->lib_dir : om_lib_dir(), &bad);
   if (opts->n_service_policies > 0) {
     p->service_policies =
         calloc(opts->n_service_policies, sizeof *p->service_policies);
@@ -954,9 +955,9 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     for (size_t i = 0; p->service_policies && i < opts->n_service_policies;
          i++) {
       p->service_policies[i].service =
-          dup_or_null(opts->service_policies[i].service, &bad);
+          om__proxy_dup_or_null(opts->service_policies[i].service, &bad);
       p->service_policies[i].path =
-          dup_or_null(opts->service_policies[i].path, &bad);
+          om__proxy_dup_or_null(opts->service_policies[i].path, &bad);
     }
   }
   p->opts.service_policies = p->service_policies;

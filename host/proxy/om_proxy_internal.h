@@ -382,6 +382,10 @@ static inline int om__proxy_peer_ready(om__proxy_peer_t *peer) {
   return peer->name == NULL || om__proxy_resolve_ready(peer);
 }
 
+/* om_proxy.c: a copy of s, or NULL for NULL; sets *bad when out of
+ * memory (so a run of copies checks once). */
+char *om__proxy_dup_or_null(const char *s, int *bad);
+
 /* om_proxy_call.c: the downstream handler, admission and the queue timer. */
 void om__proxy_on_request(om_http_request_t *req, void *ud);
 void om__proxy_admitted(om_admission_waiter_t *w, int status, void *ud);

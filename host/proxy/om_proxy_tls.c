@@ -43,16 +43,6 @@ struct om__proxy_tls_s {
   om__proxy_log_limit_t log; /* proxy_upstream_tls_failed lines */
 };
 
-static char *dup_or_null(const char *s, int *bad) {
-  char *d;
-  if (s == NULL)
-    return NULL;
-  d = strdup(s);
-  if (d == NULL)
-    *bad = 1;
-  return d;
-}
-
 static void cfg_clear(tls_cfg_t *c) {
   free(c->ca_file);
   free(c->cert_file);
@@ -91,9 +81,9 @@ int om__proxy_tls_init(om_proxy_t *p, char *err, size_t errlen) {
   if (rc != 0)
     return rc;
   /* the options are the proxy's copies from here on */
-  p->upstream_ca = dup_or_null(p->opts.upstream_ca, &bad);
-  p->upstream_cert = dup_or_null(p->opts.upstream_cert, &bad);
-  p->upstream_key = dup_or_null(p->opts.upstream_key, &bad);
+  p->upstream_ca = om__proxy_dup_or_null(p->opts.upstream_ca, &bad);
+  p->upstream_cert = om__proxy_dup_or_null(p->opts.upstream_cert, &bad);
+  p->upstream_key = om__proxy_dup_or_null(p->opts.upstream_key, &bad);
   p->opts.upstream_ca = p->upstream_ca;
   p->opts.upstream_cert = p->upstream_cert;
   p->opts.upstream_key = p->upstream_key;
