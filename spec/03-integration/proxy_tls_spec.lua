@@ -193,6 +193,23 @@ http {
     assert.equal(cert("ca.pem"), s.tls.ca_file)
   end)
 
+  it("answers through https://localhost: resolved, SNI and the certificate's DNS name", function()
+    H.writefile(dir .. "/t.json", topology({ web = { { "a", url(P.good, "localhost") } } }))
+    H.writefile(dir .. "/p.lua", policy())
+    local proxy = H.start_proxy(dir, "proxy-a", "--static " .. H.q(dir .. "/t.json") ..
+      " --policy " .. H.q(dir .. "/p.lua") .. " --upstream-ca " .. H.q(cert("ca.pem")))
+    local status, body
+    assert(H.wait_for(function()
+      status, body = call(proxy, "web")
+      return status == 200
+    end, 10), "https://localhost never answered: " .. tostring(status) .. " " .. tostring(body))
+    assert.matches("^ok ", body)
+    local _, st = H.request(dir, "GET", proxy.admin .. "/status")
+    local s = H.json(st).services.web
+    assert.equal(0, s.tls.failures, st)
+    assert.truthy(s.tls.handshakes >= 1, st)
+  end)
+
   it("refuses a wrong name, an expired and an untrusted certificate, and the call goes to another peer", function()
     H.writefile(dir .. "/t.json", topology({
       wrong = { { "bad", url(P.wrong) }, { "good", url(P.good) } },
