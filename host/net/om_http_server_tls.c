@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_file_watch.h"
 #include "om_http_server_internal.h"
 #include "om_log.h"
 #include "om_tunnel_internal.h"
@@ -36,15 +37,6 @@ static const char *const result_label[] = {
 #undef OM__HTTP_TLS_RESULT_LABEL
 };
 
-/* One watched directory and the file names in it that matter. */
-typedef struct {
-  uv_fs_event_t ev;
-  struct om_http_tls_s *owner;
-  char *dir;
-  const char *base[MAX_FILES];
-  size_t n_base;
-} watch_t;
-
 struct om_http_tls_s {
   uv_loop_t *loop;
   om_tls_ctx_t *ctx;
@@ -52,14 +44,10 @@ struct om_http_tls_s {
   om_http_tls_stats_t st;
   om_metric_t *m_hs[OM_HTTP_TLS_RESULT__COUNT];
   om_metric_t *m_reload_ok, *m_reload_error;
-  char *path[MAX_FILES]; /* copies: the watch compares names with them */
-  size_t n_path;
-  watch_t w[MAX_FILES];
-  size_t n_w;
-  uv_timer_t debounce;
+  char *cert_path;        /* for the reload log line */
+  om_file_watch_t *watch; /* NULL unless opts.watch */
   uint64_t debounce_ms;
-  int handles; /* open handles; freed at 0 once closing */
-  unsigned watching : 1, closing : 1;
+  int closing;
 };
 
 /* ------------------------------------------------------------------ */
@@ -67,17 +55,8 @@ struct om_http_tls_s {
 
 static void tls_free(om_http_tls_t *t) {
   om_tls_ctx_unref(t->ctx);
-  for (size_t i = 0; i < t->n_path; i++)
-    free(t->path[i]);
-  for (size_t i = 0; i < t->n_w; i++)
-    free(t->w[i].dir);
+  free(t->cert_path);
   free(t);
-}
-
-static void on_handle_closed(uv_handle_t *h) {
-  om_http_tls_t *t = h->data;
-  if (--t->handles == 0 && t->closing)
-    tls_free(t);
 }
 
 int om_http_tls_reload(om_http_tls_t *t, char *err, size_t errlen) {
@@ -100,90 +79,15 @@ int om_http_tls_reload(om_http_tls_t *t, char *err, size_t errlen) {
   t->st.generation = om_tls_ctx_generation(t->ctx);
   om_metric_inc(t->m_reload_ok);
   snprintf(gen, sizeof gen, "%llu", (unsigned long long)t->st.generation);
-  om_log(OM_LOG_INFO, "tls_reloaded", "cert", t->path[0], "generation", gen,
+  om_log(OM_LOG_INFO, "tls_reloaded", "cert", t->cert_path, "generation", gen,
          NULL);
   if (err != NULL && errlen > 0)
     err[0] = '\0';
   return 0;
 }
 
-static void on_debounce(uv_timer_t *h) {
-  om_http_tls_t *t = h->data;
-  (void)om_http_tls_reload(t, NULL, 0);
-}
-
-static void on_event(uv_fs_event_t *h, const char *filename, int events,
-                     int status) {
-  watch_t *w = h->data;
-  int match = filename == NULL; /* unknown: maybe ours */
-  (void)events;
-  if (status < 0)
-    return;
-  for (size_t i = 0; i < w->n_base && !match; i++)
-    match = strcmp(filename, w->base[i]) == 0;
-  if (match && !w->owner->closing)
-    uv_timer_start(&w->owner->debounce, on_debounce, w->owner->debounce_ms, 0);
-}
-
-/* Split path into a malloc'd directory and a pointer to its base name. */
-static char *dir_of(const char *path, const char **base) {
-  const char *slash = strrchr(path, '/');
-  char *d;
-  if (slash == NULL) {
-    *base = path;
-    return strdup(".");
-  }
-  *base = slash + 1;
-  if (slash == path)
-    return strdup("/");
-  d = malloc((size_t)(slash - path) + 1);
-  if (d != NULL) {
-    memcpy(d, path, (size_t)(slash - path));
-    d[slash - path] = '\0';
-  }
-  return d;
-}
-
-/* Watch the directories of the files (a file replaced by a rename, as
- * editors and cert managers do, is only seen there). */
-static int start_watch(om_http_tls_t *t, char *err, size_t errlen) {
-  uv_timer_init(t->loop, &t->debounce);
-  t->debounce.data = t;
-  t->handles++;
-  for (size_t i = 0; i < t->n_path; i++) {
-    const char *base;
-    char *dir = dir_of(t->path[i], &base);
-    watch_t *w = NULL;
-    int rc;
-    if (dir == NULL) {
-      om_errbuf(err, errlen, "out of memory");
-      return OM_ENOMEM;
-    }
-    for (size_t k = 0; k < t->n_w; k++)
-      if (strcmp(t->w[k].dir, dir) == 0)
-        w = &t->w[k];
-    if (w != NULL) {
-      free(dir);
-      w->base[w->n_base++] = base;
-      continue;
-    }
-    w = &t->w[t->n_w];
-    w->owner = t;
-    w->dir = dir;
-    w->base[0] = base;
-    w->n_base = 1;
-    uv_fs_event_init(t->loop, &w->ev);
-    w->ev.data = w;
-    t->n_w++;
-    t->handles++;
-    rc = uv_fs_event_start(&w->ev, on_event, dir, 0);
-    if (rc != 0) {
-      om_errbuf(err, errlen, "%s: cannot watch: %s", dir, uv_strerror(rc));
-      return OM_EINVAL;
-    }
-  }
-  t->watching = 1;
-  return 0;
+static void on_files_changed(void *ud) {
+  (void)om_http_tls_reload(ud, NULL, 0);
 }
 
 int om_http_tls_new(uv_loop_t *loop, const om_http_tls_opts_t *opts,
@@ -224,18 +128,15 @@ int om_http_tls_new(uv_loop_t *loop, const om_http_tls_opts_t *opts,
   files[0] = opts->cert_file;
   files[1] = opts->key_file;
   files[2] = opts->client_ca_file;
-  for (size_t i = 0; i < MAX_FILES; i++) {
-    if (files[i] == NULL)
-      continue;
-    if ((t->path[t->n_path] = strdup(files[i])) == NULL) {
-      tls_free(t);
-      om_errbuf(err, errlen, "out of memory");
-      return OM_ENOMEM;
-    }
-    t->n_path++;
+  if ((t->cert_path = strdup(opts->cert_file)) == NULL) {
+    tls_free(t);
+    om_errbuf(err, errlen, "out of memory");
+    return OM_ENOMEM;
   }
-  if (opts->watch && (rc = start_watch(t, err, errlen)) != 0) {
-    om_http_tls_close(t);
+  if (opts->watch && (rc = om_file_watch_start(
+                          loop, files, MAX_FILES, t->debounce_ms,
+                          on_files_changed, t, &t->watch, err, errlen)) != 0) {
+    tls_free(t);
     return rc;
   }
   *out = t;
@@ -285,17 +186,8 @@ void om_http_tls_close(om_http_tls_t *t) {
   if (t == NULL || t->closing)
     return;
   t->closing = 1;
-  if (t->handles == 0) {
-    tls_free(t);
-    return;
-  }
-  uv_timer_stop(&t->debounce);
-  uv_close((uv_handle_t *)&t->debounce, on_handle_closed);
-  for (size_t i = 0; i < t->n_w; i++) {
-    uv_fs_event_stop(&t->w[i].ev);
-    t->w[i].ev.data = t;
-    uv_close((uv_handle_t *)&t->w[i].ev, on_handle_closed);
-  }
+  om_file_watch_close(t->watch);
+  tls_free(t);
 }
 
 /* ------------------------------------------------------------------ */
