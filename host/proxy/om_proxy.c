@@ -875,6 +875,7 @@ static void on_server_closed(om_http_server_t *srv, void *ud) {
   if (p->pool != NULL)
     om_upstream_pool_close(p->pool, on_pool_closed, p);
   om__proxy_resolve_close(p);
+  om__proxy_tls_unwatch(p);
   for (size_t i = 0; i < p->n_services; i++) {
     om__proxy_service_t *s = p->services[i];
     om_policy_watch_stop(s->watch);
@@ -1044,6 +1045,7 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     return rc;
   }
   p->server_open = p->admin_open = p->pool_open = 1;
+  om__proxy_tls_watch(p);
   *out = p;
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "om_file_watch.h"
 #include "om_admission.h"
 #include "om_circuit.h"
 #include "om_deadline.h"
@@ -230,6 +231,7 @@ struct om_proxy_s {
   /* TLS to upstreams (om_proxy_tls.c): the context of --upstream-* (the
    * pool's default) and the proxy's copies of those file names */
   om_tls_ctx_t *tls_default;
+  om_file_watch_t *tls_watch; /* the --upstream-* files; NULL: none */
   char *upstream_ca, *upstream_cert, *upstream_key;
 };
 
@@ -602,6 +604,11 @@ typedef struct {
  * flag and the file) and make it the pool's default. */
 int om__proxy_tls_init(om_proxy_t *p, char *err, size_t errlen);
 void om__proxy_tls_fini(om_proxy_t *p);
+/* Watch the --upstream-* files (when any is given): a change reloads
+ * every TLS context as SIGHUP does. A watch that cannot start is logged;
+ * SIGHUP still works. om__proxy_tls_unwatch stops it (the proxy closing). */
+void om__proxy_tls_watch(om_proxy_t *p);
+void om__proxy_tls_unwatch(om_proxy_t *p);
 void om__proxy_tls_service_free(om__proxy_service_t *s);
 /* Read next's tls table and build its context unless it says what the
  * current one says. 0 with *staged; else the version is to be refused

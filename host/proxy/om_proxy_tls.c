@@ -10,7 +10,9 @@
  * flag: built when the policy version loads (a bad file rejects that
  * version, naming the file, and the last good stays), kept while later
  * versions say the same, and passed per request. Contexts reload their
- * files on SIGHUP (om_proxy_reload_tls): a bad file keeps the last good.
+ * files on SIGHUP (om_proxy_reload_tls), and all of them when one of the
+ * --upstream-* files changes (om__proxy_tls_watch): a bad file keeps the
+ * last good.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -337,6 +339,31 @@ void om__proxy_tls_status(const om__proxy_service_t *s, json_t *o) {
 
 /* ------------------------------------------------------------------ */
 /* reload */
+
+static void on_upstream_files_changed(void *ud) {
+  char n[24];
+  snprintf(n, sizeof n, "%d", om_proxy_reload_tls(ud));
+  om_log(OM_LOG_INFO, "proxy_tls_reloaded", "cause", "file_change", "rejected",
+         n, NULL);
+}
+
+void om__proxy_tls_watch(om_proxy_t *p) {
+  const char *files[3] = {p->upstream_ca, p->upstream_cert, p->upstream_key};
+  char err[512];
+  if (files[0] == NULL && files[1] == NULL && files[2] == NULL)
+    return;
+  if (om_file_watch_start(p->loop, files, 3, 0, on_upstream_files_changed, p,
+                          &p->tls_watch, err, sizeof err) != 0) {
+    p->tls_watch = NULL;
+    om_log(OM_LOG_WARN, "proxy_tls_watch_failed", "error", err, "reload",
+           "on SIGHUP only", NULL);
+  }
+}
+
+void om__proxy_tls_unwatch(om_proxy_t *p) {
+  om_file_watch_close(p->tls_watch);
+  p->tls_watch = NULL;
+}
 
 int om_proxy_reload_tls(om_proxy_t *p) {
   char err[512];

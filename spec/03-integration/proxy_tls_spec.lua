@@ -326,4 +326,34 @@ http {
     assert.equal(502, status)
     assert.is_true(metric(proxy, "web", "untrusted") >= 1)
   end)
+
+  it("reloads --upstream-ca when the file is replaced, without SIGHUP, keeping the last good", function()
+    H.writefile(dir .. "/t.json", topology({ web = { { "a", url(P.good) } } }))
+    H.writefile(dir .. "/p.lua", policy())
+    local live = dir .. "/watched-ca.pem"
+    os.execute("cp " .. H.q(cert("ca.pem")) .. " " .. H.q(live))
+    local proxy = H.start_proxy(dir, "proxy-c", "--static " .. H.q(dir .. "/t.json") ..
+      " --policy " .. H.q(dir .. "/p.lua") .. " --upstream-ca " .. H.q(live))
+    assert.equal(200, (call(proxy, "web")))
+    -- replaced by a rename, as certificate managers do: garbage is refused
+    os.execute("cp " .. H.q(cert("garbage.pem")) .. " " .. H.q(live .. ".new") ..
+      " && mv " .. H.q(live .. ".new") .. " " .. H.q(live))
+    assert.truthy(H.wait_for(function()
+      return H.readfile(proxy.out):find('"event":"proxy_tls_reload_failed"', 1, true)
+    end, 5), H.readfile(proxy.out))
+    assert.matches("watched-ca.pem: not a PEM certificate", H.readfile(proxy.out), 1, true)
+    for _ = 1, 3 do
+      local status = call(proxy, "web")
+      assert.equal(200, status)
+    end
+    -- another CA: taken on change, and the next full handshake refuses
+    os.execute("cp " .. H.q(cert("other-ca.pem")) .. " " .. H.q(live .. ".new") ..
+      " && mv " .. H.q(live .. ".new") .. " " .. H.q(live))
+    assert.truthy(H.wait_for(function()
+      return H.readfile(proxy.out):find('"event":"proxy_tls_reloaded","cause":"file_change","rejected":"0"', 1, true)
+    end, 5), H.readfile(proxy.out))
+    local status = call(proxy, "web")
+    assert.equal(502, status)
+    assert.is_true(metric(proxy, "web", "untrusted") >= 1)
+  end)
 end)
