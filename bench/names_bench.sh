@@ -49,28 +49,9 @@ declare -A port_of=([addr]=$((base + 2)) [names]=$((base + 4))
 
 log() { echo "names_bench: $*" >&2; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/om-names-bench.XXXXXX")
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 20); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_tmp names-bench
 for p in $up_a $up_b ${port_of[addr]} ${port_of[names]} ${port_of[addr_b]}; do
   if port_busy "$p" || port_busy $((p + 1)); then
     log "port $p or $((p + 1)) on 127.0.0.1 is taken; set OM_BENCH_PORT_BASE"

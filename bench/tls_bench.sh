@@ -63,28 +63,9 @@ nginx_b_port=$((base + 4))
 
 log() { echo "tls_bench: $*" >&2; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/om-tls-bench.XXXXXX")
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 20); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_tmp tls-bench
 
 for p in $up $proxy_port $admin_port $nginx_port $nginx_b_port; do
   if port_busy "$p"; then
