@@ -9,10 +9,10 @@
 
 #include <stdint.h>
 
-#include "om_file_watch.h"
 #include "om_admission.h"
 #include "om_circuit.h"
 #include "om_deadline.h"
+#include "om_file_watch.h"
 #include "om_limiter.h"
 #include "om_metrics.h"
 #include "om_p2c.h"
@@ -23,6 +23,7 @@
 #include "om_retry.h"
 #include "om_rng.h"
 #include "om_upstream.h"
+#include "om_url.h"
 
 typedef struct om__proxy_service_s om__proxy_service_t;
 
@@ -319,9 +320,31 @@ struct om__proxy_call_s {
 /* om_proxy.c */
 om__proxy_service_t *om__proxy_find_service(const om_proxy_t *p,
                                             const char *name, size_t len);
+om_policy_t *om__proxy_policy(const om__proxy_service_t *s);
+
+/* om_proxy_view.c */
 void om__proxy_view_unref(om__proxy_view_t *v);
 void om__proxy_peer_unref(om__proxy_peer_t *peer);
-om_policy_t *om__proxy_policy(const om__proxy_service_t *s);
+/* A peer's upstream target from its URL (the one URL rule, om_url.h): a
+ * literal gets its address, a name (*is_name set) everything but the
+ * address, which om_proxy_resolve.c fills. 0, or OM_EINVAL with *why. */
+int om__proxy_peer_target(const char *url, om_upstream_target_t *t, om_url_t *u,
+                          int *is_name, const char **why);
+/* The view of snap: peers present in old with the same id and URL are
+ * taken over (a reference more), others are new (names attached to the
+ * service's resolver). Returns 0 and *out (one reference); OM_ENOMEM or
+ * another code with nothing built. */
+int om__proxy_view_build(om_proxy_t *p, om__proxy_service_t *s,
+                         const om_circuit_opts_t *co,
+                         const om__proxy_view_t *old, om_snapshot_t *snap,
+                         om__proxy_view_t **out);
+/* Make v the service's current view (taking its reference), carrying each
+ * kept peer's selection state over; the old view is released. Cannot
+ * fail. */
+void om__proxy_view_install(om__proxy_service_t *s, om__proxy_view_t *v);
+/* Give the policy the view's peers. Returns om_policy_set_peers's code
+ * (or OM_ENOMEM). */
+int om__proxy_policy_set_peers(om_policy_t *pol, const om__proxy_view_t *v);
 
 /* A call object was freed (the proxy may be waiting for the last one). */
 void om__proxy_call_gone(om_proxy_t *p);
