@@ -160,7 +160,9 @@ http {
 
   after_each(function()
     -- nginx stays for the whole file; proxies are per test
-    for _, name in ipairs({ "proxy-a", "proxy-b", "proxy-c", "proxy-d" }) do
+    -- (one name per test: a killed proxy's wrapper may still write its rc
+    -- file after the next spawn of the same name cleared it)
+    for _, name in ipairs({ "proxy-a", "proxy-b", "proxy-c", "proxy-d", "proxy-e", "proxy-f" }) do
       local pid = H.readfile(dir .. "/" .. name .. ".pid"):match("^(%d+)")
       if pid then
         H.kill(pid, "KILL")
@@ -196,7 +198,7 @@ http {
   it("answers through https://localhost: resolved, SNI and the certificate's DNS name", function()
     H.writefile(dir .. "/t.json", topology({ web = { { "a", url(P.good, "localhost") } } }))
     H.writefile(dir .. "/p.lua", policy())
-    local proxy = H.start_proxy(dir, "proxy-a", "--static " .. H.q(dir .. "/t.json") ..
+    local proxy = H.start_proxy(dir, "proxy-e", "--static " .. H.q(dir .. "/t.json") ..
       " --policy " .. H.q(dir .. "/p.lua") .. " --upstream-ca " .. H.q(cert("ca.pem")))
     local status, body
     assert(H.wait_for(function()
@@ -332,7 +334,7 @@ http {
     H.writefile(dir .. "/p.lua", policy())
     local live = dir .. "/watched-ca.pem"
     os.execute("cp " .. H.q(cert("ca.pem")) .. " " .. H.q(live))
-    local proxy = H.start_proxy(dir, "proxy-c", "--static " .. H.q(dir .. "/t.json") ..
+    local proxy = H.start_proxy(dir, "proxy-f", "--static " .. H.q(dir .. "/t.json") ..
       " --policy " .. H.q(dir .. "/p.lua") .. " --upstream-ca " .. H.q(live))
     assert.equal(200, (call(proxy, "web")))
     -- replaced by a rename, as certificate managers do: garbage is refused
