@@ -118,13 +118,18 @@ end
 --[[
 Start a background command in a process group of its own. A small sh
 leads the group, is the command's parent and records its exit status in
-rcfile, so a spec can check how it exited after a signal. Returns {pid,
-pgid, rcfile, out} where out holds its stdout and stderr.
+rcfile (one per spawn), so a spec can check how it exited after a
+signal. Returns {pid, pgid, rcfile, out} where out holds its stdout and
+stderr.
 ]]
+local spawns = 0
 function M.spawn(cmd, dir, name)
   local out = dir .. "/" .. name .. ".out"
   local pidfile = dir .. "/" .. name .. ".pid"
-  local rcfile = dir .. "/" .. name .. ".rc"
+  -- one rc file per spawn: a killed process's sh may still write its
+  -- status after a later spawn of the same name started
+  spawns = spawns + 1
+  local rcfile = dir .. "/" .. name .. "." .. spawns .. ".rc"
   os.remove(rcfile)
   os.remove(pidfile)
   local inner = string.format(
