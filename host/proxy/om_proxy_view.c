@@ -42,8 +42,8 @@ void om__proxy_view_unref(om__proxy_view_t *v) {
  * everything but the address, which om_proxy_resolve.c fills. OM_EINVAL
  * with *why for a URL the rule refuses.
  */
-int om__proxy_peer_target(const char *url, om_upstream_target_t *t,
-                          om_url_t *u, int *is_name, const char **why) {
+int om__proxy_peer_target(const char *url, om_upstream_target_t *t, om_url_t *u,
+                          int *is_name, const char **why) {
   int rc = om_url_parse(url, u, why);
   if (rc == 0)
     rc = om_upstream_target_from_url(t, url, why);
@@ -100,8 +100,9 @@ static om__proxy_peer_t *peer_new(om_proxy_t *p, om__proxy_service_t *s,
  * order (snapshots sort by id), so one merge pass pairs them.
  */
 int om__proxy_view_build(om_proxy_t *p, om__proxy_service_t *s,
-                      const om_circuit_opts_t *co, const om__proxy_view_t *old,
-                      om_snapshot_t *snap, om__proxy_view_t **out) {
+                         const om_circuit_opts_t *co,
+                         const om__proxy_view_t *old, om_snapshot_t *snap,
+                         om__proxy_view_t **out) {
   size_t n = om_snapshot_count(snap), j = 0;
   om__proxy_view_t *v = calloc(1, sizeof *v);
   om_rendezvous_peer_t *rp = NULL;
