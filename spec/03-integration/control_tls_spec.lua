@@ -265,15 +265,9 @@ return {
           services = { { service = "orders", id = "o-1", port = port, behaviour = "fast" } },
         }))
         n = n + 1
-        up = H.spawn(string.format("%s up --control %s --control-ca %s %s", q(H.bin), q(c.url),
-          cert("ca.pem"), q(updir)), dir, "up" .. n)
-        local ok = H.wait_for(function()
-          if H.readfile(up.out):find("OpenMesh is up.", 1, true) then return "up" end
-          if H.readfile(up.rcfile) ~= "" then return "exited" end
-        end, 10)
-        if ok == "up" then break end
-        H.kill(up.pid, "KILL")
-        up = nil
+        up = H.start_up(dir, "up" .. n, string.format("--control %s --control-ca %s %s",
+          q(c.url), cert("ca.pem"), q(updir)))
+        if up then break end
       end
       assert(up, "openmesh up --control did not start")
       local pport, aport = H.readfile(up.out):match(

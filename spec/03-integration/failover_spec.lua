@@ -276,16 +276,9 @@ describe("--control with several planes", function()
           services = { { service = "orders", id = "o-1", port = port, behaviour = "fast",
             zone = "z1", metadata = { version = "v1" } } },
         }))
-        up = H.spawn(string.format("%s up --control %s --control %s %s", H.q(H.bin),
-          H.q(a.url), H.q(b.url), H.q(updir)), dir, "up_join" .. port)
-        local ok = H.wait_for(function()
-          local out = H.readfile(up.out)
-          if out:find("OpenMesh is up.", 1, true) then return "up" end
-          if H.readfile(up.rcfile) ~= "" then return "exited" end
-        end, 10)
-        if ok == "up" then break end
-        H.kill(up.pid, "KILL")
-        up = nil
+        up = H.start_up(dir, "up_join" .. port, string.format("--control %s --control %s %s",
+          H.q(a.url), H.q(b.url), H.q(updir)))
+        if up then break end
       end
       assert(up, "openmesh up --control did not start")
       local out = H.readfile(up.out)

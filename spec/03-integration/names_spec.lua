@@ -57,20 +57,10 @@ describe("peer URLs: one rule, names resolved by the proxy", function()
         },
       }
       H.writefile(dir .. "/up.json", cjson.encode(conf))
-      local p = H.spawn(H.q(H.bin) .. " up " .. H.q(dir), dir, "up" .. base)
-      local ok = H.wait_for(function()
-        local out = H.readfile(p.out)
-        if out:find("OpenMesh is up.", 1, true) then
-          return "up"
-        end
-        if H.readfile(p.rcfile) ~= "" then
-          return "exited"
-        end
-      end, 10)
-      if ok == "up" then
+      local p = H.start_up(dir, "up" .. base, H.q(dir))
+      if p then
         return p
       end
-      H.kill(p.pid, "KILL")
     end
     error("openmesh up did not start")
   end

@@ -31,13 +31,8 @@ describe("openmesh up", function()
         },
       }
       H.writefile(dir .. "/up.json", cjson.encode(conf))
-      local p = H.spawn(H.q(H.bin) .. " up " .. H.q(dir), dir, "up" .. base)
-      local state = H.wait_for(function()
-        if H.readfile(p.out):find("OpenMesh is up.", 1, true) then return "up" end
-        if H.readfile(p.rcfile) ~= "" then return "exited" end
-      end, 10)
-      if state == "up" then return p end
-      H.kill(p.pid, "KILL")
+      local p = H.start_up(dir, "up" .. base, H.q(dir))
+      if p then return p end
     end
     error("openmesh up did not start")
   end

@@ -347,4 +347,28 @@ function M.start_proxy(dir, name, args, opts)
   return p
 end
 
+--[[
+Start `openmesh up` (OPENMESH_BIN) with the extra command line args (its
+flags and DIR), as spawn(cmd, dir, name) does, and wait up to 10 s for its
+"OpenMesh is up." line. Returns spawn's record; or nil when it exited or
+did not come up in time (it is killed then), so a caller can try again on
+other ports.
+]]
+function M.start_up(dir, name, args)
+  local p = M.spawn(q(M.bin) .. " up " .. args, dir, name)
+  local state = M.wait_for(function()
+    if readfile(p.out):find("OpenMesh is up.", 1, true) then
+      return "up"
+    end
+    if readfile(p.rcfile) ~= "" then
+      return "exited"
+    end
+  end, 10)
+  if state == "up" then
+    return p
+  end
+  M.kill(p.pid, "KILL")
+  return nil
+end
+
 return M
