@@ -42,16 +42,43 @@ void eg_outcome_metric(om_egress_t *g, const char *o) {
       om_metric_inc(g->srv->m_turns[i]);
 }
 
-void eg_respond_json(om_http_request_t *req, int status, json_t *j) {
-  static const om_http_header_t h[] = {
-      {"Content-Type", "application/json", 0, 0}};
+/*
+ * The answer j (taken) with status. An error of the gateway's own (status
+ * >= 400) tells the caller's SDK whether to retry it: the OpenAI and
+ * Anthropic SDKs retry 408, 409, 429 and 5xx unless the answer says
+ * `x-should-retry: false`, and honour Retry-After when it says true.
+ * retry_after_s > 0 says "true, after that many seconds"; 0 says "false"
+ * (the gateway has already retried and fallen back as far as its policy
+ * allows, so a blind retry would multiply the provider calls).
+ */
+static void respond(om_http_request_t *req, int status, json_t *j,
+                    unsigned retry_after_s) {
+  char ra[16];
+  om_http_header_t h[3] = {{"Content-Type", "application/json", 0, 0}};
+  size_t nh = 1;
   char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+  if (s == NULL) {
+    status = 500;
+    retry_after_s = 0;
+  }
+  if (status >= 400) {
+    h[nh++] = (om_http_header_t){"x-should-retry",
+                                 retry_after_s ? "true" : "false", 0, 0};
+    if (retry_after_s) {
+      snprintf(ra, sizeof ra, "%u", retry_after_s);
+      h[nh++] = (om_http_header_t){"Retry-After", ra, 0, 0};
+    }
+  }
   if (s == NULL)
-    om_http_respond(req, 500, h, 1, "{\"error\":{\"type\":\"internal\"}}", 30);
+    om_http_respond(req, 500, h, nh, "{\"error\":{\"type\":\"internal\"}}", 30);
   else
-    om_http_respond(req, status, h, 1, s, strlen(s));
+    om_http_respond(req, status, h, nh, s, strlen(s));
   free(s);
   json_decref(j);
+}
+
+void eg_respond_json(om_http_request_t *req, int status, json_t *j) {
+  respond(req, status, j, 0);
 }
 
 void eg_respond_error(om_http_request_t *req, int status, const char *type,
@@ -59,6 +86,15 @@ void eg_respond_error(om_http_request_t *req, int status, const char *type,
   eg_respond_json(
       req, status,
       json_pack("{s:{s:s, s:s}}", "error", "type", type, "message", message));
+}
+
+void eg_respond_error_retry(om_http_request_t *req, int status,
+                            const char *type, const char *message,
+                            unsigned retry_after_s) {
+  respond(
+      req, status,
+      json_pack("{s:{s:s, s:s}}", "error", "type", type, "message", message),
+      retry_after_s);
 }
 
 json_t *eg_attempts_json(const eg_call_t *c) {
@@ -263,6 +299,96 @@ static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
             NULL);
 }
 
+/*
+ * What a call that failed before anything was committed answers
+ * (docs/EGRESS.md "Final errors"). The gateway has retried and fallen
+ * back as its policy allows; what is left for the caller:
+ *   - the deadline ran out: 504 deadline_exceeded, not retried;
+ *   - every attempt failed for a reason the caller must fix (the same on
+ *     every route): the provider's own status and a stable type, not
+ *     retried: 400 request_rejected (validation, another 4xx),
+ *     400 context_length_exceeded, 401 authentication_failed,
+ *     403 permission_denied, 429 insufficient_quota. When the causes
+ *     differ, the last attempt's decides;
+ *   - every attempt was told to come back later (429 or 503/529 with
+ *     Retry-After or retry-after-ms) and the earliest of those times is
+ *     within a minute: 429 rate_limited with `x-should-retry: true` and
+ *     Retry-After, since a retry then can succeed;
+ *   - anything else: 502 all_routes_failed, not retried (a blind retry
+ *     would run the whole chain again).
+ */
+typedef struct {
+  int status;
+  const char *type, *message;
+  unsigned retry_after_s; /* 0: x-should-retry: false */
+} final_t;
+
+#define MAX_CALLER_WAIT_NS (UINT64_C(60) * 1000000000u)
+
+static int caller_fault(const eg_attempt_t *a, final_t *f) {
+  switch (a->cls_id) {
+  case OM_EGRESS_C_BAD_REQUEST:
+  case OM_EGRESS_C_CLIENT_ERROR:
+    *f = (final_t){400, "request_rejected",
+                   "The model provider rejected the request.", 0};
+    return 1;
+  case OM_EGRESS_C_CONTEXT_LENGTH:
+    *f = (final_t){400, "context_length_exceeded",
+                   "The request is longer than every model route accepts.", 0};
+    return 1;
+  case OM_EGRESS_C_AUTH:
+    *f = a->status == 403
+             ? (final_t){403, "permission_denied",
+                         "The model provider refused the credentials.", 0}
+             : (final_t){401, "authentication_failed",
+                         "The model provider did not accept the key.", 0};
+    return 1;
+  case OM_EGRESS_C_QUOTA_EXHAUSTED:
+    *f = (final_t){429, "insufficient_quota",
+                   "The model provider's quota is spent.", 0};
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+static void final_outcome(const eg_call_t *c, uint64_t now, final_t *f) {
+  size_t n = c->n_attempts;
+  int all_caller = n > 0, all_wait = n > 0;
+  uint64_t earliest = UINT64_MAX;
+  final_t last = {0};
+  if (c->stop_why && strcmp(c->stop_why, "deadline") == 0) {
+    *f = (final_t){504, "deadline_exceeded", "No model route could answer.", 0};
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const eg_attempt_t *a = &c->attempts[i];
+    final_t one;
+    if (caller_fault(a, &one))
+      last = one;
+    else
+      all_caller = 0;
+    if (a->retry_at_ns == 0)
+      all_wait = 0;
+    else if (a->retry_at_ns < earliest)
+      earliest = a->retry_at_ns;
+  }
+  if (all_caller) {
+    *f = last;
+    return;
+  }
+  if (all_wait && earliest < now + MAX_CALLER_WAIT_NS) {
+    uint64_t left = earliest > now ? earliest - now : 0;
+    *f = (final_t){429, "rate_limited",
+                   "Every model route asked to be called again later.",
+                   (unsigned)((left + 999999999u) / 1000000000u)};
+    if (f->retry_after_s == 0)
+      f->retry_after_s = 1;
+    return;
+  }
+  *f = (final_t){502, "all_routes_failed", "No model route could answer.", 0};
+}
+
 static void chat_done(void *ud, eg_call_t *c) {
   chat_t *ch = ud;
   om_egress_t *g = ch->g;
@@ -299,22 +425,12 @@ static void chat_done(void *ud, eg_call_t *c) {
     } else if (c->ok) {
       eg_respond_json(req, 200, json_incref(c->result));
     } else {
-      int request_scope =
-          !c->last.retryable && c->last.scope == OM_EGRESS_SCOPE_REQUEST;
-      int deadline = c->stop_why && strcmp(c->stop_why, "deadline") == 0;
-      eg_respond_json(req,
-                      request_scope ? 400
-                      : deadline    ? 504
-                                    : 502,
-                      json_pack("{s:{s:s, s:s, s:o}}", "error", "type",
-                                request_scope ? "request_rejected"
-                                : deadline    ? "deadline_exceeded"
-                                              : "all_routes_failed",
-                                "message",
-                                request_scope
-                                    ? "The model provider rejected the request."
-                                    : "No model route could answer.",
-                                "attempts", eg_attempts_json(c)));
+      final_t f;
+      final_outcome(c, eg_now_ns(), &f);
+      respond(req, f.status,
+              json_pack("{s:{s:s, s:s, s:o}}", "error", "type", f.type,
+                        "message", f.message, "attempts", eg_attempts_json(c)),
+              f.retry_after_s);
     }
   }
   om_list_remove(&ch->link);
@@ -480,7 +596,8 @@ static void on_request(om_http_request_t *req, void *ud) {
 #define PATH_IS(p)                                                             \
   (req->path_len == sizeof(p) - 1 && memcmp(req->path, p, sizeof(p) - 1) == 0)
   if (g->srv->closing) {
-    eg_respond_error(req, 503, "draining", "The gateway is shutting down.");
+    eg_respond_error_retry(req, 503, "draining",
+                           "The gateway is shutting down.", 1);
   } else if (PATH_IS("/v1/chat/completions")) {
     if (post)
       handle_chat(g, req);
@@ -805,8 +922,8 @@ void om_egress_close(om_egress_t *g, void (*cb)(void *ud), void *ud) {
       if (ch->started)
         om_http_response_abort(ch->req);
       else
-        eg_respond_error(ch->req, 503, "draining",
-                         "The gateway is shutting down.");
+        eg_respond_error_retry(ch->req, 503, "draining",
+                               "The gateway is shutting down.", 1);
     }
     eg_call_cancel(ch->call);
     free(ch);
@@ -821,8 +938,8 @@ void om_egress_close(om_egress_t *g, void (*cb)(void *ud), void *ud) {
     turn_t *t = TURN_OF(om_list_first(&s->turns));
     if (t->req != NULL) {
       om_http_request_on_close(t->req, NULL);
-      eg_respond_error(t->req, 503, "draining",
-                       "The gateway is shutting down.");
+      eg_respond_error_retry(t->req, 503, "draining",
+                             "The gateway is shutting down.", 1);
       t->req = NULL;
     }
     eg_turn_free(t);

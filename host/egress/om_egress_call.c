@@ -594,7 +594,13 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
   snprintf(a->route, sizeof a->route, "%s", c->cfg->routes[c->cur].name);
   a->status = status;
   a->cls = v->name;
+  a->cls_id = v->cls;
   a->duration_ns = now - c->attempt_start_ns;
+  /* a wait of a day or more is as good as none for a caller (saturated
+   * values would overflow the multiply) */
+  a->retry_at_ns = v->has_server_wait && v->server_wait_ms < 86400000u
+                       ? now + v->server_wait_ms * MS
+                       : 0;
 }
 
 static void on_wait_done(uv_timer_t *t) {

@@ -39,7 +39,11 @@ typedef struct eg_attempt_s {
   char route[64];
   int status;
   const char *cls; /* om_egress_class_name: static */
+  om_egress_class_t cls_id;
   uint64_t duration_ns;
+  /* when the provider asked to be called again (Retry-After,
+   * retry-after-ms), in eg_now_ns time; 0: it did not say */
+  uint64_t retry_at_ns;
 } eg_attempt_t;
 
 #define EG_MAX_ATTEMPTS 64

@@ -99,6 +99,12 @@ void eg_outcome_metric(om_egress_t *g, const char *outcome);
 void eg_respond_json(om_http_request_t *req, int status, json_t *j);
 void eg_respond_error(om_http_request_t *req, int status, const char *type,
                       const char *message);
+/* The same with `x-should-retry: true` and `Retry-After: retry_after_s`
+ * (> 0): a retry by the caller after that long can succeed (draining). An
+ * error answer without it says `x-should-retry: false`. */
+void eg_respond_error_retry(om_http_request_t *req, int status,
+                            const char *type, const char *message,
+                            unsigned retry_after_s);
 json_t *eg_attempts_json(const eg_call_t *c);
 /* An id (agent, conversation, run): what om_agent_message_new accepts. */
 int eg_valid_id(const char *s);
