@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,46 @@ void eg_outcome_metric(om_egress_t *g, const char *o) {
 }
 
 /*
+ * The X-Request-Id of req's answer into out (at least EG_REQUEST_ID_CAP):
+ * the caller's, echoed when it is 1..128 visible ASCII characters, else a
+ * new one (32 hex digits: a per-process random seed and a counter through
+ * splitmix64, unique without a system call per answer). Every answer
+ * carries one, so a caller's log line and the gateway's meet.
+ */
+#define EG_REQUEST_ID_CAP 129
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static const char *request_id(const om_http_request_t *req, char *out) {
+  static uint64_t state;
+  static int seeded;
+  size_t len = 0;
+  const char *v = om_http_request_header(req, "x-request-id", &len);
+  int ok = v != NULL && len >= 1 && len < EG_REQUEST_ID_CAP;
+  for (size_t i = 0; ok && i < len; i++)
+    ok = v[i] > 0x20 && v[i] < 0x7f;
+  if (ok) {
+    memcpy(out, v, len);
+    out[len] = '\0';
+    return out;
+  }
+  if (!seeded) {
+    if (getrandom(&state, sizeof state, GRND_NONBLOCK) != sizeof state)
+      state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    seeded = 1;
+  }
+  {
+    uint64_t a = splitmix(&state), b = splitmix(&state);
+    snprintf(out, EG_REQUEST_ID_CAP, "%016" PRIx64 "%016" PRIx64, a, b);
+  }
+  return out;
+}
+
+/*
  * The answer j (taken) with status. An error of the gateway's own (status
  * >= 400) tells the caller's SDK whether to retry it: the OpenAI and
  * Anthropic SDKs retry 408, 409, 429 and 5xx unless the answer says
@@ -53,9 +94,10 @@ void eg_outcome_metric(om_egress_t *g, const char *o) {
  */
 static void respond(om_http_request_t *req, int status, json_t *j,
                     unsigned retry_after_s) {
-  char ra[16];
-  om_http_header_t h[3] = {{"Content-Type", "application/json", 0, 0}};
-  size_t nh = 1;
+  char ra[16], rid[EG_REQUEST_ID_CAP];
+  om_http_header_t h[4] = {{"Content-Type", "application/json", 0, 0},
+                           {"X-Request-Id", request_id(req, rid), 0, 0}};
+  size_t nh = 2;
   char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
   if (s == NULL) {
     status = 500;
@@ -270,13 +312,15 @@ static json_t *chunk(chat_t *ch, eg_call_t *c, json_t *delta,
 
 static void chat_commit(void *ud, eg_call_t *c) {
   chat_t *ch = ud;
-  static const om_http_header_t h[] = {
-      {"Content-Type", "text/event-stream", 0, 0},
-      {"Cache-Control", "no-cache", 0, 0}};
+  char rid[EG_REQUEST_ID_CAP];
+  om_http_header_t h[] = {{"Content-Type", "text/event-stream", 0, 0},
+                          {"Cache-Control", "no-cache", 0, 0},
+                          {"X-Request-Id", NULL, 0, 0}};
   if (ch->req == NULL)
     return;
   ch->started = 1;
-  om_http_response_start(ch->req, 200, h, 2);
+  h[2].value = request_id(ch->req, rid);
+  om_http_response_start(ch->req, 200, h, 3);
   sse_write(ch->req,
             chunk(ch, c, json_pack("{s:s}", "role", "assistant"), NULL), NULL);
 }
@@ -536,15 +580,17 @@ static double pending_gauge(void *ud) {
 }
 
 static void handle_metrics(om_egress_t *g, om_http_request_t *req) {
-  static const om_http_header_t h[] = {
-      {"Content-Type", "text/plain; version=0.0.4", 0, 0}};
+  char rid[EG_REQUEST_ID_CAP];
+  const om_http_header_t h[] = {
+      {"Content-Type", "text/plain; version=0.0.4", 0, 0},
+      {"X-Request-Id", request_id(req, rid), 0, 0}};
   size_t len = 0;
   char *text = om_metrics_render(g->metrics, &len);
   if (text == NULL) {
     eg_respond_error(req, 500, "internal", "out of memory");
     return;
   }
-  om_http_respond(req, 200, h, 1, text, len);
+  om_http_respond(req, 200, h, 2, text, len);
   free(text);
 }
 

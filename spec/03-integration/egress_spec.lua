@@ -413,6 +413,32 @@ describe("openmesh egress, the real binary", function()
       assert.equals("false", h["x-should-retry"])
     end)
 
+    it("puts an X-Request-Id on every answer, the caller's when it sent one", function()
+      local body = cjson.encode({ model = "any", messages = { { role = "user", content = "hi" } } })
+      local st, _, h = H.request(dir, "POST", gw.url .. "/v1/chat/completions",
+        { body = body, headers = { "x-openmesh-agent: t0", "X-Request-Id: caller-42" } })
+      assert.equals(200, st)
+      assert.equals("caller-42", h["x-request-id"])
+      local seen = {}
+      for _, b in ipairs({ body, "{" }) do
+        st, _, h = H.request(dir, "POST", gw.url .. "/v1/chat/completions", { body = b })
+        assert.matches("^%x+$", h["x-request-id"] or "", 1)
+        assert.equals(32, #h["x-request-id"])
+        assert.is_nil(seen[h["x-request-id"]], "an id twice")
+        seen[h["x-request-id"]] = true
+      end
+      -- one the gateway would not echo (a space) is replaced
+      st, _, h = H.request(dir, "POST", gw.url .. "/v1/chat/completions",
+        { body = "{", headers = { "X-Request-Id: two words" } })
+      assert.equals(32, #h["x-request-id"])
+      -- streamed answers too
+      st, _, h = H.request(dir, "POST", gw.url .. "/v1/chat/completions",
+        { body = cjson.encode({ model = "any", stream = true, messages = { { role = "user", content = "hi" } } }),
+          headers = { "x-openmesh-agent: t0", "X-Request-Id: s-1" } })
+      assert.equals(200, st)
+      assert.equals("s-1", h["x-request-id"])
+    end)
+
     it("answers 401 when every route refuses the key, 429 insufficient_quota when every quota is spent", function()
       script("t29_a", { "401" })
       script("t29_b", { "401" })
