@@ -22,7 +22,7 @@ LUA_ENV += LD_PRELOAD="$(shell gcc -print-file-name=libasan.so) $(shell gcc -pri
            ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
-.PHONY: all build deps deps-bench check format-check test-c test-lua bench format clean up fuzz
+.PHONY: all build deps deps-bench sdk-deps check format-check test-c test-lua bench format clean up fuzz
 
 all: build
 
@@ -40,6 +40,13 @@ deps:
 deps-bench:
 	scripts/deps-bench
 
+# The official SDKs spec/03-integration/sdk_spec.lua drives (npm packages
+# pinned by tests/sdk/package-lock.json, installed into tests/sdk/
+# node_modules, never globally); again only when the lock file changed.
+tests/sdk/node_modules/.package-lock.json: tests/sdk/package-lock.json
+	cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error
+sdk-deps: tests/sdk/node_modules/.package-lock.json
+
 # The embedded default: a control plane and the example services of
 # examples/up.json on loopback. Ctrl-C stops it.
 up: deps
@@ -49,6 +56,7 @@ up: deps
 check: deps
 	$(MAKE) --no-print-directory format-check
 	$(MAKE) build
+	$(MAKE) --no-print-directory sdk-deps
 	@c=0; l=0; \
 	$(MAKE) --no-print-directory test-c || c=1; \
 	$(MAKE) --no-print-directory test-lua || l=1; \

@@ -371,4 +371,39 @@ function M.start_up(dir, name, args)
   return nil
 end
 
+--[[
+Start a test fixture binary built beside OPENMESH_BIN (fake_provider,
+webhook_sink: each prints "listening http://127.0.0.1:PORT") with args, as
+spawn does, and wait up to 5 s for that line. Returns spawn's record with
+url added.
+]]
+function M.start_fixture(dir, name, args)
+  local bindir = M.bin:match("^(.*)/[^/]*$")
+  local p = M.spawn(q(bindir .. "/" .. name) .. " " .. (args or ""), dir, name .. math.random(1e6))
+  local port = M.wait_for(function()
+    return tonumber(readfile(p.out):match("listening http://127%.0%.0%.1:(%d+)"))
+  end, 5)
+  assert(port, name .. " did not start: " .. readfile(p.out))
+  p.url = "http://127.0.0.1:" .. port
+  return p
+end
+
+--[[
+Start `openmesh egress --listen 127.0.0.1:0` with the extra command line
+args (env: assignments put before the command) and wait up to 10 s for its
+egress_listening line. Returns spawn's record with url added; fails the
+spec with the gateway's output when it does not start.
+]]
+function M.start_egress(dir, name, args, env)
+  local p = M.spawn((env or "") .. " " .. q(M.bin) .. " egress --listen 127.0.0.1:0 " .. (args or ""), dir, name)
+  local port = M.wait_for(function()
+    local port = readfile(p.out):match('"event":"egress_listening","url":"http://127%.0%.0%.1:(%d+)"')
+    if port then return tonumber(port) end
+    if readfile(p.rcfile) ~= "" then return -1 end
+  end, 10)
+  assert(port and port > 0, "openmesh egress did not start: " .. readfile(p.out))
+  p.url = "http://127.0.0.1:" .. port
+  return p
+end
+
 return M

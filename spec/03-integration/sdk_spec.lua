@@ -1,0 +1,143 @@
+-- sdk_spec.lua: the official SDKs an application would use, driven against
+-- the real `openmesh egress` in front of the fake provider
+-- (tests/fixtures/fake_provider.c): the OpenAI Node SDK (npm `openai`) and
+-- the Vercel AI SDK (npm `ai` with `@ai-sdk/openai`, `.chat()`), from the
+-- project-local tests/sdk/node_modules (tests/sdk/package-lock.json; `make
+-- check` runs `npm ci` there when it is missing). Each call runs
+-- tests/sdk/drive.mjs with the SDK's default retries on, and the fake's
+-- request counts say how many provider calls the whole thing cost.
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+package.path = here .. "../support/?.lua;" .. package.path
+
+local H = require "control_helper"
+local cjson = require "cjson"
+
+local SDK_DIR = here .. "../../tests/sdk"
+
+local function policy(fake)
+  local routes = {}
+  for i = 0, 9 do
+    routes[#routes + 1] = string.format([[
+    { name = "s%d_a", provider = "openai", base_url = "%s/s%d_a/v1", model = "gpt-fake", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },
+    { name = "s%d_b", provider = "anthropic", base_url = "%s/s%d_b/v1", model = "claude-fake", api_key_env = "OM_SPEC_ANTHROPIC_KEY", attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },]],
+      i, fake, i, i, fake, i)
+  end
+  return string.format([[
+return {
+  kind = "fallback",
+  routes = {
+%s
+  },
+  order = function(ctx)
+    local n = (ctx.agent or "s0"):match("^s(%%d+)$") or "0"
+    return { "s" .. n .. "_a", "s" .. n .. "_b" }
+  end,
+  max_attempts = 3, per_wait_ceiling_ms = 300, deadline_ms = 4000,
+  backoff_base_ms = 20, backoff_cap_ms = 100,
+}
+]], table.concat(routes, "\n"))
+end
+
+describe("real SDKs through openmesh egress", function()
+  if not H.bin or H.bin == "" then
+    it("runs against OPENMESH_BIN", function()
+      pending("OPENMESH_BIN is not set (make check sets it to build/bin/openmesh)")
+    end)
+    return
+  end
+  local dir, fake, gw
+
+  local function script(route, steps)
+    local st = H.request(dir, "POST", fake.url .. "/_script",
+      { body = cjson.encode({ route = route, steps = steps }) })
+    assert.equals(200, st)
+  end
+
+  local function counts()
+    local _, body = H.request(dir, "GET", fake.url .. "/_count")
+    return H.json(body).routes
+  end
+
+  -- One call with the SDK; its printed result.
+  local function drive(sdk, agent, mode)
+    local f = io.popen(string.format("cd %s && node drive.mjs %s %s %s %s 2>&1",
+      H.q(SDK_DIR), sdk, H.q(gw.url), agent, mode or ""))
+    local text = f:read("a")
+    f:close()
+    local line = text:match("({.*})%s*$")
+    assert(line, "drive.mjs printed no result: " .. text)
+    return cjson.decode(line)
+  end
+
+  setup(function()
+    dir = H.tmpdir()
+    fake = H.start_fixture(dir, "fake_provider", "")
+    H.writefile(dir .. "/fallback.lua", policy(fake.url))
+    gw = H.start_egress(dir, "egress", string.format("--fallback %s --heuristics %s",
+      H.q(dir .. "/fallback.lua"), H.q(here .. "../../policies/egress_heuristics.lua")),
+      "OM_SPEC_OPENAI_KEY=sk-spec OM_SPEC_ANTHROPIC_KEY=ak-spec")
+  end)
+
+  teardown(function()
+    H.kill_all()
+    if dir then os.execute("rm -rf " .. H.q(dir)) end
+  end)
+
+  for _, sdk in ipairs({ "openai", "vercel" }) do
+    it(sdk .. ": a chat call and a streamed one go through", function()
+      local r = drive(sdk, "s0")
+      assert.is_true(r.ok, cjson.encode(r))
+      assert.matches("from s0_a", r.text)
+      r = drive(sdk, "s0", "stream")
+      assert.is_true(r.ok, cjson.encode(r))
+      assert.matches("s0_a", r.text)
+    end)
+  end
+
+  it("openai: a final 502 is not retried by the SDK: the provider calls are the gateway's own", function()
+    script("s1_a", { "500", "500", "500" })
+    script("s1_b", { "500", "500", "500" })
+    local r = drive("openai", "s1")
+    assert.is_false(r.ok)
+    assert.equals("InternalServerError", r.error)
+    assert.equals(502, r.status)
+    assert.equals("all_routes_failed", r.type)
+    local c = counts()
+    -- 3 attempts per route, once: without x-should-retry: false the SDK's
+    -- two retries would make it 18
+    assert.equals(3, c.s1_a)
+    assert.equals(3, c.s1_b)
+  end)
+
+  for i, sdk in ipairs({ "openai", "vercel" }) do
+    it(sdk .. ": a key refused on every route is the SDK's authentication error, not retried", function()
+      local agent = "s" .. (1 + i)
+      script(agent .. "_a", { "401" })
+      script(agent .. "_b", { "401" })
+      local r = drive(sdk, agent)
+      assert.is_false(r.ok)
+      assert.equals(401, r.status)
+      assert.equals("authentication_failed", r.type)
+      if sdk == "openai" then
+        assert.equals("AuthenticationError", r.error)
+      end
+      local c = counts()
+      assert.equals(1, c[agent .. "_a"])
+      assert.equals(1, c[agent .. "_b"])
+    end)
+  end
+
+  it("openai: every route rate-limited with a wait: the SDK waits the gateway's Retry-After and succeeds", function()
+    script("s4_a", { "429:ra=1" })
+    script("s4_b", { "503:ra=1", "503:ra=1", "503:ra=1" })
+    local t0 = H.now()
+    local r = drive("openai", "s4")
+    local elapsed = H.now() - t0
+    -- the gateway answered 429 rate_limited, x-should-retry: true,
+    -- Retry-After: 1; the SDK waited and its retry found s4_a answering
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s4_a", r.text)
+    assert.is_true(elapsed >= 1, "the SDK did not wait: " .. elapsed .. " s")
+    assert.equals(2, counts().s4_a)
+  end)
+end)
