@@ -59,6 +59,9 @@ static void bad_files_name_the_line(void **state) {
       {"ok read\ntok superuser\n", ":2: expected"},
       {"tok read extra\n", ":1: expected"},
       {"# nothing\n", "no tokens"},
+      {"a read\nb register\na admin\n", ":3: the same token as line 1"},
+      {"san:spiffe://x/a read\nsan:spiffe://x/a admin\n",
+       ":2: 'san:spiffe://x/a' is already on line 1"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char err[256];
@@ -74,6 +77,33 @@ static void bad_files_name_the_line(void **state) {
   om_auth_t *a = NULL;
   assert_int_equal(om_auth_load("/nonexistent/tokens", &a, err, sizeof err),
                    OM_ENOTFOUND);
+}
+
+/* A stream keeps its token as a digest; the digest still means the same
+ * token after a reload, so the new file decides whether it goes on. */
+static void digests_outlive_reloads(void **state) {
+  (void)state;
+  char err[256];
+  om_auth_t *a = NULL, *b = NULL;
+  om_auth_digest_t d, other;
+  write_tokens("keeper read\nleaver read\n");
+  assert_int_equal(om_auth_load(path, &a, err, sizeof err), 0);
+  assert_int_equal(om_auth_digest("Bearer keeper", 13, &d), OM_AUTH_OK);
+  assert_int_equal(om_auth_digest("Bearer leaver", 13, &other), OM_AUTH_OK);
+  assert_int_equal(om_auth_check_digest(a, &d, OM_ROLE_READ), OM_AUTH_OK);
+  assert_int_equal(om_auth_check_digest(a, &other, OM_ROLE_READ), OM_AUTH_OK);
+  write_tokens("keeper register\nnewcomer read\n");
+  assert_int_equal(om_auth_load(path, &b, err, sizeof err), 0);
+  assert_int_equal(om_auth_check_digest(b, &d, OM_ROLE_REGISTER), OM_AUTH_OK);
+  assert_int_equal(om_auth_check_digest(b, &d, OM_ROLE_READ),
+                   OM_AUTH_FORBIDDEN);
+  assert_int_equal(om_auth_check_digest(b, &other, OM_ROLE_READ),
+                   OM_AUTH_INVALID);
+  assert_int_equal(om_auth_digest(NULL, 0, &d), OM_AUTH_MISSING);
+  assert_int_equal(om_auth_digest("Basic eA==", 10, &d), OM_AUTH_INVALID);
+  om_auth_free(a);
+  om_auth_free(b);
+  unlink(path);
 }
 
 static void san_lines_grant_roles_to_certificates(void **state) {
@@ -142,6 +172,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(roles_are_enforced),
       cmocka_unit_test(bad_files_name_the_line),
+      cmocka_unit_test(digests_outlive_reloads),
       cmocka_unit_test(san_lines_grant_roles_to_certificates),
       cmocka_unit_test(load_survives_allocation_failures),
   };

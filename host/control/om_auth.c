@@ -18,12 +18,14 @@
 typedef struct {
   XXH128_hash_t digest;
   int roles;
+  int line; /* in the file: a second line with the same token names it */
 } entry_t;
 
 /* A `san:` line: a certificate name, not a secret. */
 typedef struct {
   char *name;
   int roles;
+  int line;
 } san_t;
 
 struct om_auth_s {
@@ -31,11 +33,28 @@ struct om_auth_s {
   size_t n;
   san_t *sans;
   size_t n_sans;
-  uint64_t key; /* per-process: digests are useless elsewhere */
 };
 
-static XXH128_hash_t digest(const om_auth_t *a, const char *tok, size_t len) {
-  return XXH3_128bits_withSeed(tok, len, a->key);
+/*
+ * The digest key: one per process, so digests are useless elsewhere, and
+ * the same across reloads, so an open watch's credential (kept as a
+ * digest, om_auth_digest_t) can be checked against the new file. Drawn on
+ * the first load; the control plane loads its tokens on its loop thread.
+ */
+static uint64_t process_key;
+static int process_key_set;
+
+static int key_init(void) {
+  if (process_key_set)
+    return 0;
+  if (getrandom(&process_key, sizeof process_key, 0) != sizeof process_key)
+    return -1;
+  process_key_set = 1;
+  return 0;
+}
+
+static XXH128_hash_t digest(const char *tok, size_t len) {
+  return XXH3_128bits_withSeed(tok, len, process_key);
 }
 
 static int parse_roles(char *s, int *roles) {
@@ -64,7 +83,7 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
     return OM_ENOTFOUND;
   }
   a = calloc(1, sizeof *a);
-  if (a == NULL || getrandom(&a->key, sizeof a->key, 0) != sizeof a->key) {
+  if (a == NULL || key_init() != 0) {
     free(a);
     fclose(f);
     snprintf(err, errlen, "%s: out of memory or entropy", path);
@@ -97,6 +116,13 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
                  path, lineno);
         goto fail;
       }
+      for (size_t i = 0; i < a->n_sans; i++)
+        if (strcmp(a->sans[i].name, tok + 4) == 0) {
+          /* roles would silently add up: say which line to merge */
+          snprintf(err, errlen, "%s:%d: 'san:%s' is already on line %d", path,
+                   lineno, tok + 4, a->sans[i].line);
+          goto fail;
+        }
       sv = realloc(a->sans, (a->n_sans + 1) * sizeof *sv);
       if (sv == NULL) {
         snprintf(err, errlen, "%s: out of memory", path);
@@ -109,17 +135,29 @@ int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen) {
         goto fail;
       }
       memcpy(sv[a->n_sans].name, tok + 4, nl);
+      sv[a->n_sans].line = lineno;
       sv[a->n_sans++].roles = r;
       continue;
     }
+    XXH128_hash_t d = digest(tok, strlen(tok));
+    for (size_t i = 0; i < a->n; i++)
+      if (XXH128_isEqual(a->entries[i].digest, d)) {
+        memset(line, 0, sizeof line);
+        snprintf(err, errlen,
+                 "%s:%d: the same token as line %d (one line per token: "
+                 "list its roles there)",
+                 path, lineno, a->entries[i].line);
+        goto fail;
+      }
     entry_t *e = realloc(a->entries, (a->n + 1) * sizeof *e);
     if (e == NULL) {
       snprintf(err, errlen, "%s: out of memory", path);
       goto fail;
     }
     a->entries = e;
-    e[a->n].digest = digest(a, tok, strlen(tok));
+    e[a->n].digest = d;
     e[a->n].roles = r;
+    e[a->n].line = lineno;
     a->n++;
     memset(line, 0, sizeof line); /* no plaintext token left behind */
   }
@@ -177,10 +215,9 @@ static int digest_equal(XXH128_hash_t x, XXH128_hash_t y) {
   return diff == 0;
 }
 
-om_auth_result_t om_auth_check(const om_auth_t *a, const char *header,
-                               size_t len, int role) {
+om_auth_result_t om_auth_digest(const char *header, size_t len,
+                                om_auth_digest_t *out) {
   XXH128_hash_t d;
-  int roles = 0;
   if (header == NULL)
     return OM_AUTH_MISSING;
   if (len < 7 || strncasecmp(header, "Bearer ", 7) != 0)
@@ -193,12 +230,30 @@ om_auth_result_t om_auth_check(const om_auth_t *a, const char *header,
   }
   while (len > 0 && (header[len - 1] == ' ' || header[len - 1] == '\t'))
     len--;
-  if (len == 0 || len > MAX_TOKEN)
+  if (len == 0 || len > MAX_TOKEN || key_init() != 0)
     return OM_AUTH_INVALID;
-  d = digest(a, header, len);
+  d = digest(header, len);
+  out->lo = d.low64;
+  out->hi = d.high64;
+  return OM_AUTH_OK;
+}
+
+om_auth_result_t om_auth_check_digest(const om_auth_t *a,
+                                      const om_auth_digest_t *d, int role) {
+  XXH128_hash_t x;
+  int roles = 0;
+  x.low64 = d->lo;
+  x.high64 = d->hi;
   for (size_t i = 0; i < a->n; i++) /* every entry, no early exit */
-    roles |= digest_equal(d, a->entries[i].digest) ? a->entries[i].roles : 0;
+    roles |= digest_equal(x, a->entries[i].digest) ? a->entries[i].roles : 0;
   if (roles == 0)
     return OM_AUTH_INVALID;
   return (roles & role) == role ? OM_AUTH_OK : OM_AUTH_FORBIDDEN;
+}
+
+om_auth_result_t om_auth_check(const om_auth_t *a, const char *header,
+                               size_t len, int role) {
+  om_auth_digest_t d;
+  om_auth_result_t r = om_auth_digest(header, len, &d);
+  return r != OM_AUTH_OK ? r : om_auth_check_digest(a, &d, role);
 }

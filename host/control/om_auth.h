@@ -38,7 +38,9 @@ typedef enum {
 /*
  * om_auth_load: read a token file. Returns 0 with *out set, or a negative
  * code with a message naming the file and line in err (nothing allocated):
- * OM_ENOTFOUND (unreadable), OM_EPARSE (bad line, unknown role, no tokens).
+ * OM_ENOTFOUND (unreadable), OM_EPARSE (bad line, unknown role, no tokens,
+ * a token or a `san:` name on two lines: their roles would silently add
+ * up, so the error names both lines).
  */
 int om_auth_load(const char *path, om_auth_t **out, char *err, size_t errlen);
 
@@ -49,6 +51,28 @@ size_t om_auth_count(const om_auth_t *a);
 
 /* The number of SAN lines among them. */
 size_t om_auth_san_count(const om_auth_t *a);
+
+/*
+ * A presented bearer token as the keyed digest the file's tokens are kept
+ * as: what an open stream keeps of its credential, so a reloaded file can
+ * end it (the key is per process and survives reloads).
+ */
+typedef struct {
+  unsigned long long lo, hi;
+} om_auth_digest_t;
+
+/*
+ * om_auth_digest: the digest of the Authorization header's value
+ * ("Bearer <token>", scheme case-insensitive, RFC 9110 11.1) into *out.
+ * OM_AUTH_OK; OM_AUTH_MISSING for NULL; OM_AUTH_INVALID when malformed.
+ */
+om_auth_result_t om_auth_digest(const char *header, size_t len,
+                                om_auth_digest_t *out);
+
+/* om_auth_check for a digest made by om_auth_digest (constant time over
+ * every entry, as om_auth_check). */
+om_auth_result_t om_auth_check_digest(const om_auth_t *a,
+                                      const om_auth_digest_t *d, int role);
 
 /*
  * om_auth_check: the Authorization header's value (NULL when absent)

@@ -686,8 +686,14 @@ static int metrics_init(om_control_t *c) {
                              "Keep-alive comments written to watchers", ""));
   CHK(m->dropped = om_metrics_counter(
           r, P "watchers_dropped_total",
-          "Watchers disconnected because their unsent backlog hit the limit",
+          "Watchers the plane disconnected: backlog (unsent bytes hit the "
+          "limit), revoked (a tokens reload took the stream's role)",
           "reason=\"backlog\""));
+  CHK(m->revoked = om_metrics_counter(
+          r, P "watchers_dropped_total",
+          "Watchers the plane disconnected: backlog (unsent bytes hit the "
+          "limit), revoked (a tokens reload took the stream's role)",
+          "reason=\"revoked\""));
   CHK(m->reload_ok =
           om_metrics_counter(r, P "auth_reloads_total",
                              "Token file reloads (SIGHUP)", "result=\"ok\""));
@@ -842,6 +848,8 @@ void om_control_set_auth(om_control_t *c, om_auth_t *auth) {
   }
   om_auth_free(c->auth);
   c->auth = auth;
+  if (auth != NULL)
+    om__watchers_recheck(c);
 }
 
 int om_control_reload_auth(om_control_t *c, const char *path, char *err,

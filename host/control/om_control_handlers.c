@@ -45,9 +45,23 @@ int om__authorize(ctx_t *x, int role) {
   size_t hl = 0;
   char buf[MAX_TOKEN_HEADER];
   om_auth_result_t r;
+  x->cred = CRED_NONE;
+  x->role = role;
   if (c->auth == NULL || role == 0)
     return 1;
   h = om_http_request_header(req, "authorization", &hl);
+  {
+    /* two credentials are no credential: which one would count? */
+    size_t n = 0;
+    for (size_t i = 0; i < req->n_headers; i++)
+      n += req->headers[i].name_len == 13 &&
+           strncasecmp(req->headers[i].name, "authorization", 13) == 0;
+    if (n > 1) {
+      reply_error(x, REJ_INVALID_HEADER, "authorization",
+                  "more than one Authorization header");
+      return 0;
+    }
+  }
   if (h == NULL && (x->method & (M_GET | M_HEAD))) {
     size_t vl = 0;
     int dup;
@@ -65,10 +79,17 @@ int om__authorize(ctx_t *x, int role) {
     }
   }
   r = cert_roles(c->auth, om_http_request_identity(req), role);
+  if (r == OM_AUTH_OK)
+    x->cred = CRED_CERT;
   /* a certificate without the role may still come with a token that
    * has it */
-  if (r != OM_AUTH_OK && (r == OM_AUTH_MISSING || h != NULL))
-    r = om_auth_check(c->auth, h, hl, role);
+  if (r != OM_AUTH_OK && (r == OM_AUTH_MISSING || h != NULL)) {
+    r = om_auth_digest(h, hl, &x->digest);
+    if (r == OM_AUTH_OK)
+      r = om_auth_check_digest(c->auth, &x->digest, role);
+    if (r == OM_AUTH_OK)
+      x->cred = CRED_TOKEN;
+  }
   if (r == OM_AUTH_OK)
     return 1;
   if (r == OM_AUTH_FORBIDDEN) {
@@ -95,6 +116,22 @@ int om__authorize(ctx_t *x, int role) {
                                            : "the bearer token is not valid");
   }
   return 0;
+}
+
+/*
+ * Whether watcher w may still watch under the tokens file now in force:
+ * its token's digest, or its connection's certificate, checked again for
+ * the role it was let in with.
+ */
+int om__watcher_allowed(const om_control_t *c, const watcher_t *w) {
+  if (c->auth == NULL || w->role == 0)
+    return 1;
+  if (w->cred == CRED_TOKEN)
+    return om_auth_check_digest(c->auth, &w->digest, w->role) == OM_AUTH_OK;
+  if (w->cred == CRED_CERT && w->req != NULL)
+    return cert_roles(c->auth, om_http_request_identity(w->req), w->role) ==
+           OM_AUTH_OK;
+  return 0; /* let in while auth was off */
 }
 
 /* ------------------------------------------------------------------ */

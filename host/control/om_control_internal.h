@@ -51,7 +51,8 @@
   XX(UNSUPPORTED_MEDIA_TYPE, 415, "unsupported_media_type")                    \
   XX(REVISION_CHANGED, 409, "revision_changed")                                \
   XX(UNAVAILABLE, 503, "unavailable")                                          \
-  XX(SHUTTING_DOWN, 503, "shutting_down")
+  XX(SHUTTING_DOWN, 503, "shutting_down")                                      \
+  XX(INVALID_HEADER, 400, "invalid_header")
 
 typedef enum {
 #define REJ_ENUM(name, status, str) REJ_##name,
@@ -131,12 +132,15 @@ struct watcher_s {
   om_snapshot_t **burst;
   size_t n_burst, cap_burst;
   int outstanding; /* T_ALL: burst reads still to come */
+  int cred, role;  /* what let it in (ctx_t), rechecked on a tokens reload */
+  om_auth_digest_t digest;
 };
 
 typedef struct metrics_s {
   om_metric_t *registrations, *renewals, *deletions, *expiries;
   om_metric_t *revision, *services, *instances, *stale, *uptime;
   om_metric_t *watchers, *events, *pings, *dropped;
+  om_metric_t *revoked; /* streams ended by a tokens reload */
   om_metric_t *reload_ok, *reload_failed;
   om_metric_t *conn_accepted, *conn_active, *conn_rejected;
   om_metric_t *http_requests, *http_aborted;
@@ -201,7 +205,14 @@ typedef struct ctx_s {
   uint64_t t0;
   int label;
   unsigned method;
+  /* how om__authorize let it in (a watch keeps it, so a reloaded tokens
+   * file can end the stream): CRED_NONE (auth off or no role needed),
+   * CRED_TOKEN (digest), CRED_CERT (the connection's certificate) */
+  int cred, role;
+  om_auth_digest_t digest;
 } ctx_t;
+
+enum { CRED_NONE, CRED_TOKEN, CRED_CERT };
 
 /* A request waiting for the store. */
 typedef struct op_s {
@@ -266,6 +277,8 @@ void om__on_service_event(void *ud, om_snapshot_t *snap);
 void om__on_config_event(void *ud, om_config_doc_t *doc);
 void om__h_watch(ctx_t *x, tkind_t kind, const char *name);
 int om__authorize(ctx_t *x, int role);
+void om__watchers_recheck(om_control_t *c);
+int om__watcher_allowed(const om_control_t *c, const watcher_t *w);
 void om__h_put_instance(ctx_t *x, const char *svc, const char *id);
 void om__h_instance_op(ctx_t *x, const char *svc, const char *id,
                        int heartbeat);

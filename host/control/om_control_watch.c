@@ -397,6 +397,37 @@ static void fanout_doc(om_control_t *c, om_config_doc_t *doc) {
   om__topic_release(c, t);
 }
 
+/*
+ * The tokens file was reloaded (or auth turned on): every open stream is
+ * checked again with the credential that opened it, and one that no
+ * longer has its role gets a last event saying so and is ended; the
+ * client's reconnect then meets the new file (401 or 403).
+ */
+void om__watchers_recheck(om_control_t *c) {
+  static const char ev[] =
+      "event: revoked\ndata: {\"error\":\"unauthorized\",\"message\":"
+      "\"the credential of this stream was revoked\"}\n\n";
+  for (size_t i = 0; i < c->n_topics; i++) {
+    topic_t *t = c->topics[i];
+    t->busy = 1;
+    OM_LIST_FOREACH_SAFE(it, &t->watchers) {
+      watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
+      char ip[46];
+      if (om__watcher_allowed(c, w))
+        continue;
+      snprintf(ip, sizeof ip, "%s", w->req->remote_ip);
+      om_log(OM_LOG_INFO, "watcher_revoked", "topic",
+             t->name[0] ? t->name : "*", "remote", ip, NULL);
+      om_metric_inc(c->m.revoked);
+      if (watcher_send(w, ev, sizeof ev - 1, 0) == 0)
+        om__watcher_finish(w, FIN_END);
+    }
+    t->busy = 0;
+  }
+  for (size_t i = c->n_topics; i-- > 0;) /* from the end: indices hold */
+    om__topic_release(c, c->topics[i]);
+}
+
 void om__on_ping(uv_timer_t *timer) {
   om_control_t *c = timer->data;
   static const char ping[] = ": ping\n\n";
@@ -626,6 +657,9 @@ void om__h_watch(ctx_t *x, tkind_t kind, const char *name) {
   }
   w->c = c;
   w->refs = 1;
+  w->cred = x->cred;
+  w->role = x->role;
+  w->digest = x->digest;
   idv = om_http_request_header(req, "last-event-id", &idl);
   if (idv != NULL && om__parse_u64(idv, idl, &w->last_id) == 0)
     w->has_last_id = 1;

@@ -545,5 +545,59 @@ describe("openmesh control, the real binary (" .. store .. " store)", function()
     assert.equal(200, get("reader-2"))
     assert.equal(0, H.stop(c))
   end)
+
+  it("ends an open watch within a second when a reload takes its token's role, and refuses two credentials", function()
+    finally(H.kill_all)
+    local tokens = dir .. "/tokens-revoke"
+    H.writefile(tokens, "stays read\nleaves read\ndemoted read\nwriter register\n")
+    local c = start_control(dir, "--tokens " .. H.q(tokens))
+    local function watch(token)
+      return H.watch(dir, c.url .. "/v1/watch/services/web",
+        { "Authorization: Bearer " .. token }, 20)
+    end
+    local function put(id)
+      assert.equal(200, (H.request(dir, "PUT", c.url .. "/v1/services/web/instances/" .. id, {
+        body = '{"url":"http://10.0.0.1","ttl_ms":10000}',
+        headers = { "Authorization: Bearer writer" } })))
+    end
+    put("a")
+    local ws, wl, wd = watch("stays"), watch("leaves"), watch("demoted")
+    for _, w in ipairs({ ws, wl, wd }) do
+      assert.is_truthy(H.wait_for(function() return #H.events(w) >= 1 end, 5))
+    end
+    -- a duplicate line would add up roles: refused, the file in force stays
+    H.writefile(tokens, "stays read\nstays admin\n")
+    H.kill(c.pid, "HUP")
+    assert.is_truthy(H.wait_for(function()
+      return H.readfile(c.out):find(":2: the same token as line 1", 1, true)
+    end, 5))
+    H.writefile(tokens, "stays read\ndemoted register\nwriter register\n")
+    local t0 = H.now()
+    H.kill(c.pid, "HUP")
+    for _, w in ipairs({ wl, wd }) do
+      assert.is_truthy(H.wait_for(function()
+        return H.readfile(w.out):find("event: revoked", 1, true) and H.readfile(w.rcfile) ~= ""
+      end, 5), "the stream went on: " .. H.readfile(w.out):sub(-300))
+    end
+    local took = H.now() - t0
+    assert.is_true(took < 1.5, "revocation took " .. took .. " s")
+    -- the one that keeps its role still gets changes
+    put("b")
+    assert.is_truthy(H.wait_for(function()
+      local ev = H.events(ws)
+      return #ev >= 2 and #H.json(ev[#ev].data).instances == 2
+    end, 5))
+    assert.is_nil(H.readfile(ws.out):find("revoked", 1, true))
+    assert.truthy(H.readfile(c.out):find('"event":"watcher_revoked"', 1, true))
+    local _, metrics = H.request(dir, "GET", c.url .. "/metrics")
+    assert.matches('openmesh_control_watchers_dropped_total{reason="revoked"} 2', metrics, 1, true)
+    -- two Authorization headers: 400, whichever would have counted
+    local st, body = H.request(dir, "GET", c.url .. "/v1/services",
+      { headers = { "Authorization: Bearer stays", "Authorization: Bearer writer" } })
+    assert.equal(400, st)
+    assert.equal("invalid_header", H.json(body).error)
+    assert.equal("authorization", H.json(body).field)
+    assert.equal(0, H.stop(c))
+  end)
 end)
 end
