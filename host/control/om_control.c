@@ -50,6 +50,7 @@ static const struct {
   const char *allow;
 } routes[R__COUNT] = {
     [R_HEALTHZ] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
+    [R_READYZ] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
     [R_METRICS] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
     [R_STATUS] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
     [R_SERVICES] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
@@ -424,6 +425,8 @@ static route_t match(const seg_t *s, int n, const seg_t **names) {
       return R_NONE;
   if (n == 1 && seg_is(&s[0], "healthz"))
     return R_HEALTHZ;
+  if (n == 1 && seg_is(&s[0], "readyz"))
+    return R_READYZ;
   if (n == 1 && seg_is(&s[0], "metrics"))
     return R_METRICS;
   if (n == 1 && seg_is(&s[0], "status"))
@@ -479,6 +482,7 @@ static unsigned method_bit(const om_http_request_t *req) {
 static int route_role(route_t r, unsigned method) {
   switch (r) {
   case R_HEALTHZ:
+  case R_READYZ:
   case R_METRICS:
     return 0;
   case R_INSTANCE:
@@ -494,6 +498,7 @@ static int route_role(route_t r, unsigned method) {
 static int route_label(route_t r, unsigned method) {
   switch (r) {
   case R_HEALTHZ:
+  case R_READYZ:
   case R_METRICS:
   case R_STATUS:
     return L_OPS;
@@ -583,6 +588,9 @@ static void on_request(om_http_request_t *req, void *ud) {
   switch (r) {
   case R_HEALTHZ:
     om__h_healthz(&x);
+    return;
+  case R_READYZ:
+    om__h_readyz(&x);
     return;
   case R_METRICS:
     om__h_metrics(&x);

@@ -524,8 +524,33 @@ void om__h_get_config(ctx_t *x, const char *name) {
 /* ------------------------------------------------------------------ */
 /* operations */
 
+/* Liveness: the loop answers. */
 void om__h_healthz(ctx_t *x) {
   om__reply(x, 200, "text/plain; charset=utf-8", "ok\n", 3, NULL, 0);
+}
+
+/*
+ * Readiness: whether this plane should get traffic now. Not when its
+ * store is unreachable (it would serve the last known state, marked
+ * stale, and refuse writes) or when it is draining. 200 "ready", else 503
+ * with the reasons, so a load balancer or an orchestrator moves traffic
+ * to another plane while /healthz keeps the process alive.
+ */
+void om__h_readyz(ctx_t *x) {
+  om_store_status_t st;
+  char body[160];
+  int k;
+  memset(&st, 0, sizeof st);
+  om_store_status(x->c->store, &st);
+  if (!st.stale && !x->c->closing) {
+    om__reply(x, 200, "application/json", "{\"ready\":true}\n", 15, NULL, 0);
+    return;
+  }
+  k = snprintf(body, sizeof body, "{\"ready\":false,\"reasons\":[%s%s%s]}\n",
+               st.stale ? "\"store_unreachable\"" : "",
+               st.stale && x->c->closing ? "," : "",
+               x->c->closing ? "\"draining\"" : "");
+  om__reply(x, 503, "application/json", body, (size_t)k, NULL, 0);
 }
 
 /* Counters owned elsewhere, copied in before a render. */

@@ -88,6 +88,7 @@ enum {
 typedef enum {
   R_NONE = -1,
   R_HEALTHZ,
+  R_READYZ,
   R_METRICS,
   R_STATUS,
   R_SERVICES,
@@ -287,6 +288,7 @@ void om__h_list_services(ctx_t *x);
 void om__h_put_config(ctx_t *x, const char *name);
 void om__h_get_config(ctx_t *x, const char *name);
 void om__h_healthz(ctx_t *x);
+void om__h_readyz(ctx_t *x);
 void om__h_metrics(ctx_t *x);
 void om__h_status(ctx_t *x);
 

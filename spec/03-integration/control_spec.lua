@@ -170,6 +170,8 @@ describe("openmesh control, the real binary (" .. store .. " store)", function()
     -- operations
     status, body = H.request(dir, "GET", c.url .. "/healthz")
     assert.same({ 200, "ok\n" }, { status, body })
+    status, body = H.request(dir, "GET", c.url .. "/readyz")
+    assert.same({ 200, true }, { status, H.json(body).ready })
     status, body = H.request(dir, "GET", c.url .. "/status")
     assert.equal(200, status)
     local st = H.json(body)

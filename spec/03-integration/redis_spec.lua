@@ -271,6 +271,10 @@ describe("two control planes on one Redis", function()
       local s, body = H.request(dir, "GET", b.url .. "/metrics")
       assert.equal(200, s)
       assert.matches("openmesh_control_store_stale 1\n", body, 1, true)
+      -- not ready (traffic should go elsewhere), still alive
+      s, body = H.request(dir, "GET", b.url .. "/readyz")
+      assert.same({ 503, { "store_unreachable" } }, { s, H.json(body).reasons })
+      assert.equal(200, (H.request(dir, "GET", b.url .. "/healthz")))
       local snap
       s, snap = get(b, "svc")
       assert.equal(200, s)
@@ -285,6 +289,7 @@ describe("two control planes on one Redis", function()
         local _, st = H.request(dir, "GET", b.url .. "/status")
         return H.json(st).stale == false
       end, 8))
+      assert.equal(200, (H.request(dir, "GET", b.url .. "/readyz")))
       local evs
       if persist then
         -- Redis kept everything: the same state, no spurious event
