@@ -702,6 +702,11 @@ static int metrics_init(om_control_t *c) {
           "Watchers the plane disconnected: backlog (unsent bytes hit the "
           "limit), revoked (a tokens reload took the stream's role)",
           "reason=\"revoked\""));
+  CHK(m->coalesced = om_metrics_counter(
+          r, P "watch_events_coalesced_total",
+          "States held for a watcher whose client had not taken the previous "
+          "one (written when it drains; a newer one replaces it)",
+          ""));
   CHK(m->reload_ok =
           om_metrics_counter(r, P "auth_reloads_total",
                              "Token file reloads (SIGHUP)", "result=\"ok\""));

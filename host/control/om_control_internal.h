@@ -135,13 +135,19 @@ struct watcher_s {
   int outstanding; /* T_ALL: burst reads still to come */
   int cred, role;  /* what let it in (ctx_t), rechecked on a tokens reload */
   om_auth_digest_t digest;
+  /* T_SERVICE/T_CONFIG: the newest state not yet written because the
+   * client has not taken the previous one (one reference); written when
+   * its output drains, replaced by a newer one meanwhile */
+  om_snapshot_t *held_snap;
+  om_config_doc_t *held_doc;
 };
 
 typedef struct metrics_s {
   om_metric_t *registrations, *renewals, *deletions, *expiries;
   om_metric_t *revision, *services, *instances, *stale, *uptime;
   om_metric_t *watchers, *events, *pings, *dropped;
-  om_metric_t *revoked; /* streams ended by a tokens reload */
+  om_metric_t *revoked;   /* streams ended by a tokens reload */
+  om_metric_t *coalesced; /* states held for a busy watcher (superseded) */
   om_metric_t *reload_ok, *reload_failed;
   om_metric_t *conn_accepted, *conn_active, *conn_rejected;
   om_metric_t *http_requests, *http_aborted;
@@ -191,6 +197,7 @@ struct om_control_s {
   om_list_t writes; /* op_t by wlink */
   size_t watchers;
   uint64_t events_sent, pings_sent, dropped, rev_max, t_start;
+  uint64_t coalesced; /* states held for a busy watcher instead of queued */
   size_t pending_ops;
   int closing, srv_closed, timer_closed;
   void (*done)(void *);

@@ -108,9 +108,14 @@ void om__topic_release(om_control_t *c, topic_t *t) {
   om__topic_free(t);
 }
 
+/* The kernel send buffer of a watch stream (about 2x this on Linux). */
+#define WATCH_SNDBUF (64 * 1024)
+
 static void watcher_unref(watcher_t *w) {
   if (--w->refs > 0)
     return;
+  om_snapshot_unref(w->held_snap);
+  om_config_doc_unref(w->held_doc);
   for (size_t i = 0; i < w->n_burst; i++)
     om_snapshot_unref(w->burst[i]);
   free(w->burst);
@@ -231,6 +236,57 @@ static int watcher_send_doc(watcher_t *w, om_config_doc_t *doc, int check) {
   w->c->events_sent++;
   om_metric_inc(w->c->m.events);
   return 0;
+}
+
+/*
+ * Every event is the whole state, so a watcher never needs a state that a
+ * newer one replaced: while its client has not taken what was written
+ * (bytes still queued in user space), the newest snapshot or document is
+ * held by reference instead and written when the output drains. A slow
+ * watcher costs one encoding in its output and a pointer, never a queue
+ * of revisions, and is never cut for backlog (docs/CONTROL.md "Watches").
+ */
+static void on_watcher_drain(om_http_request_t *req) {
+  watcher_t *w = req->user;
+  om_snapshot_t *snap = w->held_snap;
+  om_config_doc_t *doc = w->held_doc;
+  w->held_snap = NULL;
+  w->held_doc = NULL;
+  if (snap != NULL)
+    watcher_send_snapshot(w, snap, 0);
+  else if (doc != NULL && w->topic != NULL)
+    watcher_send_doc(w, doc, 0);
+  om_snapshot_unref(snap);
+  om_config_doc_unref(doc);
+}
+
+/* 1 when w's client still has output to take: what comes now is held. */
+static int watcher_busy(watcher_t *w) {
+  if (w->req == NULL || om_http_response_pending(w->req) == 0)
+    return 0;
+  return om_http_response_on_drain(w->req, 0, on_watcher_drain) == 0;
+}
+
+static void watcher_offer_snapshot(watcher_t *w, om_snapshot_t *snap) {
+  if (watcher_busy(w)) {
+    om_snapshot_unref(w->held_snap);
+    w->held_snap = om_snapshot_ref(snap);
+    w->c->coalesced++;
+    om_metric_inc(w->c->m.coalesced);
+    return;
+  }
+  watcher_send_snapshot(w, snap, 0);
+}
+
+static void watcher_offer_doc(watcher_t *w, om_config_doc_t *doc) {
+  if (watcher_busy(w)) {
+    om_config_doc_unref(w->held_doc);
+    w->held_doc = om_config_doc_ref(doc);
+    w->c->coalesced++;
+    om_metric_inc(w->c->m.coalesced);
+    return;
+  }
+  watcher_send_doc(w, doc, 0);
 }
 
 /* ---- the first event(s) of a stream ---- */
@@ -363,7 +419,7 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
       watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
       if (rev > w->last_rev) {
         w->last_rev = rev;
-        watcher_send_snapshot(w, snap, 1);
+        watcher_offer_snapshot(w, snap);
       }
     }
     ts->busy = 0;
@@ -390,7 +446,7 @@ static void fanout_doc(om_control_t *c, om_config_doc_t *doc) {
     watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
     if (doc->revision > w->last_rev) {
       w->last_rev = doc->revision;
-      watcher_send_doc(w, doc, 1);
+      watcher_offer_doc(w, doc);
     }
   }
   t->busy = 0;
@@ -437,6 +493,10 @@ void om__on_ping(uv_timer_t *timer) {
     t->busy = 1;
     OM_LIST_FOREACH_SAFE(it, &t->watchers) {
       watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
+      /* a client with output still to take is not idle: no ping piles up
+       * behind it */
+      if (w->req != NULL && om_http_response_pending(w->req) > 0)
+        continue;
       if (watcher_send(w, ping, sizeof ping - 1, 1) == 0) {
         c->pings_sent++;
         om_metric_inc(c->m.pings);
@@ -670,6 +730,10 @@ void om__h_watch(ctx_t *x, tkind_t kind, const char *name) {
     return;
   }
   req->user = w;
+  /* a client that stops reading: what the kernel holds for it stays
+   * small, the rest is the newest state held by reference (see
+   * watcher_offer_snapshot), never a queue of superseded ones */
+  (void)om_http_request_set_send_buffer(req, WATCH_SNDBUF);
   rc = om_http_response_start(req, 200, h, nh);
   if (rc != 0) {
     om_http_request_on_close(req, NULL);

@@ -811,6 +811,16 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
   return 0;
 }
 
+int om_http_request_set_send_buffer(om_http_request_t *req, int bytes) {
+  req_t *r = (req_t *)req;
+  int v = bytes;
+  if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING ||
+      bytes <= 0)
+    return OM_ESTATE;
+  return uv_send_buffer_size((uv_handle_t *)&r->conn->tcp, &v) == 0 ? 0
+                                                                    : OM_EIO;
+}
+
 size_t om_http_response_pending(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
   if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING)

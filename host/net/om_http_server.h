@@ -440,6 +440,17 @@ void om_http_response_abort(om_http_request_t *req);
  * the kernel; 0 when the client is gone. */
 size_t om_http_response_pending(const om_http_request_t *req);
 
+/*
+ * om_http_request_set_send_buffer: cap the kernel's send buffer of req's
+ * connection at about bytes (SO_SNDBUF; Linux doubles the value for its
+ * bookkeeping and keeps a floor). For a long stream to a client that may
+ * stop reading: past that, output waits in user space where the producer
+ * sees it (om_http_response_pending) and can replace what a newer state
+ * supersedes, instead of megabytes of stale bytes queued in the kernel.
+ * 0, OM_ESTATE when the client is gone, OM_EIO when the kernel refused.
+ */
+int om_http_request_set_send_buffer(om_http_request_t *req, int bytes);
+
 typedef void (*om_http_drain_fn)(om_http_request_t *req);
 
 /*

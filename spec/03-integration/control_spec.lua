@@ -548,6 +548,53 @@ describe("openmesh control, the real binary (" .. store .. " store)", function()
     assert.equal(0, H.stop(c))
   end)
 
+  it("2,000 watchers that stop reading and 300 changes: bounded memory, none cut, each gets the latest", function()
+    finally(H.kill_all)
+    local c = start_control(dir)
+    -- a 100-instance service
+    local body_a, body_b = dir .. "/inst-a.json", dir .. "/inst-b.json"
+    H.writefile(body_a, '{"url":"http://10.1.0.1:80","ttl_ms":600000,"metadata":{"v":"a"}}')
+    H.writefile(body_b, '{"url":"http://10.1.0.1:80","ttl_ms":600000,"metadata":{"v":"b"}}')
+    local urls = {}
+    for i = 1, 100 do
+      urls[#urls + 1] = H.q(string.format("%s/v1/services/big/instances/i%03d", c.url, i))
+    end
+    H.sh(H.curl(30) .. " -s -o /dev/null -X PUT --data-binary @" .. H.q(body_a) .. " " .. table.concat(urls, " "))
+    local trigger = dir .. "/slow-trigger"
+    os.remove(trigger)
+    local slow = H.spawn(string.format("/usr/bin/python3 %s %d /v1/watch/services/big 2000 %s",
+      H.q(here .. "../../tests/fixtures/slow_watchers.py"), c.port, H.q(trigger)), dir, "slow")
+    assert.is_truthy(H.wait_for(function()
+      return H.readfile(slow.out):find("opened 2000", 1, true) or H.readfile(slow.rcfile) ~= ""
+    end, 60), H.readfile(slow.out))
+    assert.matches("opened 2000", H.readfile(slow.out), 1, true)
+    local function rss_kb()
+      return tonumber(H.readfile("/proc/" .. c.pid .. "/status"):match("VmRSS:%s*(%d+)"))
+    end
+    local rss0 = rss_kb()
+    -- 300 changes: one instance's metadata flips back and forth
+    local args = {}
+    for k = 1, 300 do
+      args[#args + 1] = string.format("-X PUT --data-binary @%s %s", H.q(k % 2 == 1 and body_b or body_a),
+        H.q(c.url .. "/v1/services/big/instances/i001"))
+    end
+    H.sh(H.curl(60) .. " -s -o /dev/null " .. table.concat(args, " --next -s -o /dev/null "))
+    local st, snap = H.request(dir, "GET", c.url .. "/v1/services/big")
+    assert.equal(200, st)
+    local rev = H.rev(H.json(snap).revision)
+    local rss1 = rss_kb()
+    -- without coalescing each watcher queued every revision: about 2 GB
+    assert.is_true(rss1 < 150 * 1024, string.format("RSS %d kB after the changes (%d kB before)", rss1, rss0))
+    local _, metrics = H.request(dir, "GET", c.url .. "/metrics")
+    assert.matches('openmesh_control_watchers_dropped_total{reason="backlog"} 0', metrics, 1, true)
+    assert.is_truthy(tonumber(metrics:match("openmesh_control_watch_events_coalesced_total (%d+)")) > 0)
+    H.writefile(trigger .. ".tmp", rev)
+    assert(os.rename(trigger .. ".tmp", trigger))
+    assert.is_truthy(H.wait_for(function() return H.readfile(slow.rcfile) ~= "" end, 40))
+    local res = H.json(H.readfile(slow.out):match("({.*})"))
+    assert.same({ latest = 2000, of = 2000 }, res)
+  end)
+
   it("ends an open watch within a second when a reload takes its token's role, and refuses two credentials", function()
     finally(H.kill_all)
     local tokens = dir .. "/tokens-revoke"
