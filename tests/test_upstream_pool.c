@@ -155,7 +155,7 @@ static fx_t *fx_new(const om_upstream_pool_opts_t *o) {
   do {                                                                         \
     uint64_t t0_ = uv_hrtime();                                                \
     while (!(cond) && uv_hrtime() - t0_ < (uint64_t)(ms)*1000000u)             \
-      uv_run(&(fx)->loop, UV_RUN_ONCE);                                      \
+      uv_run(&(fx)->loop, UV_RUN_ONCE);                                        \
   } while (0)
 
 static void on_pool_closed(void *ud) {

@@ -980,6 +980,12 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   return 0;
 }
 
+int om_upstream_req_reused(const om_upstream_req_t *r) {
+  if (r == NULL)
+    return -1;
+  return r->res.reuses > 0 ? 1 : 0;
+}
+
 int om_upstream_cancel(om_upstream_req_t *r) {
   om_upstream_pool_t *p;
   conn_t *c;

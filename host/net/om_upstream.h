@@ -571,6 +571,15 @@ int om_upstream_send(om_upstream_pool_t *pool,
                      om_upstream_req_t **out);
 
 /*
+ * om_upstream_req_reused: 1 when req went out on a pooled connection, 0
+ * when it opened one (or is opening it), so a caller counts a request's
+ * connection when it sends, whether or not on_done follows (a cancelled
+ * request has none); -1 for NULL. A stale keep-alive retry's connection
+ * shows in on_done's res.connects.
+ */
+int om_upstream_req_reused(const om_upstream_req_t *req);
+
+/*
  * om_upstream_cancel: give up on a request. Its connection, if it has
  * one, is closed (never pooled: the server may be mid-response); no
  * callback of this request runs after this returns, on_done included, and

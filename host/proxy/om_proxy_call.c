@@ -657,6 +657,7 @@ static void start_attempt(om__proxy_call_t *c) {
     fail(c, rc == OM_ENOMEM ? OM__PROXY_LOCAL : OM__PROXY_UPSTREAM, msg);
     return;
   }
+  om__proxy_pool_sent(s, c->up);
   om__proxy_body_sent(c);
 }
 

@@ -333,7 +333,9 @@ size_t om__proxy_pool_max_idle(const om__proxy_settings_t *set, size_t n_peers);
 /* The keep-alive limits of c's attempt on ur. */
 void om__proxy_pool_request(const om__proxy_call_t *c,
                             om_upstream_request_t *ur);
-/* Count the connections an attempt opened and reused. */
+/* Count the connection an attempt just sent took (new or reused), and
+ * when it ends the one a stale keep-alive retry opened. */
+void om__proxy_pool_sent(om__proxy_service_t *s, const om_upstream_req_t *up);
 void om__proxy_pool_done(om__proxy_service_t *s,
                          const om_upstream_result_t *res);
 /* Register s's connection metrics (labels: its service="..." label). */

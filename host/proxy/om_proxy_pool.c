@@ -55,15 +55,26 @@ void om__proxy_pool_request(const om__proxy_call_t *c,
   ur->max_requests_per_connection = c->set.pool_max_requests;
 }
 
+void om__proxy_pool_sent(om__proxy_service_t *s, const om_upstream_req_t *up) {
+  /* counted at the send, so an attempt cancelled later (the caller went
+   * away) still counts the connection it opened */
+  if (om_upstream_req_reused(up) == 1) {
+    s->conns_reused++;
+    om_metric_inc(s->m_conns_reused);
+  } else {
+    s->conns_new++;
+    om_metric_inc(s->m_conns_new);
+  }
+}
+
 void om__proxy_pool_done(om__proxy_service_t *s,
                          const om_upstream_result_t *res) {
-  if (res->connects != 0) {
-    s->conns_new += res->connects;
-    om_metric_add(s->m_conns_new, res->connects);
-  }
-  if (res->reuses != 0) {
-    s->conns_reused += res->reuses;
-    om_metric_add(s->m_conns_reused, res->reuses);
+  /* beyond the first (counted at the send): a stale keep-alive retry's
+   * fresh connection */
+  unsigned more = res->connects + res->reuses;
+  if (more > 1) {
+    s->conns_new += more - 1;
+    om_metric_add(s->m_conns_new, more - 1);
   }
 }
 
