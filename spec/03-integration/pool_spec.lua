@@ -19,7 +19,7 @@ local PY = "/usr/bin/python3"
 -- unless asked to close, and writes the connections it accepted to
 -- ACCEPTS_FILE on each accept.
 local PEER = [[
-import asyncio, sys
+import asyncio, os, sys
 accepts_file = sys.argv[1]
 accepts = 0
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
@@ -29,7 +29,6 @@ async def serve(reader, writer):
     accepts += 1
     with open(accepts_file + ".tmp", "w") as f:
         f.write("%d\n" % accepts)
-    import os
     os.replace(accepts_file + ".tmp", accepts_file)
     try:
         while True:
