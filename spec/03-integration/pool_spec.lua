@@ -168,4 +168,34 @@ describe("the upstream pool through the real openmesh proxy", function()
     assert.equal(new1, up.connections_new)
     assert.is_true(up.idle >= 1 and up.idle <= new1, "idle " .. tostring(up.idle))
   end)
+
+  it("applies the policy's pool fields", function()
+    H.writefile(dir .. "/limited.lua", [[
+return {
+  kind = "traffic",
+  subset = function(_, peers) return peers end,
+  pool = { max_idle_per_peer = 3, idle_timeout_ms = 30000, max_requests_per_connection = 5 },
+}
+]])
+    H.writefile(dir .. "/one.json", cjson.encode({ services = { pool = { instances = {
+      { id = "a", url = "http://127.0.0.1:" .. peers[1].port } } } } }))
+    local before = accepted()
+    local p = H.start_proxy(dir, "limited", "--policy " .. H.q(dir .. "/limited.lua") ..
+      " --static " .. H.q(dir .. "/one.json"))
+    -- one at a time: every request after the first could reuse, but a
+    -- connection is retired after its fifth
+    for _ = 1, 20 do
+      assert.equal(200, (H.request(dir, "GET", p.url .. "/", { headers = { "Host: pool" } })))
+    end
+    local status, body = H.request(dir, "GET", p.admin .. "/status")
+    assert.equal(200, status)
+    local up = H.json(body).services.pool.upstream_pool
+    assert.equal(3, up.max_idle_per_peer)
+    assert.equal(30000, up.idle_timeout_ms)
+    assert.equal(5, up.max_requests_per_connection)
+    assert.equal(4, up.connections_new)
+    assert.equal(16, up.connections_reused)
+    assert.equal(4, accepted() - before)
+    H.stop(p)
+  end)
 end)
