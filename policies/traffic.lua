@@ -25,6 +25,11 @@ return {
   -- long as the deadline has left (set it to give up on a slow peer sooner)
   retries = 2, -- extra attempts for safe or idempotent requests
   retry_non_idempotent = false, -- POST without Idempotency-Key: never
+  -- pool (upstream keep-alive) is left out on purpose: each peer keeps up
+  -- to its share of max_inflight idle (128 with two peers, at least 8),
+  -- which follows the view as peers come and go; a fixed
+  -- pool = { max_idle_per_peer = N } would not. Idle ones close after
+  -- 60 s; no limit on requests per connection.
 
   examples = {
     { description = "every peer is eligible, zone and metadata ignored",

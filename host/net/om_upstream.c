@@ -575,6 +575,8 @@ int om_upstream_pool_new(uv_loop_t *loop, const om_upstream_pool_opts_t *opts,
     o.read_buffer_bytes = DEF_READ_BUFFER;
   if (o.max_peers == 0)
     o.max_peers = DEF_MAX_PEERS;
+  if (o.max_idle_per_peer > MAX_IDLE_PER_PEER)
+    return OM_EINVAL;
   if (o.max_header_bytes < MIN_HEADER_BYTES ||
       o.max_header_bytes > MAX_HEADER_BYTES ||
       o.max_headers > MAX_MAX_HEADERS ||
@@ -655,6 +657,30 @@ int om_upstream_peer_stats(const om_upstream_pool_t *p,
     return OM_EINVAL;
   key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, "", &k);
   e = peer_find(p, &k, key_hash(&k), t, "");
+  if (e == NULL)
+    return OM_ENOTFOUND;
+  *out = e->st;
+  return 0;
+}
+
+int om_upstream_peer_stats_for(const om_upstream_pool_t *p,
+                               const om_upstream_target_t *t,
+                               const om_upstream_request_t *q,
+                               om_upstream_stats_t *out) {
+  const om_tls_ctx_t *ctx;
+  const char *sn = "";
+  pkey_t k;
+  peer_t *e;
+  if (p == NULL || t == NULL || out == NULL)
+    return OM_EINVAL;
+  /* the context om__up_tls_ctx_for would pick, without making one */
+  ctx = q != NULL && q->tls_ctx != NULL ? q->tls_ctx
+        : p->tls_ctx != NULL            ? p->tls_ctx
+                                        : p->tls_default;
+  if (t->tls && q != NULL && q->tls_server_name != NULL)
+    sn = q->tls_server_name;
+  key_of(t, ctx, sn, &k);
+  e = peer_find(p, &k, key_hash(&k), t, sn);
   if (e == NULL)
     return OM_ENOTFOUND;
   *out = e->st;
@@ -865,6 +891,9 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
       return OM_EINVAL;
   if (!valid_target(tg, tl, m, ml))
     return OM_EINVAL;
+  if (q->max_idle_per_peer > MAX_IDLE_PER_PEER ||
+      q->idle_timeout_ms > UINT64_MAX / 4)
+    return OM_EINVAL;
   r = req_get(p);
   if (r == NULL)
     return OM_ENOMEM;
@@ -908,6 +937,13 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->retry_stale = q->retry_stale != 0 && !r->upgrade;
   r->head_due = q->head_timeout_ms != 0 ? now + q->head_timeout_ms : 0;
   r->is_head = method_is(m, ml, "HEAD");
+  r->max_idle =
+      q->max_idle_per_peer != 0 ? q->max_idle_per_peer : p->o.max_idle_per_peer;
+  r->idle_ms =
+      q->idle_timeout_ms != 0 ? q->idle_timeout_ms : p->o.idle_timeout_ms;
+  r->max_reqs = q->max_requests_per_connection != 0
+                    ? q->max_requests_per_connection
+                    : p->o.max_requests_per_connection;
   r->res.attempts = 1;
   r->peer = e;
   e->refs++;
@@ -920,6 +956,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
     c->req = r;
     r->conn = c;
     r->res.reused = 1;
+    r->res.reuses++;
     e->st.active++;
     p->st.active++;
     e->st.reuses++;
@@ -941,6 +978,12 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   p->api--;
   *out = r;
   return 0;
+}
+
+int om_upstream_req_reused(const om_upstream_req_t *r) {
+  if (r == NULL)
+    return -1;
+  return r->res.reuses > 0 ? 1 : 0;
 }
 
 int om_upstream_cancel(om_upstream_req_t *r) {

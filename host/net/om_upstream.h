@@ -195,10 +195,12 @@ int om_upstream_target_from_url(om_upstream_target_t *t, const char *url,
  * the defaults.
  */
 typedef struct om_upstream_pool_opts_s {
-  /* Idle keep-alive connections kept per peer; returning one more closes
-   * the least recently used. Default 32. */
+  /* Idle keep-alive connections kept per peer for requests that set no
+   * limit of their own (om_upstream_request_t.max_idle_per_peer);
+   * returning one more closes the least recently used. Default 32. */
   size_t max_idle_per_peer;
-  /* An idle connection is closed after this long. Default 60 s. */
+  /* An idle connection is closed after this long, unless its latest
+   * request said otherwise. Default 60 s. */
   uint64_t idle_timeout_ms;
   /* The response head (status line, fields, the empty line, and every 1xx
    * head before it), and separately a trailer section. Default and
@@ -217,6 +219,9 @@ typedef struct om_upstream_pool_opts_s {
    * none (the pool takes a reference); NULL: one made on first use, the
    * system CA store, verifying. */
   om_tls_ctx_t *tls_ctx;
+  /* Requests a connection carries before it is closed instead of pooled,
+   * for requests that set no limit of their own. Default 0: no limit. */
+  uint64_t max_requests_per_connection;
 } om_upstream_pool_opts_t;
 
 /*
@@ -236,6 +241,11 @@ typedef struct om_upstream_stats_s {
   uint64_t tls_handshakes; /* TLS handshakes completed (resumed too) */
   uint64_t tls_resumed;    /* of those, sessions resumed */
   uint64_t tls_failures;   /* TLS handshakes that failed */
+  /* pooled connections closed because the peer's idle list was over the
+   * returning request's max_idle_per_peer (the oldest go first) */
+  uint64_t idle_evicted;
+  /* connections closed after max_requests_per_connection requests */
+  uint64_t retired;
 } om_upstream_stats_t;
 
 /*
@@ -357,7 +367,34 @@ typedef struct om_upstream_request_s {
    * the host. Connections are pooled per name, so this is part of the
    * key too. At most 253 bytes (OM_EINVAL beyond). */
   const char *tls_server_name;
+  /*
+   * Keep-alive limits for the connection that carries this request,
+   * applied when it goes back to the pool; 0 in any field: the pool's
+   * option. A pool serves every caller of a peer key (address, server
+   * name, TLS context), whose limits may differ, so each request carries
+   * its own: a connection given back is kept when, with it, the peer key
+   * holds at most max_idle_per_peer idle connections (beyond that the
+   * least recently used are closed); it is closed after idle_timeout_ms
+   * idle (at most 2^62); once it carried max_requests_per_connection
+   * requests (this one included) it is closed instead of pooled.
+   */
+  size_t max_idle_per_peer;
+  uint64_t idle_timeout_ms;
+  uint64_t max_requests_per_connection;
 } om_upstream_request_t;
+
+/*
+ * om_upstream_peer_stats_for: the counters of the peer key a request q
+ * to target would use (its tls_ctx and tls_server_name, for a tls
+ * target; the pool's context when q gives none): a TLS peer reached with
+ * a caller's own context is a key of its own, which om_upstream_peer_stats
+ * does not find. q may be NULL (the pool's defaults). Returns as
+ * om_upstream_peer_stats.
+ */
+int om_upstream_peer_stats_for(const om_upstream_pool_t *pool,
+                               const om_upstream_target_t *target,
+                               const om_upstream_request_t *q,
+                               om_upstream_stats_t *out);
 
 /*
  * A response head, as on_headers sees it. Valid only during on_headers
@@ -482,6 +519,10 @@ typedef struct om_upstream_result_s {
   /* the last attempt's connection made a TLS handshake: 1 full, 2
    * resumed; 0 for a pooled or plain connection */
   int tls_handshake;
+  /* connections this request opened (a stale keep-alive retry's
+   * included) and the pooled ones it was sent on: what a caller counts to
+   * see whether its pool reuses */
+  unsigned connects, reuses;
 } om_upstream_result_t;
 
 /*
@@ -528,6 +569,15 @@ int om_upstream_send(om_upstream_pool_t *pool,
                      const om_upstream_request_t *req,
                      const om_upstream_callbacks_t *cb, void *ud,
                      om_upstream_req_t **out);
+
+/*
+ * om_upstream_req_reused: 1 when req went out on a pooled connection, 0
+ * when it opened one (or is opening it), so a caller counts a request's
+ * connection when it sends, whether or not on_done follows (a cancelled
+ * request has none); -1 for NULL. A stale keep-alive retry's connection
+ * shows in on_done's res.connects.
+ */
+int om_upstream_req_reused(const om_upstream_req_t *req);
 
 /*
  * om_upstream_cancel: give up on a request. Its connection, if it has

@@ -127,8 +127,14 @@ void om__up_read_off(conn_t *c) {
   }
 }
 
-/* Pool c after a complete response. */
-static void conn_make_idle(conn_t *c) {
+/*
+ * Pool c after a complete response of r, under r's limits: c goes first
+ * on the peer's idle list (most recently used first) and the oldest
+ * beyond r's max_idle are closed, so a caller with a larger limit never
+ * loses its connections to one with a smaller limit for longer than one
+ * return.
+ */
+static void conn_make_idle(conn_t *c, const req_t *r) {
   om_upstream_pool_t *p = c->pool;
   peer_t *e = c->peer;
   c->phase = PH_IDLE;
@@ -143,14 +149,20 @@ static void conn_make_idle(conn_t *c) {
     }
   }
   c->idle_since = now_ms(p);
+  c->idle_ms = r->idle_ms;
   om_list_push_front(&e->idle, &c->ilink);
   e->st.idle++;
   p->st.idle++;
   om__up_read_on(c); /* an EOF or a stray byte closes it */
-  if (e->st.idle > p->o.max_idle_per_peer)
-    om__up_conn_close(OM_LIST_ENTRY(om_list_last(&e->idle), conn_t, ilink));
-  else
-    conn_arm(c);
+  while (e->st.idle > r->max_idle) {
+    conn_t *old = OM_LIST_ENTRY(om_list_last(&e->idle), conn_t, ilink);
+    e->st.idle_evicted++;
+    p->st.idle_evicted++;
+    om__up_conn_close(old);
+    if (old == c)
+      return;
+  }
+  conn_arm(c);
 }
 
 /* The earliest deadline that applies to c now; 0 for none. */
@@ -158,7 +170,7 @@ static uint64_t conn_deadline(const conn_t *c) {
   const req_t *r = c->req;
   uint64_t d = 0, x = 0;
   if (r == NULL)
-    return c->phase == PH_IDLE ? c->idle_since + c->pool->o.idle_timeout_ms : 0;
+    return c->phase == PH_IDLE ? c->idle_since + c->idle_ms : 0;
   d = r->total_due;
   if (c->phase == PH_CONNECTING)
     x = r->connect_due;
@@ -253,8 +265,7 @@ static void on_timer(uv_timer_t *t) {
                    "no response head within the first-byte timeout");
       return;
     }
-  } else if (c->phase == PH_IDLE &&
-             now >= c->idle_since + c->pool->o.idle_timeout_ms) {
+  } else if (c->phase == PH_IDLE && now >= c->idle_since + c->idle_ms) {
     om__up_conn_close(c);
     return;
   }
@@ -334,6 +345,7 @@ static void conn_write(conn_t *c) {
 void om__up_conn_start(conn_t *c) {
   req_t *r = c->req;
   c->phase = PH_HEAD;
+  c->nreqs++;
   c->pos = c->len = 0;
   c->interim_bytes = 0;
   head_reset(c);
@@ -425,6 +437,7 @@ int om__up_conn_connect(req_t *r) {
   p->st.active++;
   e->st.connects++;
   p->st.connects++;
+  r->res.connects++;
   r->res.reused = 0;
   r->connect_due = r->connect_ms != 0 ? now_ms(p) + r->connect_ms : 0;
   uv_tcp_nodelay(&c->tcp, 1);
@@ -531,9 +544,15 @@ static int msg_complete(conn_t *c) {
               !p->closing &&
               (!r->streamed || (r->body_ended && r->bq_head == NULL)) &&
               (c->tls == NULL || !om__up_tls_stray(c));
+  /* a connection that carried its share is retired, not pooled */
+  int retire = reuse && r->max_reqs != 0 && c->nreqs >= r->max_reqs;
   om__up_detach(c);
-  if (reuse)
-    conn_make_idle(c);
+  if (retire) {
+    c->peer->st.retired++;
+    p->st.retired++;
+  }
+  if (reuse && !retire)
+    conn_make_idle(c, r);
   else
     om__up_conn_close(c);
   om__up_req_end(r, OM_UPSTREAM_OK, 0, "");

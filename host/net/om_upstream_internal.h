@@ -17,6 +17,8 @@
 #include "om_upstream.h"
 
 #define DEF_MAX_IDLE 32u
+/* idle connections one peer key may keep: descriptors, not a policy */
+#define MAX_IDLE_PER_PEER 1000000u
 #define DEF_IDLE_TIMEOUT_MS 60000u
 #define DEF_MAX_HEADER_BYTES (64u * 1024u)
 #define MAX_HEADER_BYTES (64u * 1024u)
@@ -101,6 +103,8 @@ struct conn_s {
   unsigned closing : 1, reading : 1, writing : 1, broken : 1, keepalive : 1;
   uint64_t timer_due; /* loop ms the timer is armed for; 0: not armed */
   uint64_t idle_since;
+  uint64_t idle_ms; /* the idle timeout its latest request asked for */
+  uint64_t nreqs;   /* requests started on it */
   /* read buffer: unconsumed bytes are [pos, len) */
   char *buf;
   size_t cap, cap_max, len, pos;
@@ -147,6 +151,10 @@ struct om_upstream_req_s {
   uint64_t connect_ms, first_byte_ms;
   uint64_t connect_due, first_byte_due, total_due; /* loop ms; 0 none */
   uint64_t head_due;                               /* loop ms; 0 none */
+  /* keep-alive limits for the connection (pool defaults filled in; 0
+   * max_reqs: no limit) */
+  size_t max_idle;
+  uint64_t idle_ms, max_reqs;
   int state;
   int pend;
   unsigned retry_stale : 1, is_head : 1, in_cb : 1, cancelled : 1, paused : 1,

@@ -47,6 +47,11 @@
 #define DEF_REPLAY ((size_t)1 << 20)
 #define DEF_REPLAY_BUDGET ((size_t)64 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
+/* the policy's pool fields are clamped here: the upstream client's
+ * ceilings (om_upstream.h), and a request count no connection reaches */
+#define POOL_MAX_IDLE 1000000u
+#define POOL_MAX_IDLE_MS 4.0e18
+#define POOL_MAX_REQUESTS 1.0e18
 
 static const char *const OUTCOME_NAMES[] = {
 #define OM__PROXY_OUTCOME_STR(name, status, str) str,
@@ -158,6 +163,19 @@ static int read_settings_l(lua_State *L) {
   }
   lua_pop(L, 1);
   om__proxy_read_upgrades_l(L, t, &set->upgrades);
+  lua_pushstring(L, "pool");
+  if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
+    int k = lua_gettop(L);
+    /* whole numbers; 0 (absent) keeps each default (om_proxy_pool.c) */
+    set->pool_max_idle =
+        clamp_u32(num_field(L, k, "max_idle_per_peer", 0), 0, POOL_MAX_IDLE);
+    set->pool_idle_timeout_ms = (uint64_t)ceil(
+        fmax(0, fmin(num_field(L, k, "idle_timeout_ms", 0), POOL_MAX_IDLE_MS)));
+    set->pool_max_requests = (uint64_t)fmax(
+        0, fmin(num_field(L, k, "max_requests_per_connection", 0),
+                POOL_MAX_REQUESTS));
+  }
+  lua_pop(L, 1);
   return 0;
 }
 
@@ -365,6 +383,7 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
                          "Request body bytes read from clients.", labels);
   om__proxy_shed_metrics(p, s, labels);
   om__proxy_resolve_metrics(p, s, labels);
+  om__proxy_pool_metrics(p, s, labels);
 }
 
 static void on_queue_timer_closed(uv_handle_t *h);

@@ -301,6 +301,8 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
     om__proxy_isolation_status(s, o, now);
   if (o != NULL)
     om__proxy_tls_status(s, o);
+  if (o != NULL)
+    om__proxy_pool_status(s, o);
   return o;
 }
 

@@ -430,6 +430,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED && !local;
   int next_addr;
   c->up = NULL;
+  om__proxy_pool_done(c->s, res);
   if (res->tls_handshake != 0 || res->tls_fail != 0)
     om__proxy_tls_done(c->s, c->peer, res, now);
   if (local)
@@ -644,6 +645,7 @@ static void start_attempt(om__proxy_call_t *c) {
   ur.upgrade = c->upgrade[0] != '\0' ? c->upgrade : NULL;
   if (peer->target.tls)
     om__proxy_tls_request(c->s, &ur);
+  om__proxy_pool_request(c, &ur); /* the service's keep-alive limits */
   rc = om_upstream_send(p->pool, &peer->target, &ur, &UP_CB, c, &c->up);
   if (rc != 0) {
     char msg[256];
@@ -655,6 +657,7 @@ static void start_attempt(om__proxy_call_t *c) {
     fail(c, rc == OM_ENOMEM ? OM__PROXY_LOCAL : OM__PROXY_UPSTREAM, msg);
     return;
   }
+  om__proxy_pool_sent(s, c->up);
   om__proxy_body_sent(c);
 }
 

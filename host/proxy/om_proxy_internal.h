@@ -120,6 +120,10 @@ typedef struct om__proxy_settings_s {
   /* peers by name: how often a resolved name is looked up again (0 until
    * a policy is read: the default) */
   uint64_t resolve_interval_ms;
+  /* upstream keep-alive (om_proxy_pool.c), from the policy's `pool`; 0:
+   * the default (idle per peer sized from max_inflight and the view, the
+   * pool's idle timeout, no request limit) */
+  uint64_t pool_max_idle, pool_idle_timeout_ms, pool_max_requests;
 } om__proxy_settings_t;
 
 /*
@@ -193,6 +197,9 @@ struct om__proxy_service_s {
   om_metric_t *m_denied;
   om__proxy_log_limit_t deny_log; /* proxy_denied lines */
   struct om__proxy_tls_s *tls;    /* om_proxy_tls.c; NULL until the policy */
+  /* upstream connections its attempts opened and reused (om_proxy_pool.c) */
+  uint64_t conns_new, conns_reused;
+  om_metric_t *m_conns_new, *m_conns_reused;
 };
 
 struct om_proxy_s {
@@ -316,6 +323,26 @@ struct om__proxy_call_s {
   om__proxy_body_t body;
   int local_retried; /* an attempt after a local failure was made */
 };
+
+/* om_proxy_pool.c: the upstream keep-alive pool as each service sets it */
+
+/* The idle connections per peer a service's calls let the pool keep: the
+ * policy's pool.max_idle_per_peer, else the peer's share of max_inflight
+ * over n_peers (at least a small floor). */
+size_t om__proxy_pool_max_idle(const om__proxy_settings_t *set, size_t n_peers);
+/* The keep-alive limits of c's attempt on ur. */
+void om__proxy_pool_request(const om__proxy_call_t *c,
+                            om_upstream_request_t *ur);
+/* Count the connection an attempt just sent took (new or reused), and
+ * when it ends the one a stale keep-alive retry opened. */
+void om__proxy_pool_sent(om__proxy_service_t *s, const om_upstream_req_t *up);
+void om__proxy_pool_done(om__proxy_service_t *s,
+                         const om_upstream_result_t *res);
+/* Register s's connection metrics (labels: its service="..." label). */
+void om__proxy_pool_metrics(om_proxy_t *p, om__proxy_service_t *s,
+                            const char *labels);
+/* Add s's `upstream_pool` object to its /status object o. */
+void om__proxy_pool_status(const om__proxy_service_t *s, struct json_t *o);
 
 /* om_proxy.c */
 om__proxy_service_t *om__proxy_find_service(const om_proxy_t *p,

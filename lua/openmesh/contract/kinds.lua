@@ -399,6 +399,21 @@ local KIND_SPECS = {
     -- budget as key and subset; false answers 403 forbidden with the
     -- reason (docs/POLICIES.md "Refusing a call").
     { "authorize", func },
+    -- Upstream keep-alive (docs/PROXY.md "Upstream keep-alive"): idle
+    -- connections kept per peer (default: the peer's share of
+    -- max_inflight, at least 8), how long one may sit idle (default 60 s),
+    -- and the requests one carries before it is closed (0: no limit).
+    { "pool", record({
+      { "max_idle_per_peer", function(v, path)
+        local err = integer_at_least(1)(v, path)
+        if err == nil and v > 1000000 then
+          err = field_error(path, ("at most 1000000 (descriptors), got %s"):format(show(v)))
+        end
+        return err
+      end },
+      { "idle_timeout_ms", number_above(0) },
+      { "max_requests_per_connection", integer_at_least(0) },
+    }) },
   }, max_deadline_covers_deadline),
   fallback = kind_spec(fallback_example, run_fallback_example, {
     { "routes", array_of(route, { min = 1, unique = "name", what = "route name" }), required = true },
