@@ -104,7 +104,7 @@ backend sink
 EOF
 haproxy -f "$tmp/haproxy.cfg" -db >"$tmp/haproxy.out" 2>&1 &
 haproxy_pid=$!
-pids+=($haproxy_pid)
+pids+=("$haproxy_pid")
 wait_port "$haproxy_port" $haproxy_pid haproxy
 
 cat >"$tmp/static.json" <<EOF
@@ -115,7 +115,7 @@ EOF
 "$bin" proxy --static "$tmp/static.json" --listen "127.0.0.1:$proxy_port" \
   --admin "127.0.0.1:$admin_port" --log-level warn >"$tmp/proxy.out" 2>&1 &
 proxy_pid=$!
-pids+=($proxy_pid)
+pids+=("$proxy_pid")
 wait_port "$proxy_port" $proxy_pid proxy
 
 cat >"$tmp/post.lua" <<EOF
