@@ -4,8 +4,9 @@
  * handler runs at the head, the body arrives through callbacks with
  * backpressure, 100 Continue only when the body is asked for, early
  * answers readable by a client that keeps sending, the body idle timeout,
- * framing errors inside a streamed body, and the same answers however the
- * client's bytes are split into reads.
+ * framing errors inside a streamed body, the same answers however the
+ * client's bytes are split into reads, and spans held by reference past
+ * on_data staying intact while the server reads on.
  */
 #include "om_test.h"
 
@@ -42,6 +43,20 @@ typedef struct fx_s {
 
 static htc_resp_t R[8];
 
+/* /hold: every span is kept by reference (om_http_request_body_ref), as
+ * the proxy keeps them for the upstream write and the replay, and checked
+ * against the bytes delivered after the server read on past them. */
+#define HOLD_MAX 4096
+typedef struct {
+  om_http_body_ref_t *ref;
+  const char *p;
+  size_t n;
+} held_t;
+static held_t H[HOLD_MAX];
+static size_t n_held;
+static int hold_null;    /* om_http_request_body_ref gave NULL inside on_data */
+static int hold_outside; /* ... and something outside it */
+
 static uint64_t fnv(uint64_t h, const char *p, size_t n) {
   size_t i;
   for (i = 0; i < n; i++) {
@@ -51,8 +66,32 @@ static uint64_t fnv(uint64_t h, const char *p, size_t n) {
   return h;
 }
 
+static void held_release(void) {
+  size_t i;
+  for (i = 0; i < n_held; i++)
+    om_http_body_ref_release(H[i].ref);
+  n_held = 0;
+}
+
+static uint64_t held_hash(void) {
+  uint64_t h = 14695981039346656037ull;
+  size_t i;
+  for (i = 0; i < n_held; i++)
+    h = fnv(h, H[i].p, H[i].n);
+  return h;
+}
+
 static void on_data(om_http_request_t *req, const char *p, size_t n) {
   fx_t *fx = req->user;
+  if (strcmp(req->path, "/hold") == 0) {
+    om_http_body_ref_t *ref = om_http_request_body_ref(req);
+    if (ref == NULL || n_held == HOLD_MAX) {
+      hold_null++;
+      om_http_body_ref_release(ref);
+    } else {
+      H[n_held++] = (held_t){ref, p, n};
+    }
+  }
   if (fx->got + n <= sizeof fx->echo)
     memcpy(fx->echo + fx->got, p, n);
   fx->got += n;
@@ -123,6 +162,8 @@ static void handler(om_http_request_t *req, void *ud) {
     om_http_response_start(req, 200, NULL, 0);
   if (strcmp(p, "/wait") == 0)
     return; /* the test starts the body later */
+  if (om_http_request_body_ref(req) != NULL) /* only inside on_data */
+    hold_outside++;
   fx->start_rc = om_http_request_body_start(req, on_data, on_end);
 }
 
@@ -600,6 +641,123 @@ static void random_chunked_bodies_in_random_splits(void **state) {
   }
 }
 
+/* A body held span by span by reference: the held bytes stay what was
+ * delivered while the server reads on (the body and a pipelined request
+ * after it, in every split of the wire into two sends), the next request
+ * is answered, and the references outlive the connection. */
+static void held_spans_survive_every_split(void **state) {
+  static const char *const cases[] = {
+      "POST /hold HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n"
+      "hello world"
+      "GET /n HTTP/1.1\r\nHost: t\r\n\r\n",
+      "POST /hold HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3\r\nabc\r\n5;e=1\r\ndefgh\r\n0\r\nX: 1\r\n\r\n"
+      "GET /n HTTP/1.1\r\nHost: t\r\n\r\n",
+  };
+  size_t i, cut;
+  (void)state;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *w = cases[i];
+    size_t n = strlen(w);
+    for (cut = 1; cut < n; cut++) {
+      fx_t *fx = fx_new(0);
+      htc_t *c = htc_new("127.0.0.1", fx->port);
+      uint64_t delivered;
+      assert_int_equal(htc_send(&fx->loop, c, w, cut), 0);
+      htc_step(&fx->loop, c, 1);
+      assert_int_equal(htc_send(&fx->loop, c, w + cut, n - cut), 0);
+      assert_int_equal(wait_responses(fx, c, 2, 2000), 2);
+      assert_int_equal(R[0].status, 200);
+      assert_string_equal(R[0].body, i == 0 ? "hello world" : "abcdefgh");
+      assert_string_equal(R[1].body, "nobody");
+      delivered = fx->hash;
+      htc_free(c);
+      fx_free(fx); /* the connection and the server are gone */
+      OM_ASSERT_CMP(held_hash(), ==, delivered);
+      OM_ASSERT_CMP(hold_null, ==, 0);
+      held_release();
+    }
+  }
+  OM_ASSERT_CMP(hold_outside, ==, 0);
+}
+
+/* A body larger than a read buffer, held whole: the server reads on into
+ * fresh buffers (never over a held byte), with a pipelined request right
+ * behind the body in the same send, then a second held body on the same
+ * connection. */
+static void held_big_body_then_pipelined(void **state) {
+  static char wire[(300u << 10) + 512];
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  size_t body = 300u << 10, wl, j;
+  uint64_t want = 14695981039346656037ull, first;
+  char line[64];
+  int round;
+  (void)state;
+  for (round = 0; round < 2; round++) {
+    wl = (size_t)snprintf(wire, sizeof wire,
+                          "POST /hold HTTP/1.1\r\nHost: t\r\n"
+                          "Content-Length: %zu\r\n\r\n",
+                          body);
+    for (j = 0; j < body; j++)
+      wire[wl + j] = (char)('a' + (j * 7 + (size_t)round) % 26);
+    if (round == 0)
+      want = fnv(want, wire + wl, body);
+    wl += body;
+    wl += (size_t)snprintf(wire + wl, sizeof wire - wl,
+                           "GET /n HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(htc_send(&fx->loop, c, wire, wl), 0);
+    assert_int_equal(wait_responses(fx, c, 2 * (round + 1), 5000),
+                     2 * (round + 1));
+    snprintf(line, sizeof line, "%zu %016" PRIx64, body, fx->hash);
+    assert_string_equal(R[2 * round].body, line);
+    assert_string_equal(R[2 * round + 1].body, "nobody");
+    OM_ASSERT_CMP(n_held, >, 1); /* more than one span, more than one read */
+    if (round == 0) {
+      first = held_hash();
+      OM_ASSERT_CMP(first, ==, want);
+      OM_ASSERT_CMP(first, ==, fx->hash);
+      held_release();
+    }
+  }
+  /* the second body's spans, after more reads of the same connection */
+  OM_ASSERT_CMP(held_hash(), ==, fx->hash);
+  OM_ASSERT_CMP(hold_null, ==, 0);
+  htc_free(c);
+  fx_free(fx);
+  held_release();
+}
+
+/* The client goes away mid-body: on_close runs, and the spans held so
+ * far stay readable until released. */
+static void held_spans_outlive_a_client_gone_mid_body(void **state) {
+  static char part[100u << 10];
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  uint64_t t0, want = 14695981039346656037ull;
+  (void)state;
+  memset(part, 'q', sizeof part);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /hold HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 1000000\r\n\r\n"),
+                   0);
+  assert_int_equal(htc_send(&fx->loop, c, part, sizeof part), 0);
+  t0 = htc_now_ms();
+  while (fx->got < sizeof part && htc_now_ms() - t0 < 3000)
+    htc_step(&fx->loop, c, 1);
+  OM_ASSERT_CMP(fx->got, ==, sizeof part);
+  htc_free(c);
+  t0 = htc_now_ms();
+  while (fx->close_calls == 0 && htc_now_ms() - t0 < 3000)
+    htc_step(&fx->loop, NULL, 1);
+  OM_ASSERT_CMP(fx->close_calls, ==, 1);
+  OM_ASSERT_CMP(fx->ended, ==, 0);
+  fx_free(fx);
+  want = fnv(want, part, sizeof part);
+  OM_ASSERT_CMP(held_hash(), ==, want);
+  held_release();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(content_length_body_is_streamed),
@@ -612,6 +770,9 @@ int main(void) {
       cmocka_unit_test(answers_during_the_body),
       cmocka_unit_test(split_reads_give_the_same_answers),
       cmocka_unit_test(random_chunked_bodies_in_random_splits),
+      cmocka_unit_test(held_spans_survive_every_split),
+      cmocka_unit_test(held_big_body_then_pipelined),
+      cmocka_unit_test(held_spans_outlive_a_client_gone_mid_body),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

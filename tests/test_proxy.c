@@ -3491,6 +3491,87 @@ static htc_t *upload_call(env_t *e, const char *head, const char *body,
   return c;
 }
 
+/* A proxy for orders over a peer that refuses connections and a live
+ * one; replay_limit 0: the default. */
+static fx_t *env_dead_and_live(env_t *e, uint64_t replay_limit) {
+  fx_t *live;
+  om_proxy_opts_t o;
+  om_instance_t in[2];
+  om_snapshot_t *snap = NULL;
+  char err[256], dead_url[64];
+  env_init(e);
+  live = env_fx(e, "live", FX_OK);
+  memset(&o, 0, sizeof o);
+  o.replay_limit = replay_limit;
+  env_proxy(e, &o, policy_file("all.lua", "deadline_ms = 20000,"));
+  snprintf(dead_url, sizeof dead_url, "http://127.0.0.1:%d", closed_port());
+  memset(in, 0, sizeof in);
+  in[0] = (om_instance_t){
+      .id = "dead", .url = dead_url, .weight = 1, .ttl_ms = 10000};
+  in[1] = (om_instance_t){
+      .id = "live", .url = live->url, .weight = 1, .ttl_ms = 10000};
+  assert_int_equal(om_snapshot_new("orders", 1, in, 2, &snap, NULL, NULL, NULL),
+                   0);
+  assert_int_equal(om_proxy_set_snapshot(e->proxy, snap, err, sizeof err), 0);
+  om_snapshot_unref(snap);
+  return live;
+}
+
+/* A 200 KiB POST whose first attempt meets a refused connection is sent
+ * again whole from the spans held for the replay; past replay_limit the
+ * retry is refused at once rather than sent short. */
+static void upload_is_replayed_whole_after_a_refused_connection(void **state) {
+  enum { LEN = 200u << 10, CALLS = 40 };
+  env_t e;
+  fx_t *live;
+  res_t r;
+  htc_t *c;
+  om_proxy_stats_t st;
+  char head[256];
+  int ok = 0, refused = 0;
+  (void)state;
+  for (size_t i = 0; i < LEN; i++)
+    upload[i] = (char)('a' + (i * 13 + i / 11) % 26);
+  snprintf(head, sizeof head,
+           "POST /up HTTP/1.1\r\nHost: orders\r\nContent-Length: %u\r\n\r\n",
+           (unsigned)LEN);
+  live = env_dead_and_live(&e, 0);
+  for (int i = 0; i < CALLS; i++) {
+    live->last_body_len = 0;
+    c = upload_call(&e, head, upload, LEN, 64u << 10, 10000, &r);
+    htc_free(c);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.peer, "live");
+    OM_ASSERT_CMP(live->last_body_len, ==, (size_t)LEN);
+    assert_true(live->last_body_hash == fnv1a(upload, LEN));
+  }
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  /* the dead peer was met first (else nothing was replayed) */
+  OM_ASSERT_CMP(st.retries_pre_send, >=, 1);
+  env_close(&e);
+
+  /* replay_limit 1 KiB: what went to the refused attempt is not kept */
+  live = env_dead_and_live(&e, 1024);
+  for (int i = 0; i < CALLS; i++) {
+    live->last_body_len = 0;
+    c = upload_call(&e, head, upload, LEN, 64u << 10, 10000, &r);
+    htc_free(c);
+    if (r.status == 200) {
+      ok++;
+      OM_ASSERT_CMP(live->last_body_len, ==, (size_t)LEN);
+      assert_true(live->last_body_hash == fnv1a(upload, LEN));
+    } else {
+      refused++;
+      OM_ASSERT_CMP(r.status, ==, 502);
+      OM_ASSERT_CMP(r.ms, <, 3000); /* no wait for a body that never ends */
+    }
+  }
+  print_message("replay_limit 1 KiB: %d whole, %d refused\n", ok, refused);
+  OM_ASSERT_CMP(ok + refused, ==, CALLS);
+  OM_ASSERT_CMP(ok, >=, 1);
+  env_close(&e);
+}
+
 /* An upload is forwarded as it arrives, with Content-Length or chunked,
  * and reaches the peer byte for byte; the bytes are counted. */
 static void upload_is_streamed_to_the_peer_whole(void **state) {
@@ -3778,6 +3859,7 @@ int main(void) {
       cmocka_unit_test(slow_first_byte_is_waited_for_within_the_deadline),
       cmocka_unit_test(deadline_header_is_capped_at_max_deadline),
       cmocka_unit_test(upload_is_streamed_to_the_peer_whole),
+      cmocka_unit_test(upload_is_replayed_whole_after_a_refused_connection),
       cmocka_unit_test(body_limits_and_stalls),
       cmocka_unit_test(retried_post_reaches_the_second_peer_whole),
       cmocka_unit_test(replay_budget_bounds_the_copies_of_all_calls),

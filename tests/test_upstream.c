@@ -2598,6 +2598,98 @@ static void streamed_body_chunked(void **state) {
   fx_free(fx);
 }
 
+static int lent_released[64];
+
+static void on_lent_done(void *ud) {
+  lent_released[(int *)ud - lent_released]++;
+}
+
+/* Lent pieces (om_upstream_body_write_ref) mixed with copied ones reach a
+ * strict server whole, chunked and with Content-Length; each is given
+ * back exactly once, after its write, and on a cancel with pieces still
+ * queued; a refused write gives nothing back. */
+static void streamed_body_lent_pieces(void **state) {
+  enum { PIECES = 40 };
+  fx_t *fx = fx_new(NULL);
+  om_http_server_opts_t so;
+  om_http_server_t *hs;
+  om_upstream_target_t t;
+  om_upstream_request_t q;
+  size_t i, total, all = 0;
+  uint64_t h;
+  char want[64];
+  int round;
+  (void)state;
+  hsrv_closed = 0;
+  memset(&so, 0, sizeof so);
+  so.max_body_bytes = 1u << 20;
+  assert_int_equal(om_http_server_new(&fx->loop, &so, h_hash, NULL, &hs), 0);
+  assert_int_equal(om_http_server_listen(hs, "127.0.0.1", 0), 0);
+  assert_int_equal(
+      om_upstream_target_init(&t, "127.0.0.1", om_http_server_port(hs)), 0);
+  for (i = 1; i <= PIECES; i++)
+    all += i * 997; /* 817,540 bytes */
+  for (i = 0; i < all; i++)
+    post_body[i] = (char)('a' + (i * 11) % 26);
+  for (round = 0; round < 2; round++) { /* chunked, then Content-Length */
+    memset(lent_released, 0, sizeof lent_released);
+    stream_request(&q, "POST", "/h", round == 0 ? -1 : (int64_t)all);
+    cap_init(&C[0], fx, M_NONE);
+    assert_int_equal(om_upstream_send(fx->pool, &t, &q, &CB, &C[0], &C[0].req),
+                     0);
+    /* past the length: refused, and the bytes stay the caller's */
+    if (round == 1)
+      assert_int_equal(om_upstream_body_write_ref(C[0].req, post_body, all + 1,
+                                                  on_lent_done,
+                                                  &lent_released[0]),
+                       OM_EINVAL);
+    total = 0;
+    h = 14695981039346656037ull;
+    for (i = 1; i <= PIECES; i++) {
+      size_t n = i * 997;
+      h = fnv_u(h, post_body + total, n);
+      if (i % 3 == 0) /* every third copied */
+        assert_int_equal(om_upstream_body_write(C[0].req, post_body + total, n),
+                         0);
+      else
+        assert_int_equal(om_upstream_body_write_ref(C[0].req, post_body + total,
+                                                    n, on_lent_done,
+                                                    &lent_released[i]),
+                         0);
+      total += n;
+      if (i % 4 == 0)
+        spin(fx, 1);
+    }
+    assert_int_equal(om_upstream_body_end(C[0].req), 0);
+    snprintf(want, sizeof want, "%zu %016llx", total, (unsigned long long)h);
+    RUN_UNTIL(fx, C[0].done, 5000);
+    expect_ok(&C[0], 200, want);
+    OM_ASSERT_CMP(lent_released[0], ==, 0);
+    for (i = 1; i <= PIECES; i++)
+      if (lent_released[i] != (i % 3 != 0))
+        fail_msg("piece %zu: given back %d times, want %d", i, lent_released[i],
+                 i % 3 != 0);
+  }
+  /* cancelled before the connection took them: given back at the cancel */
+  memset(lent_released, 0, sizeof lent_released);
+  stream_request(&q, "POST", "/h", -1);
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(om_upstream_send(fx->pool, &t, &q, &CB, &C[1], &C[1].req),
+                   0);
+  for (i = 1; i <= 5; i++)
+    assert_int_equal(om_upstream_body_write_ref(C[1].req, post_body, 100,
+                                                on_lent_done,
+                                                &lent_released[i]),
+                     0);
+  assert_int_equal(om_upstream_cancel(C[1].req), 0);
+  spin(fx, 50);
+  for (i = 1; i <= 5; i++)
+    OM_ASSERT_CMP(lent_released[i], ==, 1);
+  assert_int_equal(om_http_server_close(hs, on_hsrv_closed), 0);
+  RUN_UNTIL(fx, hsrv_closed, 3000);
+  fx_free(fx);
+}
+
 /* What is queued is what the caller lets pile up: pending and on_drain
  * let it write only when the connection took the rest. */
 static void streamed_body_backpressure(void **state) {
@@ -2732,6 +2824,7 @@ int main(void) {
       cmocka_unit_test(head_timeout_bounds_the_head_never_the_body),
       cmocka_unit_test(streamed_body_with_content_length),
       cmocka_unit_test(streamed_body_chunked),
+      cmocka_unit_test(streamed_body_lent_pieces),
       cmocka_unit_test(streamed_body_backpressure),
       cmocka_unit_test(streamed_body_stale_keep_alive_and_early_answer),
   };

@@ -587,6 +587,28 @@ typedef void (*om_http_body_fn)(om_http_request_t *req, const char *data,
 typedef void (*om_http_body_end_fn)(om_http_request_t *req);
 
 /*
+ * A reference on the server's read buffer that holds body bytes, so a
+ * holder can keep a span past on_data (queue it for a write, hold it for
+ * a replay) without copying it: while any reference is out the server
+ * never moves, overwrites or frees the bytes it covers, and reads into a
+ * fresh buffer once the held one is full. The count is not atomic: refs
+ * are taken and released on the server's loop only. The reference
+ * outlives the request and the connection alike.
+ */
+typedef struct om_http_body_ref_s om_http_body_ref_t;
+
+/* Inside on_data only: a new reference on the buffer that holds the span
+ * just handed (data .. data + len stay valid until it is released). NULL
+ * outside on_data, for NULL, or for a request whose client is gone. */
+om_http_body_ref_t *om_http_request_body_ref(om_http_request_t *req);
+
+/* One more reference on ref (NULL does nothing). */
+void om_http_body_ref_retain(om_http_body_ref_t *ref);
+
+/* Drop one reference; the last one frees the buffer. NULL does nothing. */
+void om_http_body_ref_release(om_http_body_ref_t *ref);
+
+/*
  * om_http_request_body_start: begin delivering a streamed body: on_data
  * per span as bytes arrive, then on_end once. Delivery runs from the loop,
  * never from inside this call. An HTTP/1.1 request with

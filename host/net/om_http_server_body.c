@@ -3,7 +3,10 @@
  * om_http_request_body_start). The request is dispatched at its head;
  * its body stays on the wire until the holder asks for it, and then
  * flows through the connection's read buffer, span by span, to the
- * holder's callback: the server holds no more of it than one read.
+ * holder's callback: the server holds no more of it than one read. A
+ * holder that keeps a span (queued for the upstream, kept for a replay)
+ * takes a reference on that buffer instead of copying it; the server
+ * then reads on into a new one.
  * Pausing stops reading the socket, so TCP pushes back on the client.
  *
  * The holder's callbacks run only from loop callbacks (a read, or the
@@ -13,6 +16,7 @@
  * every call.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "om_errno.h"
@@ -44,6 +48,15 @@ static void body_done(conn_t *c, req_t *r) {
   r->on_body_end(&r->pub);
 }
 
+/* Hand a span to the holder; while it runs the span's buffer can be
+ * referenced (om_http_request_body_ref). c outlives the call (closing is
+ * asynchronous); r may not. */
+static void deliver(conn_t *c, req_t *r, const char *p, size_t n) {
+  c->span_live = 1;
+  r->on_body(&r->pub, p, n);
+  c->span_live = 0;
+}
+
 void om__http_body_pump(conn_t *c) {
   req_t *r = c->sbody;
   dec_t *d = &c->dec;
@@ -61,7 +74,7 @@ void om__http_body_pump(conn_t *c) {
         return;
       c->in_off += k;
       d->left -= k;
-      r->on_body(&r->pub, p, k);
+      deliver(c, r, p, k);
       continue;
     }
     if (n == 0)
@@ -69,7 +82,7 @@ void om__http_body_pump(conn_t *c) {
     rc = om_http1_chunked_decode(&d->ch, p, n, &used, &span, &span_len);
     c->in_off += used;
     if (rc == OM_HTTP1_DATA) {
-      r->on_body(&r->pub, span, span_len);
+      deliver(c, r, span, span_len);
       continue;
     }
     if (rc == OM_HTTP1_DONE) {
@@ -112,6 +125,25 @@ void om__http_body_fail(conn_t *c, om_http_reject_t why) {
     r->on_close(&r->pub);
     om__http_req_free(r);
   } /* else orphaned: the holder's next call releases it */
+}
+
+om_http_body_ref_t *om_http_request_body_ref(om_http_request_t *req) {
+  req_t *r = (req_t *)req;
+  conn_t *c = r != NULL ? r->conn : NULL;
+  if (c == NULL || !c->span_live || c->inb == NULL)
+    return NULL;
+  c->inb->refs++;
+  return c->inb;
+}
+
+void om_http_body_ref_retain(om_http_body_ref_t *ref) {
+  if (ref != NULL)
+    ref->refs++;
+}
+
+void om_http_body_ref_release(om_http_body_ref_t *ref) {
+  if (ref != NULL && --ref->refs == 0)
+    free(ref);
 }
 
 int om_http_request_body_start(om_http_request_t *req, om_http_body_fn on_data,

@@ -64,6 +64,15 @@ typedef struct {
 
 typedef struct om_http_conn_s conn_t;
 
+/* A connection's read buffer (om_http_body_ref_t): reference-counted so
+ * streamed body spans in it can be held past on_data. The connection
+ * holds one reference; cap bytes of data follow. */
+struct om_http_body_ref_s {
+  unsigned refs;
+  size_t cap;
+  char data[];
+};
+
 /*
  * Output corking. A response's head, its body and the end of a chunked
  * stream are usually written from one callback (an upstream read that
@@ -131,6 +140,9 @@ struct om_http_conn_s {
   om_http_server_t *srv;
   om_list_t link; /* on the server's conns */
   int handles;
+  /* the read buffer: in is inb->data (NULL with inb); while others hold
+   * references on inb, bytes before in_len are never moved or rewritten */
+  struct om_http_body_ref_s *inb;
   char *in;
   size_t in_off, in_len, in_cap;
   om_http1_head_t sc; /* the header section being read */
@@ -144,6 +156,7 @@ struct om_http_conn_s {
    * body bytes from the timer */
   req_t *sbody;
   unsigned kick : 1;
+  unsigned span_live : 1; /* inside on_data: om_http_request_body_ref works */
   dec_t dec;
   req_t *q_head, *q_tail;
   size_t q_len;
@@ -247,6 +260,9 @@ void om__http_on_timer(uv_timer_t *t);
 void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 
+/* Give up c's reference on its read buffer (others may keep it alive):
+ * c has none after. */
+void om__http_in_release(conn_t *c);
 /* The answer to a refusal of the framing module. */
 om_http_reject_t om__http_reject_of(om_http1_err_t e);
 /* Send r's 100 Continue if it asked for one and has none yet. */

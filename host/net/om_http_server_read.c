@@ -699,15 +699,42 @@ void om__http_conn_pump(conn_t *c) {
   if ((c->phase == PH_READING || c->phase == PH_LAST) &&
       c->in_off == c->in_len && c->in_cap > READ_SLACK && c->ps == P_HEAD &&
       c->sc.pos == 0) {
-    free(c->in); /* an idle keep-alive connection keeps no big buffer */
-    c->in = NULL;
-    c->in_cap = c->in_off = c->in_len = 0;
+    om__http_in_release(c); /* an idle keep-alive connection keeps no big
+                               buffer */
   }
   om__http_conn_update(c);
 }
 
 /* ------------------------------------------------------------------ */
 /* reading and timers */
+
+void om__http_in_release(conn_t *c) {
+  om_http_body_ref_release(c->inb);
+  c->inb = NULL;
+  c->in = NULL;
+  c->in_cap = c->in_off = c->in_len = 0;
+}
+
+/* A fresh read buffer of cap bytes for c, the unparsed bytes of the old
+ * one moved in, c's reference on the old one given up (others still hold
+ * it); 0, or OM_ENOMEM with nothing changed. */
+static int in_fresh(conn_t *c, size_t cap) {
+  size_t tail = c->in_len - c->in_off;
+  om_http_body_ref_t *b = malloc(sizeof *b + cap);
+  if (b == NULL)
+    return OM_ENOMEM;
+  b->refs = 1;
+  b->cap = cap;
+  if (tail > 0)
+    memcpy(b->data, c->in + c->in_off, tail);
+  om_http_body_ref_release(c->inb);
+  c->inb = b;
+  c->in = b->data;
+  c->in_cap = cap;
+  c->in_off = 0;
+  c->in_len = tail;
+  return 0;
+}
 
 void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   conn_t *c = h->data;
@@ -720,22 +747,40 @@ void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
   }
-  if (c->in_off == c->in_len)
-    c->in_off = c->in_len = 0;
-  if (c->in_cap - c->in_len < READ_MIN && c->in_off > 0) {
-    memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-    c->in_len -= c->in_off;
-    c->in_off = 0;
-  }
-  if (c->in_cap - c->in_len < READ_MIN && c->in_cap < maxcap) {
-    size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-    char *nb;
-    if (cap > maxcap)
-      cap = maxcap;
-    nb = realloc(c->in, cap);
-    if (nb != NULL) {
-      c->in = nb;
-      c->in_cap = cap;
+  if (c->inb != NULL && c->inb->refs > 1) {
+    /* spans of it are held: read on behind them, and into a new buffer
+     * once this one is full (only the unparsed tail moves, never a held
+     * byte) */
+    if (c->in_cap - c->in_len < READ_MIN) {
+      size_t cap = maxcap;
+      if (cap < c->in_len - c->in_off + READ_MIN)
+        cap = c->in_len - c->in_off + READ_MIN;
+      (void)in_fresh(c, cap); /* else what is left of the held one */
+    }
+  } else {
+    if (c->in_off == c->in_len)
+      c->in_off = c->in_len = 0;
+    if (c->in_cap - c->in_len < READ_MIN && c->in_off > 0) {
+      memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+      c->in_len -= c->in_off;
+      c->in_off = 0;
+    }
+    if (c->in_cap - c->in_len < READ_MIN && c->in_cap < maxcap) {
+      /* a streamed body goes straight to the largest buffer: a 256 KiB
+       * upload in four reads, not in a doubling series of small ones */
+      size_t cap = c->sbody != NULL ? maxcap : c->in_cap ? c->in_cap * 2 : 4096;
+      om_http_body_ref_t *nb;
+      if (cap > maxcap)
+        cap = maxcap;
+      nb = realloc(c->inb, sizeof *nb + cap);
+      if (nb != NULL) {
+        if (c->inb == NULL)
+          nb->refs = 1;
+        nb->cap = cap;
+        c->inb = nb;
+        c->in = nb->data;
+        c->in_cap = cap;
+      }
     }
   }
   *buf = uv_buf_init(c->in ? c->in + c->in_len : NULL,

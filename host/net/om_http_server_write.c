@@ -358,7 +358,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   ob_release(c);
   if (c->tls != NULL)
     om__http_tls_free(c);
-  free(c->in);
+  om__http_in_release(c);
   free(c->fields);
   free(c);
   om__http_srv_maybe_finish(s);

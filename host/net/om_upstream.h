@@ -647,6 +647,24 @@ int om_upstream_take_tunnel(om_upstream_req_t *req,
 int om_upstream_body_write(om_upstream_req_t *req, const char *data,
                            size_t len);
 
+/* Called once when the upstream is done with bytes lent to it. */
+typedef void (*om_upstream_release_fn)(void *ud);
+
+/*
+ * om_upstream_body_write_ref: om_upstream_body_write without the copy:
+ * the len bytes at data are lent, not copied, and must stay unchanged
+ * until release(ud) runs, exactly once, when the write that carried them
+ * completed or failed, or the request or its connection was freed
+ * (from the loop, or inside this or a later om_upstream_* call: keep it
+ * to giving the bytes back). Returns as om_upstream_body_write; on any
+ * error nothing was queued and release is not called (the bytes are
+ * still the caller's). release may be NULL when the bytes outlive the
+ * request anyway.
+ */
+int om_upstream_body_write_ref(om_upstream_req_t *req, const char *data,
+                               size_t len, om_upstream_release_fn release,
+                               void *ud);
+
 /*
  * om_upstream_body_end: the streamed body is complete (chunked: the last
  * chunk goes out, no trailers). The first-byte timeout of a streamed

@@ -1,10 +1,13 @@
 /*
  * om_upstream_body.c: streamed request bodies (om_upstream_request_t
- * body_stream). The caller's bytes are copied into framed pieces (a
- * chunk of a chunked body carries its size line and CRLF), queued on the
- * request, and handed to the connection one write at a time once the
- * head went out; a piece belongs to the connection while its write is in
- * flight and is freed when libuv reports it (cancelled writes included).
+ * body_stream). The caller's bytes become framed pieces (a chunk of a
+ * chunked body carries its size line and CRLF): copied
+ * (om_upstream_body_write) or lent (om_upstream_body_write_ref: only the
+ * framing is allocated, the bytes go to the kernel from the caller's
+ * buffer, given back when the write is done), queued on the request, and
+ * handed to the connection one write at a time once the head went out; a
+ * piece belongs to the connection while its write is in flight and is
+ * freed when libuv reports it (cancelled writes included).
  * What is queued is bounded by the caller, through body_pending and the
  * on_drain callback (the proxy stops reading its client above a high
  * water mark).
@@ -17,7 +20,7 @@
 #include "om_errno.h"
 #include "om_upstream_internal.h"
 
-#define FLUSH_BUFS 16u /* pieces per write */
+#define FLUSH_PIECES 16u /* pieces per write (3 buffers at most each) */
 
 static void bq_push(req_t *r, bchunk_t *b) {
   b->next = NULL;
@@ -29,11 +32,31 @@ static void bq_push(req_t *r, bchunk_t *b) {
   r->body_pending += b->len;
 }
 
+unsigned om__up_piece_bufs(bchunk_t *b, uv_buf_t out[3]) {
+  unsigned n = 0;
+  if (b->ref == NULL) {
+    out[0] = uv_buf_init(b->data, (unsigned)b->len);
+    return 1;
+  }
+  if (b->head_len > 0)
+    out[n++] = uv_buf_init(b->data, b->head_len);
+  out[n++] = uv_buf_init((char *)b->ref, (unsigned)b->ref_len);
+  if (b->tail)
+    out[n++] = uv_buf_init(b->data + b->head_len, 2);
+  return n;
+}
+
+void om__up_piece_free(bchunk_t *b) {
+  if (b->release != NULL)
+    b->release(b->rel_ud);
+  free(b);
+}
+
 void om__up_body_free(req_t *r) {
   while (r->bq_head != NULL) {
     bchunk_t *b = r->bq_head;
     r->bq_head = b->next;
-    free(b);
+    om__up_piece_free(b);
   }
   r->bq_tail = NULL;
   r->body_pending = 0;
@@ -41,9 +64,9 @@ void om__up_body_free(req_t *r) {
 
 void om__up_body_flush(conn_t *c) {
   req_t *r = c->req;
-  uv_buf_t bufs[FLUSH_BUFS];
+  uv_buf_t bufs[FLUSH_PIECES * 3];
   bchunk_t *b, *last = NULL;
-  unsigned n = 0;
+  unsigned n = 0, k = 0;
   size_t bytes = 0;
   if (r == NULL || !r->streamed || c->writing || c->closing ||
       c->phase == PH_CONNECTING || r->bq_head == NULL)
@@ -52,8 +75,8 @@ void om__up_body_flush(conn_t *c) {
     om__up_tls_body_flush(c);
     return;
   }
-  for (b = r->bq_head; b != NULL && n < FLUSH_BUFS; b = b->next) {
-    bufs[n++] = uv_buf_init(b->data, (unsigned)b->len);
+  for (b = r->bq_head; b != NULL && k < FLUSH_PIECES; b = b->next, k++) {
+    n += om__up_piece_bufs(b, bufs + n);
     bytes += b->len;
     last = b;
   }
@@ -74,7 +97,7 @@ void om__up_body_flush(conn_t *c) {
     while (c->inflight != NULL) {
       b = c->inflight;
       c->inflight = b->next;
-      free(b);
+      om__up_piece_free(b);
     }
     r->body_pending -= bytes;
     c->inflight_bytes = 0;
@@ -89,7 +112,7 @@ int om__up_body_written(conn_t *c, int status) {
   while (c->inflight != NULL) {
     bchunk_t *b = c->inflight;
     c->inflight = b->next;
-    free(b);
+    om__up_piece_free(b);
   }
   if (r != NULL && r->streamed)
     r->body_pending -= c->inflight_bytes < r->body_pending ? c->inflight_bytes
@@ -112,24 +135,40 @@ int om__up_body_written(conn_t *c, int status) {
   return 0;
 }
 
-/* A piece of len bytes of data, framed for r's body. */
-static bchunk_t *piece(const req_t *r, const char *data, size_t len) {
+/* A piece of len bytes of data, framed for r's body: the bytes copied
+ * in, or (lent) referenced and given back through release(ud). */
+static bchunk_t *piece(const req_t *r, const char *data, size_t len, int lent,
+                       om_upstream_release_fn release, void *ud) {
   char line[24];
-  int k = r->body_left < 0 ? snprintf(line, sizeof line, "%zx\r\n", len) : 0;
-  bchunk_t *b = malloc(sizeof *b + (size_t)k + len + 2);
+  int chunked = r->body_left < 0;
+  int k = chunked ? snprintf(line, sizeof line, "%zx\r\n", len) : 0;
+  size_t inner = lent ? 0 : len;
+  bchunk_t *b = malloc(sizeof *b + (size_t)k + inner + 2);
   if (b == NULL)
     return NULL;
+  memset(b, 0, sizeof *b);
   memcpy(b->data, line, (size_t)k);
-  memcpy(b->data + k, data, len);
+  if (lent) {
+    b->ref = data;
+    b->ref_len = len;
+    b->release = release;
+    b->rel_ud = ud;
+    b->head_len = (unsigned)k;
+    b->tail = (unsigned)chunked;
+  } else {
+    memcpy(b->data + k, data, len);
+  }
   b->len = (size_t)k + len;
-  if (r->body_left < 0) { /* chunk-data CRLF (RFC 9112 7.1) */
-    memcpy(b->data + b->len, "\r\n", 2);
+  if (chunked) { /* chunk-data CRLF (RFC 9112 7.1) */
+    memcpy(b->data + k + inner, "\r\n", 2);
     b->len += 2;
   }
   return b;
 }
 
-int om_upstream_body_write(om_upstream_req_t *r, const char *data, size_t len) {
+/* om_upstream_body_write and its lending twin. */
+static int body_write(om_upstream_req_t *r, const char *data, size_t len,
+                      int lent, om_upstream_release_fn release, void *ud) {
   bchunk_t *b;
   if (r == NULL || (data == NULL && len > 0) || !r->streamed ||
       len > UINT32_MAX / 2)
@@ -140,7 +179,7 @@ int om_upstream_body_write(om_upstream_req_t *r, const char *data, size_t len) {
     return 0;
   if (r->body_left >= 0 && (uint64_t)len > (uint64_t)r->body_left)
     return OM_EINVAL;
-  b = piece(r, data, len);
+  b = piece(r, data, len, lent, release, ud);
   if (b == NULL)
     return OM_ENOMEM;
   if (r->body_left >= 0)
@@ -149,6 +188,16 @@ int om_upstream_body_write(om_upstream_req_t *r, const char *data, size_t len) {
   if (r->conn != NULL)
     om__up_body_flush(r->conn);
   return 0;
+}
+
+int om_upstream_body_write(om_upstream_req_t *r, const char *data, size_t len) {
+  return body_write(r, data, len, 0, NULL, NULL);
+}
+
+int om_upstream_body_write_ref(om_upstream_req_t *r, const char *data,
+                               size_t len, om_upstream_release_fn release,
+                               void *ud) {
+  return body_write(r, data, len, 1, release, ud);
 }
 
 int om_upstream_body_end(om_upstream_req_t *r) {
@@ -162,6 +211,7 @@ int om_upstream_body_end(om_upstream_req_t *r) {
     bchunk_t *b = malloc(sizeof *b + 5);
     if (b == NULL)
       return OM_ENOMEM;
+    memset(b, 0, sizeof *b);
     memcpy(b->data, "0\r\n\r\n", 5);
     b->len = 5;
     bq_push(r, b);

@@ -32,7 +32,7 @@ static void on_conn_closed(uv_handle_t *h) {
   while (c->inflight != NULL) { /* on_write ran for each: none is left */
     bchunk_t *b = c->inflight;
     c->inflight = b->next;
-    free(b);
+    om__up_piece_free(b);
   }
   free(c->buf);
   free(c->hdrs);

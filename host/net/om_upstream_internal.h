@@ -46,10 +46,19 @@ typedef struct peer_s peer_t;
 
 /* A piece of a streamed request body, framed (a chunk of a chunked body
  * carries its size line and CRLF): queued on the request, then owned by
- * the connection while its write is in flight. */
+ * the connection while its write is in flight. A copied piece has every
+ * byte in data; a lent one (om_upstream_body_write_ref) has its framing
+ * in data (head_len bytes before, CRLF after when tail) and the bytes at
+ * ref, given back through release once the piece is freed. len: every
+ * byte on the wire. */
 typedef struct bchunk_s {
   struct bchunk_s *next;
   size_t len;
+  const char *ref;
+  size_t ref_len;
+  om_upstream_release_fn release;
+  void *rel_ud;
+  unsigned head_len, tail;
   char data[];
 } bchunk_t;
 typedef struct conn_s conn_t;
@@ -244,6 +253,11 @@ void om__up_body_flush(conn_t *c);
 int om__up_body_written(conn_t *c, int status);
 /* Free r's queued body pieces. */
 void om__up_body_free(req_t *r);
+/* The bytes of piece b as they go on the wire, in order: up to 3 buffers
+ * into out; their count. */
+unsigned om__up_piece_bufs(bchunk_t *b, uv_buf_t out[3]);
+/* Free piece b, giving lent bytes back. */
+void om__up_piece_free(bchunk_t *b);
 
 /* om_upstream_conn.c */
 

@@ -272,13 +272,17 @@ void om__up_tls_body_flush(conn_t *c) {
   uv_buf_t b;
   while (r->bq_head != NULL && k < FLUSH_PIECES) {
     bchunk_t *p = r->bq_head;
-    int rc = om_tls_write(c->tls, p->data, p->len);
+    uv_buf_t pb[3];
+    unsigned i, np = om__up_piece_bufs(p, pb);
+    int rc = 0;
+    for (i = 0; i < np && rc == 0; i++)
+      rc = om_tls_write(c->tls, pb[i].base, pb[i].len);
     if (rc != 0)
       break;
     r->bq_head = p->next;
     bytes += p->len;
     k++;
-    free(p);
+    om__up_piece_free(p);
   }
   if (r->bq_head == NULL)
     r->bq_tail = NULL;

@@ -252,19 +252,30 @@ struct om_proxy_s {
  */
 typedef struct om__proxy_call_s om__proxy_call_t;
 
+/* A span of the body kept for a replay: the bytes in the server's read
+ * buffer, which the reference keeps (ref NULL: data is a malloc'd copy,
+ * taken when the server could not lend the span). */
+typedef struct {
+  om_http_body_ref_t *ref;
+  const char *data;
+  size_t len;
+} om__proxy_span_t;
+
 /*
  * A call's streamed request body (om_proxy_body.c): read from the client
- * as the attempt in flight takes it, copied into the replay buffer while
- * everything so far fits replay_limit (then a retry can re-send it);
- * past that the buffer is dropped and the call is no longer replayable.
+ * as the attempt in flight takes it, its spans held (by reference, not
+ * copied) for a replay while everything so far fits replay_limit (then a
+ * retry can re-send it); past that they are let go and the call is no
+ * longer replayable.
  */
 typedef struct om__proxy_body_s {
   int streamed;             /* the request has a body to forward */
   int started, ended, lost; /* delivery asked for; all in; replay gone */
   int client_paused;        /* we paused the client's body */
   uint64_t received;        /* bytes from the client */
-  char *replay;
-  size_t replay_len, replay_cap;
+  om__proxy_span_t *replay; /* the spans kept, in order */
+  size_t n_replay, replay_cap;
+  size_t replay_len; /* their bytes, counted against replay_budget */
 } om__proxy_body_t;
 
 struct om__proxy_call_s {
