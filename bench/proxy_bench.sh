@@ -254,6 +254,7 @@ upstream_conf() {
     root $tmp/www;
     location / { return 200 "ok"; }
     location = /64k { default_type application/octet-stream; }
+    location = /om-bench-status { stub_status; }
   }
 }
 EOT
@@ -431,6 +432,23 @@ to_us() {
     printf "%.2f", n * m }'
 }
 
+# upstream_accepts: the connections the upstream has accepted so far
+# (nginx stub_status, over all its workers), this call's own excluded
+upstream_accepts() {
+  curl -sS "http://127.0.0.1:$peer_base/om-bench-status" |
+    awk 'NR == 3 { print $1 - 1 }'
+}
+
+# policy_counts: "HITS MISSES" of the proxy's decision cache so far, from
+# its admin /metrics (summed over label sets); "" when it has no such
+# counters
+policy_counts() {
+  curl -sS "http://127.0.0.1:$admin_port/metrics" | awk '
+    $1 ~ /^openmesh_proxy_policy_cache_hits_total/ { h += $NF; seen = 1 }
+    $1 ~ /^openmesh_proxy_policy_cache_misses_total/ { m += $NF; seen = 1 }
+    END { if (seen) printf "%d %d", h, m }'
+}
+
 # The quantile function of one run: wrk's percentile at p = 0.01 ... 100 %
 # in steps of 0.01 (whole microseconds), after the run's request count, to
 # the file named by OM_BENCH_QFILE. Pooling these reconstructs the
@@ -471,17 +489,20 @@ wrk_script=""
 path=/
 # run NAME CONNS SECONDS [QFILE]: one wrk run against NAME (wrk -t$threads,
 # $wrk_script if set, GET or the script's method on $path, under $pin);
-# sets rps, reqs, p50, p99 (us) and cpu_us (the contender's CPU per
-# request, us; "" for direct); with QFILE, the run's quantile function is
-# written there
+# sets rps, reqs, p50, p99 (us), cpu_us (the contender's CPU per request,
+# us; "" for direct) and upc (new upstream connections per request: the
+# upstream's accepts over the run, divided by the requests); with QFILE,
+# the run's quantile function is written there
 run() {
   local name=$1 c=$2 secs=$3 qfile=${4:-} out c0=0 c1=0 errs non2xx t=$threads
+  local a0 a1
   local -a script=()
   out="$tmp/wrk.out"
   [ -z "$wrk_script" ] || script=(-s "$wrk_script")
   [ -z "$qfile" ] || script=(-s "$tmp/quantiles.lua")
   [ "$c" -ge "$t" ] || t=$c
   [ "$name" = direct ] || c0=$(cpu_ticks "${pid_of[$name]}")
+  a0=$(upstream_accepts)
   local tool=wrk
   [ -z "$qfile" ] || tool=$lat_client
   if [ "$tool" = c1 ]; then
@@ -496,6 +517,7 @@ run() {
     exit 1
   }
   [ "$name" = direct ] || c1=$(cpu_ticks "${pid_of[$name]}")
+  a1=$(upstream_accepts)
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")
   errs=$(awk '/Socket errors:/ {sub(/.*Socket errors: /, ""); print}' "$out")
   if [ -n "$non2xx" ]; then
@@ -514,20 +536,24 @@ run() {
     cpu_us=$(awk -v t=$((c1 - c0)) -v hz="$clk_tck" -v n="$reqs" \
       'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
   fi
-  log "$(printf '%-8s c=%-4s %10s req/s  p50 %8s us  p99 %8s us  cpu %6s us/req' \
-    "$name" "$c" "$rps" "$p50" "$p99" "${cpu_us:--}")"
+  upc=$(awk -v a=$((a1 - a0)) -v n="$reqs" 'BEGIN { printf "%.4f", a / n }')
+  log "$(printf '%-8s c=%-4s %10s req/s  p50 %8s us  p99 %8s us  cpu %6s us/req  upstream conns %s/req' \
+    "$name" "$c" "$rps" "$p50" "$p99" "${cpu_us:--}" "$upc")"
 }
 
-median() { # VALUES...
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
+# median VALUES... and spread VALUES... ("min A, max B, N rounds") print
+# $prec decimals (2 unless set)
+median() {
+  printf '%s\n' "$@" | sort -g | awk -v d="${prec:-2}" '{ v[NR] = $1 } END {
     if (NR == 0) { print "nan"; exit }
-    if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
-    else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    f = "%." d "f"
+    if (NR % 2) printf f, v[(NR + 1) / 2];
+    else printf f, (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-# spread VALUES...: "min A, max B, N rounds"
 spread() {
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
-    printf "min %.2f, max %.2f, %d rounds", v[1], v[NR], NR }'
+  printf '%s\n' "$@" | sort -g | awk -v d="${prec:-2}" '{ v[NR] = $1 } END {
+    f = "%." d "f"
+    printf "min " f ", max " f ", %d rounds", v[1], v[NR], NR }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", a / b }'; }
 sub_() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
@@ -545,7 +571,8 @@ scenario() {
   local sc=$1 c=200 np=2 keyed=0 pol=$policy method=GET r i name bar_t bar_c
   local -a order=(proxy nginx haproxy nginx_b) ro=()
   local -a pn=() ph=() aa=() cn=() caa=() p_rps=() n_rps=() h_rps=() \
-    p_cpu=() n_cpu=() h_cpu=()
+    p_cpu=() n_cpu=() h_cpu=() p_con=() n_con=() h_con=()
+  local pc0 pc1 hits misses
   declare -A got
   path=/
   wrk_script=""
@@ -571,6 +598,7 @@ scenario() {
   sanity "$path" "$method"
   log "$sc: $np peers, $c connections, ${wrk_script:+$(basename "$wrk_script"), }$method $path"
   for name in "${order[@]}"; do run "$name" "$c" 1 >/dev/null; done
+  pc0=$(policy_counts)
   for r in $(seq "$rounds"); do
     # the order rotates by one place every round
     ro=()
@@ -579,6 +607,7 @@ scenario() {
       run "$name" "$c" "$duration"
       got[$name.rps]=$rps
       got[$name.cpu]=$cpu_us
+      got[$name.con]=$upc
     done
     p_rps+=("${got[proxy.rps]}")
     n_rps+=("${got[nginx.rps]}")
@@ -586,12 +615,34 @@ scenario() {
     p_cpu+=("${got[proxy.cpu]}")
     n_cpu+=("${got[nginx.cpu]}")
     h_cpu+=("${got[haproxy.cpu]}")
+    p_con+=("${got[proxy.con]}")
+    n_con+=("${got[nginx.con]}")
+    h_con+=("${got[haproxy.con]}")
     pn+=("$(ratio "${got[proxy.rps]}" "${got[nginx.rps]}")")
     ph+=("$(ratio "${got[proxy.rps]}" "${got[haproxy.rps]}")")
     aa+=("$(ratio "${got[nginx_b.rps]}" "${got[nginx.rps]}")")
     cn+=("$(ratio "${got[proxy.cpu]}" "${got[nginx.cpu]}")")
     caa+=("$(ratio "${got[nginx_b.cpu]}" "${got[nginx.cpu]}")")
   done
+  # What the proxy's decision cache did over the rounds: the policy
+  # scenarios must run the policy's Lua on (nearly) every call, or they
+  # measure the cache
+  pc1=$(policy_counts)
+  if [ -n "$pc0" ] && [ -n "$pc1" ]; then
+    hits=$((${pc1% *} - ${pc0% *}))
+    misses=$((${pc1#* } - ${pc0#* }))
+    log "$sc: decision cache $hits hits, $misses misses"
+    case $sc in
+    policy_c*)
+      if [ $((misses * 10)) -lt $(((hits + misses) * 9)) ]; then
+        log "$sc: the policy ran on fewer than 90 % of the calls; the scenario measures the cache"
+        exit 1
+      fi
+      ;;
+    esac
+  else
+    log "$sc: the proxy's /metrics has no decision cache counters"
+  fi
   stop proxy nginx nginx_b haproxy
   # The bars: throughput and CPU with the per-request policy running
   bar_t=report bar_c=report
@@ -607,6 +658,12 @@ scenario() {
   report "${sc}_proxy_cpu_per_request_us" "$(median "${p_cpu[@]}")" us
   report "${sc}_nginx_cpu_per_request_us" "$(median "${n_cpu[@]}")" us
   report "${sc}_haproxy_cpu_per_request_us" "$(median "${h_cpu[@]}")" us
+  case $sc in base_c200) bar_t="<= 0.01" ;; *) bar_t=report ;; esac
+  prec=4 bar "${sc}_proxy_upstream_conns_per_request" "$bar_t" "${p_con[@]}"
+  report "${sc}_nginx_upstream_conns_per_request" \
+    "$(prec=4 median "${n_con[@]}")" conns
+  report "${sc}_haproxy_upstream_conns_per_request" \
+    "$(prec=4 median "${h_con[@]}")" conns
 }
 
 # lat_order ROUND: the order of the diagnostic's latency runs in round
