@@ -59,7 +59,7 @@
 # every config and log; the EXIT trap stops everything it started (by pid)
 # and removes the temp dir. The default run takes about 20 minutes (the
 # headline 16, the diagnostic 4); --quick (2 rounds of 2 s everywhere)
-# about 3, to check the script.
+# about 5, to check the script.
 #
 # Environment: OM_BENCH_ROUNDS (8), OM_BENCH_DURATION (3 s), OM_BENCH_SCENARIOS
 # (the headline scenarios to run, space-separated, default all of the
