@@ -4,7 +4,20 @@
 # $TMPDIR), an empty $pids array, and traps so that on any exit every pid
 # in $pids is stopped (TERM, up to 2 s to drain, then KILL, then reaped)
 # and $tmp removed; INT and TERM exit 130 and 143 through that path.
+# om_bench_stop PID: stop one process the bench started (as on exit: TERM,
+# up to 2 s, KILL, reaped) and drop it from $pids, so that a bench can
+# restart its contenders with another configuration within one run.
 # port_busy PORT: whether something accepts on 127.0.0.1:PORT.
+
+# om_bench_reap PID: after a TERM, up to 2 s to drain, then KILL, reaped
+om_bench_reap() {
+  for _ in $(seq 20); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
 
 om_bench_cleanup() {
   local pid
@@ -12,14 +25,19 @@ om_bench_cleanup() {
     kill -TERM "$pid" 2>/dev/null || true
   done
   for pid in "${pids[@]}"; do
-    for _ in $(seq 20); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    om_bench_reap "$pid"
   done
   rm -rf "$tmp"
+}
+
+om_bench_stop() {
+  local pid keep=()
+  kill -TERM "$1" 2>/dev/null || true
+  om_bench_reap "$1"
+  for pid in "${pids[@]}"; do
+    [ "$pid" = "$1" ] || keep+=("$pid")
+  done
+  pids=("${keep[@]}")
 }
 
 om_bench_tmp() {
