@@ -208,6 +208,7 @@ struct om_proxy_s {
   om_http_server_t *server, *admin;
   om_upstream_pool_t *pool;
   om_metrics_t *metrics;
+  int own_metrics;              /* metrics is the proxy's (else opts.metrics) */
   om_metric_t *unknown_service; /* no_peers for a Host we do not know */
   om__proxy_service_t **services;
   size_t n_services, cap_services;
@@ -385,6 +386,9 @@ int om__proxy_resolve_ready(om__proxy_peer_t *peer);
  */
 int om__proxy_resolve_outcome(om__proxy_peer_t *peer, om_upstream_fail_t fail,
                               uint64_t now);
+/* Peers of s whose host name never resolved (not selected). */
+size_t om__proxy_unresolved_peers(const om__proxy_service_t *s);
+
 /* The service's resolution metrics, registered under labels. */
 void om__proxy_resolve_metrics(om_proxy_t *p, om__proxy_service_t *s,
                                const char *labels);
