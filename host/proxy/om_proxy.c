@@ -248,7 +248,7 @@ static void apply_circuits(om__proxy_service_t *s) {
       co->probe_timeout_ns == was->probe_timeout_ns)
     return;
   for (size_t i = 0; i < s->view->n; i++)
-    om_circuit_init(&s->view->peers[i]->circuit, co);
+    om__proxy_circuit_init(s->view->peers[i]->circuit, co);
   s->circuit_applied = *co;
 }
 
@@ -946,7 +946,7 @@ int om_proxy_peer_circuit(const om_proxy_t *p, const char *service,
     return OM_ENOTFOUND;
   for (size_t i = 0; i < s->view->n; i++)
     if (strcmp(s->view->peers[i]->id, id) == 0) {
-      *out = om_circuit_state(&s->view->peers[i]->circuit, uv_hrtime());
+      *out = om__proxy_circuit_state(s->view->peers[i]->circuit, uv_hrtime());
       return 0;
     }
   return OM_ENOTFOUND;

@@ -43,6 +43,15 @@
 
 typedef struct om_proxy_s om_proxy_t;
 
+/*
+ * A table of peer circuits for the proxies (workers) of one process to
+ * share (om_proxy_opts_t.circuits). Any thread. NULL on allocation
+ * failure; free it after every proxy that uses it is freed.
+ */
+typedef struct om_proxy_circuits_s om_proxy_circuits_t;
+om_proxy_circuits_t *om_proxy_circuits_new(void);
+void om_proxy_circuits_free(om_proxy_circuits_t *t);
+
 /* A traffic policy file for one service (--service-policy S=FILE). */
 typedef struct om_proxy_service_policy_s {
   const char *service;
@@ -128,6 +137,10 @@ typedef struct om_proxy_opts_s {
    * value % workers; max_inflight at least 1), and its retry budget its
    * share of the per-second minimum; the ratio holds as it is. */
   uint32_t worker, workers;
+  /* The process's peer circuits (borrowed; om_proxy_circuits_new), which
+   * the workers share: a peer of the same service, id and URL has one
+   * circuit whichever worker calls it. NULL: the proxy's own. */
+  struct om_proxy_circuits_s *circuits;
 } om_proxy_opts_t;
 
 /*

@@ -151,7 +151,7 @@ static void render_live(const om_proxy_t *p, sbuf_t *b) {
       sb_printf(b,
                 "openmesh_proxy_peer_circuit_state{service=\"%s\",peer=\"%s\"}"
                 " %d\n",
-                esc, pesc, (int)om_circuit_state(&peer->circuit, now));
+                esc, pesc, (int)om__proxy_circuit_state(peer->circuit, now));
     }
   }
   sb_printf(b, "# HELP openmesh_proxy_peer_inflight Attempts in flight per "
@@ -237,14 +237,14 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   json_t *o;
   for (size_t j = 0; peers != NULL && j < s->view->n; j++) {
     const om__proxy_peer_t *peer = s->view->peers[j];
-    om_circuit_state_t st = om_circuit_state(&peer->circuit, now);
-    uint64_t until = om_circuit_open_until(&peer->circuit, now);
+    om_circuit_state_t st = om__proxy_circuit_state(peer->circuit, now);
+    uint64_t until = om__proxy_circuit_open_until(peer->circuit, now);
     json_t *po = json_pack(
         "{s:s, s:s, s:f, s:s, s:I, s:I, s:i, s:I, s:I, s:f}", "id", peer->id,
         "url", peer->url, "weight", peer->weight, "circuit",
         om_circuit_state_name(st), "circuit_open_ms",
         (json_int_t)(until > now ? (until - now) / 1000000 : 0), "trips",
-        (json_int_t)om_circuit_trips(&peer->circuit, now), "inflight",
+        (json_int_t)om__proxy_circuit_trips(peer->circuit, now), "inflight",
         (int)peer->inflight, "attempts", (json_int_t)peer->attempts, "failures",
         (json_int_t)peer->failures, "latency_ms",
         om_p2c_latency_ns(s->view->p2c, j, now) / 1e6);

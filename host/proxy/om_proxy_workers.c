@@ -47,8 +47,8 @@ struct gather_s {
   unsigned pending; /* workers yet to answer; under the group's mutex */
   char **live;      /* per worker: live metrics text (NULL: none) */
   size_t *live_len;
-  json_t **status;     /* per worker: status (NULL: none) */
-  uint64_t *accepted;  /* per worker: connections accepted */
+  json_t **status;    /* per worker: status (NULL: none) */
+  uint64_t *accepted; /* per worker: connections accepted */
 };
 
 typedef struct worker_s {
@@ -73,6 +73,7 @@ struct om_proxy_group_s {
   unsigned n;
   worker_t *w;
   om_metrics_t *metrics;
+  om_proxy_circuits_t *circuits; /* the peers' circuits, shared */
   om_http_server_t *admin;
   uv_async_t back;
   uv_mutex_t mu;      /* finished, gather pending counts, workers_done */
@@ -342,8 +343,8 @@ static size_t key_len(const char *s, size_t n) {
 
 /* Worker w's value for the sample key k (its cursor *at first: the
  * workers render the same series in the same order); 0 when absent. */
-static double value_of(const char *text, size_t len, size_t *at,
-                       const char *k, size_t kn, int *found) {
+static double value_of(const char *text, size_t len, size_t *at, const char *k,
+                       size_t kn, int *found) {
   const char *end = text + len;
   for (int pass = 0; pass < 2; pass++) {
     const char *s = text + (pass == 0 ? *at : 0);
@@ -399,19 +400,39 @@ static void merge_live(const gather_t *gt, unsigned n, sbuf_t *b) {
 
 /* Status members that count what each worker holds or did: summed. */
 static int summed_key(const char *k) {
-  static const char *const sum[] = {
-      "requests",  "attempts",     "retries",  "pre_send",
-      "post_send", "retry_budget_exhausted", "paused", "denied",
-      "inflight",  "queued",       "limit",    "max_queue",
-      "failures",  "local_errors", "held_bytes", "refused",
-      "connections_accepted", "hits", "misses"};
+  static const char *const sum[] = {"requests",
+                                    "attempts",
+                                    "retries",
+                                    "pre_send",
+                                    "post_send",
+                                    "retry_budget_exhausted",
+                                    "paused",
+                                    "denied",
+                                    "inflight",
+                                    "queued",
+                                    "limit",
+                                    "max_queue",
+                                    "failures",
+                                    "local_errors",
+                                    "held_bytes",
+                                    "refused",
+                                    "connections_accepted",
+                                    "hits",
+                                    "misses",
+                                    "handshakes",
+                                    "resumed",
+                                    "switched",
+                                    "declined",
+                                    "not_allowed",
+                                    "failed",
+                                    "tunnels_active"};
   for (size_t i = 0; i < sizeof sum / sizeof sum[0]; i++)
     if (strcmp(sum[i], k) == 0)
       return 1;
   return 0;
 }
 
-static void merge_json(json_t *into, json_t *from);
+static void merge_json(json_t *into, json_t *from, const char *parent);
 
 /* Arrays of objects (peers) are matched by "id", else by position. */
 static void merge_array(json_t *into, json_t *from) {
@@ -434,11 +455,13 @@ static void merge_array(json_t *into, json_t *from) {
       y = json_array_get(from, i);
     }
     if (json_is_object(x) && json_is_object(y))
-      merge_json(x, y);
+      merge_json(x, y, NULL);
   }
 }
 
-static void merge_json(json_t *into, json_t *from) {
+/* parent: the member into is the value of ("handshakes": each worker's
+ * listener TLS counts its own). */
+static void merge_json(json_t *into, json_t *from, const char *parent) {
   const char *k;
   json_t *x;
   json_object_foreach(into, k, x) {
@@ -446,10 +469,12 @@ static void merge_json(json_t *into, json_t *from) {
     if (y == NULL)
       continue;
     if (json_is_object(x) && json_is_object(y))
-      merge_json(x, y);
+      merge_json(x, y, k);
     else if (json_is_array(x) && json_is_array(y))
       merge_array(x, y);
-    else if (json_is_integer(x) && json_is_integer(y) && summed_key(k))
+    else if (json_is_integer(x) && json_is_integer(y) &&
+             (summed_key(k) ||
+              (parent != NULL && strcmp(parent, "handshakes") == 0)))
       json_integer_set(x, json_integer_value(x) + json_integer_value(y));
   }
 }
@@ -508,7 +533,7 @@ static void respond_status(om_proxy_group_t *g, gather_t *gt) {
     if (root == NULL)
       root = json_incref(gt->status[i]);
     else
-      merge_json(root, gt->status[i]);
+      merge_json(root, gt->status[i], NULL);
   }
   if (root == NULL)
     root = json_object();
@@ -608,6 +633,7 @@ static void group_free(om_proxy_group_t *g) {
       uv_mutex_destroy(&w->mu);
   }
   free(g->w);
+  om_proxy_circuits_free(g->circuits);
   om_metrics_free(g->metrics);
   uv_mutex_destroy(&g->mu);
   free(g);
@@ -703,7 +729,8 @@ int om_proxy_group_new(uv_loop_t *control, const om_proxy_group_opts_t *opts,
   g->listen_fd = -1;
   g->w = calloc(g->n, sizeof *g->w);
   g->metrics = om_metrics_new();
-  if (g->w == NULL || g->metrics == NULL) {
+  g->circuits = om_proxy_circuits_new();
+  if (g->w == NULL || g->metrics == NULL || g->circuits == NULL) {
     g->n = 0;
     group_free(g);
     om_errbuf(err, errlen, "out of memory");
@@ -741,6 +768,7 @@ int om_proxy_group_new(uv_loop_t *control, const om_proxy_group_opts_t *opts,
     }
     po.server.tls = w->tls;
     po.metrics = g->metrics;
+    po.circuits = g->circuits;
     po.worker = i;
     po.workers = g->n;
     if (po.seed != 0) /* distinct draws per worker, still reproducible */
@@ -752,8 +780,8 @@ int om_proxy_group_new(uv_loop_t *control, const om_proxy_group_opts_t *opts,
   ao = opts->proxy.server;
   ao.tls = NULL; /* the admin listener stays plain */
   ao.stream_bodies = 0;
-  if (rc == 0 && (rc = om_http_server_new(control, &ao, on_admin, g,
-                                          &g->admin)) != 0)
+  if (rc == 0 &&
+      (rc = om_http_server_new(control, &ao, on_admin, g, &g->admin)) != 0)
     om_errbuf(err, errlen, "invalid server options");
   if (rc == 0 && uv_async_init(control, &g->back, on_back) != 0) {
     om_errbuf(err, errlen, "out of memory");
@@ -796,8 +824,7 @@ int om_proxy_group_set_snapshot(om_proxy_group_t *g, om_snapshot_t *snap,
   }
   if (g->phase == G_NEW) {
     for (unsigned i = 0; i < g->n; i++)
-      if ((rc = om_proxy_set_snapshot(g->w[i].proxy, snap, err, errlen)) !=
-          0)
+      if ((rc = om_proxy_set_snapshot(g->w[i].proxy, snap, err, errlen)) != 0)
         return rc;
     return 0;
   }
@@ -853,8 +880,8 @@ int om_proxy_group_listen(om_proxy_group_t *g, const char *host, int port,
   return 0;
 }
 
-int om_proxy_group_listen_admin(om_proxy_group_t *g, const char *host,
-                                int port, char *err, size_t errlen) {
+int om_proxy_group_listen_admin(om_proxy_group_t *g, const char *host, int port,
+                                char *err, size_t errlen) {
   int rc;
   const char *why;
   if (g == NULL || host == NULL || g->admin == NULL) {

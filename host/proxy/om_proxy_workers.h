@@ -19,6 +19,9 @@
  *     on the control loop from each worker's live part, rendered on the
  *     worker's own loop through the mailbox, then merged: counters and
  *     pool sizes summed, the rest as the first worker has it.
+ *   - Circuits: one table for the process (om_proxy_circuits_new): a peer
+ *     is ejected after the failures its policy names, counted over every
+ *     worker, and a half-open circuit lets one probe through.
  *   - Admission: each worker gets its share of max_inflight and max_queue
  *     (they sum to the policy's values); retry budgets per worker (the
  *     ratio holds, the per-second reserve is split); P2C's in-flight load
@@ -95,8 +98,8 @@ int om_proxy_group_check_snapshot(const om_proxy_group_t *g,
  */
 int om_proxy_group_listen(om_proxy_group_t *g, const char *host, int port,
                           char *err, size_t errlen);
-int om_proxy_group_listen_admin(om_proxy_group_t *g, const char *host,
-                                int port, char *err, size_t errlen);
+int om_proxy_group_listen_admin(om_proxy_group_t *g, const char *host, int port,
+                                char *err, size_t errlen);
 
 /* The bound ports, or OM_ESTATE. */
 int om_proxy_group_port(const om_proxy_group_t *g);

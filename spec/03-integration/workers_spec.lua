@@ -152,6 +152,41 @@ describe("openmesh proxy --workers", function()
       out, 1, true)
   end)
 
+  -- Sequential calls over two peers, one refusing connections, each on a
+  -- new connection (so either worker may take it): how many failed
+  -- attempts the dead peer had when its circuit opened.
+  local function failures_to_eject(workers)
+    H.writefile(dir .. "/two.json", string.format(
+      '{"services": {"orders": {"instances": [' ..
+      '{"id": "dead", "url": "http://127.0.0.1:1"}, {"id": "live", "url": "%s"}]}}}',
+      control.url))
+    local p = H.start_proxy(dir, "circuit" .. workers, "--workers " .. workers ..
+      " --circuit-failures 3 --policy " .. H.q(dir .. "/traffic.lua") ..
+      " --static " .. H.q(dir .. "/two.json"))
+    local saved = proxy
+    proxy = p
+    local failures
+    for _ = 1, 60 do
+      calls(1)
+      local peers = status().services.orders.peers
+      local dead = peers[1].id == "dead" and peers[1] or peers[2]
+      if dead.circuit == "open" then
+        failures = dead.failures
+        break
+      end
+    end
+    proxy = saved
+    assert.equal(0, H.stop(p))
+    return failures
+  end
+
+  it("ejects a failing peer after as many failures with 2 workers as with 1", function()
+    local one = failures_to_eject(1)
+    local two = failures_to_eject(2)
+    assert.equal(3, one)
+    assert.equal(one, two)
+  end)
+
   it("drains every worker on SIGTERM and exits 0", function()
     assert.equal(0, H.stop(proxy))
   end)
