@@ -67,8 +67,7 @@ typedef struct om_proxy_group_opts_s {
  * yet running (om_proxy_group_start). Returns 0 and *out; OM_EINVAL (bad
  * options, a worker count out of range, a TLS that did not load; err says
  * which), OM_ENOTFOUND (a policy file), OM_ENOMEM. On error nothing is
- * left. The group is freed by om_proxy_group_close (once it is started) or
- * om_proxy_group_free (before).
+ * left. The group is freed by om_proxy_group_close, started or not.
  */
 int om_proxy_group_new(uv_loop_t *control, const om_proxy_group_opts_t *opts,
                        om_proxy_group_t **out, char *err, size_t errlen);
@@ -129,13 +128,11 @@ void om_proxy_group_reload(om_proxy_group_t *g);
  * om_proxy_group_close: every worker drains (om_proxy_close) and its
  * thread ends; then the admin listener closes, the threads are joined,
  * on_closed(ud) runs on the control loop and the group is freed. Returns
- * 0, OM_EINVAL, OM_ESTATE (already closing).
+ * 0, OM_EINVAL, OM_ESTATE (already closing). A group never started
+ * (a failed listen or snapshot) closes its workers' proxies here, on their
+ * loops run from this thread; on_closed still runs from the control loop.
  */
 int om_proxy_group_close(om_proxy_group_t *g, void (*on_closed)(void *ud),
                          void *ud);
-
-/* Free a group that never started (after a failed listen or snapshot):
- * its proxies close on their loops here. NULL is fine. */
-void om_proxy_group_free(om_proxy_group_t *g);
 
 #endif /* OM_PROXY_WORKERS_H */
