@@ -11,6 +11,7 @@
 #include "om_snapshot.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@
 typedef unsigned char uchar;
 
 typedef struct node_s {
-  size_t refs;
+  atomic_size_t refs;
   om_instance_t inst;
   om_kv_t kv[]; /* inst.metadata points here; strings follow */
 } node_t;
@@ -31,7 +32,7 @@ typedef struct cache_slot_s {
 } cache_slot_t;
 
 struct om_snapshot_s {
-  size_t refs;
+  atomic_size_t refs;
   uint64_t revision;
   const char *service; /* inside this allocation, after nodes[] */
   size_t n;
@@ -357,7 +358,7 @@ static node_t *node_new(const om_instance_t *in) {
   nd = malloc(size);
   if (nd == NULL)
     return NULL;
-  nd->refs = 1;
+  atomic_init(&nd->refs, 1);
   p = (char *)(nd->kv + in->n_metadata);
   nd->inst.id = memcpy(p, in->id, id_n);
   p += id_n;
@@ -386,7 +387,10 @@ static node_t *node_new(const om_instance_t *in) {
 }
 
 static void node_unref(node_t *nd) {
-  if (nd != NULL && --nd->refs == 0)
+  /* release: this thread's reads of the node happen before the free; the
+   * last owner's acquire sees every other thread's */
+  if (nd != NULL &&
+      atomic_fetch_sub_explicit(&nd->refs, 1, memory_order_acq_rel) == 1)
     free(nd);
 }
 
@@ -496,7 +500,7 @@ static om_snapshot_t *snap_alloc(const char *service, uint64_t revision,
   if (s == NULL)
     return NULL;
   memset(s, 0, sizeof *s);
-  s->refs = 1;
+  atomic_init(&s->refs, 1);
   s->revision = revision;
   s->service = memcpy((char *)s + head, service, sl);
   return s;
@@ -601,7 +605,8 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
       while (k < n_remove && (cr = strcmp(rm[k], id)) < 0)
         k++;
       if (k >= n_remove || cr != 0) {
-        base->nodes[i]->refs++;
+        atomic_fetch_add_explicit(&base->nodes[i]->refs, 1,
+                                  memory_order_relaxed);
         s->nodes[s->n++] = base->nodes[i];
       }
       i++;
@@ -618,13 +623,15 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
 }
 
 om_snapshot_t *om_snapshot_ref(om_snapshot_t *s) {
+  /* relaxed: a new reference is made from one already held */
   if (s != NULL)
-    s->refs++;
+    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
   return s;
 }
 
 void om_snapshot_unref(om_snapshot_t *s) {
-  if (s == NULL || --s->refs != 0)
+  if (s == NULL ||
+      atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
     return;
   for (int i = 0; i < OM_SNAPSHOT_CACHE_SLOTS; i++)
     if (s->cache[i].data != NULL && s->cache[i].free_fn != NULL)

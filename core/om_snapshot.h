@@ -15,9 +15,12 @@
  * for an instance is therefore the same in every snapshot that shares it,
  * and stays valid while any of them is alive.
  *
- * Threads: reference counts are plain integers. A snapshot, every snapshot
- * edited from it, and their cache slots belong to one thread (the loop that
- * built them); hand another thread a deep copy, not a reference.
+ * Threads: reference counts (of snapshots and of the instances they share)
+ * are C11 atomics, so one parsed snapshot can be handed by reference to
+ * other threads (the proxy's workers) and dropped by whichever is last:
+ * what a snapshot holds never changes after it is built, so readers need
+ * no lock. Cache slots are the exception: only one thread (the one that
+ * built the snapshot) sets or reads them.
  */
 #ifndef OM_SNAPSHOT_H
 #define OM_SNAPSHOT_H

@@ -1,6 +1,7 @@
 /* test_metrics.c: the Prometheus registry renders the text format exactly. */
 #include "om_test.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,12 +103,58 @@ static void allocation_failures(void **state) {
   }
 }
 
+/* What every proxy worker does with the one registry: register the same
+ * series (and get the same one back), then update it from its thread. */
+typedef struct {
+  om_metrics_t *m;
+  om_metric_t *got, *hist;
+} racer_t;
+
+#define RACE_N 1000000
+
+static void *race(void *ud) {
+  racer_t *r = ud;
+  static const double bounds[] = {1, 2};
+  r->got = om_metrics_counter(r->m, "om_calls_total", "Calls.", "w=\"x\"");
+  r->hist = om_metrics_histogram(r->m, "om_seconds", "Latency.", "", bounds, 2);
+  for (int i = 0; i < RACE_N; i++) {
+    om_metric_inc(r->got);
+    if ((i & 1023) == 0)
+      om_metric_observe(r->hist, 1.5);
+  }
+  return NULL;
+}
+
+static void threads_share_series_and_sum_exactly(void **state) {
+  (void)state;
+  om_metrics_t *m = om_metrics_new();
+  racer_t r[2] = {{.m = m}, {.m = m}};
+  pthread_t t[2];
+  assert_non_null(m);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, race, &r[i]), 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  assert_non_null(r[0].got);
+  assert_ptr_equal(r[0].got, r[1].got);
+  assert_ptr_equal(r[0].hist, r[1].hist);
+  OM_ASSERT_CMP(om_metric_value(r[0].got), ==, 2.0 * RACE_N);
+  char *text = om_metrics_render(m, NULL);
+  assert_non_null(text);
+  /* 977 observations per thread (i = 0, 1024, ... < 1e6) */
+  assert_non_null(strstr(text, "om_seconds_count 1954\n"));
+  assert_non_null(strstr(text, "om_seconds_sum 2931\n"));
+  free(text);
+  om_metrics_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(renders_families),
       cmocka_unit_test(histogram_buckets_are_cumulative),
       cmocka_unit_test(bad_registrations_are_refused),
       cmocka_unit_test(allocation_failures),
+      cmocka_unit_test(threads_share_series_and_sum_exactly),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,6 +24,7 @@
 #include "om_curl_uv.h"
 #include "om_watch.h"
 #include "om_proxy.h"
+#include "om_proxy_workers.h"
 
 #define MAX_SERVICE_POLICIES 64
 
@@ -39,6 +40,7 @@ static void usage(FILE *out) {
       "                      [--circuit-failures N] [--circuit-cooldown "
       "DURATION]\n"
       "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n"
+      "                      [--workers N]\n"
       "                      [--tls-cert FILE --tls-key FILE]\n"
       "                      [--tls-client-ca FILE]\n"
       "                      [--upstream-ca FILE]\n"
@@ -85,6 +87,14 @@ static void usage(FILE *out) {
       "                              a policy's max_body_bytes overrides "
       "it)\n"
       "  --log-level LEVEL           debug, info (default), warn, error\n"
+      "  --workers N                 event loops serving calls, one thread "
+      "each,\n"
+      "                              accepting on one shared socket "
+      "(default:\n"
+      "                              the number of CPUs, at most 64); "
+      "limits\n"
+      "                              such as max_inflight are split between "
+      "them\n"
       "  --upstream-ca FILE          CA certificates (PEM) trusted for "
       "https://\n"
       "                              peers (default: the system store)\n"
@@ -145,11 +155,12 @@ static int fail_usage(const char *fmt, const char *arg) {
 typedef struct app_s {
   uv_loop_t loop;
   om_cli_signals_t sigs;
-  om_proxy_t *proxy;
-  om_curl_uv_t *curl; /* --control: the watches' transport */
+  om_proxy_group_t *proxy; /* the workers */
+  om_cli_tls_t *tls_flags; /* --tls-*: each worker loads its own */
+  om_curl_uv_t *curl;      /* --control: the watches' transport */
   om_watch_t *watches[MAX_WATCHES];
   size_t n_watches, watches_open;
-  om_http_tls_t *tls; /* --tls-cert: the listener's */
+  int tls_failed; /* a worker's listener TLS did not load */
   int stopping;
 } app_t;
 
@@ -180,7 +191,7 @@ static void on_watch_snapshot(void *ud, om_snapshot_t *snap) {
     return;
   snprintf(rev, sizeof rev, "%llu",
            (unsigned long long)om_snapshot_revision(snap));
-  if (om_proxy_set_snapshot(app->proxy, snap, err, sizeof err) != 0)
+  if (om_proxy_group_set_snapshot(app->proxy, snap, err, sizeof err) != 0)
     om_log(OM_LOG_WARN, "snapshot_rejected", "service",
            om_snapshot_service(snap), "revision", rev, "error", err, NULL);
 }
@@ -191,7 +202,7 @@ static int on_watch_check(void *ud, const om_snapshot_t *snap, char *err,
                           size_t errlen) {
   app_t *app = ud;
   return app->proxy != NULL
-             ? om_proxy_check_snapshot(app->proxy, snap, err, errlen)
+             ? om_proxy_group_check_snapshot(app->proxy, snap, err, errlen)
              : 0;
 }
 
@@ -222,8 +233,6 @@ static void close_watches(app_t *app) {
 static void on_proxy_closed(void *ud) {
   app_t *app = ud;
   app->proxy = NULL;
-  om_http_tls_close(app->tls);
-  app->tls = NULL;
   om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "proxy_stopped", NULL);
 }
@@ -236,34 +245,34 @@ static void on_stop(uv_signal_t *h, int signum) {
   om_log(OM_LOG_INFO, "proxy_draining", "signal",
          signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
   close_watches(app);
-  om_proxy_close(app->proxy, on_proxy_closed, app);
+  om_proxy_group_close(app->proxy, on_proxy_closed, app);
 }
 
 static void on_hup(uv_signal_t *h, int signum) {
   app_t *app = h->data;
-  int failed;
-  char n[16];
   (void)signum;
   if (app->proxy == NULL || app->stopping)
     return;
-  if (app->tls != NULL)
-    (void)om_http_tls_reload(app->tls, NULL, 0); /* logged and counted */
-  failed = om_proxy_reload_policies(app->proxy);
-  snprintf(n, sizeof n, "%d", failed);
-  om_log(OM_LOG_INFO, "proxy_policies_reloaded", "rejected", n, NULL);
-  failed = om_proxy_reload_tls(app->proxy);
-  snprintf(n, sizeof n, "%d", failed);
-  om_log(OM_LOG_INFO, "proxy_tls_reloaded", "rejected", n, NULL);
+  /* each worker reloads its listener TLS, policies and upstream TLS on its
+   * own loop; the first logs the outcome */
+  om_proxy_group_reload(app->proxy);
+}
+
+/* One worker's listener TLS (--tls-*), on its loop. */
+static int worker_tls(void *ud, uv_loop_t *loop, om_http_tls_t **out) {
+  app_t *app = ud;
+  *out = NULL;
+  if (om_cli_tls_load("proxy", loop, app->tls_flags, 0, out) != OM_EXIT_OK) {
+    app->tls_failed = 1;
+    return -1;
+  }
+  return 0;
 }
 
 static void shutdown_loop(app_t *app) {
   close_watches(app);
-  if (app->proxy != NULL) {
-    om_proxy_close(app->proxy, on_proxy_closed, app);
-  } else {
-    om_http_tls_close(app->tls);
-    app->tls = NULL;
-  }
+  if (app->proxy != NULL)
+    om_proxy_group_close(app->proxy, on_proxy_closed, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
 }
@@ -287,6 +296,7 @@ int om_cmd_proxy(int argc, char **argv) {
       {"upstream-ca", required_argument, NULL, 1001},
       {"upstream-cert", required_argument, NULL, 1002},
       {"upstream-key", required_argument, NULL, 1003},
+      {"workers", required_argument, NULL, 1004},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
       OM_CLI_CONTROL_TLS_LONGOPTS,
@@ -306,6 +316,9 @@ int om_cmd_proxy(int argc, char **argv) {
   size_t n_sp = 0, n_snaps = 0;
   char host[64], ahost[64], url[96], aurl[96], err[2048];
   int port = 0, aport = 0, c, rc, exit_code = OM_EXIT_OK;
+  unsigned workers = 0;
+  char nworkers[16];
+  om_proxy_group_opts_t go;
   uint64_t drain_ms = 10000, cooldown_ms = 0, failures = 0;
   om_circuit_opts_t circuit;
   om_proxy_opts_t o;
@@ -393,6 +406,17 @@ int om_cmd_proxy(int argc, char **argv) {
     case 1003:
       o.upstream_key = optarg;
       break;
+    case 1004: {
+      char *end;
+      unsigned long v;
+      if (optarg[0] < '1' || optarg[0] > '9')
+        return fail_usage("--workers: '%s' is not a number in [1, 64]", optarg);
+      v = strtoul(optarg, &end, 10);
+      if (*end != '\0' || v > OM_PROXY_MAX_WORKERS)
+        return fail_usage("--workers: '%s' is not a number in [1, 64]", optarg);
+      workers = (unsigned)v;
+      break;
+    }
     default:
       if (om_cli_tls_option(&tls, c, optarg) ||
           om_cli_control_tls_option(&ctls, c, optarg))
@@ -476,30 +500,38 @@ int om_cmd_proxy(int argc, char **argv) {
   o.n_service_policies = n_sp;
   o.circuit = &circuit;
   o.server.drain_timeout_ms = drain_ms;
+  if (workers == 0) {
+    workers = uv_available_parallelism();
+    if (workers > OM_PROXY_MAX_WORKERS)
+      workers = OM_PROXY_MAX_WORKERS;
+    if (workers < 1)
+      workers = 1;
+  }
   app = calloc(1, sizeof *app);
   if (app == NULL || uv_loop_init(&app->loop) != 0) {
     free(app);
     om_proxy_static_free(snaps, n_snaps);
     return OM_EXIT_FAILURE;
   }
-  if (om_cli_tls_load("proxy", &app->loop, &tls, 0, &app->tls) != OM_EXIT_OK) {
-    om_proxy_static_free(snaps, n_snaps);
-    shutdown_loop(app);
-    free(app);
-    return OM_EXIT_USAGE;
-  }
-  o.server.tls = app->tls;
-  rc = om_proxy_new(&app->loop, &o, &app->proxy, err, sizeof err);
+  app->tls_flags = &tls;
+  memset(&go, 0, sizeof go);
+  go.proxy = o;
+  go.workers = workers;
+  go.tls_new = tls.cert != NULL ? worker_tls : NULL;
+  go.tls_ud = app;
+  rc = om_proxy_group_new(&app->loop, &go, &app->proxy, err, sizeof err);
   if (rc != 0) {
-    fprintf(stderr, "openmesh proxy: %s\n", err);
+    int tls_failed = app->tls_failed;
+    if (!tls_failed) /* else om_cli_tls_load said why */
+      fprintf(stderr, "openmesh proxy: %s\n", err);
     om_proxy_static_free(snaps, n_snaps);
     app->proxy = NULL;
     shutdown_loop(app);
     free(app);
-    return rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
+    return rc == OM_ENOMEM && !tls_failed ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
   }
   for (size_t i = 0; i < n_snaps && exit_code == OM_EXIT_OK; i++) {
-    rc = om_proxy_set_snapshot(app->proxy, snaps[i], err, sizeof err);
+    rc = om_proxy_group_set_snapshot(app->proxy, snaps[i], err, sizeof err);
     if (rc != 0) {
       fprintf(stderr, "openmesh proxy: %s\n", err);
       exit_code = rc == OM_ENOMEM ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
@@ -507,15 +539,15 @@ int om_cmd_proxy(int argc, char **argv) {
   }
   om_proxy_static_free(snaps, n_snaps);
   if (exit_code == OM_EXIT_OK &&
-      (rc = om_proxy_listen(app->proxy, host, port)) != 0) {
-    fprintf(stderr, "openmesh proxy: cannot listen on %s: %s\n", listen,
-            om_strerror(rc));
+      om_proxy_group_listen(app->proxy, host, port, err, sizeof err) != 0) {
+    fprintf(stderr, "openmesh proxy: cannot listen on %s: %s\n", listen, err);
     exit_code = OM_EXIT_FAILURE;
   }
   if (exit_code == OM_EXIT_OK &&
-      (rc = om_proxy_listen_admin(app->proxy, ahost, aport)) != 0) {
+      om_proxy_group_listen_admin(app->proxy, ahost, aport, err, sizeof err) !=
+          0) {
     fprintf(stderr, "openmesh proxy: cannot listen on %s (--admin): %s\n",
-            admin, om_strerror(rc));
+            admin, err);
     exit_code = OM_EXIT_FAILURE;
   }
   if (exit_code == OM_EXIT_OK && control.n > 0) {
@@ -527,7 +559,7 @@ int om_cmd_proxy(int argc, char **argv) {
       om_watch_opts_t wo = {.control_urls = control.urls,
                             .n_control_urls = control.n,
                             .service = services[i],
-                            .metrics = om_proxy_metrics(app->proxy),
+                            .metrics = om_proxy_group_metrics(app->proxy),
                             .token = token_file != NULL ? token : NULL,
                             .tls = &control_tls,
                             .on_snapshot = on_watch_snapshot,
@@ -547,6 +579,10 @@ int om_cmd_proxy(int argc, char **argv) {
       }
     }
   }
+  if (exit_code == OM_EXIT_OK && om_proxy_group_start(app->proxy) != 0) {
+    fprintf(stderr, "openmesh proxy: cannot start the worker threads\n");
+    exit_code = OM_EXIT_FAILURE;
+  }
   if (exit_code != OM_EXIT_OK) {
     shutdown_loop(app);
     free(app);
@@ -554,16 +590,17 @@ int om_cmd_proxy(int argc, char **argv) {
   }
   snprintf(url, sizeof url,
            strchr(host, ':') != NULL ? "%s://[%s]:%d" : "%s://%s:%d",
-           app->tls != NULL ? "https" : "http", host,
-           om_proxy_port(app->proxy));
+           tls.cert != NULL ? "https" : "http", host,
+           om_proxy_group_port(app->proxy));
   snprintf(aurl, sizeof aurl,
            strchr(ahost, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d",
-           ahost, om_proxy_admin_port(app->proxy));
+           ahost, om_proxy_group_admin_port(app->proxy));
   if (app->n_watches > 0)
-    om_proxy_set_status_extra(app->proxy, "watches", watches_status, app);
+    om_proxy_group_set_status_extra(app->proxy, "watches", watches_status, app);
+  snprintf(nworkers, sizeof nworkers, "%u", workers);
   om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
          o.policy_path, "topology", static_file ? static_file : control_list,
-         NULL);
+         "workers", nworkers, NULL);
   om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);

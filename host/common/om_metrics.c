@@ -2,33 +2,58 @@
 #include "om_metrics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef enum { COUNTER, GAUGE, GAUGE_FN, HISTOGRAM } kind_t;
 
+/*
+ * Updates are relaxed atomics: a series is shared by every thread that
+ * registered it (the proxy's workers), and a counter only needs its sum to
+ * be exact, not ordered with anything else. A counter keeps whole
+ * increments in an integer (one locked add: om_metric_inc is on every
+ * request) and any fractional part in a double updated by compare and
+ * swap; a gauge is the double alone.
+ */
 struct om_metric_s {
   kind_t kind;
   char *name, *help, *labels;
-  double value;
+  _Atomic uint64_t count_int; /* counter: whole increments */
+  _Atomic double value;       /* gauge value; counter: fractional adds */
   double (*fn)(void *);
   void *ud;
-  double *bounds;    /* histogram */
-  uint64_t *buckets; /* n + 1, the last is +Inf */
+  double *bounds;            /* histogram */
+  _Atomic uint64_t *buckets; /* n + 1, the last is +Inf */
   size_t n;
-  double sum;
-  uint64_t count;
+  _Atomic double sum; /* the count is the buckets' sum */
 };
 
+/* The mutex guards the series array (registration, rendering); a series,
+ * once registered, never moves, so updaters hold no lock. */
 struct om_metrics_s {
+  pthread_mutex_t mu;
   om_metric_t **series;
   size_t n, cap;
 };
 
 om_metrics_t *om_metrics_new(void) {
-  return calloc(1, sizeof(om_metrics_t));
+  om_metrics_t *m = calloc(1, sizeof(om_metrics_t));
+  if (m != NULL && pthread_mutex_init(&m->mu, NULL) != 0) {
+    free(m);
+    return NULL;
+  }
+  return m;
+}
+
+static void add_double(_Atomic double *a, double v) {
+  double old = atomic_load_explicit(a, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(
+      a, &old, old + v, memory_order_relaxed, memory_order_relaxed))
+    ;
 }
 
 static void metric_free(om_metric_t *x) {
@@ -46,6 +71,7 @@ void om_metrics_free(om_metrics_t *m) {
   for (size_t i = 0; i < m->n; i++)
     metric_free(m->series[i]);
   free(m->series);
+  pthread_mutex_destroy(&m->mu);
   free(m);
 }
 
@@ -59,6 +85,7 @@ static int valid_name(const char *s) {
   return 1;
 }
 
+/* Called with m->mu held. */
 static om_metric_t *add(om_metrics_t *m, kind_t kind, const char *name,
                         const char *help, const char *labels) {
   om_metric_t *x;
@@ -100,27 +127,40 @@ static om_metric_t *add(om_metrics_t *m, kind_t kind, const char *name,
   return x;
 }
 
+static om_metric_t *add_locked(om_metrics_t *m, kind_t kind, const char *name,
+                               const char *help, const char *labels) {
+  om_metric_t *x;
+  if (m == NULL)
+    return NULL;
+  pthread_mutex_lock(&m->mu);
+  x = add(m, kind, name, help, labels);
+  pthread_mutex_unlock(&m->mu);
+  return x;
+}
+
 om_metric_t *om_metrics_counter(om_metrics_t *m, const char *name,
                                 const char *help, const char *labels) {
-  return add(m, COUNTER, name, help, labels);
+  return add_locked(m, COUNTER, name, help, labels);
 }
 
 om_metric_t *om_metrics_gauge(om_metrics_t *m, const char *name,
                               const char *help, const char *labels) {
-  return add(m, GAUGE, name, help, labels);
+  return add_locked(m, GAUGE, name, help, labels);
 }
 
 om_metric_t *om_metrics_gauge_fn(om_metrics_t *m, const char *name,
                                  const char *help, const char *labels,
                                  double (*fn)(void *ud), void *ud) {
   om_metric_t *x;
-  if (fn == NULL)
+  if (fn == NULL || m == NULL)
     return NULL;
+  pthread_mutex_lock(&m->mu);
   x = add(m, GAUGE_FN, name, help, labels);
-  if (x != NULL) {
+  if (x != NULL && x->fn == NULL) { /* the first registration's reader */
     x->fn = fn;
     x->ud = ud;
   }
+  pthread_mutex_unlock(&m->mu);
   return x;
 }
 
@@ -133,34 +173,49 @@ om_metric_t *om_metrics_histogram(om_metrics_t *m, const char *name,
   for (size_t i = 0; i < n; i++)
     if (!isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1]))
       return NULL;
+  if (m == NULL)
+    return NULL;
+  pthread_mutex_lock(&m->mu);
   x = add(m, HISTOGRAM, name, help, labels);
-  if (x == NULL || x->bounds != NULL)
+  if (x == NULL || x->bounds != NULL) {
+    pthread_mutex_unlock(&m->mu);
     return x;
+  }
   x->bounds = malloc(n * sizeof *x->bounds);
   x->buckets = calloc(n + 1, sizeof *x->buckets);
   if (x->bounds == NULL || x->buckets == NULL) {
     m->n--; /* it is the last one added */
     metric_free(x);
+    pthread_mutex_unlock(&m->mu);
     return NULL;
   }
   memcpy(x->bounds, bounds, n * sizeof *bounds);
   x->n = n;
+  pthread_mutex_unlock(&m->mu);
   return x;
 }
 
 void om_metric_inc(om_metric_t *c) {
-  if (c != NULL)
-    c->value += 1;
+  if (c == NULL)
+    return;
+  if (c->kind == COUNTER)
+    atomic_fetch_add_explicit(&c->count_int, 1, memory_order_relaxed);
+  else
+    add_double(&c->value, 1);
 }
 
 void om_metric_add(om_metric_t *c, double v) {
-  if (c != NULL && (c->kind != COUNTER || v >= 0))
-    c->value += v;
+  if (c == NULL || (c->kind == COUNTER && !(v >= 0)))
+    return;
+  if (c->kind == COUNTER && v == floor(v) && v < 9007199254740992.0)
+    atomic_fetch_add_explicit(&c->count_int, (uint64_t)v, memory_order_relaxed);
+  else
+    add_double(&c->value, v);
 }
 
 void om_metric_set(om_metric_t *g, double v) {
   if (g != NULL && g->kind == GAUGE)
-    g->value = v;
+    atomic_store_explicit(&g->value, v, memory_order_relaxed);
 }
 
 void om_metric_observe(om_metric_t *h, double v) {
@@ -169,15 +224,18 @@ void om_metric_observe(om_metric_t *h, double v) {
     return;
   while (i < h->n && v > h->bounds[i]) /* few buckets: linear is fastest */
     i++;
-  h->buckets[i]++;
-  h->sum += v;
-  h->count++;
+  atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+  add_double(&h->sum, v);
 }
 
 double om_metric_value(const om_metric_t *m) {
   if (m == NULL)
     return 0;
-  return m->kind == GAUGE_FN ? m->fn(m->ud) : m->value;
+  if (m->kind == GAUGE_FN)
+    return m->fn(m->ud);
+  return (double)atomic_load_explicit(&((om_metric_t *)m)->count_int,
+                                      memory_order_relaxed) +
+         atomic_load_explicit(&((om_metric_t *)m)->value, memory_order_relaxed);
 }
 
 char *om_metrics_escape(const char *value, char *out, size_t cap) {
@@ -275,7 +333,8 @@ static void render_one(sbuf_t *b, const om_metric_t *x) {
   uint64_t cum = 0;
   char le[64];
   for (size_t i = 0; i <= x->n; i++) {
-    cum += x->buckets[i];
+    cum += atomic_load_explicit(&((om_metric_t *)x)->buckets[i],
+                                memory_order_relaxed);
     if (i < x->n) {
       char num[32];
       shortest(num, sizeof num, x->bounds[i]);
@@ -286,10 +345,11 @@ static void render_one(sbuf_t *b, const om_metric_t *x) {
     put(b, "%llu\n", (unsigned long long)cum);
   }
   put_series(b, x, "_sum", NULL);
-  put_value(b, x->sum);
+  put_value(
+      b, atomic_load_explicit(&((om_metric_t *)x)->sum, memory_order_relaxed));
   put(b, "\n");
   put_series(b, x, "_count", NULL);
-  put(b, "%llu\n", (unsigned long long)x->count);
+  put(b, "%llu\n", (unsigned long long)cum);
 }
 
 static const char *type_name(kind_t k) {
@@ -298,6 +358,7 @@ static const char *type_name(kind_t k) {
 
 char *om_metrics_render(const om_metrics_t *m, size_t *len) {
   sbuf_t b = {0};
+  pthread_mutex_lock(&((om_metrics_t *)m)->mu);
   put(&b, "%s", "");
   for (size_t i = 0; i < m->n; i++) {
     const om_metric_t *x = m->series[i];
@@ -312,6 +373,7 @@ char *om_metrics_render(const om_metrics_t *m, size_t *len) {
       if (strcmp(m->series[j]->name, x->name) == 0)
         render_one(&b, m->series[j]);
   }
+  pthread_mutex_unlock(&((om_metrics_t *)m)->mu);
   if (b.failed) {
     free(b.buf);
     return NULL;

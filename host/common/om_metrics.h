@@ -1,11 +1,16 @@
 /*
  * om_metrics.h: a small Prometheus registry (text exposition format 0.0.4).
  *
- * Metrics are registered once at start-up and updated on the loop thread
- * with plain increments; rendering walks the registry and groups series of
- * one name under a single HELP/TYPE header. A series is a name plus a fixed
- * label set given as Prometheus text (`reason="no_peers"`), so a metric
- * that can go wrong per reason is one series per reason, registered up
+ * Metrics are registered at start-up and updated from any thread: one
+ * registry serves a whole process (every proxy worker registers the same
+ * series and gets the same one back, so /metrics shows the process's
+ * totals). Registration and rendering take the registry's mutex; updates
+ * are relaxed atomics and take none. A gauge_fn's reader runs on the
+ * thread that renders: it must read only what is safe from there (atomics,
+ * or state of the rendering thread). Rendering walks the registry and
+ * groups series of one name under a single HELP/TYPE header. A series is a name
+ * plus a fixed label set given as Prometheus text (`reason="no_peers"`), so a
+ * metric that can go wrong per reason is one series per reason, registered up
  * front: no allocation on the hot path.
  */
 #ifndef OM_METRICS_H
@@ -34,7 +39,9 @@ om_metric_t *om_metrics_counter(om_metrics_t *m, const char *name,
                                 const char *help, const char *labels);
 om_metric_t *om_metrics_gauge(om_metrics_t *m, const char *name,
                               const char *help, const char *labels);
-/* A gauge read at render time from fn(ud). */
+/* A gauge read at render time from fn(ud). Registered again with the same
+ * name and labels, the existing series is returned and keeps its first
+ * reader. */
 om_metric_t *om_metrics_gauge_fn(om_metrics_t *m, const char *name,
                                  const char *help, const char *labels,
                                  double (*fn)(void *ud), void *ud);

@@ -393,61 +393,130 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   return 0;
 }
 
-int om_http_server_listen(om_http_server_t *s, const char *host, int port) {
+/* A host:port literal as a socket address; 0 or UV_EINVAL. */
+static int listen_addr(const char *host, int port,
+                       struct sockaddr_storage *ss) {
+  memset(ss, 0, sizeof *ss);
+  if (host == NULL || port < 0 || port > 65535)
+    return UV_EINVAL;
+  if (strchr(host, ':') != NULL)
+    return uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss);
+  return uv_ip4_addr(host, port, (struct sockaddr_in *)ss);
+}
+
+/* A bound, listening, non-blocking socket; 0 and *fd or a libuv error. */
+static int open_listener(const struct sockaddr_storage *ss, int *fd) {
+  socklen_t len = ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                            : sizeof(struct sockaddr_in);
+  int one = 1, rc = 0;
+  int s = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return uv_translate_sys_error(errno);
+  /* as libuv's bind: a restarted process may take the port back at once
+   * (TIME_WAIT); a port another socket is listening on stays refused */
+  if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(s, (const struct sockaddr *)ss, len) != 0 || listen(s, 511) != 0)
+    rc = uv_translate_sys_error(errno);
+  if (rc != 0) {
+    close(s);
+    return rc;
+  }
+  *fd = s;
+  return 0;
+}
+
+static void listen_failed(om_http_server_t *s, const char *host, int port,
+                          int rc) {
+  char p[8];
+  snprintf(p, sizeof p, "%d", port);
+  om_log(OM_LOG_ERROR, "http_listen_failed", "host", host, "port", p, "error",
+         uv_strerror(rc), NULL);
+  s->listen_error = rc;
+}
+
+/* Take fd (listening) as the listener and watch it; 0 or a libuv error
+ * (fd is then not ours). */
+static int start_accepting(om_http_server_t *s, int fd) {
+  int rc = uv_tcp_open(&s->listener, fd);
+  if (rc != 0)
+    return rc;
+  s->listen_spent = 1; /* from here the handle owns fd */
+  /* the listener stays the socket's owner (getsockname, close); the poll
+   * only watches it, and is closed first */
+  rc = uv_poll_init_socket(s->loop, &s->accept_poll, fd);
+  if (rc != 0)
+    return rc;
+  s->accept_poll.data = s;
+  s->handles++;
+  s->poll_open = 1;
+  s->polling = 1;
+  rc = uv_poll_start(&s->accept_poll, UV_READABLE, on_acceptable);
+  if (rc != 0)
+    return rc;
+  s->reserve_fd = reserve_open(); /* without it, EMFILE pauses accepting */
+  s->listening = 1;
+  return 0;
+}
+
+int om_http_listen_socket(const char *host, int port, int *fd, char *err,
+                          size_t errlen) {
   struct sockaddr_storage ss;
   int rc;
-  if (s == NULL || host == NULL || port < 0 || port > 65535)
+  if (fd == NULL || listen_addr(host, port, &ss) != 0) {
+    om_errbuf(err, errlen, "'%s' port %d is not an IP literal and a port",
+              host != NULL ? host : "(null)", port);
+    return OM_EINVAL;
+  }
+  if ((rc = open_listener(&ss, fd)) != 0) {
+    om_errbuf(err, errlen, "%s", uv_strerror(rc));
+    return OM_EIO;
+  }
+  return 0;
+}
+
+int om_http_server_listen_fd(om_http_server_t *s, int fd) {
+  int rc;
+  if (s == NULL || fd < 0) {
+    if (fd >= 0)
+      close(fd);
+    return OM_EINVAL;
+  }
+  if (s->listening || s->listen_spent || s->closing) {
+    close(fd);
+    return OM_ESTATE;
+  }
+  if ((rc = start_accepting(s, fd)) != 0) {
+    if (!s->listen_spent)
+      close(fd);
+    om_log(OM_LOG_ERROR, "http_listen_failed", "error", uv_strerror(rc), NULL);
+    s->listen_error = rc;
+    s->listen_spent = 1;
+    return OM_EIO;
+  }
+  return 0;
+}
+
+int om_http_server_listen(om_http_server_t *s, const char *host, int port) {
+  struct sockaddr_storage ss;
+  int rc, fd = -1;
+  if (s == NULL || host == NULL || listen_addr(host, port, &ss) != 0)
     return OM_EINVAL;
   if (s->listening || s->listen_spent || s->closing)
     return OM_ESTATE;
-  memset(&ss, 0, sizeof ss);
-  if (strchr(host, ':') != NULL)
-    rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
-  else
-    rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&ss);
-  if (rc != 0)
-    return OM_EINVAL;
-  rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&ss, 0);
-  if (rc == 0) {
-    uv_os_fd_t fd;
-    struct sockaddr_storage got;
-    int glen = (int)sizeof got;
-    rc = uv_fileno((uv_handle_t *)&s->listener, &fd);
-    /* libuv defers a bind's EADDRINUSE to uv_listen, which is not called:
-     * a socket left unbound (port 0) is that error */
-    if (rc == 0 && (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got,
-                                       &glen) != 0 ||
-                    (got.ss_family == AF_INET6
-                         ? ((struct sockaddr_in6 *)&got)->sin6_port
-                         : ((struct sockaddr_in *)&got)->sin_port) == 0))
-      rc = UV_EADDRINUSE;
-    if (rc == 0 && listen(fd, 511) != 0)
-      rc = uv_translate_sys_error(errno);
-    if (rc == 0) {
-      /* the listener stays the socket's owner (getsockname, close); the
-       * poll only watches it, and is closed first */
-      rc = uv_poll_init_socket(s->loop, &s->accept_poll, fd);
-      if (rc == 0) {
-        s->accept_poll.data = s;
-        s->handles++;
-        s->poll_open = 1;
-        s->polling = 1;
-        rc = uv_poll_start(&s->accept_poll, UV_READABLE, on_acceptable);
-      }
-    }
-  }
-  if (rc == 0)
-    s->reserve_fd = reserve_open(); /* without it, EMFILE pauses accepting */
+  rc = open_listener(&ss, &fd);
+  if (rc == 0 && (rc = start_accepting(s, fd)) != 0 && !s->listen_spent)
+    close(fd);
   if (rc != 0) {
-    char p[8];
-    snprintf(p, sizeof p, "%d", port);
-    om_log(OM_LOG_ERROR, "http_listen_failed", "host", host, "port", p, "error",
-           uv_strerror(rc), NULL);
+    listen_failed(s, host, port, rc);
     s->listen_spent = 1; /* the handle may hold a socket now */
     return OM_EIO;
   }
-  s->listening = 1;
   return 0;
+}
+
+const char *om_http_server_listen_error(const om_http_server_t *s) {
+  return s != NULL && s->listen_error != 0 ? uv_strerror(s->listen_error)
+                                           : NULL;
 }
 
 int om_http_server_port(const om_http_server_t *s) {

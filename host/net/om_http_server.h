@@ -333,6 +333,38 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
  */
 int om_http_server_listen(om_http_server_t *srv, const char *host, int port);
 
+/*
+ * om_http_server_listen_error: why the last om_http_server_listen or
+ * om_http_server_listen_fd failed, as libuv words it ("address already in
+ * use"), for the message an operator reads; NULL when none failed. The
+ * string is static.
+ */
+const char *om_http_server_listen_error(const om_http_server_t *srv);
+
+/*
+ * om_http_listen_socket: a listening TCP socket on host:port (literals as
+ * om_http_server_listen; SO_REUSEADDR, not SO_REUSEPORT: a port another
+ * process listens on is refused), non-blocking and close-on-exec, for
+ * several servers on several loops to accept from (each through its own
+ * dup, om_http_server_listen_fd): whichever loop is free takes the next
+ * connection. Returns 0 and *fd (the caller's to close); OM_EINVAL (bad
+ * host or port), OM_EIO (cannot bind or listen: err says why, as
+ * "address already in use"). Nothing is left open on error.
+ */
+int om_http_listen_socket(const char *host, int port, int *fd, char *err,
+                          size_t errlen);
+
+/*
+ * om_http_server_listen_fd: start accepting on fd, a socket already bound
+ * and listening (om_http_listen_socket, or a dup of one). On success the
+ * server owns fd and closes it with itself. Returns 0, OM_EINVAL (NULL
+ * srv, negative fd), OM_ESTATE (already listening or closing), OM_EIO
+ * (libuv refused the socket: logged, om_http_server_listen_error; the
+ * server cannot listen again and should be closed). fd is the server's
+ * from the call on, even on error (then closed): never close it after.
+ */
+int om_http_server_listen_fd(om_http_server_t *srv, int fd);
+
 /* The bound port, or OM_ESTATE when not listening. */
 int om_http_server_port(const om_http_server_t *srv);
 

@@ -209,6 +209,7 @@ struct om_http_server_s {
   om_http_closed_fn on_closed;
   om_list_t conns; /* every conn_t not yet freed, by link */
   size_t handles;
+  int listen_error; /* the libuv error of a failed listen, else 0 */
   unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
       poll_open : 1, polling : 1, finished : 1;
   om_http_server_metrics_t m;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include <lauxlib.h>
@@ -196,11 +197,25 @@ static int read_settings(om_policy_t *pol, om__proxy_settings_t *set) {
  * Apply settings to the service's pool. Allocations first, so a failure
  * changes nothing.
  */
+/* This worker's share of a process-wide limit (om_proxy_opts_t.workers):
+ * the shares of all workers sum to v exactly. */
+static uint32_t worker_share(const om_proxy_t *p, uint32_t v, uint32_t min) {
+  uint32_t n = p->opts.workers, share;
+  if (n <= 1)
+    return v;
+  share = v / n + (p->opts.worker < v % n ? 1 : 0);
+  return share < min ? min : share;
+}
+
 static int apply_settings(om__proxy_service_t *s,
-                          const om__proxy_settings_t *set) {
+                          const om__proxy_settings_t *whole) {
+  om__proxy_settings_t shared = *whole, *set = &shared;
   om_admission_t *adm = NULL;
   om_limiter_t *lim = NULL;
-  uint32_t limit = set->max_inflight;
+  uint32_t limit;
+  set->max_inflight = worker_share(s->proxy, set->max_inflight, 1);
+  set->max_queue = worker_share(s->proxy, set->max_queue, 0);
+  limit = set->max_inflight;
   if (s->adm == NULL) {
     om_admission_opts_t ao = {set->max_inflight, UINT32_MAX};
     if (om_admission_new(&ao, &adm) != 0)
@@ -251,7 +266,7 @@ static void apply_circuits(om__proxy_service_t *s) {
       co->probe_timeout_ns == was->probe_timeout_ns)
     return;
   for (size_t i = 0; i < s->view->n; i++)
-    om_circuit_init(&s->view->peers[i]->circuit, co);
+    om__proxy_circuit_init(s->view->peers[i]->circuit, co);
   s->circuit_applied = *co;
 }
 
@@ -609,7 +624,8 @@ static void proxy_free(om_proxy_t *p) {
   free(p->scratch);
   om__proxy_resolve_free(p);
   om__proxy_tls_fini(p);
-  om_metrics_free(p->metrics);
+  if (p->own_metrics)
+    om_metrics_free(p->metrics);
   free(p);
 }
 
@@ -714,6 +730,11 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
       return OM_ENOTFOUND;
     }
   }
+  if (opts->workers > 0 && opts->worker >= opts->workers) {
+    om_errbuf(err, errlen, "worker %u of %u", (unsigned)opts->worker,
+              (unsigned)opts->workers);
+    return OM_EINVAL;
+  }
   if (!readable(opts->policy_path)) {
     om_errbuf(err, errlen, "%s: cannot read the policy file",
               opts->policy_path);
@@ -775,6 +796,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     p->budget = *opts->budget;
   else
     om_retry_budget_opts_default(&p->budget);
+  if (opts->workers > 1) /* each worker its share of the reserve */
+    p->budget.min_per_s /= opts->workers;
   p->opts.budget = &p->budget;
   om_retry_policy_default(&p->retry_policy);
   p->retry_policy_429 = p->retry_policy;
@@ -800,7 +823,9 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
    * the caller set one) */
   so.stream_bodies = 1;
   p->opts.server = so;
-  if (bad || (p->metrics = om_metrics_new()) == NULL) {
+  p->own_metrics = opts->metrics == NULL;
+  p->metrics = opts->metrics != NULL ? opts->metrics : om_metrics_new();
+  if (bad || p->metrics == NULL) {
     proxy_free(p);
     om_errbuf(err, errlen, "out of memory");
     return OM_ENOMEM;
@@ -856,6 +881,15 @@ int om_proxy_listen(om_proxy_t *p, const char *host, int port) {
   if (p->closing)
     return OM_ESTATE;
   return om_http_server_listen(p->server, host, port);
+}
+
+int om_proxy_listen_fd(om_proxy_t *p, int fd) {
+  if (p == NULL || p->closing) {
+    if (fd >= 0)
+      close(fd);
+    return p == NULL ? OM_EINVAL : OM_ESTATE;
+  }
+  return om_http_server_listen_fd(p->server, fd);
 }
 
 int om_proxy_listen_admin(om_proxy_t *p, const char *host, int port) {
@@ -931,7 +965,7 @@ int om_proxy_peer_circuit(const om_proxy_t *p, const char *service,
     return OM_ENOTFOUND;
   for (size_t i = 0; i < s->view->n; i++)
     if (strcmp(s->view->peers[i]->id, id) == 0) {
-      *out = om_circuit_state(&s->view->peers[i]->circuit, uv_hrtime());
+      *out = om__proxy_circuit_state(s->view->peers[i]->circuit, uv_hrtime());
       return 0;
     }
   return OM_ENOTFOUND;

@@ -43,6 +43,15 @@
 
 typedef struct om_proxy_s om_proxy_t;
 
+/*
+ * A table of peer circuits for the proxies (workers) of one process to
+ * share (om_proxy_opts_t.circuits). Any thread. NULL on allocation
+ * failure; free it after every proxy that uses it is freed.
+ */
+typedef struct om_proxy_circuits_s om_proxy_circuits_t;
+om_proxy_circuits_t *om_proxy_circuits_new(void);
+void om_proxy_circuits_free(om_proxy_circuits_t *t);
+
 /* A traffic policy file for one service (--service-policy S=FILE). */
 typedef struct om_proxy_service_policy_s {
   const char *service;
@@ -118,6 +127,20 @@ typedef struct om_proxy_opts_s {
    * om_proxy_reload_tls. upstream.tls_ctx is ignored: this is its
    * source. */
   const char *upstream_ca, *upstream_cert, *upstream_key;
+  /* The registry to register the proxy's series on (borrowed: it must
+   * outlive the proxy), so that the workers of one process share one
+   * (om_proxy_workers.h); NULL: the proxy's own. */
+  struct om_metrics_s *metrics;
+  /* This proxy is worker `worker` of `workers` (0: one, the whole
+   * process): its admission pool gets its share of each service's
+   * max_inflight and max_queue (value / workers, one more for the first
+   * value % workers; max_inflight at least 1), and its retry budget its
+   * share of the per-second minimum; the ratio holds as it is. */
+  uint32_t worker, workers;
+  /* The process's peer circuits (borrowed; om_proxy_circuits_new), which
+   * the workers share: a peer of the same service, id and URL has one
+   * circuit whichever worker calls it. NULL: the proxy's own. */
+  struct om_proxy_circuits_s *circuits;
 } om_proxy_opts_t;
 
 /*
@@ -143,6 +166,14 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
  */
 int om_proxy_listen(om_proxy_t *p, const char *host, int port);
 int om_proxy_listen_admin(om_proxy_t *p, const char *host, int port);
+
+/*
+ * om_proxy_listen_fd: accept calls on fd, a socket bound and listening
+ * (om_http_listen_socket, or a dup of one another worker accepts on too).
+ * The proxy owns fd from the call on, even on error. Returns as
+ * om_proxy_listen.
+ */
+int om_proxy_listen_fd(om_proxy_t *p, int fd);
 
 /* The bound ports, or OM_ESTATE when not listening. */
 int om_proxy_port(const om_proxy_t *p);
@@ -223,6 +254,18 @@ struct om_metrics_s *om_proxy_metrics(om_proxy_t *p);
 typedef struct json_t *(*om_proxy_status_fn)(void *ud);
 int om_proxy_set_status_extra(om_proxy_t *p, const char *key,
                               om_proxy_status_fn fn, void *ud);
+
+/*
+ * om_proxy_status_json: what /status answers, as a new jansson object
+ * (the caller's), without the om_proxy_set_status_extra member, plus
+ * "connections_accepted" (calls listener); om_proxy_live_metrics: the
+ * part of /metrics read from live state (per service, per peer), malloc'd
+ * text (*len its length). Both NULL on allocation failure. For a process
+ * of several workers, which renders these on each worker's loop and
+ * merges them (om_proxy_workers.c). Loop thread only.
+ */
+struct json_t *om_proxy_status_json(const om_proxy_t *p);
+char *om_proxy_live_metrics(const om_proxy_t *p, size_t *len);
 
 /* Counters of one service, for tests and tools (metrics carry the same). */
 typedef struct om_proxy_stats_s {

@@ -131,6 +131,14 @@ static void render_live(const om_proxy_t *p, sbuf_t *b) {
                 service_value(s, per_service[k].g));
     }
   }
+  sb_printf(b, "# HELP openmesh_proxy_unresolved_peers Peers whose host "
+               "name never resolved: not selected.\n"
+               "# TYPE openmesh_proxy_unresolved_peers gauge\n");
+  for (size_t i = 0; i < p->n_services; i++) {
+    om_metrics_escape(p->services[i]->name, esc, sizeof esc);
+    sb_printf(b, "openmesh_proxy_unresolved_peers{service=\"%s\"} %zu\n", esc,
+              om__proxy_unresolved_peers(p->services[i]));
+  }
   sb_printf(b, "# HELP openmesh_proxy_peer_circuit_state Circuit per peer: "
                "0 closed, 1 open, 2 half_open.\n"
                "# TYPE openmesh_proxy_peer_circuit_state gauge\n");
@@ -143,7 +151,7 @@ static void render_live(const om_proxy_t *p, sbuf_t *b) {
       sb_printf(b,
                 "openmesh_proxy_peer_circuit_state{service=\"%s\",peer=\"%s\"}"
                 " %d\n",
-                esc, pesc, (int)om_circuit_state(&peer->circuit, now));
+                esc, pesc, (int)om__proxy_circuit_state(peer->circuit, now));
     }
   }
   sb_printf(b, "# HELP openmesh_proxy_peer_inflight Attempts in flight per "
@@ -229,14 +237,14 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   json_t *o;
   for (size_t j = 0; peers != NULL && j < s->view->n; j++) {
     const om__proxy_peer_t *peer = s->view->peers[j];
-    om_circuit_state_t st = om_circuit_state(&peer->circuit, now);
-    uint64_t until = om_circuit_open_until(&peer->circuit, now);
+    om_circuit_state_t st = om__proxy_circuit_state(peer->circuit, now);
+    uint64_t until = om__proxy_circuit_open_until(peer->circuit, now);
     json_t *po = json_pack(
         "{s:s, s:s, s:f, s:s, s:I, s:I, s:i, s:I, s:I, s:f}", "id", peer->id,
         "url", peer->url, "weight", peer->weight, "circuit",
         om_circuit_state_name(st), "circuit_open_ms",
         (json_int_t)(until > now ? (until - now) / 1000000 : 0), "trips",
-        (json_int_t)om_circuit_trips(&peer->circuit, now), "inflight",
+        (json_int_t)om__proxy_circuit_trips(peer->circuit, now), "inflight",
         (int)peer->inflight, "attempts", (json_int_t)peer->attempts, "failures",
         (json_int_t)peer->failures, "latency_ms",
         om_p2c_latency_ns(s->view->p2c, j, now) / 1e6);
@@ -320,10 +328,23 @@ static json_t *listener_tls_status(const om_http_tls_t *t) {
       (json_int_t)st->reloads_ok, "error", (json_int_t)st->reloads_error);
 }
 
-static void status(const om_proxy_t *p, om_http_request_t *req) {
+char *om_proxy_live_metrics(const om_proxy_t *p, size_t *len) {
+  sbuf_t b = {0};
+  sb_printf(&b, "%s", "");
+  render_live(p, &b);
+  if (b.oom) {
+    free(b.buf);
+    return NULL;
+  }
+  if (len != NULL)
+    *len = b.len;
+  return b.buf;
+}
+
+json_t *om_proxy_status_json(const om_proxy_t *p) {
   uint64_t now = uv_hrtime();
+  const om_http_server_metrics_t *sm = om_http_server_metrics(p->server);
   json_t *root = json_object(), *services = json_object();
-  char *text = NULL;
   if (root != NULL && services != NULL) {
     for (size_t i = 0; i < p->n_services; i++) {
       json_t *o = service_status(p->services[i], now);
@@ -342,17 +363,33 @@ static void status(const om_proxy_t *p, om_http_request_t *req) {
                       (json_int_t)p->replay_refused)) != 0 ||
         json_object_set_new(root, "listener_tls",
                             listener_tls_status(p->opts.server.tls)) != 0 ||
+        json_object_set_new(
+            root, "connections_accepted",
+            json_integer((json_int_t)(sm != NULL ? sm->connections_accepted
+                                                 : 0))) != 0 ||
         json_object_set(root, "services", services) != 0)
       goto oom;
-    if (p->status_fn != NULL) {
-      json_t *extra = p->status_fn(p->status_ud);
-      if (extra != NULL && json_object_set_new(root, p->status_key, extra) != 0)
-        goto oom;
-    }
-    text = json_dumps(root, JSON_COMPACT);
+    json_decref(services);
+    return root;
   }
 oom:
   json_decref(services);
+  json_decref(root);
+  return NULL;
+}
+
+static void status(const om_proxy_t *p, om_http_request_t *req) {
+  json_t *root = om_proxy_status_json(p);
+  char *text = NULL;
+  if (root != NULL && p->status_fn != NULL) {
+    json_t *extra = p->status_fn(p->status_ud);
+    if (extra != NULL && json_object_set_new(root, p->status_key, extra) != 0) {
+      json_decref(root);
+      root = NULL;
+    }
+  }
+  if (root != NULL)
+    text = json_dumps(root, JSON_COMPACT);
   json_decref(root);
   if (text == NULL) {
     om_http_respond(req, 500, JSON, 1, "{\"reason\":\"out_of_memory\"}\n", 27);

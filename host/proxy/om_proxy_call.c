@@ -225,9 +225,9 @@ static void attempt_done(om__proxy_call_t *c, int ok, int dropped, int record,
       peer->sampled = 1;
   }
   if (c->circuit_pending && record)
-    om_circuit_record(&peer->circuit, now, ok != 0);
+    om__proxy_circuit_record(peer->circuit, now, ok != 0);
   else if (c->circuit_pending) /* a probe that learned nothing: free it */
-    om_circuit_release(&peer->circuit, now);
+    om__proxy_circuit_release(peer->circuit, now);
   c->circuit_pending = 0;
   if (!ok && record)
     peer->failures++;
@@ -314,7 +314,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   c->upgrade_sent = 1;
   om_metric_observe(c->s->m_latency, (double)(now - c->attempt_t0) / 1e9);
   if (c->circuit_pending) {
-    om_circuit_record(&peer->circuit, now, ok);
+    om__proxy_circuit_record(peer->circuit, now, ok);
     c->circuit_pending = 0;
   }
   if (r->status == 429 || r->status == 503) {

@@ -68,18 +68,42 @@ enum {
  * outlives snapshot revisions: a new view takes over the record of a peer
  * with the same id and URL.
  */
+/*
+ * A peer's circuit (om_proxy_circuits.c): one record per service, peer id
+ * and URL in the process's table (om_proxy_opts_t.circuits), shared by
+ * every worker's peer with that key, or private without a table. Every
+ * om_circuit_* call on it goes through these, under the record's lock.
+ */
+typedef struct om__proxy_circuit_s om__proxy_circuit_t;
+om__proxy_circuit_t *om__proxy_circuit_get(om_proxy_circuits_t *t,
+                                           const char *service, const char *id,
+                                           const char *url,
+                                           const om_circuit_opts_t *co);
+void om__proxy_circuit_unref(om__proxy_circuit_t *r);
+void om__proxy_circuit_init(om__proxy_circuit_t *r,
+                            const om_circuit_opts_t *co);
+bool om__proxy_circuit_allow(om__proxy_circuit_t *r, uint64_t now);
+bool om__proxy_circuit_peek(om__proxy_circuit_t *r, uint64_t now);
+void om__proxy_circuit_release(om__proxy_circuit_t *r, uint64_t now);
+om_circuit_state_t om__proxy_circuit_record(om__proxy_circuit_t *r,
+                                            uint64_t now, bool ok);
+om_circuit_state_t om__proxy_circuit_state(om__proxy_circuit_t *r,
+                                           uint64_t now);
+uint32_t om__proxy_circuit_trips(om__proxy_circuit_t *r, uint64_t now);
+uint64_t om__proxy_circuit_open_until(om__proxy_circuit_t *r, uint64_t now);
+
 typedef struct om__proxy_peer_s {
   char *id, *url;
   om_upstream_target_t target;
   char *prefix; /* the URL's path without a trailing '/'; "" when none */
   size_t prefix_len;
   double weight;
-  om_circuit_t circuit;
-  uint32_t inflight;         /* attempts in flight */
-  uint32_t refs;             /* views + attempts holding it */
-  int64_t index;             /* in the service's current view; -1: gone */
-  int sampled;               /* the P2C estimate has a real sample */
-  uint64_t penalty_until_ns; /* end of the latest Retry-After window */
+  om__proxy_circuit_t *circuit; /* shared by the workers (see above) */
+  uint32_t inflight;            /* attempts in flight */
+  uint32_t refs;                /* views + attempts holding it */
+  int64_t index;                /* in the service's current view; -1: gone */
+  int sampled;                  /* the P2C estimate has a real sample */
+  uint64_t penalty_until_ns;    /* end of the latest Retry-After window */
   uint64_t attempts, failures;
   /* peers by name (om_proxy_resolve.c): the shared cache entry (NULL for
    * an IP literal), the URL's port, the entry's generation target.addr
@@ -215,6 +239,7 @@ struct om_proxy_s {
   om_http_server_t *server, *admin;
   om_upstream_pool_t *pool;
   om_metrics_t *metrics;
+  int own_metrics;              /* metrics is the proxy's (else opts.metrics) */
   om_metric_t *unknown_service; /* no_peers for a Host we do not know */
   om__proxy_service_t **services;
   size_t n_services, cap_services;
@@ -423,6 +448,9 @@ int om__proxy_resolve_ready(om__proxy_peer_t *peer);
  */
 int om__proxy_resolve_outcome(om__proxy_peer_t *peer, om_upstream_fail_t fail,
                               uint64_t now);
+/* Peers of s whose host name never resolved (not selected). */
+size_t om__proxy_unresolved_peers(const om__proxy_service_t *s);
+
 /* The service's resolution metrics, registered under labels. */
 void om__proxy_resolve_metrics(om_proxy_t *p, om__proxy_service_t *s,
                                const char *labels);

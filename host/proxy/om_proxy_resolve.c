@@ -454,13 +454,12 @@ int om__proxy_resolve_outcome(om__proxy_peer_t *peer, om_upstream_fail_t fail,
 /* ------------------------------------------------------------------ */
 /* metrics, status, lifecycle */
 
-static double unresolved_peers(void *ud) {
-  const om__proxy_service_t *s = ud;
+size_t om__proxy_unresolved_peers(const om__proxy_service_t *s) {
   size_t k = 0;
   for (size_t i = 0; i < s->view->n; i++)
     if (s->view->peers[i]->name != NULL && s->view->peers[i]->name->n == 0)
       k++;
-  return (double)k;
+  return k;
 }
 
 void om__proxy_resolve_metrics(om_proxy_t *p, om__proxy_service_t *s,
@@ -470,9 +469,9 @@ void om__proxy_resolve_metrics(om_proxy_t *p, om__proxy_service_t *s,
       "Name lookups of the service's peers that failed (the last good "
       "addresses stay in use).",
       labels);
-  om_metrics_gauge_fn(p->metrics, "openmesh_proxy_unresolved_peers",
-                      "Peers whose host name never resolved: not selected.",
-                      labels, unresolved_peers, s);
+  /* openmesh_proxy_unresolved_peers is rendered from live state
+   * (om_proxy_admin.c): a reader in the shared registry would read one
+   * worker's view from the thread that renders */
 }
 
 void om__proxy_resolve_status(const om__proxy_peer_t *peer, json_t *o,

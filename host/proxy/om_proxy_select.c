@@ -45,7 +45,7 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
           !om__proxy_peer_ready(v->peers[i]))
         continue;
       untried++;
-      if (om_circuit_allow(&v->peers[i]->circuit, now)) {
+      if (om__proxy_circuit_allow(v->peers[i]->circuit, now)) {
         om_p2c_bitmap_set(c->tried, i);
         return v->peers[i];
       }
@@ -66,7 +66,7 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
       continue;
     }
     untried++;
-    if (!om_circuit_peek(&v->peers[i]->circuit, now))
+    if (!om__proxy_circuit_peek(v->peers[i]->circuit, now))
       om_p2c_bitmap_set(c->exclude, i);
   }
   for (;;) {
@@ -75,7 +75,7 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
       *all_open = untried > 0;
       return NULL;
     }
-    if (om_circuit_allow(&v->peers[i]->circuit, now)) {
+    if (om__proxy_circuit_allow(v->peers[i]->circuit, now)) {
       om_p2c_bitmap_set(c->tried, i);
       return v->peers[i];
     }
@@ -88,7 +88,7 @@ static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
   for (size_t k = 0; k < c->n_subset; k++) {
     uint32_t i = c->subset[k];
     if (!bit(c->tried, i) && om__proxy_peer_ready(c->view->peers[i]) &&
-        om_circuit_peek(&c->view->peers[i]->circuit, now))
+        om__proxy_circuit_peek(c->view->peers[i]->circuit, now))
       return 1;
   }
   return 0;

@@ -18,6 +18,7 @@ void om__proxy_peer_unref(om__proxy_peer_t *peer) {
   if (peer == NULL || --peer->refs > 0)
     return;
   om__proxy_resolve_detach(peer);
+  om__proxy_circuit_unref(peer->circuit);
   free(peer->id);
   free(peer->url);
   free(peer->prefix);
@@ -84,7 +85,15 @@ static om__proxy_peer_t *peer_new(om_proxy_t *p, om__proxy_service_t *s,
   peer->prefix_len = plen;
   peer->weight = in->weight;
   peer->port = u.port;
-  om_circuit_init(&peer->circuit, co); /* checked before it is used */
+  peer->circuit =
+      om__proxy_circuit_get(p->opts.circuits, s->name, in->id, in->url, co);
+  if (peer->circuit == NULL) {
+    free(peer->id);
+    free(peer->url);
+    free(peer->prefix);
+    free(peer);
+    return NULL;
+  }
   peer->refs = 1;
   peer->index = -1;
   if (is_name && om__proxy_resolve_attach(p, s, peer, u.host) != 0) {

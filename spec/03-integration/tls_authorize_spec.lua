@@ -65,7 +65,9 @@ s.serve_forever()
     H.writefile(dir .. "/static.json", cjson.encode { services = { web = { revision = 1, instances = {
       { id = "u1", url = "http://127.0.0.1:" .. port },
     } } } })
-    proxy = H.spawn(q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0" ..
+    -- one worker: the decision cache is per worker, and this counts the
+    -- policy runs of one cache
+    proxy = H.spawn(q(H.bin) .. " proxy --workers 1 --listen 127.0.0.1:0 --admin 127.0.0.1:0" ..
       " --static " .. q(dir .. "/static.json") ..
       " --policy examples/policies/identity_authorize.lua" ..
       " --tls-cert " .. q(certs .. "/server.pem") .. " --tls-key " .. q(certs .. "/server.key") ..
