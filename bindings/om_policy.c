@@ -745,8 +745,18 @@ call:
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t *n_out, const char **key, size_t *key_len, char *err,
                     size_t errlen) {
+  return om_policy_route_view(p, req, out, n_out, NULL, key, key_len, err,
+                              errlen);
+}
+
+int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
+                         uint32_t *out, size_t *n_out, int *all,
+                         const char **key, size_t *key_len, char *err,
+                         size_t errlen) {
   lua_State *L = om_sandbox_state(p->sb);
   int res, rc;
+  if (all != NULL)
+    *all = 0;
   if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
       (out == NULL && p->n_peers > 0)) {
     om_errbuf(err, errlen, "invalid arguments");
@@ -776,6 +786,21 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   if (key != NULL)
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;
+  /* `return peers`: the view itself (its length unchanged), every peer
+   * once, so no entry needs looking at */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS); /* [key, result, peers] */
+  if (lua_rawequal(L, res, 3) && lua_rawlen(L, res) == p->n_peers) {
+    lua_settop(L, 2);
+    *n_out = p->n_peers;
+    if (all != NULL) {
+      *all = 1;
+      return 0;
+    }
+    for (size_t i = 0; i < p->n_peers; i++)
+      out[i] = (uint32_t)i;
+    return 0;
+  }
+  lua_settop(L, 2);
   if (p->stamp >= UINT32_MAX - 3) { /* about to wrap: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
     p->stamp = 0;
