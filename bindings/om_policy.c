@@ -172,6 +172,8 @@ static int capture(lua_State *L) {
   lua_pushboolean(L, 0);
   lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
   lua_pushboolean(L, 0);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS);
+  lua_pushboolean(L, 0);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   return 0;
 }
@@ -543,6 +545,8 @@ static int build_peers(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1); /* peers[i+1] = peer */
   }
   /* The fields exist (capture), so none of these sets allocates. */
+  lua_createtable(L, 0, 0); /* [a, peers, groups]: none yet for this view */
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS);
   lua_pushlightuserdata(L, a->md);
   lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
   lua_pushvalue(L, -1);
@@ -799,6 +803,22 @@ int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
     for (size_t i = 0; i < p->n_peers; i++)
       out[i] = (uint32_t)i;
     return 0;
+  }
+  lua_settop(L, 2);
+  /* a group of om.peers_by for this view, its length unchanged: its index
+   * list is the answer, copied without walking the table */
+  if (lua_type(L, res) == LUA_TTABLE &&
+      lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS) == LUA_TTABLE) {
+    const om_lua_group_t *g;
+    lua_pushvalue(L, res); /* [key, result, groups, result] */
+    if (lua_rawget(L, 3) == LUA_TUSERDATA &&
+        (g = lua_touserdata(L, -1)) != NULL && g->n <= p->n_peers &&
+        lua_rawlen(L, res) == g->n) {
+      memcpy(out, g->ids, g->n * sizeof *out);
+      *n_out = g->n;
+      lua_settop(L, 2);
+      return 0;
+    }
   }
   lua_settop(L, 2);
   if (p->stamp >= UINT32_MAX - 3) { /* about to wrap: start over */
