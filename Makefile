@@ -79,6 +79,7 @@ bench: deps deps-bench
 	bash bench/names_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/handshake_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/tls_bench.sh $(BENCH_BUILD)/bin/openmesh
+	bash bench/fleet_bench.sh $(BENCH_BUILD)/bin/openmesh
 
 # The HTTP/1.1 framing module against http-parser on many generated
 # messages (make check runs a few thousand). OM_FUZZ_SEED=N replays a run;
