@@ -124,8 +124,18 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
   for (;;) {
     uint32_t i;
     if (c->keyed) {
-      i = om_rendezvous_best_hash(v->rdv, c->key_hash, c->subset, c->n_subset,
-                                  accept_peer, &ps);
+      /* The first attempt's best peer is nearly always usable: find it
+       * with the bare mixing loop, and filter only when it is not. */
+      i = UINT32_MAX;
+      if (c->n_tried == 0 && c->tried_map == NULL && ps.n_refused == 0) {
+        i = om_rendezvous_best_hash(v->rdv, c->key_hash, c->subset, c->n_subset,
+                                    NULL, NULL);
+        if (i != UINT32_MAX && !accept_peer(&ps, i))
+          i = UINT32_MAX;
+      }
+      if (i == UINT32_MAX)
+        i = om_rendezvous_best_hash(v->rdv, c->key_hash, c->subset, c->n_subset,
+                                    accept_peer, &ps);
     } else if (om_p2c_pick_among(v->p2c, &c->p->rng, c->subset, c->n_subset,
                                  accept_peer, &ps, now, &i) != 0) {
       i = UINT32_MAX;
