@@ -424,6 +424,30 @@ static om_retry_error_t retry_class(om_upstream_fail_t f) {
   }
 }
 
+/*
+ * The attempt's peer is no longer tried. peer->index is its place in the
+ * service's current view, which is the call's view unless the topology
+ * changed since the call was routed; then the subset is searched (a rare
+ * path: a local failure or a name's next address on a changed view).
+ */
+static void untry(om__proxy_call_t *c) {
+  om__proxy_view_t *v = c->view;
+  if (c->peer == NULL)
+    return;
+  if (c->peer->index >= 0 && (size_t)c->peer->index < v->n &&
+      v->peers[c->peer->index] == c->peer) {
+    om__proxy_tried_remove(c, (uint32_t)c->peer->index);
+    return;
+  }
+  for (size_t k = 0; k < c->n_subset; k++) {
+    uint32_t i = OM__PROXY_SUBSET_AT(c, k);
+    if (v->peers[i] == c->peer) {
+      om__proxy_tried_remove(c, i);
+      return;
+    }
+  }
+}
+
 static void up_on_done(void *ud, const om_upstream_result_t *res) {
   om__proxy_call_t *c = ud;
   uint64_t now = uv_hrtime();
@@ -444,10 +468,8 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   next_addr = !local && om__proxy_resolve_outcome(c->peer, res->fail, now);
   if (next_addr)
     record = 0;
-  if ((local || next_addr) && c->peer != NULL && c->peer->index >= 0 &&
-      (size_t)c->peer->index < c->view->n &&
-      c->view->peers[c->peer->index] == c->peer) /* it may be picked again */
-    om__proxy_tried_remove(c, (uint32_t)c->peer->index);
+  if (local || next_addr) /* it may be picked again */
+    untry(c);
   if (c->paused) {
     if (c->req != NULL)
       om_http_response_on_drain(c->req, 0, NULL);
