@@ -29,15 +29,15 @@ static om_policy_peer_t peers[NPEERS];
 static om_policy_t *load_with_peers(const char *src) {
   char err[1024];
   om_policy_t *p = NULL;
-  int rc = om_policy_load(&opts, "cache.lua", src, strlen(src), &p, err,
-                          sizeof err);
+  int rc =
+      om_policy_load(&opts, "cache.lua", src, strlen(src), &p, err, sizeof err);
   if (rc != 0)
     fail_msg("rc %d: %s", rc, err);
   for (size_t i = 0; i < NPEERS; i++) {
     snprintf(ids[i], sizeof ids[i], "p%05zu", i);
     md[i] = (om_policy_kv_t){"g", 1, i % 2 ? "odd" : "even", i % 2 ? 3u : 4u};
-    peers[i] = (om_policy_peer_t){ids[i], "http://127.0.0.1:1", NULL, 1.0,
-                                  &md[i], 1};
+    peers[i] =
+        (om_policy_peer_t){ids[i], "http://127.0.0.1:1", NULL, 1.0, &md[i], 1};
   }
   assert_int_equal(om_policy_set_peers(p, peers, NPEERS), 0);
   return p;
@@ -70,9 +70,8 @@ static void every_peer_is_a_flag(void **state) {
   memset(&c, 0, sizeof c);
   for (int i = 0; i < 3; i++) { /* a miss, then hits */
     memset(scratch, 0xff, sizeof scratch);
-    assert_int_equal(om__proxy_cache_route(&c, p, &r, scratch, &rt, err,
-                                           sizeof err),
-                     0);
+    assert_int_equal(
+        om__proxy_cache_route(&c, p, &r, scratch, &rt, err, sizeof err), 0);
     OM_ASSERT_CMP(rt.all, ==, 1);
     OM_ASSERT_CMP(rt.n_subset, ==, NPEERS);
     assert_null(rt.shared);
@@ -85,13 +84,13 @@ static void every_peer_is_a_flag(void **state) {
 }
 
 static void lists_are_shared_by_reference(void **state) {
-  om_policy_t *p = load_with_peers(
-      "local policy = require 'openmesh.policy'\n"
-      "return { kind = 'traffic', vary = { 'x-g' },\n"
-      "  subset = function(req, peers)\n"
-      "    local g = req.headers['x-g']\n"
-      "    if g == 'any-even' then g = 'even' end\n"
-      "    return policy.by(peers, 'g', g) end }");
+  om_policy_t *p =
+      load_with_peers("local policy = require 'openmesh.policy'\n"
+                      "return { kind = 'traffic', vary = { 'x-g' },\n"
+                      "  subset = function(req, peers)\n"
+                      "    local g = req.headers['x-g']\n"
+                      "    if g == 'any-even' then g = 'even' end\n"
+                      "    return policy.by(peers, 'g', g) end }");
   om__proxy_cache_t c;
   om__proxy_route_t rt, again, other;
   om_policy_kv_t h1, h2;
