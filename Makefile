@@ -90,6 +90,7 @@ bench: deps deps-bench
 	/usr/bin/python3 bench/topology_bench.py $(BENCH_BUILD)/bin/openmesh
 	bash bench/pool_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/body_bench.sh $(BENCH_BUILD)/bin/openmesh
+	bash bench/fleet_bench.sh $(BENCH_BUILD)/bin/openmesh
 
 # The HTTP/1.1 framing module against http-parser on many generated
 # messages (make check runs a few thousand). OM_FUZZ_SEED=N replays a run;

@@ -8,6 +8,12 @@
  *                                shape: a few capacity classes)
  *   rendezvous_pick_distinct_weights_64  every weight different (worst case)
  *   key_hash                     baseline: XXH3 of the key alone
+ *   rendezvous_best_{16,4096,10000}  a keyed call's choice inside a
+ *                                subset of every peer (best_hash, key
+ *                                hashed once, as the proxy does)
+ *   rendezvous_best_half_4096    the same inside a listed half of them
+ *   rendezvous_rank_4096         the full rank (what retries walked before
+ *                                best_hash: the reference for the above)
  *
  * Each figure is the median of ROUNDS rounds after a warm-up round, in
  * nanoseconds per decision.
@@ -15,6 +21,7 @@
 #include "om_bench.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "om_hash.h"
@@ -131,6 +138,79 @@ static double bench_p2c(long iters) {
   return om_bench_median(v, ROUNDS);
 }
 
+/* n peers "peer-<i>" with equal weights (no 512-peer cap). */
+static om_rendezvous_t *make_fleet(size_t n) {
+  om_rendezvous_peer_t *peers = calloc(n, sizeof *peers);
+  char(*ids)[32] = calloc(n, sizeof *ids);
+  om_rendezvous_opts_t opts = {0};
+  om_rendezvous_t *r = NULL;
+  if (peers == NULL || ids == NULL)
+    exit(1);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(ids[i], sizeof ids[i], "peer-%zu", i);
+    peers[i].id = ids[i];
+    peers[i].weight = 1.0;
+  }
+  opts.peers = peers;
+  opts.npeers = n;
+  if (om_rendezvous_new(&opts, &r) != 0)
+    exit(1);
+  free(peers);
+  free(ids);
+  return r;
+}
+
+/* best_hash over cand (NULL: all n), or the full rank when rank != NULL */
+static double bench_best(const om_rendezvous_t *r, const uint32_t *cand,
+                         size_t n, uint32_t *rank, long iters) {
+  double v[ROUNDS];
+  uint64_t sink = 0;
+  for (int round = -1; round < ROUNDS; round++) {
+    uint64_t t0 = om_bench_now_ns();
+    for (long i = 0; i < iters; i++) {
+      size_t k = (size_t)i & (NKEYS - 1);
+      uint64_t kh = om_rendezvous_key_hash(r, keys[k], key_len[k]);
+      if (rank != NULL) {
+        om_rendezvous_rank_hash(r, kh, rank, n);
+        sink += rank[0];
+      } else {
+        sink += om_rendezvous_best_hash(r, kh, cand, n, NULL, NULL);
+      }
+    }
+    if (round >= 0)
+      v[round] = (double)(om_bench_now_ns() - t0) / (double)iters;
+  }
+  OM_BENCH_SINK(sink);
+  return om_bench_median(v, ROUNDS);
+}
+
+static void bench_fleet(void) {
+  static const size_t sizes[] = {16, 4096, 10000};
+  static const char *names[] = {"rendezvous_best_16", "rendezvous_best_4096",
+                                "rendezvous_best_10000"};
+  uint32_t *buf = malloc(10000 * sizeof *buf);
+  om_rendezvous_t *r;
+  if (buf == NULL)
+    exit(1);
+  for (int s = 0; s < 3; s++) {
+    r = make_fleet(sizes[s]);
+    om_bench_report(
+        names[s],
+        bench_best(r, NULL, sizes[s], NULL, 4000000 / (long)sizes[s] + 1000),
+        "ns");
+    if (sizes[s] == 4096) {
+      for (uint32_t i = 0; i < 2048; i++)
+        buf[i] = 2 * i + 1;
+      om_bench_report("rendezvous_best_half_4096",
+                      bench_best(r, buf, 2048, NULL, 2000), "ns");
+      om_bench_report("rendezvous_rank_4096",
+                      bench_best(r, NULL, 4096, buf, 300), "ns");
+    }
+    om_rendezvous_free(r);
+  }
+  free(buf);
+}
+
 int main(void) {
   static const size_t sizes[] = {8, 64, 512};
   static const char *names[] = {"rendezvous_pick_8", "rendezvous_pick_64",
@@ -158,5 +238,6 @@ int main(void) {
   om_bench_report("rendezvous_pick_distinct_weights_64",
                   bench_rendezvous(r, 300000), "ns");
   om_rendezvous_free(r);
+  bench_fleet();
   return 0;
 }

@@ -128,9 +128,81 @@ static int l_select_metadata(lua_State *L) {
   return 1;
 }
 
+/*
+ * om.peers_by(peers, key, value [, keep]): the peers whose metadata[key] is
+ * value (keep true or absent) or is not (keep false), as
+ * om.select_metadata(peers, {[key] = value}, keep) answers. Given the
+ * policy's current view, the answer is made once per view and the same
+ * table is returned on every later call (O(1)); the proxy then takes the
+ * subset from the group's index list without walking the table. So the
+ * group is shared: a policy must not modify it (copy it first). Given any
+ * other table, a fresh one, as select_metadata.
+ */
+static int l_peers_by(lua_State *L) {
+  size_t kl, vl;
+  const char *k = luaL_checklstring(L, 2, &kl);
+  const char *v = luaL_checklstring(L, 3, &vl);
+  int keep = lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
+  const om_lua_view_md_t *md;
+  om_lua_group_t *g;
+  size_t count = 0;
+  lua_Integer n;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 4);
+  n = (lua_Integer)lua_rawlen(L, 1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW) != LUA_TTABLE || /* 5 */
+      !lua_rawequal(L, -1, 1) ||
+      lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD) != /* 6 */
+          LUA_TLIGHTUSERDATA ||
+      (md = lua_touserdata(L, -1)) == NULL || (lua_Integer)md->n != n ||
+      lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS) != /* 7 */
+          LUA_TTABLE) {
+    lua_settop(L, 3); /* [peers, key, value] -> select_metadata's answer */
+    lua_pushcfunction(L, l_select_metadata);
+    lua_pushvalue(L, 1);
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    lua_rawset(L, -3);
+    lua_pushboolean(L, keep);
+    lua_call(L, 3, 1);
+    return 1;
+  }
+  /* 8: the cache key, "+" or "-", the key's length, the key, the value */
+  lua_pushfstring(L, "%s%d:", keep ? "+" : "-", (int)kl);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_concat(L, 3);
+  lua_pushvalue(L, 8);
+  if (lua_rawget(L, 7) == LUA_TTABLE)
+    return 1; /* made before for this view */
+  lua_pop(L, 1);
+  for (size_t i = 0; i < md->n; i++)
+    count += view_match(md, i, &k, &v, &vl, 1) == keep;
+  g = lua_newuserdatauv(L, sizeof *g + count * sizeof(uint32_t), 0); /* 9 */
+  g->n = 0;
+  lua_createtable(L, (int)count, 0); /* 10: the group */
+  for (size_t i = 0; i < md->n; i++) {
+    if (view_match(md, i, &k, &v, &vl, 1) != keep)
+      continue;
+    g->ids[g->n++] = (uint32_t)i;
+    lua_rawgeti(L, 1, (lua_Integer)i + 1);
+    lua_rawseti(L, 10, (lua_Integer)g->n);
+  }
+  lua_pushvalue(L, 10); /* groups[group] = ids */
+  lua_pushvalue(L, 9);
+  lua_rawset(L, 7);
+  lua_pushvalue(L, 8); /* groups[cache key] = group */
+  lua_pushvalue(L, 10);
+  lua_rawset(L, 7);
+  lua_settop(L, 10);
+  return 1;
+}
+
 void om__lua_open_peers(lua_State *L) {
   static const luaL_Reg funcs[] = {{"new_array", l_new_array},
                                    {"select_metadata", l_select_metadata},
+                                   {"peers_by", l_peers_by},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0); /* [om] */
 }

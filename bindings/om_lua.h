@@ -38,6 +38,19 @@
  */
 #define OM_LUA_VIEW "openmesh.view"
 #define OM_LUA_VIEW_MD "openmesh.view_metadata"
+/*
+ * The groups om.peers_by made from the current view: "keep\0key\0value"
+ * -> the group's table, and that table -> a full userdata of
+ * om_lua_group_t (its peer indices, for om_policy's subset check). A new
+ * view gets an empty one (om_policy's build_peers), so a group lives as
+ * long as the view it was made from.
+ */
+#define OM_LUA_VIEW_GROUPS "openmesh.view_groups"
+
+typedef struct om_lua_group_s {
+  size_t n;
+  uint32_t ids[]; /* indices into the view, ascending */
+} om_lua_group_t;
 
 typedef struct om_lua_md_s {
   const char *key, *value;

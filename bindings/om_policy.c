@@ -172,6 +172,8 @@ static int capture(lua_State *L) {
   lua_pushboolean(L, 0);
   lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
   lua_pushboolean(L, 0);
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS);
+  lua_pushboolean(L, 0);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   return 0;
 }
@@ -543,6 +545,8 @@ static int build_peers(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1); /* peers[i+1] = peer */
   }
   /* The fields exist (capture), so none of these sets allocates. */
+  lua_createtable(L, 0, 0); /* [a, peers, groups]: none yet for this view */
+  lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS);
   lua_pushlightuserdata(L, a->md);
   lua_setfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_MD);
   lua_pushvalue(L, -1);
@@ -745,8 +749,18 @@ call:
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t *n_out, const char **key, size_t *key_len, char *err,
                     size_t errlen) {
+  return om_policy_route_view(p, req, out, n_out, NULL, key, key_len, err,
+                              errlen);
+}
+
+int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
+                         uint32_t *out, size_t *n_out, int *all,
+                         const char **key, size_t *key_len, char *err,
+                         size_t errlen) {
   lua_State *L = om_sandbox_state(p->sb);
   int res, rc;
+  if (all != NULL)
+    *all = 0;
   if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
       (out == NULL && p->n_peers > 0)) {
     om_errbuf(err, errlen, "invalid arguments");
@@ -776,6 +790,37 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
   if (key != NULL)
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;
+  /* `return peers`: the view itself (its length unchanged), every peer
+   * once, so no entry needs looking at */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS); /* [key, result, peers] */
+  if (lua_rawequal(L, res, 3) && lua_rawlen(L, res) == p->n_peers) {
+    lua_settop(L, 2);
+    *n_out = p->n_peers;
+    if (all != NULL) {
+      *all = 1;
+      return 0;
+    }
+    for (size_t i = 0; i < p->n_peers; i++)
+      out[i] = (uint32_t)i;
+    return 0;
+  }
+  lua_settop(L, 2);
+  /* a group of om.peers_by for this view, its length unchanged: its index
+   * list is the answer, copied without walking the table */
+  if (lua_type(L, res) == LUA_TTABLE &&
+      lua_getfield(L, LUA_REGISTRYINDEX, OM_LUA_VIEW_GROUPS) == LUA_TTABLE) {
+    const om_lua_group_t *g;
+    lua_pushvalue(L, res); /* [key, result, groups, result] */
+    if (lua_rawget(L, 3) == LUA_TUSERDATA &&
+        (g = lua_touserdata(L, -1)) != NULL && g->n <= p->n_peers &&
+        lua_rawlen(L, res) == g->n) {
+      memcpy(out, g->ids, g->n * sizeof *out);
+      *n_out = g->n;
+      lua_settop(L, 2);
+      return 0;
+    }
+  }
+  lua_settop(L, 2);
   if (p->stamp >= UINT32_MAX - 3) { /* about to wrap: start over */
     memset(p->seen, 0, p->n_peers * sizeof *p->seen);
     p->stamp = 0;

@@ -149,6 +149,19 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t errlen);
 
 /*
+ * om_policy_route_view: om_policy_route, and when all is not NULL and the
+ * policy answered with the peer table it was given (`return peers`),
+ * *all = 1 and out is left untouched (*n_out is the peer count): the
+ * caller treats the subset as every peer of the view, which costs nothing
+ * whatever its size. Otherwise *all = 0 and out is filled as
+ * om_policy_route fills it.
+ */
+int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
+                         uint32_t *out, size_t *n_out, int *all,
+                         const char **key, size_t *key_len, char *err,
+                         size_t errlen);
+
+/*
  * om_policy_authorize: only authorize(req) of a traffic policy, under the
  * budget of a route call (what openmesh.testing's policy:authorize runs).
  * 0 when the policy allows the call or has no authorize; OM_POLICY_DENIED

@@ -8,9 +8,9 @@
 /* Replace the module on top with a copy holding only the sandbox-safe part. */
 static void restrict_for_sandbox(lua_State *L) {
   static const char *const safe[] = {
-      "version",         "errors",  "strerror",  "hash",     "retry_after",
-      "retry_after_ms",  "backoff", "retryable", "deadline", "new_array",
-      "select_metadata", "checks",  NULL};
+      "version",         "errors",   "strerror",  "hash",     "retry_after",
+      "retry_after_ms",  "backoff",  "retryable", "deadline", "new_array",
+      "select_metadata", "peers_by", "checks",    NULL};
   lua_newtable(L); /* [om, safe] */
   for (const char *const *f = safe; *f != NULL; f++) {
     lua_getfield(L, -2, *f);

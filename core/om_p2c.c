@@ -222,6 +222,98 @@ int om_p2c_pick(const om_p2c_t *p, om_rng_t *rng, const uint64_t *exclude,
   return 0;
 }
 
+static inline int among_ok(const om_p2c_t *p, om_p2c_accept_fn accept, void *ud,
+                           uint32_t i) {
+  return i < p->n && ((p->eligible[i / 64] >> (i % 64)) & 1) &&
+         (accept == NULL || accept(ud, i));
+}
+
+static inline uint32_t among_at(const uint32_t *cand, size_t k) {
+  return cand != NULL ? cand[k] : (uint32_t)k;
+}
+
+/*
+ * The exact fallback of pick_among: count the accepted candidates, draw
+ * an ordered pair of ranks among them, and find those two in a second
+ * pass (accept is asked twice per candidate here: it must not change its
+ * answer within a pick). Returns how many were found, capped at 2.
+ */
+static int among_scan(const om_p2c_t *p, om_rng_t *rng, const uint32_t *cand,
+                      size_t n, om_p2c_accept_fn accept, void *ud, uint32_t *a,
+                      uint32_t *b) {
+  uint32_t m = 0, r1, r2, seen = 0;
+  int got = 0;
+  for (size_t k = 0; k < n; k++)
+    m += (uint32_t)among_ok(p, accept, ud, among_at(cand, k));
+  if (m == 0)
+    return 0;
+  r1 = m == 1 ? 0 : om_rng_below(rng, m);
+  r2 = m == 1 ? 0 : om_rng_below(rng, m - 1);
+  if (m > 1 && r2 >= r1)
+    r2++;
+  for (size_t k = 0; k < n && got < (m == 1 ? 1 : 2); k++) {
+    uint32_t i = among_at(cand, k);
+    if (!among_ok(p, accept, ud, i))
+      continue;
+    if (seen == r1) {
+      *a = i;
+      got++;
+    }
+    if (m > 1 && seen == r2) {
+      *b = i;
+      got++;
+    }
+    seen++;
+  }
+  return m == 1 ? 1 : 2;
+}
+
+int om_p2c_pick_among(const om_p2c_t *p, om_rng_t *rng, const uint32_t *cand,
+                      size_t n, om_p2c_accept_fn accept, void *ud,
+                      uint64_t now_ns, uint32_t *out) {
+  uint32_t a = 0, b = 0, tries;
+  const peer_t *pa, *pb;
+  double ca, cb;
+  int found = 0;
+  if (cand == NULL && n > p->n)
+    n = p->n;
+  if (p->n_eligible == 0 || n == 0 || n > UINT32_MAX)
+    return OM_ENOPEERS;
+  /* Draws among the candidates, bounded as om_p2c_pick's. A list with a
+   * repeat (or an index out of range) is the caller's mistake; draws only
+   * take two distinct accepted peers, the scan treats a repeat as two. */
+  if (n >= 2) {
+    for (tries = p->max_tries; tries > 0; tries--) {
+      uint32_t x = among_at(cand, om_rng_below(rng, (uint32_t)n));
+      if (!among_ok(p, accept, ud, x))
+        continue;
+      if (found == 0) {
+        a = x;
+        found = 1;
+      } else if (x != a) {
+        b = x;
+        found = 2;
+        break;
+      }
+    }
+  }
+  if (found < 2) {
+    found = among_scan(p, rng, cand, n, accept, ud, &a, &b);
+    if (found == 0)
+      return OM_ENOPEERS;
+    if (found == 1 || a == b) {
+      *out = a;
+      return 0;
+    }
+  }
+  pa = &p->peers[a];
+  pb = &p->peers[b];
+  ca = ((double)pa->inflight + 1.0) * latency_at(p, pa, now_ns) * pb->weight;
+  cb = ((double)pb->inflight + 1.0) * latency_at(p, pb, now_ns) * pa->weight;
+  *out = cb < ca ? b : a;
+  return 0;
+}
+
 int om_p2c_set_eligible(om_p2c_t *p, size_t i, int eligible) {
   uint64_t bit;
   int was;

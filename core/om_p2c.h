@@ -106,6 +106,24 @@ size_t om_p2c_size(const om_p2c_t *p);
 int om_p2c_pick(const om_p2c_t *p, om_rng_t *rng, const uint64_t *exclude,
                 uint64_t now_ns, uint32_t *out);
 
+/* A filter for om_p2c_pick_among: nonzero when peer i may be chosen. */
+typedef int (*om_p2c_accept_fn)(void *ud, uint32_t i);
+
+/*
+ * om_p2c_pick_among: om_p2c_pick over a subset given as a list: the
+ * candidates are the eligible peers of cand[0..n) (indices; NULL: every
+ * peer 0..n-1, n clamped to the size) that accept (NULL: all) lets
+ * through. The two draws are uniform over the list, so a pick costs two
+ * looks whatever the size of the list or of the peer set; when the
+ * bounded draws keep missing, an exact scan of the list (O(n)) draws
+ * among the accepted ones. accept must give the same answer for a peer
+ * throughout one pick. Returns 0 with *out, or OM_ENOPEERS when no
+ * candidate is accepted (*out untouched). Changes nothing in p.
+ */
+int om_p2c_pick_among(const om_p2c_t *p, om_rng_t *rng, const uint32_t *cand,
+                      size_t n, om_p2c_accept_fn accept, void *ud,
+                      uint64_t now_ns, uint32_t *out);
+
 /*
  * om_p2c_set_eligible: mark peer i eligible (nonzero) or not (0), e.g. when
  * its circuit opens or closes. In-flight counts and estimates are kept.

@@ -40,6 +40,8 @@ struct om_rendezvous_s {
   double *cls_iw;    /* [nclass] 1 / weight */
   double *pos_iw;    /* [n] 1 / weight by position, when classes are small */
   double *weight;    /* [n] by peer index, as given */
+  uint64_t *ihash;   /* [n] peer hashes by peer index (best_hash) */
+  uint32_t *icls;    /* [n] class by peer index; NULL with one class */
   size_t *id_off;    /* [n + 1] offsets of the ids in ids, by peer index */
   char *ids;         /* the id copies, each NUL-terminated */
 };
@@ -58,6 +60,8 @@ void om_rendezvous_free(om_rendezvous_t *r) {
   free(r->cls_iw);
   free(r->pos_iw);
   free(r->weight);
+  free(r->ihash);
+  free(r->icls);
   free(r->id_off);
   free(r->ids);
   free(r);
@@ -138,9 +142,20 @@ static int build_classes(om_rendezvous_t *r, slot_t *s) {
     if (r->pos_iw == NULL)
       return OM_ENOMEM;
   }
+  r->ihash = malloc(r->n * sizeof *r->ihash);
+  if (r->ihash == NULL)
+    return OM_ENOMEM;
+  if (r->nclass > 1) {
+    r->icls = malloc(r->n * sizeof *r->icls);
+    if (r->icls == NULL)
+      return OM_ENOMEM;
+  }
   for (i = 0, c = 0; i < r->n; i++) {
     r->order[i] = s[i].idx;
     r->phash[i] = peer_hash(r, s[i].idx);
+    r->ihash[s[i].idx] = r->phash[i];
+    if (r->icls != NULL)
+      r->icls[s[i].idx] = (uint32_t)c;
     if (r->pos_iw != NULL)
       r->pos_iw[i] = 1.0 / r->weight[s[i].idx];
     if (i + 1 == r->n || s[i + 1].key != s[i].key) {
@@ -460,6 +475,84 @@ int om_rendezvous_rank_hash(const om_rendezvous_t *r, uint64_t key_hash,
   }
   free(block);
   return (int)k;
+}
+
+/*
+ * The running best of best_hash: its index, h, class, and E with its
+ * bounds once a peer of another class needed them (have_e).
+ */
+typedef struct {
+  uint32_t idx, cls;
+  uint64_t h;
+  int have_e;
+  double lower, upper, e;
+} best_t;
+
+static void best_bounds(const om_rendezvous_t *r, best_t *b) {
+  double iw = r->cls_iw[b->cls];
+  b->lower = om_hash_unit_complement(b->h) * iw;
+  b->upper = variate_upper(b->h, iw);
+  b->e = -1; /* the logarithm only when the bounds cannot decide */
+  b->have_e = 1;
+}
+
+static double best_e(const om_rendezvous_t *r, best_t *b) {
+  if (b->e < 0)
+    b->e = om_hash_exp_variate(b->h) * r->cls_iw[b->cls];
+  return b->e;
+}
+
+/*
+ * Does peer i (hash h, class c) come before the best so far in rank order?
+ * Same class: the higher h, ties to the lower index (the class order).
+ * Other classes: the smaller (E, index) (the merge of the class orders),
+ * decided by the bounds of E when they do not overlap.
+ */
+static int before_best(const om_rendezvous_t *r, best_t *b, uint32_t i,
+                       uint64_t h, uint32_t c) {
+  double iw, lower, upper, e, be;
+  if (c == b->cls)
+    return h > b->h || (h == b->h && i < b->idx);
+  if (!b->have_e)
+    best_bounds(r, b);
+  iw = r->cls_iw[c];
+  lower = om_hash_unit_complement(h) * iw;
+  if (lower > b->upper)
+    return 0;
+  upper = variate_upper(h, iw);
+  if (upper < b->lower)
+    return 1;
+  e = om_hash_exp_variate(h) * iw;
+  be = best_e(r, b);
+  return e < be || (e == be && i < b->idx);
+}
+
+uint32_t om_rendezvous_best_hash(const om_rendezvous_t *r, uint64_t key_hash,
+                                 const uint32_t *cand, size_t n,
+                                 om_rendezvous_accept_fn accept, void *ud) {
+  best_t b = {UINT32_MAX, 0, 0, 0, 0, 0, 0};
+  if (cand == NULL && n > r->n)
+    n = r->n;
+  for (size_t k = 0; k < n; k++) {
+    uint32_t i = cand != NULL ? cand[k] : (uint32_t)k;
+    uint64_t h;
+    uint32_t c;
+    if (i >= r->n || (accept != NULL && !accept(ud, i)))
+      continue;
+    h = om_hash_mix64(key_hash ^ r->ihash[i]);
+    c = r->icls != NULL ? r->icls[i] : 0;
+    if (b.idx == UINT32_MAX) {
+      b = (best_t){i, c, h, 0, 0, 0, 0};
+    } else if (r->icls == NULL) { /* one class: the highest h */
+      if (h > b.h || (h == b.h && i < b.idx)) {
+        b.idx = i;
+        b.h = h;
+      }
+    } else if (before_best(r, &b, i, h, c)) {
+      b = (best_t){i, c, h, 0, 0, 0, 0};
+    }
+  }
+  return b.idx;
 }
 
 int om_rendezvous_rank(const om_rendezvous_t *r, const void *key, size_t len,

@@ -123,4 +123,29 @@ int om_rendezvous_rank(const om_rendezvous_t *r, const void *key, size_t len,
 int om_rendezvous_rank_hash(const om_rendezvous_t *r, uint64_t key_hash,
                             uint32_t *out, size_t k);
 
+/*
+ * A filter for om_rendezvous_best_hash: nonzero when peer i may be
+ * chosen (untried, reachable, its circuit closed: the caller's rules).
+ */
+typedef int (*om_rendezvous_accept_fn)(void *ud, uint32_t i);
+
+/*
+ * om_rendezvous_best_hash: among the candidates cand[0..n) (peer indices;
+ * NULL: every peer 0..n-1, n clamped to the size) that accept (NULL: all)
+ * lets through, the one that comes first in om_rendezvous_rank's order for
+ * key_hash. So a caller walks a key's rank inside a subset, skipping
+ * peers it already tried, with one O(n) pass per step and no sort: the
+ * k-th call that excludes the k-1 peers returned before returns what rank
+ * restricted to the candidates has at k-1 (the relative order of two peers
+ * depends on those two alone). Indices out of range are ignored; a
+ * candidate listed twice counts once. Returns the index, or UINT32_MAX
+ * when no candidate is accepted. Allocates nothing, cannot fail; accept
+ * is called once per candidate, in cand order. Cost: one mix per
+ * candidate, plus, with several weights, a bound compare (rarely a
+ * logarithm) per candidate of another weight class than the best so far.
+ */
+uint32_t om_rendezvous_best_hash(const om_rendezvous_t *r, uint64_t key_hash,
+                                 const uint32_t *cand, size_t n,
+                                 om_rendezvous_accept_fn accept, void *ud);
+
 #endif /* OM_RENDEZVOUS_H */

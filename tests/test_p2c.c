@@ -449,6 +449,59 @@ static void p2c_max_load_far_below_random(void **state) {
   OM_ASSERT_CMP(p2c, <=, 4);
 }
 
+static int not_marked(void *ud, uint32_t i) {
+  const unsigned char *marked = ud;
+  return !marked[i];
+}
+
+/*
+ * pick_among: only listed, eligible, accepted peers; uniform over them at
+ * equal cost; the lower cost of a pair wins; the scan finds the last one
+ * left when the draws keep missing; nothing accepted is OM_ENOPEERS.
+ */
+static void pick_among_a_list(void **state) {
+  om_p2c_t *p = make(1000, NULL);
+  uint32_t list[3] = {5, 500, 999}, out = 0;
+  unsigned char marked[1000] = {0};
+  long count[1000] = {0};
+  om_rng_t rng;
+  (void)state;
+  om_rng_seed(&rng, 21);
+  for (int i = 0; i < 30000; i++) {
+    assert_int_equal(
+        om_p2c_pick_among(p, &rng, list, 3, not_marked, marked, 0, &out), 0);
+    count[out]++;
+  }
+  OM_ASSERT_CMP(count[5] + count[500] + count[999], ==, 30000);
+  OM_ASSERT_NEAR(count[5] / 30000.0, 1 / 3.0, 0.02);
+  OM_ASSERT_NEAR(count[500] / 30000.0, 1 / 3.0, 0.02);
+  OM_ASSERT_NEAR(count[999] / 30000.0, 1 / 3.0, 0.02);
+  /* a peer busier than the others is never chosen from the pair {it, x}
+   * when the other is idle: with two listed it never wins */
+  assert_int_equal(om_p2c_start(p, 500), 0);
+  for (int i = 0; i < 1000; i++) {
+    assert_int_equal(
+        om_p2c_pick_among(p, &rng, list + 1, 2, NULL, NULL, 0, &out), 0);
+    OM_ASSERT_CMP(out, ==, 999);
+  }
+  /* the whole set (NULL list), all marked but one: the scan finds it */
+  memset(marked, 1, sizeof marked);
+  marked[777] = 0;
+  for (int i = 0; i < 100; i++) {
+    assert_int_equal(
+        om_p2c_pick_among(p, &rng, NULL, 1000, not_marked, marked, 0, &out), 0);
+    OM_ASSERT_CMP(out, ==, 777);
+  }
+  /* ineligible counts as not accepted */
+  assert_int_equal(om_p2c_set_eligible(p, 777, 0), 0);
+  assert_int_equal(
+      om_p2c_pick_among(p, &rng, NULL, 1000, not_marked, marked, 0, &out),
+      OM_ENOPEERS);
+  assert_int_equal(om_p2c_pick_among(p, &rng, list, 0, NULL, NULL, 0, &out),
+                   OM_ENOPEERS);
+  om_p2c_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rejects_bad_input),
@@ -464,6 +517,7 @@ int main(void) {
       cmocka_unit_test(retry_after_penalty_decays),
       cmocka_unit_test(fast_rejections_do_not_attract_load),
       cmocka_unit_test(same_seed_same_choices),
+      cmocka_unit_test(pick_among_a_list),
       cmocka_unit_test(p2c_max_load_far_below_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

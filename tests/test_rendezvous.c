@@ -444,6 +444,97 @@ static void rank_fails_cleanly(void **state) {
   om_rendezvous_free(r);
 }
 
+/* Filters for best_hash: skip the peers marked in a byte map. */
+static int not_marked(void *ud, uint32_t i) {
+  const unsigned char *marked = ud;
+  return !marked[i];
+}
+
+/*
+ * best_hash walks the rank restricted to a subset: over a random subset
+ * (in random order), calling it again with the peers it returned
+ * excluded yields exactly the full rank with the other peers filtered
+ * out, for equal weights, a few weight classes and all-distinct weights.
+ */
+static void check_best(size_t n, const double *w, long keys, om_rng_t *rng) {
+  om_rendezvous_t *r = build(n, 0, w);
+  uint32_t *full = malloc(n * sizeof *full), *cand = malloc(n * sizeof *cand);
+  unsigned char *in = malloc(n), *marked = malloc(n);
+  char buf[32];
+  assert_non_null(full);
+  assert_non_null(cand);
+  assert_non_null(in);
+  assert_non_null(marked);
+  for (long k = 0; k < keys; k++) {
+    size_t len = key_of(k, buf), nc = 0, walked = 0;
+    uint64_t kh = om_rendezvous_key_hash(r, buf, len);
+    int whole = k % 4 == 0; /* NULL: every peer */
+    assert_int_equal(om_rendezvous_rank_hash(r, kh, full, n), (int)n);
+    for (size_t i = 0; i < n; i++) {
+      in[i] = whole || om_rng_below(rng, 3) != 0;
+      if (in[i])
+        cand[nc++] = (uint32_t)i;
+    }
+    for (size_t i = nc; i > 1; i--) { /* any order: the answer is the same */
+      size_t j = om_rng_below(rng, (uint32_t)i);
+      uint32_t t = cand[i - 1];
+      cand[i - 1] = cand[j];
+      cand[j] = t;
+    }
+    memset(marked, 0, n);
+    for (size_t f = 0; f < n; f++) {
+      uint32_t got;
+      if (!in[full[f]])
+        continue;
+      got = om_rendezvous_best_hash(r, kh, whole ? NULL : cand, whole ? n : nc,
+                                    not_marked, marked);
+      OM_ASSERT_CMP(got, ==, full[f]);
+      marked[got] = 1;
+      walked++;
+      if (walked > 6 && n > 50)
+        break; /* a retry walk is short; the first steps say enough */
+    }
+    if (walked == nc && !(walked > 6 && n > 50))
+      OM_ASSERT_CMP(
+          om_rendezvous_best_hash(r, kh, cand, nc, not_marked, marked), ==,
+          UINT32_MAX);
+    if (nc > 0) /* no filter: the first of the subset in rank order */
+      for (size_t f = 0; f < n; f++)
+        if (in[full[f]]) {
+          OM_ASSERT_CMP(om_rendezvous_best_hash(r, kh, whole ? NULL : cand,
+                                                whole ? n : nc, NULL, NULL),
+                        ==, full[f]);
+          break;
+        }
+  }
+  assert_int_equal(om_rendezvous_best_hash(r, 1, cand, 0, NULL, NULL),
+                   UINT32_MAX);
+  free(full);
+  free(cand);
+  free(in);
+  free(marked);
+  om_rendezvous_free(r);
+}
+
+static void best_walks_the_rank_of_a_subset(void **state) {
+  double w[600];
+  om_rng_t rng;
+  (void)state;
+  om_rng_seed(&rng, 11);
+  check_best(1, NULL, 20, &rng);
+  check_best(2, NULL, 500, &rng);
+  check_best(16, NULL, 500, &rng);
+  check_best(600, NULL, 100, &rng);
+  for (size_t i = 0; i < 600; i++)
+    w[i] = (double)(1 + i % 3);
+  check_best(16, w, 500, &rng);
+  check_best(600, w, 100, &rng);
+  for (size_t i = 0; i < 600; i++)
+    w[i] = 0.1 + om_rng_double(&rng);
+  check_best(9, w, 500, &rng);
+  check_best(600, w, 100, &rng);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rejects_bad_input),
@@ -454,6 +545,7 @@ int main(void) {
       cmocka_unit_test(add_moves_one_share_to_new_peer),
       cmocka_unit_test(remove_moves_only_its_keys),
       cmocka_unit_test(rank_is_the_retry_order),
+      cmocka_unit_test(best_walks_the_rank_of_a_subset),
       cmocka_unit_test(pick_bounds_agree_with_exact_order),
       cmocka_unit_test(extreme_weights),
       cmocka_unit_test(construction_fails_cleanly),

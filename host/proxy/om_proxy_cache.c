@@ -13,11 +13,38 @@
 
 struct om__proxy_cache_slot_s {
   uint64_t gen, hash; /* gen 0: empty */
-  size_t key_len, pkey_len, n_subset, cap;
+  size_t key_len, pkey_len, cap;
   int has_pkey;
   int denied; /* authorize refused: no subset, the reason as the pkey */
-  char *mem;  /* the subset (uint32_t), the key bytes, the policy's key */
+  int all;    /* the subset is every peer of the view */
+  om__proxy_subset_t *subset; /* otherwise (a reference; NULL: empty) */
+  char *mem;                  /* the key bytes, the policy's key */
 };
+
+void om__proxy_subset_unref(om__proxy_subset_t *s) {
+  if (s != NULL && --s->refs == 0)
+    free(s);
+}
+
+/* A list of n indices from ids: the latest one stored when it is equal
+ * (a canary's many keys mostly share two answers), else a new one. A
+ * new reference, or NULL without memory. */
+static om__proxy_subset_t *subset_for(om__proxy_cache_t *c, const uint32_t *ids,
+                                      size_t n) {
+  om__proxy_subset_t *s = c->last;
+  if (s == NULL || s->n != n || memcmp(s->ids, ids, n * sizeof *ids) != 0) {
+    s = malloc(sizeof *s + n * sizeof *ids);
+    if (s == NULL)
+      return NULL;
+    s->refs = 1; /* the cache's "last" */
+    s->n = n;
+    memcpy(s->ids, ids, n * sizeof *ids);
+    om__proxy_subset_unref(c->last);
+    c->last = s;
+  }
+  s->refs++;
+  return s;
+}
 
 void om__proxy_cache_init(om__proxy_cache_t *c, om_metrics_t *metrics,
                           const char *labels) {
@@ -37,10 +64,14 @@ void om__proxy_cache_invalidate(om__proxy_cache_t *c) {
 }
 
 void om__proxy_cache_free(om__proxy_cache_t *c) {
+  om__proxy_subset_unref(c->last);
+  c->last = NULL;
   if (c->slots == NULL)
     return;
-  for (size_t i = 0; i < OM__PROXY_CACHE_SLOTS; i++)
+  for (size_t i = 0; i < OM__PROXY_CACHE_SLOTS; i++) {
     free(c->slots[i].mem);
+    om__proxy_subset_unref(c->slots[i].subset);
+  }
   free(c->slots);
   c->slots = NULL;
 }
@@ -122,11 +153,13 @@ static int vary_key(const om_policy_req_t *req, const char *const *names,
   return 0;
 }
 
+/* Store a decision in slot: the subset (all, or sub: the slot takes one
+ * reference of its own), the request's key bytes and the policy's key. */
 static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
-                        uint64_t hash, const char *kb, size_t kl,
-                        const uint32_t *subset, size_t n, const char *pkey,
-                        size_t pkl, int denied) {
-  size_t need = n * sizeof *subset + kl + pkl;
+                        uint64_t hash, const char *kb, size_t kl, int all,
+                        om__proxy_subset_t *sub, const char *pkey, size_t pkl,
+                        int denied) {
+  size_t need = kl + pkl;
   if (need > slot->cap || slot->mem == NULL) {
     char *m = malloc(need > 0 ? need : 1);
     if (m == NULL)
@@ -135,78 +168,98 @@ static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
     slot->mem = m;
     slot->cap = need > 0 ? need : 1;
   }
-  memcpy(slot->mem, subset, n * sizeof *subset);
-  memcpy(slot->mem + n * sizeof *subset, kb, kl);
+  memcpy(slot->mem, kb, kl);
   if (pkey != NULL)
-    memcpy(slot->mem + n * sizeof *subset + kl, pkey, pkl);
+    memcpy(slot->mem + kl, pkey, pkl);
+  if (sub != NULL)
+    sub->refs++;
+  om__proxy_subset_unref(slot->subset);
+  slot->subset = sub;
+  slot->all = all;
   slot->gen = gen;
   slot->hash = hash;
   slot->key_len = kl;
-  slot->n_subset = n;
   slot->has_pkey = pkey != NULL;
   slot->pkey_len = pkl;
   slot->denied = denied;
 }
 
+static int run_policy(om_policy_t *pol, const om_policy_req_t *preq,
+                      uint32_t *scratch, om__proxy_route_t *out, char *err,
+                      size_t errlen) {
+  out->shared = NULL;
+  out->all = 0;
+  out->n_subset = 0;
+  out->key = NULL;
+  out->key_len = 0;
+  return om_policy_route_view(pol, preq, scratch, &out->n_subset, &out->all,
+                              &out->key, &out->key_len, err, errlen);
+}
+
 int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
                           const om_policy_req_t *preq, uint32_t *scratch,
-                          size_t *n_subset, const char **key, size_t *key_len,
-                          char *err, size_t errlen) {
+                          om__proxy_route_t *out, char *err, size_t errlen) {
   const char *const *names;
   size_t n_names, kl;
   int method, path, identity, rc;
   char kb[OM__PROXY_CACHE_KEY_MAX];
   uint64_t hash;
   om__proxy_cache_slot_t *slot;
+  om__proxy_subset_t *sub = NULL;
   if (!om_policy_vary(pol, &names, &n_names, &method, &path, &identity))
-    return om_policy_route(pol, preq, scratch, n_subset, key, key_len, err,
-                           errlen);
+    return run_policy(pol, preq, scratch, out, err, errlen);
   if (vary_key(preq, names, n_names, method, path, identity, kb, &kl) != 0 ||
       (c->slots == NULL &&
        (c->slots = calloc(OM__PROXY_CACHE_SLOTS, sizeof *c->slots)) == NULL)) {
     c->misses++; /* too long to cache (or no memory): the policy runs */
     om_metric_inc(c->m_misses);
-    return om_policy_route(pol, preq, scratch, n_subset, key, key_len, err,
-                           errlen);
+    return run_policy(pol, preq, scratch, out, err, errlen);
   }
   if (c->gen == 0)
     c->gen = 1;
   hash = om_hash(kb, kl, 0);
   slot = &c->slots[hash % OM__PROXY_CACHE_SLOTS];
   if (slot->gen == c->gen && slot->hash == hash && slot->key_len == kl &&
-      memcmp(slot->mem + slot->n_subset * sizeof(uint32_t), kb, kl) == 0) {
+      memcmp(slot->mem, kb, kl) == 0) {
     c->hits++;
     om_metric_inc(c->m_hits);
+    memset(out, 0, sizeof *out);
     if (slot->denied) { /* the refusal's reason is where a key would be */
       size_t rl = slot->pkey_len < errlen ? slot->pkey_len : errlen - 1;
       if (errlen > 0) {
         memcpy(err, slot->mem + slot->key_len, rl);
         err[rl] = '\0';
       }
-      *n_subset = 0;
-      *key = NULL;
-      *key_len = 0;
       return OM_POLICY_DENIED;
     }
-    memcpy(scratch, slot->mem, slot->n_subset * sizeof(uint32_t));
-    *n_subset = slot->n_subset;
-    *key = slot->has_pkey
-               ? slot->mem + slot->n_subset * sizeof(uint32_t) + slot->key_len
-               : NULL;
-    *key_len = slot->pkey_len;
+    if (slot->all) {
+      out->all = 1;
+      out->n_subset = om_policy_peer_count(pol);
+    } else if (slot->subset != NULL) {
+      out->shared = slot->subset;
+      out->shared->refs++;
+      out->n_subset = slot->subset->n;
+    }
+    out->key = slot->has_pkey ? slot->mem + slot->key_len : NULL;
+    out->key_len = slot->pkey_len;
     return 0;
   }
   c->misses++;
   om_metric_inc(c->m_misses);
-  rc = om_policy_route(pol, preq, scratch, n_subset, key, key_len, err, errlen);
-  /* Errors are not cached (each one is logged and counted), nor answers
-   * too big for a slot's bound. A refusal is a decision, cached as one. */
-  if (rc == OM_POLICY_DENIED)
-    cache_store(slot, c->gen, hash, kb, kl, scratch, 0, err != NULL ? err : "",
+  rc = run_policy(pol, preq, scratch, out, err, errlen);
+  /* Errors are not cached (each one is logged and counted), nor keys
+   * too long for a slot's bound. A refusal is a decision, cached as one. */
+  if (rc == OM_POLICY_DENIED) {
+    cache_store(slot, c->gen, hash, kb, kl, 0, NULL, err != NULL ? err : "",
                 err != NULL ? strlen(err) : 0, 1);
-  else if (rc == 0 && *n_subset <= OM__PROXY_CACHE_SUBSET_MAX &&
-           (*key == NULL || *key_len <= OM__PROXY_CACHE_KEY_MAX))
-    cache_store(slot, c->gen, hash, kb, kl, scratch, *n_subset, *key,
-                *key != NULL ? *key_len : 0, 0);
+  } else if (rc == 0 &&
+             (out->key == NULL || out->key_len <= OM__PROXY_CACHE_KEY_MAX)) {
+    if (!out->all && out->n_subset > 0 &&
+        (sub = subset_for(c, scratch, out->n_subset)) == NULL)
+      return rc; /* no memory: not stored, the answer is in scratch */
+    cache_store(slot, c->gen, hash, kb, kl, out->all, sub, out->key,
+                out->key != NULL ? out->key_len : 0, 0);
+    out->shared = sub; /* subset_for's reference is the caller's now */
+  }
   return rc;
 }

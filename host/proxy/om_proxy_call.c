@@ -133,6 +133,10 @@ static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   }
   om__proxy_view_unref(c->view);
   c->view = NULL;
+  om__proxy_subset_unref(c->shared);
+  c->shared = NULL;
+  free(c->tried_map);
+  c->tried_map = NULL;
   om__proxy_body_free(c);
   if (c->admitted) {
     c->admitted = 0;
@@ -420,6 +424,30 @@ static om_retry_error_t retry_class(om_upstream_fail_t f) {
   }
 }
 
+/*
+ * The attempt's peer is no longer tried. peer->index is its place in the
+ * service's current view, which is the call's view unless the topology
+ * changed since the call was routed; then the subset is searched (a rare
+ * path: a local failure or a name's next address on a changed view).
+ */
+static void untry(om__proxy_call_t *c) {
+  om__proxy_view_t *v = c->view;
+  if (c->peer == NULL)
+    return;
+  if (c->peer->index >= 0 && (size_t)c->peer->index < v->n &&
+      v->peers[c->peer->index] == c->peer) {
+    om__proxy_tried_remove(c, (uint32_t)c->peer->index);
+    return;
+  }
+  for (size_t k = 0; k < c->n_subset; k++) {
+    uint32_t i = OM__PROXY_SUBSET_AT(c, k);
+    if (v->peers[i] == c->peer) {
+      om__proxy_tried_remove(c, i);
+      return;
+    }
+  }
+}
+
 static void up_on_done(void *ud, const om_upstream_result_t *res) {
   om__proxy_call_t *c = ud;
   uint64_t now = uv_hrtime();
@@ -442,9 +470,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   if (next_addr)
     record = 0;
   if (local || next_addr) /* it may be picked again */
-    for (size_t k = 0; c->peer != NULL && k < c->n_subset; k++)
-      if (c->view->peers[c->subset[k]] == c->peer)
-        c->tried[c->subset[k] / 64] &= ~(UINT64_C(1) << (c->subset[k] % 64));
+    untry(c);
   if (c->paused) {
     if (c->req != NULL)
       om_http_response_on_drain(c->req, 0, NULL);
@@ -757,44 +783,42 @@ static void on_client_close(om_http_request_t *req) {
 }
 
 /*
- * One allocation for the call and everything it carries: bitmaps, the
- * subset, the rank, the forwarded headers, the target and the bytes of
- * the fields the proxy builds (om__proxy_headers_size says how many).
+ * One allocation for the call and everything it carries: the subset
+ * (unless it is every peer or a cached list shared by reference), the
+ * forwarded headers, the target and the bytes of the fields the proxy
+ * builds (om__proxy_headers_size says how many). Nothing is sized by
+ * the view: at 10,000 peers a call costs what it costs at 2. Takes the
+ * route's reference to a shared list (released with the call, or here
+ * on failure).
  */
 static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
-                                  om_http_request_t *req, size_t n_subset,
-                                  int keyed) {
+                                  om_http_request_t *req,
+                                  const om__proxy_route_t *rt, int keyed) {
   om__proxy_view_t *v = s->view;
-  size_t words = OM_P2C_BITMAP_WORDS(v->n ? v->n : 1), max_prefix = 0;
+  size_t own = rt->all || rt->shared != NULL ? 0 : rt->n_subset;
   size_t n_fwd, hdr_bytes, path_q_len, size;
   char *at;
   om__proxy_call_t *c;
-  for (size_t k = 0; k < n_subset; k++) {
-    const om__proxy_peer_t *peer = v->peers[p->scratch[k]];
-    if (peer->prefix_len > max_prefix)
-      max_prefix = peer->prefix_len;
-  }
   om__proxy_headers_size(req, &n_fwd, &hdr_bytes);
   path_q_len = req->path_len + (req->query ? 1 + req->query_len : 0);
-  size = sizeof *c + 3 * words * sizeof(uint64_t) +
-         n_fwd * sizeof(om_http_header_t) + n_subset * sizeof(uint32_t) +
-         (keyed ? v->n : 0) * sizeof(uint32_t) + max_prefix + 2 * path_q_len +
-         2 + hdr_bytes;
+  size = sizeof *c + n_fwd * sizeof(om_http_header_t) + own * sizeof(uint32_t) +
+         v->max_prefix + 2 * path_q_len + 2 + hdr_bytes;
   c = calloc(1, size);
-  if (c == NULL)
+  if (c == NULL) {
+    om__proxy_subset_unref(rt->shared);
     return NULL;
+  }
   at = (char *)(c + 1);
-  c->in_subset = (uint64_t *)at;
-  c->tried = c->in_subset + words;
-  c->exclude = c->tried + words;
-  at += 3 * words * sizeof(uint64_t);
   c->fwd = (om_http_header_t *)at;
   at += n_fwd * sizeof(om_http_header_t);
-  c->subset = (uint32_t *)at;
-  at += n_subset * sizeof(uint32_t);
-  if (keyed) {
-    c->rank = (uint32_t *)at;
-    at += v->n * sizeof(uint32_t);
+  if (rt->shared != NULL) {
+    c->shared = rt->shared;
+    c->subset = rt->shared->ids;
+  } else if (!rt->all) {
+    uint32_t *mine = (uint32_t *)at;
+    memcpy(mine, p->scratch, own * sizeof *mine);
+    c->subset = mine;
+    at += own * sizeof(uint32_t);
   }
   /* path[?query] once, then the per-peer target buffer */
   {
@@ -810,20 +834,16 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
     at += path_q_len + 1;
   }
   c->target = at;
-  at += max_prefix + path_q_len + 1;
+  at += v->max_prefix + path_q_len + 1;
   c->xff = at;
   c->p = p;
   c->s = s;
   c->view = v;
   v->refs++;
   c->req = req;
-  c->words = words;
-  c->n_subset = n_subset;
+  c->n_subset = rt->all ? v->n : rt->n_subset;
   c->keyed = keyed;
   c->waiter.data = c;
-  memcpy(c->subset, p->scratch, n_subset * sizeof *c->subset);
-  for (size_t k = 0; k < n_subset; k++)
-    om_p2c_bitmap_set(c->in_subset, c->subset[k]);
   /* the forwarded set (om_proxy_headers.c); the retry rules read its
    * Idempotency-Key */
   om__proxy_headers_build(c, req, c->xff);
@@ -838,15 +858,19 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
  * policy is shed; else the route's result, which the gate learns from.
  */
 static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
-                 size_t *n_subset, const char **key, size_t *key_len, char *err,
-                 size_t errlen, uint64_t now) {
+                 om__proxy_route_t *rt, char *err, size_t errlen,
+                 uint64_t now) {
   uint64_t hits = s->cache.hits;
   int rc;
+  memset(rt, 0, sizeof *rt);
   if (om__proxy_shed_gate(s, now, err, errlen))
     return 1; /* shed: refused without running the policy, not logged */
   rc = om__proxy_cache_route(&s->cache, om__proxy_policy(s), preq,
-                             s->proxy->scratch, n_subset, key, key_len, err,
-                             errlen);
+                             s->proxy->scratch, rt, err, errlen);
+  if (rc != 0) { /* no subset goes with a refusal or an error */
+    om__proxy_subset_unref(rt->shared);
+    rt->shared = NULL;
+  }
   om__proxy_shed_outcome(s, rc, s->cache.hits == hits, uv_hrtime());
   return rc;
 }
@@ -924,7 +948,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   om_policy_req_t preq;
   om_policy_kv_t kv_stack[64], *kv = kv_stack;
   const char *host, *key = NULL;
-  size_t host_len, n_subset = 0, key_len = 0, vlen;
+  size_t host_len, key_len = 0, vlen;
+  om__proxy_route_t rt;
   uint64_t now = uv_hrtime(), budget_ms;
   om_deadline_t deadline;
   uint32_t limit, inflight, queued;
@@ -996,7 +1021,9 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
                                  tid->n_dns};
     preq.identity = &pid;
   }
-  rc = route(s, &preq, &n_subset, &key, &key_len, err, sizeof err, now);
+  rc = route(s, &preq, &rt, err, sizeof err, now);
+  key = rt.key;
+  key_len = rt.key_len;
   if (kv != kv_stack)
     free(kv);
   if (rc == OM_POLICY_DENIED) {
@@ -1015,7 +1042,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
     return;
   }
-  if (n_subset == 0) {
+  if (rt.n_subset == 0) {
+    om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
     respond_error(req, OM__PROXY_NO_PEERS,
                   s->view->n == 0 ? "the service has no peers"
@@ -1034,12 +1062,13 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   inflight = om_admission_inflight(s->adm);
   queued = om_admission_queued(s->adm);
   if ((inflight >= limit || queued > 0) && queued >= s->set.max_queue) {
+    om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
     respond_error(req, OM__PROXY_OVERLOADED,
                   "the service's in-flight limit and queue are full", 0, NULL);
     return;
   }
-  c = call_new(p, s, req, n_subset, key != NULL);
+  c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
     respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);

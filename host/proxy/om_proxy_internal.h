@@ -121,6 +121,7 @@ typedef struct om__proxy_view_s {
   om_snapshot_t *snap;
   size_t n;
   om__proxy_peer_t **peers; /* n, in snapshot (id) order; refs held */
+  size_t max_prefix;        /* the longest peer URL path prefix */
   om_rendezvous_t *rdv;     /* NULL when n == 0 */
   om_p2c_t *p2c;            /* NULL when n == 0 */
 } om__proxy_view_t;
@@ -285,6 +286,19 @@ typedef struct {
   const char *data;
   size_t len;
 } om__proxy_span_t;
+/* Peers a call lists as tried before it takes a bitmap over the view. */
+#define OM__PROXY_TRIED_INLINE 8
+
+/* om_proxy_call.c: c's k-th subset peer (a view index), k < n_subset. */
+#define OM__PROXY_SUBSET_AT(c, k)                                              \
+  ((c)->subset != NULL ? (c)->subset[(k)] : (uint32_t)(k))
+
+/* om_proxy_select.c: whether c tried view peer i; mark it tried (0, or
+ * OM_ENOMEM when the bitmap a long retry run needs cannot be had: the
+ * peer is then not marked); unmark it (it may be picked again). */
+int om__proxy_tried(const om__proxy_call_t *c, uint32_t i);
+int om__proxy_tried_add(om__proxy_call_t *c, uint32_t i);
+void om__proxy_tried_remove(om__proxy_call_t *c, uint32_t i);
 
 /*
  * A call's streamed request body (om_proxy_body.c): read from the client
@@ -312,13 +326,19 @@ struct om__proxy_call_s {
   om__proxy_settings_t set;
   om_deadline_t deadline;
   uint64_t t0;
-  /* the subset, as indices into view, and bitmaps over the view */
-  uint32_t *subset;
-  size_t n_subset, words;
-  uint64_t *in_subset, *tried, *exclude;
-  uint32_t *rank; /* keyed: the view's rendezvous rank for the key */
+  /* the subset: every peer of the view (subset NULL), or the indices
+   * subset[0..n_subset) held by reference (shared: a cached decision) or
+   * in the call's allocation. Nothing here is sized by the view. */
+  const uint32_t *subset;
+  size_t n_subset;
+  om__proxy_subset_t *shared;
+  /* the peers tried (view indices): a short list, and a bitmap over the
+   * view allocated only when the attempts outgrow the list */
+  uint32_t tried_list[OM__PROXY_TRIED_INLINE];
+  size_t n_tried;
+  uint64_t *tried_map;
   uint64_t key_hash;
-  int keyed, ranked;
+  int keyed;
   const char *idem_key;
   size_t idem_len;
   int replayable, admitted, queued;

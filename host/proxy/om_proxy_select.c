@@ -4,91 +4,164 @@
  * Split from om_proxy_call.c, which runs the attempts: these functions
  * decide, they never send.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
 #include "om_backoff.h"
+#include "om_errno.h"
 #include "om_proxy_internal.h"
 
 #define NS_PER_MS UINT64_C(1000000)
 
-static inline int bit(const uint64_t *b, size_t i) {
-  return (int)((b[i / 64] >> (i % 64)) & 1u);
+/* ------------------------------------------------------------------ */
+/* tried peers */
+
+int om__proxy_tried(const om__proxy_call_t *c, uint32_t i) {
+  if (c->tried_map != NULL)
+    return (int)((c->tried_map[i / 64] >> (i % 64)) & 1u);
+  for (size_t k = 0; k < c->n_tried; k++)
+    if (c->tried_list[k] == i)
+      return 1;
+  return 0;
+}
+
+/*
+ * Attempts are few: the list holds them. A run of retries longer than
+ * the list (a policy that asks for many) moves them to a bitmap over the
+ * view, the one allocation sized by the view, made only then.
+ */
+int om__proxy_tried_add(om__proxy_call_t *c, uint32_t i) {
+  if (c->tried_map == NULL && c->n_tried < OM__PROXY_TRIED_INLINE) {
+    c->tried_list[c->n_tried++] = i;
+    return 0;
+  }
+  if (c->tried_map == NULL) {
+    size_t n = c->view->n > i ? c->view->n : (size_t)i + 1;
+    c->tried_map = calloc(OM_P2C_BITMAP_WORDS(n), sizeof *c->tried_map);
+    if (c->tried_map == NULL)
+      return OM_ENOMEM;
+    for (size_t k = 0; k < c->n_tried; k++)
+      om_p2c_bitmap_set(c->tried_map, c->tried_list[k]);
+  }
+  om_p2c_bitmap_set(c->tried_map, i);
+  return 0;
+}
+
+void om__proxy_tried_remove(om__proxy_call_t *c, uint32_t i) {
+  if (c->tried_map != NULL) {
+    c->tried_map[i / 64] &= ~(UINT64_C(1) << (i % 64));
+    return;
+  }
+  for (size_t k = 0; k < c->n_tried; k++)
+    if (c->tried_list[k] == i) {
+      c->tried_list[k] = c->tried_list[--c->n_tried];
+      return;
+    }
 }
 
 /* ------------------------------------------------------------------ */
 /* selection */
 
 /*
- * The next peer for this call, its circuit's permission taken: the best
- * untried peer of the subset in rendezvous rank (keyed), or a P2C pick
- * among the untried subset peers whose circuit allows (unkeyed). NULL
+ * What a selection pass looks at: the call, the time, the peers refused
+ * by their circuit in this pass (allow said no after peek said yes: a
+ * half-open probe taken meanwhile), and whether an untried, ready peer
+ * was seen (for *all_open).
+ */
+typedef struct {
+  om__proxy_call_t *c;
+  uint64_t now;
+  uint32_t refused[4];
+  size_t n_refused;
+  int untried;
+} pass_t;
+
+/* Untried and ready (an address, TLS): a peer a retry may go to. */
+static int usable(const om__proxy_call_t *c, uint32_t i) {
+  return !om__proxy_tried(c, i) && om__proxy_peer_ready(c->view->peers[i]);
+}
+
+/* A candidate of the pass: usable, its circuit lets a request through,
+ * not refused earlier in this pass. */
+static int accept_peer(void *ud, uint32_t i) {
+  pass_t *ps = ud;
+  if (!usable(ps->c, i))
+    return 0;
+  ps->untried = 1;
+  for (size_t k = 0; k < ps->n_refused; k++)
+    if (ps->refused[k] == i)
+      return 0;
+  return om__proxy_circuit_peek(ps->c->view->peers[i]->circuit, ps->now);
+}
+
+/* Whether an untried, ready peer is in the subset (the failure path). */
+static int any_usable(const om__proxy_call_t *c) {
+  for (size_t k = 0; k < c->n_subset; k++)
+    if (usable(c, OM__PROXY_SUBSET_AT(c, k)))
+      return 1;
+  return 0;
+}
+
+/*
+ * The next peer for this call, its circuit's permission taken: the
+ * subset's best untried peer in the key's rendezvous order (keyed: one
+ * pass over the subset, no rank; a retry makes the next pass, so the
+ * attempts walk the rank of the subset), or a P2C pick among the untried
+ * subset peers whose circuit allows (unkeyed: two draws from the subset
+ * list, whatever its size). Neither touches every peer of the view. NULL
  * when none; *all_open then says whether untried peers exist but every
  * one is behind an open circuit.
  */
 om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
                                         int *all_open) {
   om__proxy_view_t *v = c->view;
-  size_t untried = 0;
+  pass_t ps = {c, now, {0}, 0, 0};
   *all_open = 0;
-  if (c->keyed && !c->ranked) {
-    if (om_rendezvous_rank_hash(v->rdv, c->key_hash, c->rank, v->n) < 0)
-      c->keyed = 0; /* no memory for the rank: P2C within the subset */
-    else
-      c->ranked = 1;
-  }
-  if (c->keyed) {
-    for (size_t r = 0; r < v->n; r++) {
-      uint32_t i = c->rank[r];
-      if (!bit(c->in_subset, i) || bit(c->tried, i) ||
-          !om__proxy_peer_ready(v->peers[i]))
-        continue;
-      untried++;
-      if (om__proxy_circuit_allow(v->peers[i]->circuit, now)) {
-        om_p2c_bitmap_set(c->tried, i);
-        return v->peers[i];
-      }
-    }
-    *all_open = untried > 0;
+  if (v->n == 0)
     return NULL;
-  }
-  for (size_t w = 0; w < c->words; w++)
-    c->exclude[w] = ~c->in_subset[w] | c->tried[w];
-  for (size_t k = 0; k < c->n_subset; k++) {
-    uint32_t i = c->subset[k];
-    if (bit(c->tried, i))
-      continue;
-    if (!om__proxy_peer_ready(v->peers[i])) {
-      /* no address (a name never resolved) or no TLS: skipped as an
-       * open circuit is, but not counted as one */
-      om_p2c_bitmap_set(c->exclude, i);
-      continue;
-    }
-    untried++;
-    if (!om__proxy_circuit_peek(v->peers[i]->circuit, now))
-      om_p2c_bitmap_set(c->exclude, i);
-  }
   for (;;) {
     uint32_t i;
-    if (om_p2c_pick(v->p2c, &c->p->rng, c->exclude, now, &i) != 0) {
-      *all_open = untried > 0;
-      return NULL;
+    if (c->keyed) {
+      /* The first attempt's best peer is nearly always usable: find it
+       * with the bare mixing loop, and filter only when it is not. */
+      i = UINT32_MAX;
+      if (c->n_tried == 0 && c->tried_map == NULL && ps.n_refused == 0) {
+        i = om_rendezvous_best_hash(v->rdv, c->key_hash, c->subset, c->n_subset,
+                                    NULL, NULL);
+        if (i != UINT32_MAX && !accept_peer(&ps, i))
+          i = UINT32_MAX;
+      }
+      if (i == UINT32_MAX)
+        i = om_rendezvous_best_hash(v->rdv, c->key_hash, c->subset, c->n_subset,
+                                    accept_peer, &ps);
+    } else if (om_p2c_pick_among(v->p2c, &c->p->rng, c->subset, c->n_subset,
+                                 accept_peer, &ps, now, &i) != 0) {
+      i = UINT32_MAX;
     }
+    if (i == UINT32_MAX)
+      break;
     if (om__proxy_circuit_allow(v->peers[i]->circuit, now)) {
-      om_p2c_bitmap_set(c->tried, i);
+      if (om__proxy_tried_add(c, i) != 0) {
+        om__proxy_circuit_release(v->peers[i]->circuit, now);
+        return NULL; /* no memory for a long run of retries: it ends */
+      }
       return v->peers[i];
     }
-    om_p2c_bitmap_set(c->exclude, i); /* a probe already out */
+    if (ps.n_refused == sizeof ps.refused / sizeof ps.refused[0])
+      break; /* probes taken under our feet, again and again */
+    ps.refused[ps.n_refused++] = i;
   }
+  *all_open = ps.untried || any_usable(c);
+  return NULL;
 }
 
 /* Whether select_peer could find a peer now (nothing is taken). */
 static int has_candidate(const om__proxy_call_t *c, uint64_t now) {
   for (size_t k = 0; k < c->n_subset; k++) {
-    uint32_t i = c->subset[k];
-    if (!bit(c->tried, i) && om__proxy_peer_ready(c->view->peers[i]) &&
-        om__proxy_circuit_peek(c->view->peers[i]->circuit, now))
+    uint32_t i = OM__PROXY_SUBSET_AT(c, k);
+    if (usable(c, i) && om__proxy_circuit_peek(c->view->peers[i]->circuit, now))
       return 1;
   }
   return 0;

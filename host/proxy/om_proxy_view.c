@@ -137,6 +137,8 @@ int om__proxy_view_build(om_proxy_t *p, om__proxy_service_t *s,
       goto fail;
     }
     peer->weight = in->weight;
+    if (peer->prefix_len > v->max_prefix) /* a call's target buffer */
+      v->max_prefix = peer->prefix_len;
     v->peers[v->n++] = peer;
     rp[i].id = peer->id;
     rp[i].weight = in->weight;
