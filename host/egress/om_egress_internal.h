@@ -155,4 +155,34 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
 
 uint64_t eg_now_ns(void);
 
+/* ---- om_egress_call.c, for the stream translation ---------------------- */
+
+/* One content delta of the attempt in flight: commits the stream on the
+ * first non-empty one, then goes to the delta hook. */
+void eg_call_content(eg_call_t *c, const char *s, size_t n);
+/* Tool-call deltas in the OpenAI shape (borrowed): commit the stream like
+ * content does, then go to the tool_delta hook. */
+void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls);
+
+/* ---- om_egress_translate.c (docs/EGRESS.md "Translation") --------------- */
+
+/* 1 when the route speaks the Anthropic messages API. */
+int eg_route_is_anthropic(const om_route_t *r);
+/* The OpenAI chat request req (borrowed) as an Anthropic messages request
+ * for route r, streaming when stream is set. A new reference; NULL when
+ * out of memory. */
+json_t *eg_to_anthropic(json_t *req, const om_route_t *r, int stream);
+/* The OpenAI chat request req (borrowed) for an OpenAI route r: the
+ * route's model, stream as given. A new reference; NULL when out of
+ * memory. */
+json_t *eg_to_openai(json_t *req, const om_route_t *r, int stream);
+/* An Anthropic message (borrowed) as an OpenAI chat.completion naming
+ * model. A new reference; NULL when out of memory. */
+json_t *eg_from_anthropic(json_t *msg, const char *model);
+/* One parsed event (borrowed) of an Anthropic stream for the call's
+ * attempt in flight: content and tool-call deltas through eg_call_content
+ * and eg_call_tool_calls, the finish reason into c->finish, the end or a
+ * break into c->stream_done. */
+void eg_anthropic_sse_event(eg_call_t *c, json_t *j);
+
 #endif /* OM_EGRESS_INTERNAL_H */
