@@ -29,6 +29,7 @@ void eg_cfg_unref(eg_cfg_t *cfg) {
     return;
   om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
   free(cfg->state);
+  free(cfg->m_tokens);
   free(cfg);
 }
 
@@ -44,8 +45,11 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
     return rc;
   }
   c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
-  if (c->state == NULL) {
+  c->m_tokens = calloc(c->n ? c->n : 1, sizeof *c->m_tokens);
+  if (c->state == NULL || c->m_tokens == NULL) {
     om_fallback_config_free(c->routes, c->n, &c->s);
+    free(c->state);
+    free(c->m_tokens);
     free(c);
     return OM_ENOMEM;
   }
@@ -204,6 +208,8 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
       eg_call_tool_calls(c, tools);
     if (f)
       snprintf(c->finish, sizeof c->finish, "%s", f);
+    /* the final chunk of stream_options.include_usage: choices [] */
+    eg_usage_from_openai(json_object_get(j, "usage"), &c->usage);
     if (json_object_get(j, "error") != NULL)
       c->stream_done = -1;
   }
@@ -366,6 +372,49 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                        : 0;
 }
 
+/* The tokens of the successful attempt: on its attempt record (the turn
+ * record shows them), openmesh_egress_tokens_total{route,model,kind} and
+ * the call's log line. */
+static void record_usage(eg_call_t *c) {
+  static const char *kinds[3] = {"prompt", "completion", "cached"};
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  om_metric_t **m = c->cfg->m_tokens[c->cur];
+  eg_usage_t u = c->usage;
+  int64_t v[3];
+  char pt[24], ct[24], cat[24];
+  if (!c->stream)
+    eg_usage_from_openai(json_object_get(c->result, "usage"), &u);
+  if (c->n_attempts > 0)
+    c->attempts[c->n_attempts - 1].usage = u;
+  c->usage = u;
+  if (u.has) {
+    v[0] = u.prompt, v[1] = u.completion, v[2] = u.cached;
+    for (int k = 0; k < 3; k++) {
+      if (m[k] == NULL) {
+        char route[128], model[192], labels[400];
+        om_metrics_escape(r->name, route, sizeof route);
+        om_metrics_escape(r->model, model, sizeof model);
+        snprintf(labels, sizeof labels, "route=\"%s\",model=\"%s\",kind=\"%s\"",
+                 route, model, kinds[k]);
+        m[k] = om_metrics_counter(
+            c->g->metrics, "openmesh_egress_tokens_total",
+            "Tokens of successful model calls by route, model and kind "
+            "(prompt includes cached).",
+            labels);
+      }
+      if (v[k] > 0)
+        om_metric_add(m[k], (double)v[k]);
+    }
+  }
+  snprintf(pt, sizeof pt, "%lld", (long long)u.prompt);
+  snprintf(ct, sizeof ct, "%lld", (long long)u.completion);
+  snprintf(cat, sizeof cat, "%lld", (long long)u.cached);
+  om_log(OM_LOG_INFO, "egress_call", "route", r->name, "model", r->model,
+         "stream", c->stream ? "true" : "false", "usage",
+         u.has ? "reported" : "none", "prompt_tokens", pt, "completion_tokens",
+         ct, "cached_tokens", cat, NULL);
+}
+
 static void on_wait_done(uv_timer_t *t) {
   eg_call_t *c = t->data;
   c->timer_active = 0;
@@ -426,6 +475,7 @@ static void classify_and_go(eg_call_t *c, om_egress_outcome_t *o,
   record_attempt(c, &v, status);
   if (v.cls == OM_EGRESS_C_OK) {
     c->last = v;
+    record_usage(c);
     finish(c, 1);
     return;
   }
@@ -628,6 +678,7 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
 static void start_attempt(eg_call_t *c) {
   const om_route_t *r;
   json_t *preq;
+  char why[256];
   int rc;
   if (om_deadline_expired(c->deadline, eg_now_ns())) {
     c->stop_why = "deadline";
@@ -639,9 +690,14 @@ static void start_attempt(eg_call_t *c) {
   c->attempt_start_ns = eg_now_ns();
   c->repaired = 0;
   snprintf(c->route_model, sizeof c->route_model, "%s", r->model);
-  preq = eg_route_is_anthropic(r) ? eg_to_anthropic(c->request, r, c->stream)
-                                  : eg_to_openai(c->request, r, c->stream);
-  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  c->usage = (eg_usage_t){0};
+  preq = NULL;
+  if (eg_route_is_anthropic(r))
+    rc = eg_to_anthropic(c->request, r, c->stream, &preq, why, sizeof why);
+  else
+    rc = (preq = eg_to_openai(c->request, r, c->stream)) ? 0 : OM_ENOMEM;
+  if (rc == 0)
+    rc = send_request(c, preq);
   json_decref(preq);
   if (rc != 0) {
     om_egress_outcome_t o = {.transport = OM_EGRESS_T_REFUSED};
@@ -656,6 +712,7 @@ static int start_repair(eg_call_t *c, json_t *comp) {
       json_array_get(json_object_get(comp, "choices"), 0), "message");
   json_t *req = json_deep_copy(c->request), *msgs, *preq;
   char *reply = json_dumps(json_object_get(msg, "tool_calls"), JSON_COMPACT);
+  char why[256];
   int rc;
   c->repaired = 1;
   msgs = json_object_get(req, "messages");
@@ -667,10 +724,14 @@ static int start_repair(eg_call_t *c, json_t *comp) {
                       "Send the same tool call again with arguments that are "
                       "one valid JSON object, and nothing else."));
   free(reply);
-  preq = eg_route_is_anthropic(r) ? eg_to_anthropic(req, r, 0)
-                                  : eg_to_openai(req, r, 0);
+  preq = NULL;
+  if (eg_route_is_anthropic(r))
+    rc = eg_to_anthropic(req, r, 0, &preq, why, sizeof why);
+  else
+    rc = (preq = eg_to_openai(req, r, 0)) ? 0 : OM_ENOMEM;
   json_decref(req);
-  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  if (rc == 0)
+    rc = send_request(c, preq);
   json_decref(preq);
   if (rc != 0)
     release_attempt(c);
@@ -722,6 +783,33 @@ static char *dup_or_null(const char *s) {
   return s ? strdup(s) : NULL;
 }
 
+/*
+ * A request a route of the chain could not receive faithfully is refused
+ * before anything is sent (docs/EGRESS.md "Translation"): the answer must
+ * not depend on which route happens to serve it. The chain is every route
+ * of the config (order(ctx) may pick any), or the only route.
+ */
+static int check_translatable(eg_call_t *c, char *why, size_t why_len) {
+  char buf[256];
+  for (size_t i = 0; i < c->cfg->n; i++) {
+    const om_route_t *r = &c->cfg->routes[i];
+    json_t *preq = NULL;
+    int rc;
+    if (!eg_route_is_anthropic(r) ||
+        (c->only_route != NULL && strcmp(c->only_route, r->name) != 0))
+      continue;
+    rc = eg_to_anthropic(c->request, r, c->stream, &preq, buf, sizeof buf);
+    json_decref(preq);
+    if (rc == OM_EINVAL) {
+      if (why != NULL && why_len > 0)
+        snprintf(why, why_len, "%s", buf);
+      return rc;
+    }
+    return 0; /* the translation does not depend on the route */
+  }
+  return 0;
+}
+
 int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
                   const eg_hooks_t *hooks, void *ud, eg_call_t **out) {
   eg_call_t *c;
@@ -755,6 +843,12 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   if (c->request == NULL || c->context == NULL || c->done_route == NULL) {
     eg_call_free(c);
     return OM_ENOMEM;
+  }
+  c->include_usage = json_is_true(json_object_get(
+      json_object_get(c->request, "stream_options"), "include_usage"));
+  if (check_translatable(c, o->why, o->why_len) != 0) {
+    eg_call_free(c);
+    return OM_EINVAL;
   }
   first = pick_route(c, &later);
   if (first < 0) {
