@@ -810,6 +810,16 @@ static int check_translatable(eg_call_t *c, char *why, size_t why_len) {
   return 0;
 }
 
+int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len) {
+  eg_call_t c;
+  if (g->cfg == NULL)
+    return 0;
+  memset(&c, 0, sizeof c);
+  c.cfg = g->cfg;
+  c.request = request;
+  return check_translatable(&c, why, why_len);
+}
+
 int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
                   const eg_hooks_t *hooks, void *ud, eg_call_t **out) {
   eg_call_t *c;

@@ -158,6 +158,11 @@ struct om_egress_s {
 
 int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
                   const eg_hooks_t *hooks, void *ud, eg_call_t **out);
+/* Whether request (an OpenAI chat request, borrowed) can be sent to every
+ * route of the current fallback policy: 0, or OM_EINVAL with why naming
+ * the field that cannot be translated (eg_call_start refuses such a
+ * request the same way). */
+int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len);
 /* Stop a call without running its done hook (the client went away). */
 void eg_call_cancel(eg_call_t *c);
 /* After the done hook: release it. */

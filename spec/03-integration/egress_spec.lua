@@ -1025,12 +1025,30 @@ describe("openmesh egress, the real binary", function()
         assert.equals("invalid_request", e.type)
         assert.matches("field '" .. case[1] .. "'", e.message, 1, true)
       end
+      -- a turn's request is checked the same way, before the turn exists
+      local st, body = turn({ agent = "t44", conversation = "conv-44", context = "interactive",
+        request = { messages = { { role = "user", content = "hi" } }, seed = 3 } })
+      assert.equals(400, st, body)
+      assert.matches("field 'seed'", H.json(body).error.message, 1, true)
       assert.is_nil(counts().t44_a)
       assert.is_nil(counts().t44_b)
       -- the same fields are accepted at their "not used" values
       local req = base()
       req.n, req.logprobs, req.presence_penalty, req.frequency_penalty = 1, false, 0, 0
       assert.equals(200, (chat("t44", req)))
+    end)
+
+    it("puts the answering attempt's token usage on the turn record", function()
+      script("t49_a", { "401" })
+      local st, body = turn({ agent = "t49", conversation = "conv-49", run_id = "run-49", context = "interactive" })
+      assert.equals(200, st, body)
+      local j = H.json(body)
+      assert.equals("t49_b", j.attempts[#j.attempts].route)
+      local u = j.attempts[#j.attempts].usage
+      assert.equals(16, u.prompt_tokens)
+      assert.equals(4, u.prompt_tokens_details.cached_tokens)
+      assert.is_true(u.completion_tokens > 0)
+      assert.is_nil(j.attempts[1].usage) -- the refused attempt has none
     end)
 
     it("the fake provider refuses what the real Anthropic API refuses", function()
