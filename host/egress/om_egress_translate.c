@@ -26,7 +26,21 @@ int eg_route_is_anthropic(const om_route_t *r) {
 typedef struct {
   char *why;
   size_t cap;
+  int oom; /* an insertion failed: the request would be incomplete */
 } tr_err_t;
+
+/* Insertions that record their failure in e->oom (a NULL value fails
+ * too), so an allocation failure never sends a request with a part
+ * missing. */
+#define TR_CHECK(e, call)                                                      \
+  do {                                                                         \
+    if ((call) != 0)                                                           \
+      (e)->oom = 1;                                                            \
+  } while (0)
+#define PUSH(e, a, v) TR_CHECK(e, json_array_append_new((a), (v)))
+#define PUSH_REF(e, a, v) TR_CHECK(e, json_array_append((a), (v)))
+#define SET(e, o, k, v) TR_CHECK(e, json_object_set_new((o), (k), (v)))
+#define SET_REF(e, o, k, v) TR_CHECK(e, json_object_set((o), (k), (v)))
 
 static int refuse(tr_err_t *e, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -127,8 +141,7 @@ static int user_blocks(json_t *content, const char *field, tr_err_t *e,
   char pf[128];
   if (json_is_string(content)) {
     if (json_string_length(content) > 0)
-      json_array_append_new(
-          blocks, json_pack("{s:s, s:O}", "type", "text", "text", content));
+      PUSH(e, blocks, json_pack("{s:s, s:O}", "type", "text", "text", content));
     return 0;
   }
   if (!json_is_array(content))
@@ -138,15 +151,15 @@ static int user_blocks(json_t *content, const char *field, tr_err_t *e,
     snprintf(pf, sizeof pf, "%s[%zu]", field, i);
     if (type != NULL && strcmp(type, "text") == 0 &&
         json_is_string(json_object_get(part, "text"))) {
-      json_array_append_new(blocks,
-                            json_pack("{s:s, s:O}", "type", "text", "text",
-                                      json_object_get(part, "text")));
+      PUSH(e, blocks,
+           json_pack("{s:s, s:O}", "type", "text", "text",
+                     json_object_get(part, "text")));
     } else if (type != NULL && strcmp(type, "image_url") == 0) {
       json_t *img;
       int rc = image_block(part, pf, e, &img);
       if (rc != 0)
         return rc;
-      json_array_append_new(blocks, img);
+      PUSH(e, blocks, img);
     } else {
       return refuse(e,
                     "field '%s.type': '%s' has no Anthropic equivalent (text "
@@ -168,8 +181,7 @@ static int assistant_blocks(json_t *m, const char *field, tr_err_t *e,
   if ((rc = text_only(json_object_get(m, "content"), pf, e, &text)) != 0)
     return rc;
   if (*text != '\0')
-    json_array_append_new(
-        blocks, json_pack("{s:s, s:s}", "type", "text", "text", text));
+    PUSH(e, blocks, json_pack("{s:s, s:s}", "type", "text", "text", text));
   free(text);
   if (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs))
     return refuse(e, "field '%s.tool_calls': an array", field);
@@ -183,7 +195,14 @@ static int assistant_blocks(json_t *m, const char *field, tr_err_t *e,
                     "field '%s.tool_calls[%zu]': id and function.name "
                     "are required",
                     field, i);
-    input = args && *args ? json_loads(args, 0, NULL) : json_object();
+    json_error_t jerr;
+    input = args && *args ? json_loads(args, 0, &jerr) : json_object();
+    /* a parse that failed for want of memory is not the caller's error
+     * (jansson may fail before it writes the error: code and text empty) */
+    if (input == NULL && (args == NULL || !*args ||
+                          json_error_code(&jerr) == json_error_out_of_memory ||
+                          jerr.text[0] == '\0'))
+      return OM_ENOMEM;
     if (!json_is_object(input)) {
       json_decref(input);
       return refuse(e,
@@ -191,9 +210,9 @@ static int assistant_blocks(json_t *m, const char *field, tr_err_t *e,
                     "object",
                     field, i);
     }
-    json_array_append_new(blocks,
-                          json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use",
-                                    "id", id, "name", name, "input", input));
+    PUSH(e, blocks,
+         json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name",
+                   name, "input", input));
   }
   return 0;
 }
@@ -202,7 +221,8 @@ static int assistant_blocks(json_t *m, const char *field, tr_err_t *e,
  * it has the same role (Anthropic requires alternation). tool_result
  * blocks go before any other block of their user turn, as Anthropic
  * requires. */
-static void turn_append(json_t *msgs, const char *role, json_t *blocks) {
+static void turn_append(json_t *msgs, const char *role, json_t *blocks,
+                        tr_err_t *e) {
   json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
   json_t *into;
   size_t i, lead = 0;
@@ -214,8 +234,7 @@ static void turn_append(json_t *msgs, const char *role, json_t *blocks) {
     into = json_object_get(last, "content");
   } else {
     into = json_array();
-    json_array_append_new(
-        msgs, json_pack("{s:s, s:o}", "role", role, "content", into));
+    PUSH(e, msgs, json_pack("{s:s, s:o}", "role", role, "content", into));
   }
   json_array_foreach(into, i, b) {
     const char *t = json_string_value(json_object_get(b, "type"));
@@ -226,15 +245,15 @@ static void turn_append(json_t *msgs, const char *role, json_t *blocks) {
   json_array_foreach(blocks, i, b) {
     const char *t = json_string_value(json_object_get(b, "type"));
     if (t != NULL && strcmp(t, "tool_result") == 0)
-      json_array_insert(into, lead++, b);
+      TR_CHECK(e, json_array_insert(into, lead++, b));
     else
-      json_array_append(into, b);
+      PUSH_REF(e, into, b);
   }
 }
 
 /* A turn whose only block is text is sent as a string (the shorter form
  * the API accepts). */
-static void turns_compact(json_t *msgs) {
+static void turns_compact(json_t *msgs, tr_err_t *e) {
   size_t i;
   json_t *m;
   json_array_foreach(msgs, i, m) {
@@ -242,7 +261,7 @@ static void turns_compact(json_t *msgs) {
     json_t *b = json_array_get(c, 0);
     const char *t = json_string_value(json_object_get(b, "type"));
     if (json_array_size(c) == 1 && t != NULL && strcmp(t, "text") == 0)
-      json_object_set(m, "content", json_object_get(b, "text"));
+      SET_REF(e, m, "content", json_object_get(b, "text"));
   }
 }
 
@@ -251,7 +270,7 @@ static int tr_messages(json_t *req, json_t *out, tr_err_t *e) {
   size_t i, slen = 0;
   char *system = NULL, field[64];
   int rc = 0;
-  json_object_set_new(out, "messages", msgs);
+  SET(e, out, "messages", msgs);
   json_array_foreach(json_object_get(req, "messages"), i, m) {
     const char *role = json_string_value(json_object_get(m, "role"));
     json_t *blocks;
@@ -286,9 +305,9 @@ static int tr_messages(json_t *req, json_t *out, tr_err_t *e) {
         rc = refuse(e, "field '%s.tool_call_id': a string is required", field);
       else if ((rc = text_only(json_object_get(m, "content"), pf, e, &text)) ==
                0) {
-        json_array_append_new(blocks, json_pack("{s:s, s:s, s:s}", "type",
-                                                "tool_result", "tool_use_id",
-                                                id, "content", text));
+        PUSH(e, blocks,
+             json_pack("{s:s, s:s, s:s}", "type", "tool_result", "tool_use_id",
+                       id, "content", text));
         free(text);
       }
       role = "user";
@@ -299,16 +318,16 @@ static int tr_messages(json_t *req, json_t *out, tr_err_t *e) {
                   field, role);
     }
     if (rc == 0)
-      turn_append(msgs, role, blocks);
+      turn_append(msgs, role, blocks, e);
     json_decref(blocks);
     if (rc != 0)
       break;
   }
   if (rc == 0 && system != NULL)
-    json_object_set_new(out, "system", json_string(system));
+    SET(e, out, "system", json_string(system));
   free(system);
   if (rc == 0)
-    turns_compact(msgs);
+    turns_compact(msgs, e);
   return rc;
 }
 
@@ -320,7 +339,7 @@ static int tr_tools(json_t *req, json_t *out, tr_err_t *e) {
   if (!json_is_array(v))
     return refuse(e, "field 'tools': an array");
   tools = json_array();
-  json_object_set_new(out, "tools", tools);
+  SET(e, out, "tools", tools);
   json_array_foreach(v, i, t) {
     json_t *f = json_object_get(t, "function");
     json_t *params = json_object_get(f, "parameters");
@@ -339,8 +358,8 @@ static int tr_tools(json_t *req, json_t *out, tr_err_t *e) {
         "{s:O, s:o}", "name", json_object_get(f, "name"), "input_schema",
         params ? json_incref(params) : json_pack("{s:s}", "type", "object"));
     if (json_is_string(desc))
-      json_object_set(one, "description", desc);
-    json_array_append_new(tools, one);
+      SET_REF(e, one, "description", desc);
+    PUSH(e, tools, one);
   }
   return 0;
 }
@@ -374,8 +393,8 @@ static int tr_tool_choice(json_t *req, json_t *out, tr_err_t *e) {
     return 0;
   if (json_is_false(par) &&
       strcmp(json_string_value(json_object_get(tc, "type")), "none") != 0)
-    json_object_set_new(tc, "disable_parallel_tool_use", json_true());
-  json_object_set_new(out, "tool_choice", tc);
+    SET(e, tc, "disable_parallel_tool_use", json_true());
+  SET(e, out, "tool_choice", tc);
   return 0;
 }
 
@@ -417,7 +436,7 @@ static int tr_response_format(json_t *req, json_t *out, tr_err_t *e) {
       rc = str_append(&buf, &len, " ", schema);
   }
   if (rc == 0)
-    json_object_set_new(out, "system", json_string(buf));
+    SET(e, out, "system", json_string(buf));
   free(buf);
   free(schema);
   return rc;
@@ -484,41 +503,40 @@ static int tr_sampling(json_t *req, json_t *out, tr_err_t *e) {
   if (v != NULL && !json_is_null(v) &&
       !(json_is_integer(v) && json_integer_value(v) > 0))
     return refuse(e, "field '%s': a positive integer", mt);
-  json_object_set_new(out, "max_tokens",
-                      json_integer(json_is_integer(v)
-                                       ? json_integer_value(v)
-                                       : EG_ANTHROPIC_MAX_TOKENS));
+  SET(e, out, "max_tokens",
+      json_integer(json_is_integer(v) ? json_integer_value(v)
+                                      : EG_ANTHROPIC_MAX_TOKENS));
   v = json_object_get(req, "temperature");
   if (v != NULL && !json_is_null(v)) {
     if (!json_is_number(v) || json_number_value(v) < 0 ||
         json_number_value(v) > 1)
       return refuse(e, "field 'temperature': a number from 0 to 1 on an "
                        "Anthropic route");
-    json_object_set(out, "temperature", v);
+    SET_REF(e, out, "temperature", v);
   }
   v = json_object_get(req, "top_p");
   if (v != NULL && !json_is_null(v)) {
     if (!json_is_number(v) || json_number_value(v) < 0 ||
         json_number_value(v) > 1)
       return refuse(e, "field 'top_p': a number from 0 to 1");
-    json_object_set(out, "top_p", v);
+    SET_REF(e, out, "top_p", v);
   }
   v = json_object_get(req, "stop");
   if (json_is_string(v)) {
-    json_object_set_new(out, "stop_sequences", json_pack("[O]", v));
+    SET(e, out, "stop_sequences", json_pack("[O]", v));
   } else if (json_is_array(v)) {
     size_t i;
     json_t *s;
     json_array_foreach(v, i, s) if (!json_is_string(s)) return refuse(
         e, "field 'stop[%zu]': a string", i);
     if (json_array_size(v) > 0)
-      json_object_set(out, "stop_sequences", v);
+      SET_REF(e, out, "stop_sequences", v);
   } else if (v != NULL && !json_is_null(v)) {
     return refuse(e, "field 'stop': a string or an array of strings");
   }
   v = json_object_get(req, "user");
   if (json_is_string(v))
-    json_object_set_new(out, "metadata", json_pack("{s:O}", "user_id", v));
+    SET(e, out, "metadata", json_pack("{s:O}", "user_id", v));
   else if (v != NULL && !json_is_null(v))
     return refuse(e, "field 'user': a string");
   return 0;
@@ -526,7 +544,7 @@ static int tr_sampling(json_t *req, json_t *out, tr_err_t *e) {
 
 int eg_to_anthropic(json_t *req, const om_route_t *r, int stream, json_t **out,
                     char *why, size_t whylen) {
-  tr_err_t e = {why, whylen};
+  tr_err_t e = {why, whylen, 0};
   json_t *o = json_object();
   int rc;
   *out = NULL;
@@ -534,7 +552,7 @@ int eg_to_anthropic(json_t *req, const om_route_t *r, int stream, json_t **out,
     why[0] = '\0';
   if (o == NULL)
     return OM_ENOMEM;
-  json_object_set_new(o, "model", json_string(r->model));
+  SET(&e, o, "model", json_string(r->model));
   if ((rc = tr_unsupported(req, &e)) == 0 &&
       (rc = tr_sampling(req, o, &e)) == 0 &&
       (rc = tr_messages(req, o, &e)) == 0 && (rc = tr_tools(req, o, &e)) == 0 &&
@@ -545,7 +563,11 @@ int eg_to_anthropic(json_t *req, const om_route_t *r, int stream, json_t **out,
     return rc;
   }
   if (stream)
-    json_object_set_new(o, "stream", json_true());
+    SET(&e, o, "stream", json_true());
+  if (e.oom) {
+    json_decref(o);
+    return OM_ENOMEM;
+  }
   *out = o;
   return 0;
 }
