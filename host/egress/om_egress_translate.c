@@ -389,8 +389,12 @@ static int tr_tool_choice(json_t *req, json_t *out, tr_err_t *e) {
     return refuse(e, "field 'tool_choice': \"auto\", \"none\", \"required\" or "
                      "{\"type\":\"function\",\"function\":{\"name\":...}}");
   }
-  if (tc == NULL)
-    return 0;
+  if (tc == NULL) /* nothing to send, or no memory to send it */
+    return v == NULL || json_is_null(v)
+               ? (json_is_false(par) && json_object_get(out, "tools")
+                      ? OM_ENOMEM
+                      : 0)
+               : OM_ENOMEM;
   if (json_is_false(par) &&
       strcmp(json_string_value(json_object_get(tc, "type")), "none") != 0)
     SET(e, tc, "disable_parallel_tool_use", json_true());
