@@ -456,6 +456,14 @@ static void chat_done(void *ud, eg_call_t *c) {
         sse_write(
             req, chunk(ch, c, json_object(), c->finish[0] ? c->finish : "stop"),
             NULL);
+        if (c->include_usage) {
+          /* stream_options.include_usage: one more chunk, choices [] and
+           * the call's usage, as OpenAI sends it */
+          json_t *u = chunk(ch, c, json_object(), NULL);
+          json_object_set_new(u, "choices", json_array());
+          json_object_set_new(u, "usage", eg_usage_json(&c->usage));
+          sse_write(req, u, NULL);
+        }
         om_http_response_write(req, "data: [DONE]\n\n", 14);
       } else {
         /* committed: never replayed; the stream ends with an error event */
@@ -529,6 +537,7 @@ static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   json_t *body = parse_request(req, &why);
   chat_t *ch;
   eg_call_opts_t o;
+  char refused[256] = "";
   eg_hooks_t hooks = {.commit = chat_commit,
                       .delta = chat_delta,
                       .done = chat_done,
@@ -556,13 +565,18 @@ static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   o.stream = json_is_true(json_object_get(body, "stream"));
   o.agent = om_http_request_header(req, "x-openmesh-agent", NULL);
   o.context = "interactive";
+  o.why = refused;
+  o.why_len = sizeof refused;
   rc = eg_call_start(g, &o, &hooks, ch, &ch->call);
   json_decref(body);
   if (rc != 0) {
     om_http_request_on_close(req, NULL);
     om_list_remove(&ch->link);
     free(ch);
-    eg_respond_error(req, 503, "no_routes", "No model route is configured.");
+    if (rc == OM_EINVAL)
+      eg_respond_error(req, 400, "invalid_request", refused);
+    else
+      eg_respond_error(req, 503, "no_routes", "No model route is configured.");
   }
 }
 

@@ -1,7 +1,7 @@
 /*
  * om_egress_call.c: Layer A for one request (see om_egress_internal.h):
- * attempts over libcurl on the loop, both provider kinds translated to and
- * from the OpenAI chat shape, classification and the deadline rule of
+ * attempts over libcurl on the loop (both provider kinds, translated by
+ * om_egress_translate.c), classification and the deadline rule of
  * core/om_egress_rules.h, cooldown, the tool-call repair and the streaming
  * hold.
  */
@@ -29,6 +29,7 @@ void eg_cfg_unref(eg_cfg_t *cfg) {
     return;
   om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
   free(cfg->state);
+  free(cfg->m_tokens);
   free(cfg);
 }
 
@@ -44,8 +45,11 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
     return rc;
   }
   c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
-  if (c->state == NULL) {
+  c->m_tokens = calloc(c->n ? c->n : 1, sizeof *c->m_tokens);
+  if (c->state == NULL || c->m_tokens == NULL) {
     om_fallback_config_free(c->routes, c->n, &c->s);
+    free(c->state);
+    free(c->m_tokens);
     free(c);
     return OM_ENOMEM;
   }
@@ -56,163 +60,6 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
   c->refs = 1;
   *out = c;
   return 0;
-}
-
-/* ---- request translation ---------------------------------------------- */
-
-static int is_anthropic(const om_route_t *r) {
-  return strcmp(r->provider, "anthropic") == 0;
-}
-
-/* The text of an OpenAI message content (a string, or text parts). */
-static char *content_text(json_t *content) {
-  size_t i;
-  json_t *part;
-  char *out;
-  size_t len = 0;
-  if (json_is_string(content))
-    return strdup(json_string_value(content));
-  out = calloc(1, 1);
-  json_array_foreach(content, i, part) {
-    const char *t = json_string_value(json_object_get(part, "text"));
-    if (t != NULL && out != NULL) {
-      size_t n = strlen(t);
-      char *nb = realloc(out, len + n + 1);
-      if (nb == NULL) {
-        free(out);
-        return NULL;
-      }
-      out = nb;
-      memcpy(out + len, t, n + 1);
-      len += n;
-    }
-  }
-  return out;
-}
-
-/* OpenAI chat request -> Anthropic messages request (docs/EGRESS.md). */
-static json_t *to_anthropic(json_t *req, const om_route_t *r, int stream) {
-  json_t *out = json_object(), *msgs = json_array(), *m, *v;
-  size_t i;
-  char *system = NULL;
-  size_t slen = 0;
-  json_object_set_new(out, "model", json_string(r->model));
-  v = json_object_get(req, "max_tokens");
-  if (!json_is_integer(v))
-    v = json_object_get(req, "max_completion_tokens");
-  json_object_set_new(
-      out, "max_tokens",
-      json_integer(json_is_integer(v) ? json_integer_value(v) : 1024));
-  if ((v = json_object_get(req, "temperature")) != NULL && json_is_number(v))
-    json_object_set(out, "temperature", v);
-  json_array_foreach(json_object_get(req, "messages"), i, m) {
-    const char *role = json_string_value(json_object_get(m, "role"));
-    char *text = content_text(json_object_get(m, "content"));
-    if (text == NULL)
-      text = strdup("");
-    if (role != NULL &&
-        (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)) {
-      size_t n = strlen(text);
-      char *ns = realloc(system, slen + n + 2);
-      if (ns != NULL) {
-        system = ns;
-        if (slen)
-          system[slen++] = '\n';
-        memcpy(system + slen, text, n + 1);
-        slen += n;
-      }
-    } else {
-      json_array_append_new(
-          msgs, json_pack("{s:s, s:s}", "role",
-                          role && strcmp(role, "assistant") == 0 ? "assistant"
-                                                                 : "user",
-                          "content", text));
-    }
-    free(text);
-  }
-  if (system != NULL)
-    json_object_set_new(out, "system", json_string(system));
-  free(system);
-  json_object_set_new(out, "messages", msgs);
-  if ((v = json_object_get(req, "tools")) != NULL && json_is_array(v)) {
-    json_t *tools = json_array(), *t;
-    json_array_foreach(v, i, t) {
-      json_t *f = json_object_get(t, "function");
-      json_t *params = json_object_get(f, "parameters");
-      json_array_append_new(
-          tools,
-          json_pack("{s:O?, s:O?, s:O}", "name", json_object_get(f, "name"),
-                    "description", json_object_get(f, "description"),
-                    "input_schema",
-                    params ? params : json_pack("{s:s}", "type", "object")));
-    }
-    json_object_set_new(out, "tools", tools);
-  }
-  if (stream)
-    json_object_set_new(out, "stream", json_true());
-  return out;
-}
-
-static json_t *to_openai(json_t *req, const om_route_t *r, int stream) {
-  json_t *out = json_deep_copy(req);
-  json_object_set_new(out, "model", json_string(r->model));
-  if (stream)
-    json_object_set_new(out, "stream", json_true());
-  else
-    json_object_del(out, "stream");
-  json_object_del(out, "stream_options");
-  return out;
-}
-
-/* Anthropic message -> OpenAI chat.completion. */
-static json_t *from_anthropic(json_t *msg, const char *model) {
-  json_t *content = json_object_get(msg, "content"), *b, *tools = NULL;
-  json_t *message = json_object(), *usage = json_object_get(msg, "usage");
-  const char *stop = json_string_value(json_object_get(msg, "stop_reason"));
-  const char *finish = "stop";
-  char *text = NULL;
-  size_t len = 0, i;
-  json_array_foreach(content, i, b) {
-    const char *type = json_string_value(json_object_get(b, "type"));
-    if (type && strcmp(type, "text") == 0) {
-      const char *t = json_string_value(json_object_get(b, "text"));
-      size_t n = t ? strlen(t) : 0;
-      char *nt = realloc(text, len + n + 1);
-      if (nt != NULL) {
-        text = nt;
-        memcpy(text + len, t ? t : "", n + 1);
-        len += n;
-      }
-    } else if (type && strcmp(type, "tool_use") == 0) {
-      char *args = json_dumps(json_object_get(b, "input"),
-                              JSON_COMPACT | JSON_ENCODE_ANY);
-      if (tools == NULL)
-        tools = json_array();
-      json_array_append_new(tools, json_pack("{s:O?, s:s, s:{s:O?, s:s}}", "id",
-                                             json_object_get(b, "id"), "type",
-                                             "function", "function", "name",
-                                             json_object_get(b, "name"),
-                                             "arguments", args ? args : "{}"));
-      free(args);
-    }
-  }
-  if (stop && strcmp(stop, "max_tokens") == 0)
-    finish = "length";
-  else if (stop && strcmp(stop, "tool_use") == 0)
-    finish = "tool_calls";
-  json_object_set_new(message, "role", json_string("assistant"));
-  json_object_set_new(message, "content",
-                      text ? json_string(text) : json_null());
-  if (tools)
-    json_object_set_new(message, "tool_calls", tools);
-  free(text);
-  return json_pack("{s:O?, s:s, s:I, s:s, s:[{s:i, s:o, s:s}], s:{s:O?, s:O?}}",
-                   "id", json_object_get(msg, "id"), "object",
-                   "chat.completion", "created", (json_int_t)time(NULL),
-                   "model", model, "choices", "index", 0, "message", message,
-                   "finish_reason", finish, "usage", "prompt_tokens",
-                   json_object_get(usage, "input_tokens"), "completion_tokens",
-                   json_object_get(usage, "output_tokens"));
 }
 
 /* ---- routes -------------------------------------------------------------- */
@@ -309,7 +156,7 @@ static void text_append(eg_call_t *c, const char *s, size_t n) {
   c->text[c->text_len] = '\0';
 }
 
-static void on_content(eg_call_t *c, const char *s, size_t n) {
+void eg_call_content(eg_call_t *c, const char *s, size_t n) {
   if (n == 0)
     return;
   if (!c->committed) {
@@ -323,7 +170,7 @@ static void on_content(eg_call_t *c, const char *s, size_t n) {
 }
 
 /* Tool-call deltas count as first content: the stream commits on them. */
-static void on_tool_calls(eg_call_t *c, json_t *tool_calls) {
+void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls) {
   if (!c->committed) {
     c->committed = 1;
     if (c->hooks.commit)
@@ -333,62 +180,11 @@ static void on_tool_calls(eg_call_t *c, json_t *tool_calls) {
     c->hooks.tool_delta(c->ud, c, tool_calls);
 }
 
-/*
- * Anthropic streaming tool use -> OpenAI tool_calls deltas. Anthropic
- * (Messages API, "Streaming messages": content_block_start with a tool_use
- * block, then content_block_delta events of type input_json_delta carrying
- * partial_json) numbers content blocks, text included; OpenAI numbers tool
- * calls only, the first delta of each carrying id, type and function.name,
- * the next ones function.arguments fragments.
- */
-static void anthropic_tool_start(eg_call_t *c, json_t *ev) {
-  json_t *cb = json_object_get(ev, "content_block"), *input, *arr;
-  json_int_t block = json_integer_value(json_object_get(ev, "index"));
-  char *args = NULL;
-  size_t ti;
-  if (c->n_tools == EG_MAX_STREAM_TOOLS) {
-    c->stream_done = -1; /* more tool calls than anyone asks for: broken */
-    return;
-  }
-  ti = c->n_tools++;
-  c->tool_block[ti] = (int)block;
-  input = json_object_get(cb, "input");
-  /* the input is normally {} here and arrives as partial_json; a provider
-   * that sends it whole gets it forwarded whole */
-  if (json_is_object(input) && json_object_size(input) > 0)
-    args = json_dumps(input, JSON_COMPACT);
-  arr = json_pack("[{s:I, s:O?, s:s, s:{s:O?, s:s}}]", "index", (json_int_t)ti,
-                  "id", json_object_get(cb, "id"), "type", "function",
-                  "function", "name", json_object_get(cb, "name"), "arguments",
-                  args ? args : "");
-  free(args);
-  if (arr != NULL)
-    on_tool_calls(c, arr);
-  json_decref(arr);
-}
-
-static void anthropic_tool_args(eg_call_t *c, json_t *ev, const char *frag) {
-  json_int_t block = json_integer_value(json_object_get(ev, "index"));
-  json_t *arr;
-  for (size_t ti = 0; ti < c->n_tools; ti++) {
-    if (c->tool_block[ti] != block)
-      continue;
-    if (*frag == '\0')
-      return; /* Anthropic opens with an empty fragment; OpenAI never */
-    arr = json_pack("[{s:I, s:{s:s}}]", "index", (json_int_t)ti, "function",
-                    "arguments", frag);
-    if (arr != NULL)
-      on_tool_calls(c, arr);
-    json_decref(arr);
-    return;
-  }
-}
-
 static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   eg_call_t *c = ud;
   json_t *j;
   const om_route_t *r = &c->cfg->routes[c->cur];
-  if (!is_anthropic(r) && ev->data_len == 6 &&
+  if (!eg_route_is_anthropic(r) && ev->data_len == 6 &&
       memcmp(ev->data, "[DONE]", 6) == 0) {
     c->stream_done = 1;
     return 0;
@@ -396,37 +192,8 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   j = json_loadb(ev->data, ev->data_len, 0, NULL);
   if (j == NULL)
     return 0;
-  if (is_anthropic(r)) {
-    const char *type = json_string_value(json_object_get(j, "type"));
-    if (type && strcmp(type, "content_block_delta") == 0) {
-      json_t *d = json_object_get(j, "delta");
-      const char *dtype = json_string_value(json_object_get(d, "type"));
-      const char *frag = json_string_value(json_object_get(d, "partial_json"));
-      const char *t = json_string_value(json_object_get(d, "text"));
-      if (dtype && strcmp(dtype, "input_json_delta") == 0) {
-        if (frag)
-          anthropic_tool_args(c, j, frag);
-      } else if (t) {
-        on_content(c, t, strlen(t));
-      }
-    } else if (type && strcmp(type, "content_block_start") == 0) {
-      const char *bt = json_string_value(
-          json_object_get(json_object_get(j, "content_block"), "type"));
-      if (bt && strcmp(bt, "tool_use") == 0)
-        anthropic_tool_start(c, j);
-    } else if (type && strcmp(type, "message_delta") == 0) {
-      const char *s = json_string_value(
-          json_object_get(json_object_get(j, "delta"), "stop_reason"));
-      if (s)
-        snprintf(c->finish, sizeof c->finish, "%s",
-                 strcmp(s, "max_tokens") == 0 ? "length"
-                 : strcmp(s, "tool_use") == 0 ? "tool_calls"
-                                              : "stop");
-    } else if (type && strcmp(type, "message_stop") == 0) {
-      c->stream_done = 1;
-    } else if (type && strcmp(type, "error") == 0) {
-      c->stream_done = -1; /* an error event mid-stream */
-    }
+  if (eg_route_is_anthropic(r)) {
+    eg_anthropic_sse_event(c, j);
   } else {
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     json_t *delta = json_object_get(ch, "delta");
@@ -434,13 +201,15 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
     const char *t = json_string_value(json_object_get(delta, "content"));
     const char *f = json_string_value(json_object_get(ch, "finish_reason"));
     if (t)
-      on_content(c, t, strlen(t));
+      eg_call_content(c, t, strlen(t));
     /* passed through as the provider sent them (OpenAI chat completions
      * streaming: choices[].delta.tool_calls) */
     if (json_is_array(tools) && json_array_size(tools) > 0)
-      on_tool_calls(c, tools);
+      eg_call_tool_calls(c, tools);
     if (f)
       snprintf(c->finish, sizeof c->finish, "%s", f);
+    /* the final chunk of stream_options.include_usage: choices [] */
+    eg_usage_from_openai(json_object_get(j, "usage"), &c->usage);
     if (json_object_get(j, "error") != NULL)
       c->stream_done = -1;
   }
@@ -603,6 +372,49 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                        : 0;
 }
 
+/* The tokens of the successful attempt: on its attempt record (the turn
+ * record shows them), openmesh_egress_tokens_total{route,model,kind} and
+ * the call's log line. */
+static void record_usage(eg_call_t *c) {
+  static const char *kinds[3] = {"prompt", "completion", "cached"};
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  om_metric_t **m = c->cfg->m_tokens[c->cur];
+  eg_usage_t u = c->usage;
+  int64_t v[3];
+  char pt[24], ct[24], cat[24];
+  if (!c->stream)
+    eg_usage_from_openai(json_object_get(c->result, "usage"), &u);
+  if (c->n_attempts > 0)
+    c->attempts[c->n_attempts - 1].usage = u;
+  c->usage = u;
+  if (u.has) {
+    v[0] = u.prompt, v[1] = u.completion, v[2] = u.cached;
+    for (int k = 0; k < 3; k++) {
+      if (m[k] == NULL) {
+        char route[128], model[192], labels[400];
+        om_metrics_escape(r->name, route, sizeof route);
+        om_metrics_escape(r->model, model, sizeof model);
+        snprintf(labels, sizeof labels, "route=\"%s\",model=\"%s\",kind=\"%s\"",
+                 route, model, kinds[k]);
+        m[k] = om_metrics_counter(
+            c->g->metrics, "openmesh_egress_tokens_total",
+            "Tokens of successful model calls by route, model and kind "
+            "(prompt includes cached).",
+            labels);
+      }
+      if (v[k] > 0)
+        om_metric_add(m[k], (double)v[k]);
+    }
+  }
+  snprintf(pt, sizeof pt, "%lld", (long long)u.prompt);
+  snprintf(ct, sizeof ct, "%lld", (long long)u.completion);
+  snprintf(cat, sizeof cat, "%lld", (long long)u.cached);
+  om_log(OM_LOG_INFO, "egress_call", "route", r->name, "model", r->model,
+         "stream", c->stream ? "true" : "false", "usage",
+         u.has ? "reported" : "none", "prompt_tokens", pt, "completion_tokens",
+         ct, "cached_tokens", cat, NULL);
+}
+
 static void on_wait_done(uv_timer_t *t) {
   eg_call_t *c = t->data;
   c->timer_active = 0;
@@ -663,6 +475,7 @@ static void classify_and_go(eg_call_t *c, om_egress_outcome_t *o,
   record_attempt(c, &v, status);
   if (v.cls == OM_EGRESS_C_OK) {
     c->last = v;
+    record_usage(c);
     finish(c, 1);
     return;
   }
@@ -734,7 +547,8 @@ static void on_done(void *ud, CURL *easy, CURLcode res) {
   if (status >= 200 && status < 300) {
     int tool_bad = 0;
     if (j != NULL && json_is_object(j))
-      comp = is_anthropic(r) ? from_anthropic(j, r->model) : json_incref(j);
+      comp = eg_route_is_anthropic(r) ? eg_from_anthropic(j, r->model)
+                                      : json_incref(j);
     if (comp == NULL) {
       o.empty_completion = 1;
       snprintf(detail, sizeof detail, "2xx body is not a completion");
@@ -817,10 +631,10 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
   if (c->req_body == NULL)
     return OM_ENOMEM;
   snprintf(url, sizeof url, "%s%s", r->base_url,
-           is_anthropic(r) ? "/messages" : "/chat/completions");
+           eg_route_is_anthropic(r) ? "/messages" : "/chat/completions");
   c->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
   c->hdrs = curl_slist_append(c->hdrs, "Expect:");
-  if (is_anthropic(r)) {
+  if (eg_route_is_anthropic(r)) {
     c->hdrs = curl_slist_append(c->hdrs, "anthropic-version: 2023-06-01");
     if (key != NULL && *key != '\0') {
       snprintf(hdr, sizeof hdr, "x-api-key: %s", key);
@@ -864,6 +678,7 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
 static void start_attempt(eg_call_t *c) {
   const om_route_t *r;
   json_t *preq;
+  char why[256];
   int rc;
   if (om_deadline_expired(c->deadline, eg_now_ns())) {
     c->stop_why = "deadline";
@@ -875,9 +690,14 @@ static void start_attempt(eg_call_t *c) {
   c->attempt_start_ns = eg_now_ns();
   c->repaired = 0;
   snprintf(c->route_model, sizeof c->route_model, "%s", r->model);
-  preq = is_anthropic(r) ? to_anthropic(c->request, r, c->stream)
-                         : to_openai(c->request, r, c->stream);
-  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  c->usage = (eg_usage_t){0};
+  preq = NULL;
+  if (eg_route_is_anthropic(r))
+    rc = eg_to_anthropic(c->request, r, c->stream, &preq, why, sizeof why);
+  else
+    rc = (preq = eg_to_openai(c->request, r, c->stream)) ? 0 : OM_ENOMEM;
+  if (rc == 0)
+    rc = send_request(c, preq);
   json_decref(preq);
   if (rc != 0) {
     om_egress_outcome_t o = {.transport = OM_EGRESS_T_REFUSED};
@@ -892,6 +712,7 @@ static int start_repair(eg_call_t *c, json_t *comp) {
       json_array_get(json_object_get(comp, "choices"), 0), "message");
   json_t *req = json_deep_copy(c->request), *msgs, *preq;
   char *reply = json_dumps(json_object_get(msg, "tool_calls"), JSON_COMPACT);
+  char why[256];
   int rc;
   c->repaired = 1;
   msgs = json_object_get(req, "messages");
@@ -903,9 +724,14 @@ static int start_repair(eg_call_t *c, json_t *comp) {
                       "Send the same tool call again with arguments that are "
                       "one valid JSON object, and nothing else."));
   free(reply);
-  preq = is_anthropic(r) ? to_anthropic(req, r, 0) : to_openai(req, r, 0);
+  preq = NULL;
+  if (eg_route_is_anthropic(r))
+    rc = eg_to_anthropic(req, r, 0, &preq, why, sizeof why);
+  else
+    rc = (preq = eg_to_openai(req, r, 0)) ? 0 : OM_ENOMEM;
   json_decref(req);
-  rc = preq ? send_request(c, preq) : OM_ENOMEM;
+  if (rc == 0)
+    rc = send_request(c, preq);
   json_decref(preq);
   if (rc != 0)
     release_attempt(c);
@@ -957,6 +783,43 @@ static char *dup_or_null(const char *s) {
   return s ? strdup(s) : NULL;
 }
 
+/*
+ * A request a route of the chain could not receive faithfully is refused
+ * before anything is sent (docs/EGRESS.md "Translation"): the answer must
+ * not depend on which route happens to serve it. The chain is every route
+ * of the config (order(ctx) may pick any), or the only route.
+ */
+static int check_translatable(eg_call_t *c, char *why, size_t why_len) {
+  char buf[256];
+  for (size_t i = 0; i < c->cfg->n; i++) {
+    const om_route_t *r = &c->cfg->routes[i];
+    json_t *preq = NULL;
+    int rc;
+    if (!eg_route_is_anthropic(r) ||
+        (c->only_route != NULL && strcmp(c->only_route, r->name) != 0))
+      continue;
+    rc = eg_to_anthropic(c->request, r, c->stream, &preq, buf, sizeof buf);
+    json_decref(preq);
+    if (rc == OM_EINVAL) {
+      if (why != NULL && why_len > 0)
+        snprintf(why, why_len, "%s", buf);
+      return rc;
+    }
+    return 0; /* the translation does not depend on the route */
+  }
+  return 0;
+}
+
+int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len) {
+  eg_call_t c;
+  if (g->cfg == NULL)
+    return 0;
+  memset(&c, 0, sizeof c);
+  c.cfg = g->cfg;
+  c.request = request;
+  return check_translatable(&c, why, why_len);
+}
+
 int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
                   const eg_hooks_t *hooks, void *ud, eg_call_t **out) {
   eg_call_t *c;
@@ -990,6 +853,12 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   if (c->request == NULL || c->context == NULL || c->done_route == NULL) {
     eg_call_free(c);
     return OM_ENOMEM;
+  }
+  c->include_usage = json_is_true(json_object_get(
+      json_object_get(c->request, "stream_options"), "include_usage"));
+  if (check_translatable(c, o->why, o->why_len) != 0) {
+    eg_call_free(c);
+    return OM_EINVAL;
   }
   first = pick_route(c, &later);
   if (first < 0) {

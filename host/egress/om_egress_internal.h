@@ -33,7 +33,16 @@ typedef struct eg_cfg_s {
   size_t n;
   om_fallback_settings_t s;
   om_egress_route_state_t *state; /* per route: cooldown (moved on reload) */
+  /* per route: openmesh_egress_tokens_total{route,model,kind} for
+   * kind prompt, completion, cached (registered on first use) */
+  om_metric_t *(*m_tokens)[3];
 } eg_cfg_t;
+
+/* Token usage of one call, in OpenAI terms (prompt includes cached). */
+typedef struct eg_usage_s {
+  int has; /* the provider reported usage */
+  int64_t prompt, completion, cached;
+} eg_usage_t;
 
 typedef struct eg_attempt_s {
   char route[64];
@@ -44,6 +53,7 @@ typedef struct eg_attempt_s {
   /* when the provider asked to be called again (Retry-After,
    * retry-after-ms), in eg_now_ns time; 0: it did not say */
   uint64_t retry_at_ns;
+  eg_usage_t usage; /* a successful attempt's tokens */
 } eg_attempt_t;
 
 #define EG_MAX_ATTEMPTS 64
@@ -78,8 +88,12 @@ typedef struct eg_call_opts_s {
   const char *context; /* "interactive" | "async" */
   const char *channel;
   const char *only_route; /* the judge: this route only */
-  uint32_t max_attempts;  /* 0: the policy's */
-  uint64_t deadline_ms;   /* 0: the policy's */
+  /* out: why the request cannot be translated for a route of the chain
+   * (eg_call_start returns OM_EINVAL); may be NULL */
+  char *why;
+  size_t why_len;
+  uint32_t max_attempts; /* 0: the policy's */
+  uint64_t deadline_ms;  /* 0: the policy's */
 } eg_call_opts_t;
 
 struct eg_call_s {
@@ -89,6 +103,7 @@ struct eg_call_s {
   void *ud;
   json_t *request;
   int stream;
+  int include_usage; /* the caller asked for the final usage chunk */
   char *agent, *context, *channel, *only_route;
   uint32_t max_attempts;
   om_deadline_t deadline;
@@ -115,6 +130,7 @@ struct eg_call_s {
    * order; its position is the OpenAI tool_calls index */
   int tool_block[EG_MAX_STREAM_TOOLS];
   size_t n_tools;
+  eg_usage_t usage; /* the attempt in flight's (a stream's, as it comes) */
   /* results */
   int ok, committed;
   json_t *result; /* OpenAI chat.completion (non-stream) */
@@ -142,6 +158,11 @@ struct om_egress_s {
 
 int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
                   const eg_hooks_t *hooks, void *ud, eg_call_t **out);
+/* Whether request (an OpenAI chat request, borrowed) can be sent to every
+ * route of the current fallback policy: 0, or OM_EINVAL with why naming
+ * the field that cannot be translated (eg_call_start refuses such a
+ * request the same way). */
+int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len);
 /* Stop a call without running its done hook (the client went away). */
 void eg_call_cancel(eg_call_t *c);
 /* After the done hook: release it. */
@@ -154,5 +175,49 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
                  char *err, size_t errlen);
 
 uint64_t eg_now_ns(void);
+
+/* ---- om_egress_call.c, for the stream translation ---------------------- */
+
+/* One content delta of the attempt in flight: commits the stream on the
+ * first non-empty one, then goes to the delta hook. */
+void eg_call_content(eg_call_t *c, const char *s, size_t n);
+/* Tool-call deltas in the OpenAI shape (borrowed): commit the stream like
+ * content does, then go to the tool_delta hook. */
+void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls);
+
+/* ---- om_egress_translate.c (docs/EGRESS.md "Translation") --------------- */
+
+/* 1 when the route speaks the Anthropic messages API. */
+int eg_route_is_anthropic(const om_route_t *r);
+/*
+ * The OpenAI chat request req (borrowed) as an Anthropic messages request
+ * for route r, streaming when stream is set (docs/EGRESS.md
+ * "Translation"). 0 and a new reference in *out; OM_EINVAL with why (a
+ * sentence naming the field) when a field has no Anthropic equivalent or
+ * cannot be translated; OM_ENOMEM.
+ */
+int eg_to_anthropic(json_t *req, const om_route_t *r, int stream, json_t **out,
+                    char *why, size_t whylen);
+/* The OpenAI chat request req (borrowed) for an OpenAI route r: the
+ * route's model, stream as given. A new reference; NULL when out of
+ * memory. */
+json_t *eg_to_openai(json_t *req, const om_route_t *r, int stream);
+/* An Anthropic message (borrowed) as an OpenAI chat.completion naming
+ * model. A new reference; NULL when out of memory. */
+json_t *eg_from_anthropic(json_t *msg, const char *model);
+/* One parsed event (borrowed) of an Anthropic stream for the call's
+ * attempt in flight: content and tool-call deltas through eg_call_content
+ * and eg_call_tool_calls, the finish reason into c->finish, the end or a
+ * break into c->stream_done. */
+void eg_anthropic_sse_event(eg_call_t *c, json_t *j);
+/* Anthropic stop_reason -> OpenAI finish_reason (NULL: "stop"). */
+const char *eg_finish_reason(const char *stop_reason);
+/* Read a provider's usage object (borrowed; either shape) into *u, the
+ * fields it has replacing those in *u. */
+void eg_usage_from_anthropic(json_t *usage, eg_usage_t *u);
+void eg_usage_from_openai(json_t *usage, eg_usage_t *u);
+/* *u as an OpenAI usage object (prompt_tokens_details.cached_tokens when
+ * some were cached). A new reference; NULL when out of memory. */
+json_t *eg_usage_json(const eg_usage_t *u);
 
 #endif /* OM_EGRESS_INTERNAL_H */

@@ -360,13 +360,16 @@ static void turn_call_done(void *ud, eg_call_t *c) {
   turn_t *t = ud;
   size_t i;
   t->call = NULL;
-  for (i = 0; i < c->n_attempts; i++)
-    json_array_append_new(
-        t->attempts,
-        json_pack("{s:s, s:i, s:s, s:f, s:i}", "route", c->attempts[i].route,
-                  "status", c->attempts[i].status, "class", c->attempts[i].cls,
-                  "duration_ms", (double)c->attempts[i].duration_ns / 1e6,
-                  "cycle", t->cycles));
+  for (i = 0; i < c->n_attempts; i++) {
+    json_t *a = json_pack(
+        "{s:s, s:i, s:s, s:f, s:i}", "route", c->attempts[i].route, "status",
+        c->attempts[i].status, "class", c->attempts[i].cls, "duration_ms",
+        (double)c->attempts[i].duration_ns / 1e6, "cycle", t->cycles);
+    /* the tokens of the attempt that answered (OpenAI usage shape) */
+    if (a != NULL && c->attempts[i].usage.has)
+      json_object_set_new(a, "usage", eg_usage_json(&c->attempts[i].usage));
+    json_array_append_new(t->attempts, a);
+  }
   if (c->ok && c->text != NULL && c->text_len > 0) {
     t->call = c; /* kept for the gate's error attribution */
     gate_or_deliver(t, c->text, c->text_len);
@@ -523,7 +526,7 @@ void eg_handle_turn(om_egress_t *g, om_http_request_t *req) {
   json_t *j =
       json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
   const char *agent, *conv, *run, *ctx, *chan, *idem;
-  char key[1024];
+  char key[1024], refused[256];
   json_t *request;
   turn_t *t;
   const char *why = NULL;
@@ -554,6 +557,8 @@ void eg_handle_turn(om_egress_t *g, om_http_request_t *req) {
            !json_is_array(json_object_get(request, "messages")) ||
            json_array_size(json_object_get(request, "messages")) == 0)
     why = "field 'request': a chat completion request with messages";
+  else if (eg_call_check(g, request, refused, sizeof refused) != 0)
+    why = refused; /* a field a route cannot be sent (docs/EGRESS.md) */
   if (why != NULL) {
     json_decref(j);
     eg_respond_error(req, 400, "invalid_request", why);

@@ -21,7 +21,7 @@ local HANDOFF = "A teammate will take it from here and reply in this conversatio
 local function fallback_policy(fake, opts)
   opts = opts or {}
   local routes = {}
-  for i = 0, 40 do
+  for i = 0, 60 do
     routes[#routes + 1] = string.format(
       '{ name = "t%d_a", provider = "openai", base_url = "%s/t%d_a/v1", model = "gpt-fake", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = %d, first_byte_timeout_ms = %d },',
       i, fake, i, opts.attempt or 1500, opts.first_byte or 400)
@@ -868,6 +868,268 @@ describe("openmesh egress, the real binary", function()
         return #m >= 1 and m
       end, 8)
       assert.matches("^Reply %d+ from t34_a%.$", msgs[1])
+    end)
+  end)
+
+  describe("translation to Anthropic messages (agents t41..t48)", function()
+    local TOOLS = {
+      { type = "function", ["function"] = { name = "lookup_order", description = "Find an order by id.",
+        parameters = { type = "object", properties = { order_id = { type = "integer" } }, required = { "order_id" } } } },
+      { type = "function", ["function"] = { name = "get_status",
+        parameters = { type = "object", properties = { ticket = { type = "string" } } } } },
+    }
+
+    local function last_request()
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      return H.json(last)
+    end
+
+    it("a two-turn tool loop falls back from an OpenAI route to an Anthropic route on turn 2", function()
+      script("t41_a", { "tool", "401" })
+      local msgs = { { role = "system", content = "You look orders up." },
+        { role = "user", content = "Where is order 12?" } }
+      local st, body = chat("t41", { model = "x", messages = msgs, tools = TOOLS })
+      assert.equals(200, st, body)
+      local m1 = H.json(body).choices[1].message
+      assert.equals("call_1", m1.tool_calls[1].id)
+      -- turn 2: the assistant turn with its tool call, the tool's result
+      msgs[#msgs + 1] = m1
+      msgs[#msgs + 1] = { role = "tool", tool_call_id = "call_1", content = '{"status":"shipped"}' }
+      st, body = chat("t41", { model = "x", messages = msgs, tools = TOOLS })
+      assert.equals(200, st, body)
+      assert.matches("^Reply %d+ from t41_b%.$", H.json(body).choices[1].message.content)
+      local last = last_request()
+      assert.equals("t41_b", last.route)
+      local b = last.body
+      assert.equals("You look orders up.", b.system)
+      assert.equals(3, #b.messages)
+      assert.same({ "user", "assistant", "user" }, { b.messages[1].role, b.messages[2].role, b.messages[3].role })
+      assert.same({ { type = "tool_use", id = "call_1", name = "lookup_order", input = { order_id = 12 } } },
+        b.messages[2].content)
+      assert.same({ { type = "tool_result", tool_use_id = "call_1", content = '{"status":"shipped"}' } },
+        b.messages[3].content)
+      assert.equals("Find an order by id.", b.tools[1].description)
+      assert.is_nil(b.tools[2].description) -- omitted, not null
+      assert.same(TOOLS[1]["function"].parameters, b.tools[1].input_schema)
+      assert.equals(1024, b.max_tokens) -- the default
+    end)
+
+    it("merges tool results and the next user text into one user turn and drops an empty assistant turn", function()
+      script("t41_a", { "401" })
+      local st, body = chat("t41", { model = "x", tools = TOOLS, messages = {
+        { role = "user", content = "Check both." },
+        { role = "assistant", content = "", tool_calls = {
+          { id = "c1", type = "function", ["function"] = { name = "lookup_order", arguments = '{"order_id":1}' } },
+          { id = "c2", type = "function", ["function"] = { name = "get_status", arguments = '{"ticket":"A"}' } } } },
+        { role = "tool", tool_call_id = "c1", content = "one" },
+        { role = "tool", tool_call_id = "c2", content = { { type = "text", text = "two" } } },
+        { role = "user", content = "And?" },
+        { role = "assistant", content = "" },
+        { role = "user", content = "Well?" } } })
+      assert.equals(200, st, body)
+      local b = last_request().body
+      assert.equals(3, #b.messages)
+      local u = b.messages[3].content
+      assert.same({ "tool_result", "tool_result", "text", "text" }, { u[1].type, u[2].type, u[3].type, u[4].type })
+      assert.equals("c2", u[2].tool_use_id)
+      assert.equals("two", u[2].content)
+      assert.equals("Well?", u[4].text)
+    end)
+
+    it("translates images: a data: URL to a base64 source, an https URL to a url source", function()
+      script("t42_a", { "401" })
+      local st, body = chat("t42", { model = "x", messages = { { role = "user", content = {
+        { type = "text", text = "What is in these?" },
+        { type = "image_url", image_url = { url = "data:image/png;base64,iVBORw0KGgo=" } },
+        { type = "image_url", image_url = { url = "https://example.com/cat.jpg", detail = "low" } } } } } })
+      assert.equals(200, st, body)
+      local c = last_request().body.messages[1].content
+      assert.same({ type = "text", text = "What is in these?" }, c[1])
+      assert.same({ type = "image", source = { type = "base64", media_type = "image/png", data = "iVBORw0KGgo=" } }, c[2])
+      assert.same({ type = "image", source = { type = "url", url = "https://example.com/cat.jpg" } }, c[3])
+      -- usage back: Anthropic's input_tokens leaves cache reads out, OpenAI's prompt_tokens counts them
+      local u = H.json(body).usage
+      assert.equals(16, u.prompt_tokens)
+      assert.equals(4, u.prompt_tokens_details.cached_tokens)
+    end)
+
+    it("passes image parts to an OpenAI route as they are", function()
+      local parts = { { type = "text", text = "Look" },
+        { type = "image_url", image_url = { url = "https://example.com/cat.jpg" } } }
+      local st = chat("t43", { model = "x", messages = { { role = "user", content = parts } } })
+      assert.equals(200, st)
+      assert.same(parts, last_request().body.messages[1].content)
+    end)
+
+    it("translates stop, top_p, tool_choice, parallel_tool_calls, user and response_format", function()
+      script("t45_a", { "401", "401", "401", "401" })
+      local st, body = chat("t45", { model = "x", messages = { { role = "user", content = "hi" } },
+        tools = TOOLS, stop = { "END", "STOP" }, top_p = 0.5, temperature = 0.2, max_tokens = 77,
+        tool_choice = { type = "function", ["function"] = { name = "get_status" } },
+        parallel_tool_calls = false, user = "u-1", response_format = { type = "json_object" } })
+      assert.equals(200, st, body)
+      local b = last_request().body
+      assert.same({ "END", "STOP" }, b.stop_sequences)
+      assert.equals(0.5, b.top_p)
+      assert.equals(77, b.max_tokens)
+      assert.same({ type = "tool", name = "get_status", disable_parallel_tool_use = true }, b.tool_choice)
+      assert.same({ user_id = "u-1" }, b.metadata)
+      assert.matches("one JSON object", b.system, 1, true)
+      for choice, want in pairs({ auto = "auto", none = "none", required = "any" }) do
+        st = chat("t45", { model = "x", messages = { { role = "user", content = "hi" } },
+          tools = TOOLS, tool_choice = choice, stop = "END",
+          response_format = { type = "json_schema", json_schema = { name = "o", schema = { type = "object" } } } })
+        assert.equals(200, st)
+        b = last_request().body
+        assert.equals(want, b.tool_choice.type)
+        assert.same({ "END" }, b.stop_sequences)
+        assert.matches('{"type":"object"}', b.system, 1, true)
+      end
+    end)
+
+    it("refuses with 400 naming the field what has no Anthropic equivalent, and sends nothing", function()
+      local base = function() return { model = "x", messages = { { role = "user", content = "hi" } } } end
+      local cases = {
+        { "n", function(r) r.n = 2 end },
+        { "logprobs", function(r) r.logprobs = true end },
+        { "seed", function(r) r.seed = 7 end },
+        { "frequency_penalty", function(r) r.frequency_penalty = 0.5 end },
+        { "presence_penalty", function(r) r.presence_penalty = -1 end },
+        { "top_logprobs", function(r) r.top_logprobs = 2 end },
+        { "logit_bias", function(r) r.logit_bias = { ["50256"] = -100 } end },
+        { "temperature", function(r) r.temperature = 1.5 end },
+        { "temperature", function(r) r.temperature = "hot" end },
+        { "top_p", function(r) r.top_p = 2 end },
+        { "stop", function(r) r.stop = 5 end },
+        { "max_tokens", function(r) r.max_tokens = -1 end },
+        { "tools[0].type", function(r) r.tools = { { type = "retrieval" } } end },
+        { "tools[0].function.description", function(r)
+          r.tools = { { type = "function", ["function"] = { name = "f", description = 5 } } } end },
+        { "tool_choice", function(r) r.tool_choice = "sometimes" end },
+        { "response_format.type", function(r) r.response_format = { type = "xml" } end },
+        { "messages[0].content[0].type", function(r)
+          r.messages[1].content = { { type = "input_audio", input_audio = { data = "x", format = "wav" } } } end },
+        { "messages[0].content[0].image_url.url", function(r)
+          r.messages[1].content = { { type = "image_url", image_url = { url = "ftp://x/y.png" } } } end },
+        { "messages[0].role", function(r) r.messages[1].role = "function" end },
+        { "messages[1].tool_calls[0].function.arguments", function(r)
+          r.messages[2] = { role = "assistant", tool_calls = { { id = "c", type = "function",
+            ["function"] = { name = "f", arguments = "{not json" } } } } end },
+      }
+      for _, case in ipairs(cases) do
+        local req = base()
+        case[2](req)
+        local st, body = chat("t44", req)
+        assert.equals(400, st, case[1] .. ": " .. body)
+        local e = H.json(body).error
+        assert.equals("invalid_request", e.type)
+        assert.matches("field '" .. case[1] .. "'", e.message, 1, true)
+      end
+      -- a turn's request is checked the same way, before the turn exists
+      local st, body = turn({ agent = "t44", conversation = "conv-44", context = "interactive",
+        request = { messages = { { role = "user", content = "hi" } }, seed = 3 } })
+      assert.equals(400, st, body)
+      assert.matches("field 'seed'", H.json(body).error.message, 1, true)
+      assert.is_nil(counts().t44_a)
+      assert.is_nil(counts().t44_b)
+      -- the same fields are accepted at their "not used" values
+      local req = base()
+      req.n, req.logprobs, req.presence_penalty, req.frequency_penalty = 1, false, 0, 0
+      assert.equals(200, (chat("t44", req)))
+    end)
+
+    it("puts the answering attempt's token usage on the turn record", function()
+      script("t49_a", { "401" })
+      local st, body = turn({ agent = "t49", conversation = "conv-49", run_id = "run-49", context = "interactive" })
+      assert.equals(200, st, body)
+      local j = H.json(body)
+      assert.equals("t49_b", j.attempts[#j.attempts].route)
+      local u = j.attempts[#j.attempts].usage
+      assert.equals(16, u.prompt_tokens)
+      assert.equals(4, u.prompt_tokens_details.cached_tokens)
+      assert.is_true(u.completion_tokens > 0)
+      assert.is_nil(j.attempts[1].usage) -- the refused attempt has none
+    end)
+
+    it("the fake provider refuses what the real Anthropic API refuses", function()
+      local function post(body)
+        return H.request(dir, "POST", fake.url .. "/t48_b/v1/messages", { body = cjson.encode(body) })
+      end
+      for _, bad in ipairs({
+        { model = "m", max_tokens = 5, messages = { { role = "user", content = "a" },
+          { role = "assistant", content = "" }, { role = "user", content = "b" } } },
+        { model = "m", max_tokens = 5, messages = { { role = "user", content = "a" }, { role = "user", content = "b" } } },
+        { model = "m", messages = { { role = "user", content = "a" } } },
+        { model = "m", max_tokens = 5, seed = 1, messages = { { role = "user", content = "a" } } },
+        { model = "m", max_tokens = 5, messages = { { role = "user", content = {
+          { type = "tool_result", tool_use_id = "nope", content = "x" } } } } },
+      }) do
+        local st, body = post(bad)
+        assert.equals(400, st, body)
+        local j = H.json(body)
+        assert.equals("error", j.type)
+        assert.equals("invalid_request_error", j.error.type)
+      end
+      local st = H.request(dir, "POST", fake.url .. "/t48_a/v1/chat/completions", { body = cjson.encode({
+        model = "m", messages = { { role = "user", content = "a" }, { role = "tool", tool_call_id = "x", content = "r" } } }) })
+      assert.equals(400, st)
+    end)
+  end)
+
+  describe("usage on streams (agents t46, t47)", function()
+    local function stream(agent, extra)
+      local req = { model = "x", stream = true, messages = { { role = "user", content = "hi" } } }
+      for k, v in pairs(extra or {}) do req[k] = v end
+      local out = H.sh(string.format(
+        "%s -s -N -X POST -H 'x-openmesh-agent: %s' --data-binary %s %s",
+        H.curl(10), agent, H.q(cjson.encode(req)), H.q(gw.url .. "/v1/chat/completions")))
+      return H.parse_sse(out), out
+    end
+
+    local function usage_chunk(events)
+      assert.equals("[DONE]", events[#events].data)
+      local j = cjson.decode(events[#events - 1].data)
+      return j, events
+    end
+
+    it("stream_options.include_usage gives the final usage chunk on an OpenAI route", function()
+      local j, events = usage_chunk(stream("t46", { stream_options = { include_usage = true } }))
+      assert.same({}, j.choices)
+      assert.equals(12, j.usage.prompt_tokens)
+      assert.equals(5, j.usage.completion_tokens)
+      assert.equals(17, j.usage.total_tokens)
+      assert.equals(4, j.usage.prompt_tokens_details.cached_tokens)
+      assert.equals("stop", cjson.decode(events[#events - 2].data).choices[1].finish_reason)
+      -- not asked for: no usage chunk, but the route was still asked for it
+      j = usage_chunk(stream("t46"))
+      assert.is_nil(j.usage)
+      assert.equals(1, #j.choices)
+      assert.is_true(H.json(select(2, H.request(dir, "GET", fake.url .. "/_last"))).body.stream_options.include_usage)
+    end)
+
+    it("on an Anthropic route message_start and message_delta usage become the final usage chunk", function()
+      script("t47_a", { "401" })
+      local j = usage_chunk(stream("t47", { stream_options = { include_usage = true } }))
+      assert.same({}, j.choices)
+      assert.equals(12, j.usage.prompt_tokens)
+      assert.equals(5, j.usage.completion_tokens)
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      assert.is_nil(H.json(last).body.stream_options) -- not an Anthropic field
+    end)
+
+    it("counts a stream's tokens in /metrics by route, model and kind", function()
+      local _, before = H.request(dir, "GET", gw.url .. "/metrics")
+      local function value(text, route, kind)
+        return tonumber(text:match('openmesh_egress_tokens_total{route="' .. route ..
+          '",model="claude%-fake",kind="' .. kind .. '"} (%d+)')) or 0
+      end
+      local p0, c0 = value(before, "t47_b", "prompt"), value(before, "t47_b", "completion")
+      script("t47_a", { "401" })
+      usage_chunk(stream("t47"))
+      local _, after = H.request(dir, "GET", gw.url .. "/metrics")
+      assert.equals(p0 + 12, value(after, "t47_b", "prompt"))
+      assert.equals(c0 + 5, value(after, "t47_b", "completion"))
+      assert.matches('"event":"egress_call","route":"t47_b"', H.readfile(gw.out), 1, true)
     end)
   end)
 
