@@ -75,35 +75,21 @@ describe("openmesh egress, the real binary", function()
     end)
     return
   end
-  local bindir = H.bin:match("^(.*)/[^/]*$")
   local dir, fake, sink, gw, sinkfile, errfile
 
   local function start_fixture(name, args)
-    local p = H.spawn(H.q(bindir .. "/" .. name) .. " " .. args, dir, name .. math.random(1e6))
-    local port = H.wait_for(function()
-      return tonumber(H.readfile(p.out):match("listening http://127%.0%.0%.1:(%d+)"))
-    end, 5)
-    assert(port, name .. " did not start: " .. H.readfile(p.out))
-    p.url = "http://127.0.0.1:" .. port
-    return p
+    return H.start_fixture(dir, name, args)
   end
 
   local function start_gateway(policy, extra)
     local n = math.random(1e6)
     H.writefile(dir .. "/fallback" .. n .. ".lua", policy)
     H.writefile(dir .. "/heuristics.lua", HEURISTICS)
-    local p = H.spawn(string.format(
-      "OM_SPEC_OPENAI_KEY=sk-spec OM_SPEC_ANTHROPIC_KEY=ak-spec %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s --channels %s --errors %s %s",
-      H.q(H.bin), H.q(dir .. "/fallback" .. n .. ".lua"), H.q(dir .. "/heuristics.lua"),
-      H.q(dir .. "/channels.json"), H.q(errfile), extra or ""), dir, "egress" .. n)
-    local port = H.wait_for(function()
-      local port = H.readfile(p.out):match('"event":"egress_listening","url":"http://127%.0%.0%.1:(%d+)"')
-      if port then return tonumber(port) end
-      if H.readfile(p.rcfile) ~= "" then return -1 end
-    end, 10)
-    assert(port and port > 0, "openmesh egress did not start: " .. H.readfile(p.out))
-    p.url = "http://127.0.0.1:" .. port
-    return p
+    return H.start_egress(dir, "egress" .. n, string.format(
+      "--fallback %s --heuristics %s --channels %s --errors %s %s",
+      H.q(dir .. "/fallback" .. n .. ".lua"), H.q(dir .. "/heuristics.lua"),
+      H.q(dir .. "/channels.json"), H.q(errfile), extra or ""),
+      "OM_SPEC_OPENAI_KEY=sk-spec OM_SPEC_ANTHROPIC_KEY=ak-spec")
   end
 
   local function script(route, steps)
