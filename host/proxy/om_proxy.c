@@ -215,6 +215,15 @@ static int apply_settings(om__proxy_service_t *s,
   uint32_t limit;
   set->max_inflight = worker_share(s->proxy, set->max_inflight, 1);
   set->max_queue = worker_share(s->proxy, set->max_queue, 0);
+  /* each worker has its own upstream pool: the policy's idle limit per
+   * peer is the process's, shared out like the admission limits (the
+   * default follows from the worker's max_inflight share already) */
+  if (set->pool_max_idle != 0)
+    set->pool_max_idle = worker_share(s->proxy,
+                                      set->pool_max_idle > UINT32_MAX
+                                          ? UINT32_MAX
+                                          : (uint32_t)set->pool_max_idle,
+                                      1);
   limit = set->max_inflight;
   if (s->adm == NULL) {
     om_admission_opts_t ao = {set->max_inflight, UINT32_MAX};

@@ -425,7 +425,11 @@ static int summed_key(const char *k) {
                                     "declined",
                                     "not_allowed",
                                     "failed",
-                                    "tunnels_active"};
+                                    "tunnels_active",
+                                    "max_idle_per_peer",
+                                    "idle",
+                                    "connections_new",
+                                    "connections_reused"};
   for (size_t i = 0; i < sizeof sum / sizeof sum[0]; i++)
     if (strcmp(sum[i], k) == 0)
       return 1;

@@ -159,6 +159,7 @@ describe("the upstream pool through the real openmesh proxy", function()
     -- the metric agrees with the peers' own count of accepted connections
     assert.equal(accepted(), new1)
     -- and /status shows the limit in effect: 256 max_inflight over 2 peers
+    -- (summed over the workers, each holding its share)
     local status, body = H.request(dir, "GET", proxy.admin .. "/status")
     assert.equal(200, status)
     local up = H.json(body).services.pool.upstream_pool
@@ -180,7 +181,9 @@ return {
     H.writefile(dir .. "/one.json", cjson.encode({ services = { pool = { instances = {
       { id = "a", url = "http://127.0.0.1:" .. peers[1].port } } } } }))
     local before = accepted()
-    local p = H.start_proxy(dir, "limited", "--policy " .. H.q(dir .. "/limited.lua") ..
+    -- one worker: which connection a request reuses, and when the fifth
+    -- retires it, is one worker's pool's business (each has its own)
+    local p = H.start_proxy(dir, "limited", "--workers 1 --policy " .. H.q(dir .. "/limited.lua") ..
       " --static " .. H.q(dir .. "/one.json"))
     -- one at a time: every request after the first could reuse, but a
     -- connection is retired after its fifth
