@@ -481,6 +481,12 @@ static void merge_json(json_t *into, json_t *from, const char *parent) {
               (parent != NULL && strcmp(parent, "handshakes") == 0)))
       json_integer_set(x, json_integer_value(x) + json_integer_value(y));
   }
+  /* what only another worker saw (a peer's TLS error in peer_errors, a
+   * key of a map): the union, not the first worker's alone */
+  json_object_foreach(from, k, x) {
+    if (json_object_get(into, k) == NULL)
+      json_object_set_new(into, k, json_deep_copy(x));
+  }
 }
 
 static const om_http_header_t TEXT[] = {
