@@ -214,7 +214,10 @@ static int apply_settings(om__proxy_service_t *s,
   om_limiter_t *lim = NULL;
   uint32_t limit;
   set->max_inflight = worker_share(s->proxy, set->max_inflight, 1);
-  set->max_queue = worker_share(s->proxy, set->max_queue, 0);
+  /* the queue is not split: the shared socket spreads connections
+   * unevenly (700 and 300 of 1,000 is common), and a worker that holds
+   * more than its share of the callers must queue them, not refuse what
+   * the process as a whole would have queued (docs/PROXY.md "Workers") */
   /* each worker has its own upstream pool: the policy's idle limit per
    * peer is the process's, shared out like the admission limits (the
    * default follows from the worker's max_inflight share already) */

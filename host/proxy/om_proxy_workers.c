@@ -411,7 +411,6 @@ static int summed_key(const char *k) {
                                     "inflight",
                                     "queued",
                                     "limit",
-                                    "max_queue",
                                     "failures",
                                     "local_errors",
                                     "held_bytes",

@@ -90,7 +90,7 @@ describe("openmesh proxy --workers", function()
     assert.truthy(H.wait_for(function()
       local s = status().services.orders
       return s and s.pool.limit == 5 and s.pool.max_queue == 3
-    end, 5), "the shares of max_inflight 5 and max_queue 3 do not sum up")
+    end, 5), "the shares of max_inflight 5 do not sum up, or max_queue 3 is not each worker's")
   end)
 
   it("applies a control-plane change on every worker", function()
