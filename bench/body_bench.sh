@@ -66,21 +66,6 @@ for p in $sink_port $proxy_port $admin_port $haproxy_port; do
   fi
 done
 
-# wait_port PORT PID NAME: until PORT accepts, or PID dies, or 10 s
-wait_port() {
-  for _ in $(seq 100); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      log "$3 exited at start; its output:"
-      cat "$tmp/$3.out" >&2 2>/dev/null || true
-      exit 1
-    fi
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1 within 10 s"
-  exit 1
-}
-
 "$sink_bin" "$sink_port" >"$tmp/sink.out" 2>&1 &
 pids+=($!)
 wait_port "$sink_port" $! sink

@@ -53,6 +53,7 @@ nginx_port=$((base + 3))
 sizes=(2 16 4096 10000)
 
 log() { echo "fleet_bench: $*" >&2; }
+wait_port_s=30 # 10,000 peers and 4,096 servers take a while to start
 
 for port in $up_port $proxy_port $admin_port $nginx_port; do
   if port_busy "$port"; then
@@ -64,21 +65,6 @@ done
 om_bench_tmp fleet
 
 addr_of() { echo "127.1.$(($1 / 250)).$(($1 % 250 + 1))"; }
-
-wait_port() { # PORT PID NAME
-  local _
-  for _ in $(seq 300); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      log "$3 exited at start; its output:"
-      cat "$tmp/$3.out" >&2 2>/dev/null || true
-      exit 1
-    fi
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1 within 30 s"
-  exit 1
-}
 
 nginx_head() { # NAME
   cat <<EOF

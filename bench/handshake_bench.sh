@@ -50,19 +50,6 @@ log() { echo "handshake_bench: $*" >&2; }
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 om_bench_tmp handshake-bench
-wait_port() {
-  for _ in $(seq 100); do
-    kill -0 "$2" 2>/dev/null || {
-      log "$3 exited at start:"
-      cat "$tmp/$3.out" >&2 || true
-      exit 1
-    }
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1"
-  exit 1
-}
 
 om_port=$base
 ng_port=$((base + 1))

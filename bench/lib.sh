@@ -8,6 +8,9 @@
 # up to 2 s, KILL, reaped) and drop it from $pids, so that a bench can
 # restart its contenders with another configuration within one run.
 # port_busy PORT: whether something accepts on 127.0.0.1:PORT.
+# wait_port PORT PID NAME: until PORT accepts (return), or PID exits or
+# $wait_port_s seconds pass (default 10): then say so through the script's
+# log(), show $tmp/NAME.out and $tmp/NAME.log, and exit 1.
 
 # om_bench_reap PID: after a TERM, up to 2 s to drain, then KILL, reaped
 om_bench_reap() {
@@ -49,3 +52,18 @@ om_bench_tmp() {
 }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local _
+  for _ in $(seq $((${wait_port_s:-10} * 10))); do
+    if ! kill -0 "$2" 2>/dev/null; then
+      log "$3 exited at start; its output:"
+      cat "$tmp/$3.out" "$tmp/$3.log" >&2 2>/dev/null || true
+      exit 1
+    fi
+    port_busy "$1" && return 0
+    sleep 0.1
+  done
+  log "$3 did not listen on 127.0.0.1:$1 within ${wait_port_s:-10} s"
+  exit 1
+}

@@ -59,20 +59,6 @@ for p in $up_a $up_b ${port_of[addr]} ${port_of[names]} ${port_of[addr_b]}; do
   fi
 done
 
-wait_port() { # PORT PID NAME
-  for _ in $(seq 100); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      log "$3 exited at start:"
-      cat "$tmp/$3.out" >&2 || true
-      exit 1
-    fi
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1 within 10 s"
-  exit 1
-}
-
 cat >"$tmp/upstream.conf" <<EOF
 worker_processes 1;
 pid $tmp/upstream.pid;

@@ -193,22 +193,6 @@ for p in $proxy_port $admin_port $nginx_port $haproxy_port $nginx_b_port \
   fi
 done
 
-# wait_port PORT PID NAME: until PORT accepts, or PID dies, or 10 s
-wait_port() {
-  local _
-  for _ in $(seq 100); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      log "$3 exited at start; its output:"
-      cat "$tmp/$3.out" "$tmp/$3.log" >&2 2>/dev/null || true
-      exit 1
-    fi
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1 within 10 s"
-  exit 1
-}
-
 # nginx_common NAME WORKERS: nginx's temp paths and pid file go to the
 # temp dir, never /var; the workers run as the bench's user (under root
 # they would be nobody's, and the temp dir is 0700)

@@ -74,21 +74,6 @@ for p in $up $proxy_port $admin_port $nginx_port $nginx_b_port; do
   fi
 done
 
-wait_port() { # PORT PID NAME
-  local _
-  for _ in $(seq 100); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      log "$3 exited at start; its output:"
-      cat "$tmp/$3.out" "$tmp/$3.log" >&2 2>/dev/null || true
-      exit 1
-    fi
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  log "$3 did not listen on 127.0.0.1:$1 within 10 s"
-  exit 1
-}
-
 bash "$here/../tests/fixtures/tls_certs.sh" "$tmp/certs"
 certs=$tmp/certs
 
