@@ -41,30 +41,18 @@ proxy_port=$((base + 1))
 admin_port=$((base + 2))
 haproxy_port=$((base + 3))
 sink_bin=$(dirname "$bin")/../bench/upload_sink
-PATH="$PATH:/usr/sbin"
 
 log() { echo "body_bench: $*" >&2; }
 
-for tool in wrk haproxy; do
-  command -v "$tool" >/dev/null 2>&1 || {
-    log "$tool not found (run scripts/deps-bench)"
-    exit 1
-  }
-done
-
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need wrk haproxy
 om_bench_tmp body-bench
 if [ ! -x "$sink_bin" ]; then
   log "$sink_bin not found (build the bench targets)"
   exit 2
 fi
-for p in $sink_port $proxy_port $admin_port $haproxy_port; do
-  if port_busy "$p"; then
-    log "port $p on 127.0.0.1 is taken; set OM_BENCH_BODY_PORT"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_BODY_PORT $sink_port $proxy_port $admin_port $haproxy_port
 
 "$sink_bin" "$sink_port" >"$tmp/sink.out" 2>&1 &
 pids+=($!)

@@ -55,12 +55,7 @@ sizes=(2 16 4096 10000)
 log() { echo "fleet_bench: $*" >&2; }
 wait_port_s=30 # 10,000 peers and 4,096 servers take a while to start
 
-for port in $up_port $proxy_port $admin_port $nginx_port; do
-  if port_busy "$port"; then
-    log "port $port is taken (set OM_BENCH_PORT_BASE)"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_PORT_BASE $up_port $proxy_port $admin_port $nginx_port
 
 om_bench_tmp fleet
 
@@ -76,11 +71,7 @@ http {
   access_log off;
   keepalive_timeout 300s;
   keepalive_requests 1000000000;
-  client_body_temp_path $tmp/$1-body;
-  proxy_temp_path $tmp/$1-proxy;
-  fastcgi_temp_path $tmp/$1-fastcgi;
-  uwsgi_temp_path $tmp/$1-uwsgi;
-  scgi_temp_path $tmp/$1-scgi;
+  $(om_nginx_temp_paths "$tmp/$1-")
 EOF
 }
 

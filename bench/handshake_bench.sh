@@ -36,30 +36,18 @@ secs=${OM_BENCH_TLS_SECONDS:-4}
 rounds=${OM_BENCH_TLS_ROUNDS:-5}
 base=${OM_BENCH_TLS_PORT_BASE:-19520}
 here=$(cd "$(dirname "$0")/.." && pwd)
-PATH="$PATH:/usr/sbin"
-
-for tool in nginx openssl; do
-  command -v "$tool" >/dev/null 2>&1 || {
-    echo "handshake_bench: $tool not found (run scripts/deps-bench)" >&2
-    exit 1
-  }
-done
 
 log() { echo "handshake_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need nginx openssl
 om_bench_tmp handshake-bench
 
 om_port=$base
 ng_port=$((base + 1))
 ngb_port=$((base + 2))
-for p in $om_port $ng_port $ngb_port; do
-  if port_busy "$p"; then
-    log "port $p is taken; set OM_BENCH_TLS_PORT_BASE"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_TLS_PORT_BASE $om_port $ng_port $ngb_port
 
 "$here/tests/fixtures/tls_certs.sh" "$tmp/certs"
 cert=$tmp/certs/server.pem
@@ -79,11 +67,7 @@ error_log $tmp/$1.out warn;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $tmp/$1-body;
-  proxy_temp_path $tmp/$1-proxy;
-  fastcgi_temp_path $tmp/$1-fastcgi;
-  uwsgi_temp_path $tmp/$1-uwsgi;
-  scgi_temp_path $tmp/$1-scgi;
+  $(om_nginx_temp_paths "$tmp/$1-")
   server {
     listen 127.0.0.1:$2 ssl;
     ssl_certificate $cert;

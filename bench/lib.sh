@@ -11,6 +11,12 @@
 # wait_port PORT PID NAME: until PORT accepts (return), or PID exits or
 # $wait_port_s seconds pass (default 10): then say so through the script's
 # log(), show $tmp/NAME.out and $tmp/NAME.log, and exit 1.
+# om_bench_need TOOL...: each TOOL on PATH (which gains /usr/sbin, where
+# nginx and haproxy live), or say which is missing and exit 1.
+# om_bench_ports_free HINT PORT...: each PORT free on 127.0.0.1, or say
+# which is taken and which variable (HINT) moves the bench, and exit 1.
+# om_nginx_temp_paths PREFIX: nginx's five temp-path directives under
+# PREFIX, so that an nginx started by a bench never writes outside $tmp.
 
 # om_bench_reap PID: after a TERM, up to 2 s to drain, then KILL, reaped
 om_bench_reap() {
@@ -66,4 +72,31 @@ wait_port() {
   done
   log "$3 did not listen on 127.0.0.1:$1 within ${wait_port_s:-10} s"
   exit 1
+}
+
+om_bench_need() {
+  local t
+  PATH="$PATH:/usr/sbin"
+  for t in "$@"; do
+    command -v "$t" >/dev/null 2>&1 && continue
+    log "$t not found (run scripts/deps-bench)"
+    exit 1
+  done
+}
+
+om_bench_ports_free() {
+  local hint=$1 p
+  shift
+  for p in "$@"; do
+    port_busy "$p" || continue
+    log "port $p on 127.0.0.1 is taken; set $hint"
+    exit 1
+  done
+}
+
+om_nginx_temp_paths() {
+  local d
+  for d in client_body proxy fastcgi uwsgi scgi; do
+    printf '  %s_temp_path %s%s;\n' "$d" "$1" "${d#client_}"
+  done
 }

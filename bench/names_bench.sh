@@ -34,13 +34,6 @@ fi
 duration=${OM_BENCH_DURATION:-2}
 rounds=${OM_BENCH_ROUNDS:-9}
 base=${OM_BENCH_PORT_BASE:-19540}
-PATH="$PATH:/usr/sbin"
-for tool in wrk nginx curl; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "names_bench: $tool not found (run scripts/deps-bench)" >&2
-    exit 1
-  fi
-done
 
 up_a=$base
 up_b=$((base + 1))
@@ -51,6 +44,7 @@ log() { echo "names_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need wrk nginx curl
 om_bench_tmp names-bench
 for p in $up_a $up_b ${port_of[addr]} ${port_of[names]} ${port_of[addr_b]}; do
   if port_busy "$p" || port_busy $((p + 1)); then
@@ -68,11 +62,7 @@ http {
   access_log off;
   keepalive_timeout 300s;
   keepalive_requests 1000000000;
-  client_body_temp_path $tmp/body;
-  proxy_temp_path $tmp/proxy;
-  fastcgi_temp_path $tmp/fastcgi;
-  uwsgi_temp_path $tmp/uwsgi;
-  scgi_temp_path $tmp/scgi;
+  $(om_nginx_temp_paths "$tmp/")
   server {
     listen 127.0.0.1:$up_a;
     listen 127.0.0.1:$up_b;

@@ -50,13 +50,6 @@ fi
 conn_counts=${OM_BENCH_CONNS:-32 200 1000}
 base=${OM_BENCH_PORT_BASE:-19600}
 max_idle=${OM_BENCH_MAX_IDLE:-}
-PATH="$PATH:/usr/sbin"
-for tool in wrk nginx curl; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "pool_bench: $tool not found (run scripts/deps-bench)" >&2
-    exit 1
-  fi
-done
 
 up_a=$base
 up_b=$((base + 1))
@@ -68,13 +61,9 @@ log() { echo "pool_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need wrk nginx curl
 om_bench_tmp pool-bench
-for p in $up_a $up_b $status_port $proxy_port $admin_port; do
-  if port_busy "$p"; then
-    log "port $p on 127.0.0.1 is taken; set OM_BENCH_PORT_BASE"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_PORT_BASE $up_a $up_b $status_port $proxy_port $admin_port
 
 start() { # NAME PORT CMD...
   local name=$1 port=$2
@@ -94,11 +83,7 @@ http {
   access_log off;
   keepalive_timeout 300s;
   keepalive_requests 1000000000;
-  client_body_temp_path $tmp/body;
-  proxy_temp_path $tmp/proxy;
-  fastcgi_temp_path $tmp/fastcgi;
-  uwsgi_temp_path $tmp/uwsgi;
-  scgi_temp_path $tmp/scgi;
+  $(om_nginx_temp_paths "$tmp/")
   server {
     listen 127.0.0.1:$up_a;
     listen 127.0.0.1:$up_b;

@@ -146,15 +146,6 @@ c1)
   ;;
 esac
 
-for tool in wrk nginx haproxy taskset curl; do
-  if ! command -v "$tool" >/dev/null 2>&1 &&
-    [ ! -x "/usr/sbin/$tool" ]; then
-    echo "proxy_bench: $tool not found (run scripts/deps-bench)" >&2
-    exit 1
-  fi
-done
-PATH="$PATH:/usr/sbin"
-
 # The proxy's --workers, when this binary has it; the diagnostic gives it 1.
 workers_flag=0
 if "$bin" proxy --help 2>&1 | grep -q -- '--workers'; then workers_flag=1; fi
@@ -174,6 +165,7 @@ log() { echo "proxy_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
+om_bench_need wrk nginx haproxy taskset curl
 om_bench_tmp proxy-bench
 # OM_BENCH_QDIR: keep every diagnostic latency run's quantile function
 # there (q_pinned.CONTENDER.ROUND), e.g. to pool several runs
@@ -185,13 +177,8 @@ keep_qdir() {
 }
 trap 'keep_qdir; om_bench_cleanup' EXIT
 
-for p in $proxy_port $admin_port $nginx_port $haproxy_port $nginx_b_port \
-  $(seq "$peer_base" $((peer_base + npeers - 1))); do
-  if port_busy "$p"; then
-    log "port $p on 127.0.0.1 is taken; set OM_BENCH_PORT_BASE or OM_BENCH_PEER_PORT_BASE"
-    exit 1
-  fi
-done
+om_bench_ports_free "OM_BENCH_PORT_BASE or OM_BENCH_PEER_PORT_BASE" $proxy_port $admin_port $nginx_port $haproxy_port $nginx_b_port \
+  $(seq "$peer_base" $((peer_base + npeers - 1)))
 
 # nginx_common NAME WORKERS: nginx's temp paths and pid file go to the
 # temp dir, never /var; the workers run as the bench's user (under root
@@ -211,11 +198,7 @@ nginx_http_common() {
   access_log off;
   keepalive_timeout 300s;
   keepalive_requests 1000000000;
-  client_body_temp_path $tmp/$1-body;
-  proxy_temp_path $tmp/$1-proxy;
-  fastcgi_temp_path $tmp/$1-fastcgi;
-  uwsgi_temp_path $tmp/$1-uwsgi;
-  scgi_temp_path $tmp/$1-scgi;
+  $(om_nginx_temp_paths "$tmp/$1-")
 EOT
 }
 

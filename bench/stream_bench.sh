@@ -47,30 +47,18 @@ admin_port=$((base + 2))
 sink_port=$((base + 3))
 nginx_port=$((base + 4))
 sink_bin=$(dirname "$bin")/../bench/upload_sink
-PATH="$PATH:/usr/sbin"
 
 log() { echo "stream_bench: $*" >&2; }
 
-for tool in nginx curl; do
-  command -v "$tool" >/dev/null 2>&1 || {
-    log "$tool not found (run scripts/deps-bench)"
-    exit 1
-  }
-done
-
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need nginx curl
 om_bench_tmp stream-bench
 if [ ! -x "$sink_bin" ]; then
   log "$sink_bin not found (build the bench targets)"
   exit 2
 fi
-for p in $up_port $proxy_port $admin_port $sink_port $nginx_port; do
-  if port_busy "$p"; then
-    log "port $p on 127.0.0.1 is taken; set OM_BENCH_STREAM_PORT"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_STREAM_PORT $up_port $proxy_port $admin_port $sink_port $nginx_port
 
 chmod 755 "$tmp" # nginx workers run as an unprivileged user
 truncate -s "$bytes" "$tmp/big"
@@ -85,11 +73,7 @@ http {
   access_log off;
   sendfile on;
   client_max_body_size 0;
-  client_body_temp_path $tmp/body;
-  proxy_temp_path $tmp/proxy;
-  fastcgi_temp_path $tmp/fastcgi;
-  uwsgi_temp_path $tmp/uwsgi;
-  scgi_temp_path $tmp/scgi;
+  $(om_nginx_temp_paths "$tmp/")
   server {
     listen 127.0.0.1:$up_port;
     root $tmp;
@@ -113,11 +97,7 @@ events { worker_connections 1024; }
 http {
   access_log off;
   client_max_body_size 0;
-  client_body_temp_path $tmp/p-body;
-  proxy_temp_path $tmp/p-proxy;
-  fastcgi_temp_path $tmp/p-fastcgi;
-  uwsgi_temp_path $tmp/p-uwsgi;
-  scgi_temp_path $tmp/p-scgi;
+  $(om_nginx_temp_paths "$tmp/p-")
   upstream files { server 127.0.0.1:$up_port; keepalive 8; }
   upstream sink { server 127.0.0.1:$sink_port; keepalive 8; }
   server {

@@ -47,14 +47,6 @@ rounds=${OM_BENCH_ROUNDS:-3}
 conns=${OM_BENCH_CONNECTIONS:-50}
 base=${OM_BENCH_TLS_PORT_BASE:-19540}
 
-for tool in wrk nginx openssl; do
-  if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$tool" ]; then
-    echo "tls_bench: $tool not found (run scripts/deps-bench)" >&2
-    exit 1
-  fi
-done
-PATH="$PATH:/usr/sbin"
-
 up=$base
 proxy_port=$((base + 1))
 admin_port=$((base + 2))
@@ -65,14 +57,10 @@ log() { echo "tls_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+om_bench_need wrk nginx openssl
 om_bench_tmp tls-bench
 
-for p in $up $proxy_port $admin_port $nginx_port $nginx_b_port; do
-  if port_busy "$p"; then
-    log "port $p on 127.0.0.1 is taken; set OM_BENCH_TLS_PORT_BASE"
-    exit 1
-  fi
-done
+om_bench_ports_free OM_BENCH_TLS_PORT_BASE $up $proxy_port $admin_port $nginx_port $nginx_b_port
 
 bash "$here/../tests/fixtures/tls_certs.sh" "$tmp/certs"
 certs=$tmp/certs
@@ -87,11 +75,7 @@ http {
   access_log off;
   keepalive_timeout 300s;
   keepalive_requests 1000000000;
-  client_body_temp_path $tmp/$1-body;
-  proxy_temp_path $tmp/$1-proxy;
-  fastcgi_temp_path $tmp/$1-fastcgi;
-  uwsgi_temp_path $tmp/$1-uwsgi;
-  scgi_temp_path $tmp/$1-scgi;
+  $(om_nginx_temp_paths "$tmp/$1-")
 EOF
 }
 
