@@ -177,7 +177,9 @@ http {{
 
         def revision():
             st = get_json(ADMIN, "/status")
-            svc = st["services"]["bench"]
+            svc = st["services"].get("bench")
+            if svc is None:  # no snapshot applied yet
+                return 0, 0
             return svc.get("revision", 0), svc.get("peers_total",
                                                    len(svc.get("peers", [])))
 

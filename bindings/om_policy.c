@@ -31,7 +31,9 @@ struct om_policy_s {
   om_policy_kind_t kind;
   char *name;
   size_t n_peers;
-  uint32_t *seen; /* per-peer stamp of the call that returned it */
+  uint64_t peers_tag; /* the caller's name for the current view, */
+  int peers_tagged;   /* when it gave one (om_policy_set_peers_from) */
+  uint32_t *seen;     /* per-peer stamp of the call that returned it */
   uint32_t stamp;
   om__peer_map_t map;
   om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
@@ -480,6 +482,7 @@ typedef struct {
   const om_policy_peer_t *peers;
   size_t n;
   om_lua_view_md_t *md;
+  const int32_t *prev; /* NULL, or per peer its index in the current view */
 } peers_arg_t;
 
 /* A C copy of the peers' metadata, in one allocation (see om_lua.h). */
@@ -526,10 +529,19 @@ static om_lua_view_md_t *copy_metadata(const om_policy_peer_t *peers,
 /* Build {peer, ...} and store it as the view. Runs protected. */
 static int build_peers(lua_State *L) {
   const peers_arg_t *a = lua_touserdata(L, 1);
-  lua_createtable(L, (int)a->n, 0); /* [a, peers] */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS); /* [a, old] */
+  lua_createtable(L, (int)a->n, 0);            /* [a, old, peers] */
   for (size_t i = 0; i < a->n; i++) {
     const om_policy_peer_t *pe = &a->peers[i];
-    lua_createtable(L, 0, 5); /* [a, peers, peer] */
+    if (a->prev != NULL && a->prev[i] >= 0 && lua_istable(L, 2)) {
+      /* unchanged since the current view: the same table */
+      if (lua_rawgeti(L, 2, (lua_Integer)a->prev[i] + 1) == LUA_TTABLE) {
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+        continue;
+      }
+      lua_pop(L, 1);
+    }
+    lua_createtable(L, 0, 5); /* [a, old, peers, peer] */
     lua_pushstring(L, pe->id);
     lua_setfield(L, -2, "id");
     lua_pushstring(L, pe->url != NULL ? pe->url : "");
@@ -568,8 +580,17 @@ static void map_fill(om__peer_map_t *m, lua_State *L, size_t n) {
 
 int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
                         size_t n) {
+  int rc = om_policy_set_peers_from(p, peers, n, NULL, 0, 0);
+  if (rc == 0)
+    p->peers_tagged = 0;
+  return rc;
+}
+
+int om_policy_set_peers_from(om_policy_t *p, const om_policy_peer_t *peers,
+                             size_t n, const int32_t *prev, uint64_t prev_tag,
+                             uint64_t tag) {
   lua_State *L = om_sandbox_state(p->sb);
-  peers_arg_t a = {peers, n, NULL};
+  peers_arg_t a = {peers, n, NULL, NULL};
   om__peer_map_t map = {0};
   uint32_t *seen;
   size_t slots = om__peer_map_slots(n);
@@ -579,6 +600,8 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
   for (size_t i = 0; i < n; i++)
     if (peers[i].id == NULL)
       return OM_EINVAL;
+  if (prev != NULL && p->peers_tagged && p->peers_tag == prev_tag)
+    a.prev = prev;
   seen = calloc(n ? n : 1, sizeof *seen);
   map.keys = calloc(slots, sizeof *map.keys);
   map.index = calloc(slots, sizeof *map.index);
@@ -603,6 +626,8 @@ int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
   p->map = map;
   p->stamp = 0;
   p->n_peers = n;
+  p->peers_tag = tag;
+  p->peers_tagged = 1;
   return 0;
 nomem:
   free(seen);

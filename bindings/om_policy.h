@@ -119,6 +119,18 @@ void om_policy_push_contract(om_policy_t *p);
 int om_policy_set_peers(om_policy_t *p, const om_policy_peer_t *peers,
                         size_t n);
 
+/*
+ * om_policy_set_peers_from: the same, naming the new view `tag`; when the
+ * current view is the one named prev_tag, prev[i] >= 0 says peer i is
+ * unchanged (id, url, zone, weight, metadata) from the current view's peer
+ * prev[i], and its Lua table is kept instead of built again. A policy
+ * that writes to a peer table sees the write for as long as that peer is
+ * unchanged. With prev NULL, or another current view, it builds all.
+ */
+int om_policy_set_peers_from(om_policy_t *p, const om_policy_peer_t *peers,
+                             size_t n, const int32_t *prev, uint64_t prev_tag,
+                             uint64_t tag);
+
 /* The number of peers in the current view. */
 size_t om_policy_peer_count(const om_policy_t *p);
 

@@ -1242,6 +1242,71 @@ static void canary_never_reaches_unmatched_requests(void **state) {
   env_close(&e);
 }
 
+/*
+ * A new revision gives the policy its peers again, keeping the Lua tables
+ * of unchanged instances (om_proxy_view.c): what changed must show (a
+ * peer whose metadata moved is routed on its new value) and what did not
+ * must still be a table the policy may return.
+ */
+static void policy_sees_each_revision_of_its_peers(void **state) {
+  env_t e;
+  fx_t *a, *b, *c;
+  res_t r;
+  char path[256], key[64];
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_OK);
+  b = env_fx(&e, "b", FX_OK);
+  c = env_fx(&e, "c", FX_OK);
+  a->mkey = b->mkey = c->mkey = "version";
+  a->mval = "v2";
+  b->mval = c->mval = "v1";
+  snprintf(path, sizeof path, "%s/by_version.lua", g_dir);
+  write_file(path, "return { kind = \"traffic\", vary = {},\n"
+                   "  subset = function(_, peers)\n"
+                   "    local out = {}\n"
+                   "    for _, p in ipairs(peers) do\n"
+                   "      if p.metadata.version == 'v2' then\n"
+                   "        out[#out + 1] = p\n"
+                   "      end\n"
+                   "    end\n"
+                   "    return out\n"
+                   "  end }\n");
+  env_proxy(&e, NULL, path);
+  env_topology(&e, "orders", 1);
+  for (int i = 0; i < 4; i++) {
+    get(&e, "orders", NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.peer, "a");
+  }
+  /* b moves to v2, a and c stay: a's table is kept, b's is new */
+  b->mval = "v2";
+  env_topology(&e, "orders", 2);
+  a->requests = b->requests = 0;
+  for (int i = 0; i < 40; i++) {
+    snprintf(key, sizeof key, "x-openmesh-key: k%d\r\n", i);
+    get(&e, "orders", key, &r); /* keyed: spread over the subset */
+    assert_int_equal(r.status, 200);
+  }
+  OM_ASSERT_CMP(a->requests, >, 0);
+  OM_ASSERT_CMP(b->requests, >, 0);
+  assert_int_equal(c->requests, 0);
+  /* a leaves v2, c joins: only b and c */
+  a->mval = "v1";
+  c->mval = "v2";
+  env_topology(&e, "orders", 3);
+  a->requests = b->requests = c->requests = 0;
+  for (int i = 0; i < 40; i++) {
+    snprintf(key, sizeof key, "x-openmesh-key: k%d\r\n", i);
+    get(&e, "orders", key, &r); /* keyed: spread over the subset */
+    assert_int_equal(r.status, 200);
+  }
+  assert_int_equal(a->requests, 0);
+  OM_ASSERT_CMP(b->requests, >, 0);
+  OM_ASSERT_CMP(c->requests, >, 0);
+  env_close(&e);
+}
+
 /* ------------------------------------------------------------------ */
 /* deadlines and admission */
 
@@ -3819,6 +3884,7 @@ int main(void) {
       cmocka_unit_test(unkeyed_load_spreads_by_load),
       cmocka_unit_test(adaptive_pool_stays_within_max_inflight),
       cmocka_unit_test(canary_never_reaches_unmatched_requests),
+      cmocka_unit_test(policy_sees_each_revision_of_its_peers),
       cmocka_unit_test(deadline_bounds_total_latency),
       cmocka_unit_test(expired_in_queue_never_reaches_upstream),
       cmocka_unit_test(overload_fails_fast_with_bounded_state),

@@ -298,7 +298,7 @@ static int on_policy_swap(void *ud, om_policy_t *next, om_policy_t *prev) {
   set.max_body_bytes = s->proxy->opts.max_body_bytes;
   set.replay_limit = s->proxy->opts.replay_limit;
   if (read_settings(next, &set) != 0 ||
-      om__proxy_policy_set_peers(next, s->view) != 0)
+      om__proxy_policy_set_peers(next, s->view, NULL) != 0)
     return -1;
   if (om_circuit_init(&probe, &set.circuit) != 0)
     return -1; /* the contract keeps these valid: be safe anyway */
@@ -427,8 +427,9 @@ static void service_free(om__proxy_service_t *s) {
 }
 
 /* A new service with view v (taken) and its policy loaded. */
-static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
+static int service_new(om_proxy_t *p, om__proxy_topo_t *topo, char *err,
                        size_t errlen, om__proxy_service_t **out) {
+  om_snapshot_t *snap = topo->snap;
   om__proxy_service_t *s = calloc(1, sizeof *s);
   om_policy_watch_opts_t wo;
   char perr[2048];
@@ -444,7 +445,7 @@ static int service_new(om_proxy_t *p, om_snapshot_t *snap, char *err,
   }
   /* the proxy's circuit settings until the policy's are read */
   s->set.circuit = s->circuit_applied = p->circuit;
-  if ((rc = om__proxy_view_build(p, s, &p->circuit, NULL, snap, &s->view)) !=
+  if ((rc = om__proxy_view_build(p, s, &p->circuit, NULL, topo, &s->view)) !=
       0) {
     service_free(s);
     return rc;
@@ -510,26 +511,23 @@ int om_proxy_check_snapshot(const om_proxy_t *p, const om_snapshot_t *snap,
   return 0;
 }
 
-int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
-                          size_t errlen) {
+/*
+ * Whether snap may replace what p has for its service: 1 to apply, 0 when
+ * it is the current revision (nothing to do), or OM_ESTATE (older, or the
+ * proxy closing) with err. *sp: the service, NULL when new.
+ */
+static int snapshot_gate(om_proxy_t *p, const om_snapshot_t *snap, char *err,
+                         size_t errlen, om__proxy_service_t **sp) {
+  const char *name = om_snapshot_service(snap);
   om__proxy_service_t *s;
-  om__proxy_view_t *v = NULL;
-  const char *name;
-  size_t n;
-  int rc;
-  if (p == NULL || snap == NULL) {
-    om_errbuf(err, errlen, "invalid arguments");
-    return OM_EINVAL;
-  }
   if (p->closing) {
     om_errbuf(err, errlen, "the proxy is closing");
     return OM_ESTATE;
   }
-  name = om_snapshot_service(snap);
-  n = om_snapshot_count(snap);
   s = om__proxy_find_service(p, name, strlen(name));
   if (s != NULL && strcmp(s->name, name) != 0)
     s = NULL; /* a case-insensitive match is another service here */
+  *sp = s;
   if (s != NULL) {
     uint64_t cur = om_snapshot_revision(s->view->snap);
     if (om_snapshot_revision(snap) < cur) {
@@ -542,8 +540,36 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     if (om_snapshot_revision(snap) == cur)
       return 0;
   }
-  rc = om_proxy_check_snapshot(p, snap, err, errlen);
-  if (rc != 0)
+  return 1;
+}
+
+int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
+                          size_t errlen) {
+  om__proxy_service_t *s;
+  om__proxy_topo_t *topo;
+  int rc;
+  if (p == NULL || snap == NULL) {
+    om_errbuf(err, errlen, "invalid arguments");
+    return OM_EINVAL;
+  }
+  if ((rc = snapshot_gate(p, snap, err, errlen, &s)) <= 0)
+    return rc;
+  if ((rc = om__proxy_topo_new(p, snap, &topo, err, errlen)) != 0)
+    return rc;
+  rc = om__proxy_set_topo(p, topo, err, errlen);
+  om__proxy_topo_unref(topo);
+  return rc;
+}
+
+int om__proxy_set_topo(om_proxy_t *p, om__proxy_topo_t *topo, char *err,
+                       size_t errlen) {
+  om_snapshot_t *snap = topo->snap;
+  om__proxy_service_t *s;
+  om__proxy_view_t *v = NULL;
+  const char *name = om_snapshot_service(snap);
+  size_t n = om_snapshot_count(snap);
+  int rc;
+  if ((rc = snapshot_gate(p, snap, err, errlen, &s)) <= 0)
     return rc;
   if (scratch_reserve(p, n) != 0) {
     om_errbuf(err, errlen, "out of memory");
@@ -560,7 +586,7 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     p->cap_services = cap;
   }
   if (s == NULL) {
-    rc = service_new(p, snap, err, errlen, &s);
+    rc = service_new(p, topo, err, errlen, &s);
     if (rc != 0) {
       if (rc == OM_ENOMEM)
         om_errbuf(err, errlen, "out of memory");
@@ -568,9 +594,9 @@ int om_proxy_set_snapshot(om_proxy_t *p, om_snapshot_t *snap, char *err,
     }
     p->services[p->n_services++] = s;
   } else {
-    rc = om__proxy_view_build(p, s, &s->circuit_applied, s->view, snap, &v);
-    if (rc == 0 &&
-        (rc = om__proxy_policy_set_peers(om__proxy_policy(s), v)) != 0) {
+    rc = om__proxy_view_build(p, s, &s->circuit_applied, s->view, topo, &v);
+    if (rc == 0 && (rc = om__proxy_policy_set_peers(om__proxy_policy(s), v,
+                                                    s->view)) != 0) {
       om__proxy_view_unref(v);
       v = NULL;
     }

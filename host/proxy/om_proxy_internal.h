@@ -7,6 +7,7 @@
 #ifndef OM_PROXY_INTERNAL_H
 #define OM_PROXY_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "om_admission.h"
@@ -115,15 +116,35 @@ typedef struct om__proxy_peer_s {
   const char *tls_error; /* the latest TLS handshake failure (static) */
 } om__proxy_peer_t;
 
+/*
+ * What one snapshot revision of a service is before any worker touches
+ * it: the snapshot, checked (every URL is one the proxy can call), the
+ * rendezvous hashes of its peers, their weights, and the peers as the
+ * traffic policy is given them (pointing into the snapshot). Built once,
+ * on the control loop when there are workers, and shared read-only by
+ * every worker's view of that revision; refs are atomic. What a worker
+ * still does per revision is its own: peers' call state, P2C, the
+ * policy's Lua view (om_proxy_view.c).
+ */
+typedef struct om__proxy_topo_s {
+  atomic_size_t refs;
+  om_snapshot_t *snap;
+  om_rendezvous_t *rdv; /* NULL when empty */
+  double *weights;      /* [n] */
+  om_policy_peer_t *pp; /* [n] */
+  om_policy_kv_t *kv;   /* the metadata pp points into */
+} om__proxy_topo_t;
+
 /* The peers of one snapshot revision, immutable once built. */
 typedef struct om__proxy_view_s {
   uint32_t refs; /* the service + calls routed on it */
-  om_snapshot_t *snap;
+  om__proxy_topo_t *topo;
+  om_snapshot_t *snap; /* topo's */
   size_t n;
   om__proxy_peer_t **peers; /* n, in snapshot (id) order; refs held */
   size_t max_prefix;        /* the longest peer URL path prefix */
-  om_rendezvous_t *rdv;     /* NULL when n == 0 */
-  om_p2c_t *p2c;            /* NULL when n == 0 */
+  om_rendezvous_t *rdv;     /* topo's; NULL when n == 0 */
+  om_p2c_t *p2c;            /* this worker's; NULL when n == 0 */
 } om__proxy_view_t;
 
 /* Pool and retry settings from a traffic policy (defaults filled in). */
@@ -406,6 +427,13 @@ om__proxy_service_t *om__proxy_find_service(const om_proxy_t *p,
 om_policy_t *om__proxy_policy(const om__proxy_service_t *s);
 
 /* om_proxy_view.c */
+/* The topology of snap (a reference taken), after om_proxy_check_snapshot
+ * (p: any proxy of the process; its state is not read). 0 and *out, or
+ * that check's code with err, or OM_ENOMEM. Any thread. */
+int om__proxy_topo_new(const om_proxy_t *p, om_snapshot_t *snap,
+                       om__proxy_topo_t **out, char *err, size_t errlen);
+om__proxy_topo_t *om__proxy_topo_ref(om__proxy_topo_t *t);
+void om__proxy_topo_unref(om__proxy_topo_t *t);
 void om__proxy_view_unref(om__proxy_view_t *v);
 void om__proxy_peer_unref(om__proxy_peer_t *peer);
 /* A peer's upstream target from its URL (the one URL rule, om_url.h): a
@@ -419,15 +447,21 @@ int om__proxy_peer_target(const char *url, om_upstream_target_t *t, om_url_t *u,
  * another code with nothing built. */
 int om__proxy_view_build(om_proxy_t *p, om__proxy_service_t *s,
                          const om_circuit_opts_t *co,
-                         const om__proxy_view_t *old, om_snapshot_t *snap,
+                         const om__proxy_view_t *old, om__proxy_topo_t *topo,
                          om__proxy_view_t **out);
 /* Make v the service's current view (taking its reference), carrying each
  * kept peer's selection state over; the old view is released. Cannot
  * fail. */
 void om__proxy_view_install(om__proxy_service_t *s, om__proxy_view_t *v);
-/* Give the policy the view's peers. Returns om_policy_set_peers's code
- * (or OM_ENOMEM). */
-int om__proxy_policy_set_peers(om_policy_t *pol, const om__proxy_view_t *v);
+/* Give the policy the view's peers; with old (the view the policy has
+ * now, or NULL), the tables of peers unchanged since old are kept.
+ * Returns om_policy_set_peers's code (or OM_ENOMEM). */
+int om__proxy_policy_set_peers(om_policy_t *pol, const om__proxy_view_t *v,
+                               const om__proxy_view_t *old);
+/* om_proxy_set_snapshot with the topology already built (topo: a
+ * reference is taken when it is applied). */
+int om__proxy_set_topo(om_proxy_t *p, om__proxy_topo_t *topo, char *err,
+                       size_t errlen);
 
 /* A call object was freed (the proxy may be waiting for the last one). */
 void om__proxy_call_gone(om_proxy_t *p);

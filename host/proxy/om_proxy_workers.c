@@ -3,7 +3,8 @@
  * (om_proxy_workers.h, docs/ARCHITECTURE.md "Workers").
  *
  * Each worker has a mailbox: a list under a mutex and a uv_async on the
- * worker's loop. The control loop posts snapshots (a reference each),
+ * worker's loop. The control loop posts snapshots (a reference each to
+ * the revision's topology, built once here: om_proxy_view.c),
  * reloads, admin gathers and the close; the worker takes the whole list
  * at once on its loop. Answers come back through the group's own
  * uv_async on the control loop: a gather whose last worker has answered,
@@ -35,8 +36,8 @@ typedef struct gather_s gather_t;
 typedef struct msg_s {
   struct msg_s *next;
   msg_kind_t kind;
-  om_snapshot_t *snap; /* M_SNAPSHOT: a reference of the message's */
-  gather_t *gather;    /* M_GATHER */
+  om__proxy_topo_t *topo; /* M_SNAPSHOT: a reference of the message's */
+  gather_t *gather;       /* M_GATHER */
 } msg_t;
 
 /* One admin request waiting for every worker's part. */
@@ -134,19 +135,19 @@ static void gather_answer(om_proxy_group_t *g, gather_t *gt, unsigned i,
 /* What a finished worker (or one that refuses mail) does with a message. */
 static void msg_drop(worker_t *w, msg_t *m) {
   if (m->kind == M_SNAPSHOT)
-    om_snapshot_unref(m->snap);
+    om__proxy_topo_unref(m->topo);
   else if (m->kind == M_GATHER)
     gather_answer(w->g, m->gather, w->index, NULL, 0, NULL, 0);
   free(m);
 }
 
-static int send_kind(worker_t *w, msg_kind_t kind, om_snapshot_t *snap,
+static int send_kind(worker_t *w, msg_kind_t kind, om__proxy_topo_t *topo,
                      gather_t *gt) {
   msg_t *m = calloc(1, sizeof *m);
   if (m == NULL)
     return OM_ENOMEM;
   m->kind = kind;
-  m->snap = snap != NULL ? om_snapshot_ref(snap) : NULL;
+  m->topo = topo != NULL ? om__proxy_topo_ref(topo) : NULL;
   m->gather = gt;
   if (post(w, m) != 0)
     msg_drop(w, m);
@@ -180,9 +181,10 @@ static void on_worker_proxy_closed(void *ud) {
   uv_close((uv_handle_t *)&w->wake, on_wake_closed);
 }
 
-static void worker_snapshot(worker_t *w, om_snapshot_t *snap) {
+static void worker_snapshot(worker_t *w, om__proxy_topo_t *topo) {
   char err[512], rev[32], idx[16];
-  int rc = om_proxy_set_snapshot(w->proxy, snap, err, sizeof err);
+  om_snapshot_t *snap = topo->snap;
+  int rc = om__proxy_set_topo(w->proxy, topo, err, sizeof err);
   /* every worker refuses a snapshot for the same reason: one line says
    * it, unless this worker alone failed (memory) */
   if (rc != 0 && (w->index == 0 || rc == OM_ENOMEM)) {
@@ -241,8 +243,8 @@ static void on_wake(uv_async_t *h) {
     }
     switch (m->kind) {
     case M_SNAPSHOT:
-      worker_snapshot(w, m->snap);
-      om_snapshot_unref(m->snap);
+      worker_snapshot(w, m->topo);
+      om__proxy_topo_unref(m->topo);
       break;
     case M_RELOAD:
       worker_reload(w);
@@ -826,27 +828,33 @@ int om_proxy_group_check_snapshot(const om_proxy_group_t *g,
 
 int om_proxy_group_set_snapshot(om_proxy_group_t *g, om_snapshot_t *snap,
                                 char *err, size_t errlen) {
+  om__proxy_topo_t *topo;
   int rc;
   if (g == NULL || snap == NULL) {
     om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   if (g->phase == G_NEW) {
-    for (unsigned i = 0; i < g->n; i++)
-      if ((rc = om_proxy_set_snapshot(g->w[i].proxy, snap, err, errlen)) != 0)
-        return rc;
-    return 0;
+    if ((rc = om__proxy_topo_new(g->w[0].proxy, snap, &topo, err, errlen)) != 0)
+      return rc;
+    for (unsigned i = 0; i < g->n && rc == 0; i++)
+      rc = om__proxy_set_topo(g->w[i].proxy, topo, err, errlen);
+    om__proxy_topo_unref(topo);
+    return rc;
   }
   if (g->phase != G_RUNNING)
     return OM_ESTATE;
-  if ((rc = om_proxy_check_snapshot(g->w[0].proxy, snap, err, errlen)) != 0)
+  /* checked, hashed and laid out for the policy here, once, off the
+   * workers' loops: each worker builds only its own part */
+  if ((rc = om__proxy_topo_new(g->w[0].proxy, snap, &topo, err, errlen)) != 0)
     return rc;
-  for (unsigned i = 0; i < g->n; i++)
-    if (send_kind(&g->w[i], M_SNAPSHOT, snap, NULL) != 0) {
+  for (unsigned i = 0; i < g->n && rc == 0; i++)
+    if (send_kind(&g->w[i], M_SNAPSHOT, topo, NULL) != 0) {
       om_errbuf(err, errlen, "out of memory");
-      return OM_ENOMEM;
+      rc = OM_ENOMEM;
     }
-  return 0;
+  om__proxy_topo_unref(topo);
+  return rc;
 }
 
 int om_proxy_group_listen(om_proxy_group_t *g, const char *host, int port,
