@@ -70,8 +70,8 @@ static void bounded_per_document(void **state) {
   OM_ASSERT_CMP(st.entries, ==, 100);
   /* the oldest went first: the newest 100 remain */
   o = om_cfg_status_json(t, "traffic", 300, 0);
-  assert_string_equal(
-      json_string_value(json_object_get(proxy_of(o, 0), "id")), "proxy-150");
+  assert_string_equal(json_string_value(json_object_get(proxy_of(o, 0), "id")),
+                      "proxy-150");
   json_decref(o);
   om_cfg_status_free(t);
 }

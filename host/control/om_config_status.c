@@ -12,7 +12,7 @@ typedef struct entry_s {
   char id[OM_CFG_ID_MAX + 1];
   char address[OM_CFG_ADDRESS_MAX + 1];
   uint64_t applied, refused;
-  char *reason; /* with refused, else NULL */
+  char *reason;                                 /* with refused, else NULL */
   uint64_t applied_at, refused_at, last_report; /* monotonic ns */
 } entry_t;
 
@@ -81,8 +81,7 @@ int om_cfg_report_valid(const om_cfg_report_t *r, const char **field) {
 }
 
 /* Binary search; *at is where name is or would go. */
-static doc_t *find_doc(const om_cfg_status_t *t, const char *name,
-                       size_t *at) {
+static doc_t *find_doc(const om_cfg_status_t *t, const char *name, size_t *at) {
   size_t lo = 0, hi = t->n_docs;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -192,9 +191,8 @@ int om_cfg_status_report(om_cfg_status_t *t, const char *name,
   if ((d = doc_get(t, name)) == NULL)
     return OM_ENOMEM;
   expire(t, d, now_ns);
-  if (r->refused != 0 &&
-      (reason = cut_utf8(r->reason != NULL ? r->reason : "",
-                         OM_CFG_REASON_MAX)) == NULL)
+  if (r->refused != 0 && (reason = cut_utf8(r->reason != NULL ? r->reason : "",
+                                            OM_CFG_REASON_MAX)) == NULL)
     return OM_ENOMEM;
   e = find_entry(d, r->id, &at);
   if (e == NULL) {
@@ -266,14 +264,14 @@ json_t *om_cfg_status_json(om_cfg_status_t *t, const char *name,
     expire(t, d, now_ns);
   for (size_t i = 0; d != NULL && i < d->n; i++) {
     entry_t *e = d->e[i];
-    json_t *p = json_pack(
-        "{s:s, s:s, s:I, s:f, s:I, s:s?, s:f, s:f, s:f}", "id", e->id,
-        "address", e->address, "applied", (json_int_t)e->applied, "applied_at",
-        wall_of(e->applied_at, now_ns, wall_s), "refused",
-        (json_int_t)e->refused, "reason", e->reason, "refused_at",
-        wall_of(e->refused_at, now_ns, wall_s), "last_report",
-        wall_of(e->last_report, now_ns, wall_s), "age_s",
-        (double)(now_ns - e->last_report) / 1e9);
+    json_t *p =
+        json_pack("{s:s, s:s, s:I, s:f, s:I, s:s?, s:f, s:f, s:f}", "id", e->id,
+                  "address", e->address, "applied", (json_int_t)e->applied,
+                  "applied_at", wall_of(e->applied_at, now_ns, wall_s),
+                  "refused", (json_int_t)e->refused, "reason", e->reason,
+                  "refused_at", wall_of(e->refused_at, now_ns, wall_s),
+                  "last_report", wall_of(e->last_report, now_ns, wall_s),
+                  "age_s", (double)(now_ns - e->last_report) / 1e9);
     if (p == NULL) {
       json_decref(arr);
       return NULL;

@@ -68,8 +68,7 @@ void om__h_config_report(ctx_t *x, const char *name) {
   int rc;
   if (!doc_known(c, name)) {
     om_metric_inc(c->m.reports[REP_INVALID]);
-    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'",
-                name);
+    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'", name);
     return;
   }
   root = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
@@ -108,8 +107,9 @@ void om__h_config_report(ctx_t *x, const char *name) {
   r.address = json_is_string(v) ? json_string_value(v) : req->remote_ip;
   if (revision_field(root, "applied", &r.applied) != 0 ||
       revision_field(root, "refused", &r.refused) != 0) {
-    invalid(x, revision_field(root, "applied", &r.applied) != 0 ? "applied"
-                                                                : "refused",
+    invalid(x,
+            revision_field(root, "applied", &r.applied) != 0 ? "applied"
+                                                             : "refused",
             "must be a revision (an integer >= 0) or null");
     json_decref(root);
     return;
@@ -145,9 +145,9 @@ void om__h_config_report(ctx_t *x, const char *name) {
   if (after.evicted > before.evicted)
     om_metric_add(c->m.reports[REP_EVICTED],
                   (double)(after.evicted - before.evicted));
-  om_metric_inc(c->m.reports[r.refused != 0 && r.refused > r.applied
-                                 ? REP_REFUSED
-                                 : REP_APPLIED]);
+  om_metric_inc(
+      c->m.reports[r.refused != 0 && r.refused > r.applied ? REP_REFUSED
+                                                           : REP_APPLIED]);
   if (r.refused != 0 && r.refused > r.applied) {
     char rev[24];
     snprintf(rev, sizeof rev, "%" PRIu64, r.refused);
@@ -155,9 +155,9 @@ void om__h_config_report(ctx_t *x, const char *name) {
            r.id, "address", r.address, "revision", rev, "reason", r.reason,
            NULL);
   }
-  v = json_pack("{s:s, s:s, s:I}", "name", name, "id", r.id, "proxies",
-                (json_int_t)om_cfg_status_count(c->cfg_status, name,
-                                                om__now_ns()));
+  v = json_pack(
+      "{s:s, s:s, s:I}", "name", name, "id", r.id, "proxies",
+      (json_int_t)om_cfg_status_count(c->cfg_status, name, om__now_ns()));
   json_decref(root);
   out = v != NULL ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(v);
@@ -174,8 +174,7 @@ void om__h_config_status(ctx_t *x, const char *name) {
   json_t *o;
   char *body;
   if (!doc_known(c, name)) {
-    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'",
-                name);
+    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'", name);
     return;
   }
   o = om_cfg_status_json(c->cfg_status, name, om__now_ns(), wall_now());
