@@ -88,7 +88,10 @@ static void usage(FILE *out) {
       "                              store: the watch moves to the next when "
       "one\n"
       "                              fails and resumes there\n"
-      "  --service S                 a service to watch there (repeatable)\n"
+      "  --service S                 a service to watch there (repeatable;\n"
+      "                              --static with --control and no --service:\n"
+      "                              the plane serves only --policy "
+      "control:NAME)\n"
       "  --token-file FILE           bearer token for the control plane\n"
       "  --drain-timeout DURATION    SIGTERM waits this long for in-flight "
       "calls\n"
@@ -354,6 +357,7 @@ int om_cmd_proxy(int argc, char **argv) {
   const char *policy = NULL, *static_file = NULL;
   const char *policy_cache = NULL, *proxy_id = NULL, *policy_doc = NULL;
   char default_id[320];
+  int policy_only;
   om_cli_controls_t control = {.n = 0};
   char control_list[2048];
   const char *token_file = NULL, *services[MAX_WATCHES];
@@ -488,13 +492,16 @@ int om_cmd_proxy(int argc, char **argv) {
   om_cli_controls_join(&control, control_list, sizeof control_list);
   if ((rc = om_cli_tls_check("proxy", &tls)) != OM_EXIT_OK)
     return rc;
-  if ((static_file == NULL) == (control.n == 0)) {
+  /* --static with --control: the plane serves only the policy */
+  policy_only = static_file != NULL && control.n > 0 && n_services == 0 &&
+                om_policy_source_is_control(policy, &policy_doc);
+  if (!policy_only && (static_file == NULL) == (control.n == 0)) {
     fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
                     "--static FILE or --control URL\n"
                     "(see openmesh proxy --help)\n");
     return OM_EXIT_USAGE;
   }
-  if (control.n > 0 && n_services == 0)
+  if (control.n > 0 && n_services == 0 && !policy_only)
     return fail_usage("--control %s: name the services to route with "
                       "--service S (repeatable)",
                       control_list);
