@@ -192,6 +192,11 @@ static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
                    const om_sse_event_t *ev, uint64_t revision,
                    const char *detail);
 
+/* The log key of the watched name. */
+static const char *name_key(const om_watch_t *w) {
+  return w->is_config ? "config" : "service";
+}
+
 /* The revision the watch holds: the resume point of a reconnect. */
 static uint64_t held_revision(const om_watch_t *w) {
   if (w->is_config)
@@ -276,7 +281,7 @@ static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
       cut--;
     snprintf(id, sizeof id, "%.*s", (int)cut, ev->id);
   }
-  om_log(OM_LOG_WARN, "watch_event_rejected", "service", w->service, "reason",
+  om_log(OM_LOG_WARN, "watch_event_rejected", name_key(w), w->service, "reason",
          ev_names[what], "revision", revision ? rev : NULL, "event_id",
          ev != NULL && ev->id_len > 0 ? id : NULL, "detail", detail, NULL);
   note_error(w, ev_names[what], "%s", detail);
@@ -340,7 +345,7 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     om_metric_set(w->m.revision, (double)rev);
     snprintf(r, sizeof r, "%" PRIu64, rev);
     snprintf(n, sizeof n, "%zu", om_snapshot_count(w->current));
-    om_log(OM_LOG_INFO, "watch_snapshot", "service", w->service, "revision", r,
+    om_log(OM_LOG_INFO, "watch_snapshot", name_key(w), w->service, "revision", r,
            "instances", n, NULL);
     w->deliver_snapshot = 1;
     kick_deliver(w);
@@ -392,7 +397,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud) {
       w->st.streams++;
       set_state(w, OM_WATCH_STREAMING);
       snprintf(from, sizeof from, "%" PRIu64, held_revision(w));
-      om_log(OM_LOG_INFO, "watch_connected", "service", w->service, "control",
+      om_log(OM_LOG_INFO, "watch_connected", name_key(w), w->service, "control",
              w->bases[w->st.plane], "last_event_id",
              held_revision(w) != 0 ? from : NULL, NULL);
       return n;
@@ -510,7 +515,7 @@ static void fail_over(om_watch_t *w, end_t why) {
   om_metric_inc(w->m.failovers);
   om_metric_set(w->m.plane[from], 0.0);
   om_metric_set(w->m.plane[w->st.plane], 1.0);
-  om_log(OM_LOG_WARN, "watch_failover", "service", w->service, "from",
+  om_log(OM_LOG_WARN, "watch_failover", name_key(w), w->service, "from",
          w->bases[from], "to", w->bases[w->st.plane], "reason", end_names[why],
          NULL);
 }
@@ -537,7 +542,7 @@ static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
     set_state(w, OM_WATCH_BACKOFF);
     snprintf(st, sizeof st, "%ld", w->status);
     om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
-           "service", w->service, "control", w->bases[w->st.plane], "reason",
+           name_key(w), w->service, "control", w->bases[w->st.plane], "reason",
            end_names[why], "status", w->status ? st : NULL, "detail", detail,
            "retry_in_ms", "0", NULL);
     fail_over(w, why);
@@ -571,7 +576,7 @@ static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
   snprintf(ms, sizeof ms, "%" PRIu64, delay_ms);
   snprintf(st, sizeof st, "%ld", w->status);
   om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
-         "service", w->service, "control", w->bases[w->st.plane], "reason",
+         name_key(w), w->service, "control", w->bases[w->st.plane], "reason",
          end_names[why], "status", w->status ? st : NULL, "detail", detail,
          "retry_in_ms", ms, NULL);
   if (w->n_planes > 1 && plane_gone(w, why))
@@ -1013,7 +1018,7 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
     register_metrics(w, opts->metrics);
   set_state(w, OM_WATCH_CONNECTING);
   snprintf(np, sizeof np, "%zu", w->n_planes);
-  om_log(OM_LOG_INFO, "watch_started", "service", w->service, "url", w->url,
+  om_log(OM_LOG_INFO, "watch_started", name_key(w), w->service, "url", w->url,
          "control_planes", np, NULL);
   *out = w;
   return 0;
