@@ -134,13 +134,13 @@ static char *with_trailer(const om_policy_source_t *s, uint64_t rev,
 }
 
 /* Load src in this runtime, as a reload of the file would. */
-static int judge(om_policy_source_t *s, const char *src, size_t len,
-                 char *err, size_t errlen) {
+static int judge(om_policy_source_t *s, const char *src, size_t len, char *err,
+                 size_t errlen) {
   om_policy_t *p = NULL;
   int rc = om_policy_load(&s->policy, s->spec, src, len, &p, err, errlen);
   if (rc == 0 && s->kind != 0 && om_policy_kind(p) != s->kind) {
-    snprintf(err, errlen, "%s: field 'kind': expected '%s', got '%s'",
-             s->spec, om_policy_kind_name(s->kind),
+    snprintf(err, errlen, "%s: field 'kind': expected '%s', got '%s'", s->spec,
+             om_policy_kind_name(s->kind),
              om_policy_kind_name(om_policy_kind(p)));
     rc = OM_EPOLICY;
   }
@@ -198,7 +198,7 @@ static void count(om_metric_t *m) {
  */
 static int take(om_policy_source_t *s, uint64_t rev, const char *body,
                 size_t len) {
-  char err[REASON_MAX], r[24];
+  char err[REASON_MAX], r[24], kept[24];
   size_t clen = 0;
   char *content = with_trailer(s, rev, body, len, &clen);
   int rc;
@@ -219,8 +219,9 @@ static int take(om_policy_source_t *s, uint64_t rev, const char *body,
     count(s->m.refused);
     om_log(OM_LOG_ERROR, "policy_refused", "source", s->spec, "revision", r,
            "error", err, "kept_revision",
-           s->applied != 0 ? (snprintf(r, sizeof r, "%" PRIu64, s->applied), r)
-                           : NULL,
+           s->applied != 0
+               ? (snprintf(kept, sizeof kept, "%" PRIu64, s->applied), kept)
+               : NULL,
            NULL);
     return rc;
   }
@@ -275,9 +276,9 @@ static void on_report_done(void *ud, om_curl_resp_t *resp) {
     /* logged when the problem changes, not at every retry */
     if (strcmp(msg, s->report_error) != 0) {
       snprintf(st, sizeof st, "%ld", resp->status);
-      om_log(OM_LOG_WARN, "policy_report_failed", "source", s->spec,
-             "control", plane_in_use(s), "status", resp->status ? st : NULL,
-             "error", msg, NULL);
+      om_log(OM_LOG_WARN, "policy_report_failed", "source", s->spec, "control",
+             plane_in_use(s), "status", resp->status ? st : NULL, "error", msg,
+             NULL);
     }
     snprintf(s->report_error, sizeof s->report_error, "%s", msg);
     if (s->attempt < 16)
@@ -306,14 +307,13 @@ static void send_report(om_policy_source_t *s) {
     s->dirty = 1;
     return;
   }
-  o = json_pack("{s:s, s:s?, s:o, s:o, s:s?}", "id", s->id, "address",
-                s->address[0] != '\0' ? s->address : NULL, "applied",
-                s->applied != 0 ? json_integer((json_int_t)s->applied)
-                                : json_null(),
-                "refused",
-                s->refused != 0 ? json_integer((json_int_t)s->refused)
-                                : json_null(),
-                "reason", s->refused != 0 ? s->reason : NULL);
+  o = json_pack(
+      "{s:s, s:s?, s:o, s:o, s:s?}", "id", s->id, "address",
+      s->address[0] != '\0' ? s->address : NULL, "applied",
+      s->applied != 0 ? json_integer((json_int_t)s->applied) : json_null(),
+      "refused",
+      s->refused != 0 ? json_integer((json_int_t)s->refused) : json_null(),
+      "reason", s->refused != 0 ? s->reason : NULL);
   body = o != NULL ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(o);
   url = join(plane_in_use(s), "/v1/config/", s->name);
@@ -505,8 +505,8 @@ static void register_metrics(om_policy_source_t *s, om_metrics_t *r) {
 }
 
 /* The first revision: from a plane, else the cache. */
-static int first_revision(om_policy_source_t *s, uint64_t timeout_ms,
-                          char *err, size_t errlen) {
+static int first_revision(om_policy_source_t *s, uint64_t timeout_ms, char *err,
+                          size_t errlen) {
   char why[REASON_MAX], cerr[REASON_MAX], r[24];
   int rc = OM_EIO;
   snprintf(why, sizeof why, "no control plane answered");
@@ -517,8 +517,8 @@ static int first_revision(om_policy_source_t *s, uint64_t timeout_ms,
       if (strncmp(s->fetch_ctype, "text/x-lua", 10) != 0) {
         s->refused = s->fetch_rev;
         snprintf(s->reason, sizeof s->reason,
-                 "%s: the document is '%s', not a policy (text/x-lua)",
-                 s->spec, s->fetch_ctype);
+                 "%s: the document is '%s', not a policy (text/x-lua)", s->spec,
+                 s->fetch_ctype);
         s->n_refused++;
         count(s->m.refused);
         snprintf(why, sizeof why, "%s", s->reason);
@@ -550,8 +550,8 @@ static int first_revision(om_policy_source_t *s, uint64_t timeout_ms,
   s->fetch_body = NULL;
   if (from_cache(s, cerr, sizeof cerr) == 0) {
     snprintf(r, sizeof r, "%" PRIu64, s->applied);
-    om_log(OM_LOG_WARN, "policy_from_cache", "source", s->spec, "path",
-           s->path, "revision", r, "because", why, NULL);
+    om_log(OM_LOG_WARN, "policy_from_cache", "source", s->spec, "path", s->path,
+           "revision", r, "because", why, NULL);
     return 0;
   }
   snprintf(err, errlen, "--policy %s: %s, and %s", s->spec, why, cerr);
@@ -560,8 +560,7 @@ static int first_revision(om_policy_source_t *s, uint64_t timeout_ms,
 
 int om_policy_source_start(uv_loop_t *loop, om_curl_uv_t *cu,
                            const om_policy_source_opts_t *opts,
-                           om_policy_source_t **out, char *err,
-                           size_t errlen) {
+                           om_policy_source_t **out, char *err, size_t errlen) {
   om_policy_source_t *s;
   om_watch_opts_t wo;
   int rc;
@@ -569,8 +568,9 @@ int om_policy_source_start(uv_loop_t *loop, om_curl_uv_t *cu,
       opts->name == NULL || !om_valid_name(opts->name, strlen(opts->name)) ||
       opts->n_control_urls == 0 || opts->control_urls == NULL ||
       opts->id == NULL || opts->policy.lib_dir == NULL) {
-    snprintf(err, errlen, "--policy control:NAME: needs a valid NAME "
-                          "([A-Za-z0-9._-]{1,128}) and --control URL");
+    snprintf(err, errlen,
+             "--policy control:NAME: needs a valid NAME "
+             "([A-Za-z0-9._-]{1,128}) and --control URL");
     return OM_EINVAL;
   }
   s = calloc(1, sizeof *s);
@@ -613,10 +613,9 @@ int om_policy_source_start(uv_loop_t *loop, om_curl_uv_t *cu,
   }
   register_metrics(s, opts->metrics);
   if ((rc = make_dir(s, opts->cache_dir, err, errlen)) != 0 ||
-      (rc = first_revision(s,
-                           opts->fetch_timeout_ms ? opts->fetch_timeout_ms
-                                                  : 3000,
-                           err, errlen)) != 0) {
+      (rc = first_revision(
+           s, opts->fetch_timeout_ms ? opts->fetch_timeout_ms : 3000, err,
+           errlen)) != 0) {
     if (rc == OM_ENOMEM)
       snprintf(err, errlen, "out of memory");
     source_free(s);

@@ -50,13 +50,13 @@ int om_policy_source_is_control(const char *spec, const char **name);
 typedef struct om_policy_source_opts_s {
   const char *name; /* the document: om_valid_name; required */
   const char *const *control_urls;
-  size_t n_control_urls;      /* 1..16 base URLs; required */
-  const char *token;          /* bearer token; NULL: none */
-  const om_curl_tls_t *tls;   /* https:// planes; NULL: defaults */
-  const char *cache_dir;      /* NULL: a private temporary directory */
-  om_policy_opts_t policy;    /* lib_dir (required) and budgets */
-  om_policy_kind_t kind;      /* 0: any */
-  const char *id;             /* this proxy in reports; required */
+  size_t n_control_urls;       /* 1..16 base URLs; required */
+  const char *token;           /* bearer token; NULL: none */
+  const om_curl_tls_t *tls;    /* https:// planes; NULL: defaults */
+  const char *cache_dir;       /* NULL: a private temporary directory */
+  om_policy_opts_t policy;     /* lib_dir (required) and budgets */
+  om_policy_kind_t kind;       /* 0: any */
+  const char *id;              /* this proxy in reports; required */
   uint64_t report_interval_ms; /* 0: 60 s */
   uint64_t fetch_timeout_ms;   /* the first fetch, per plane; 0: 3 s */
   om_metrics_t *metrics;       /* optional */

@@ -345,8 +345,8 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     om_metric_set(w->m.revision, (double)rev);
     snprintf(r, sizeof r, "%" PRIu64, rev);
     snprintf(n, sizeof n, "%zu", om_snapshot_count(w->current));
-    om_log(OM_LOG_INFO, "watch_snapshot", name_key(w), w->service, "revision", r,
-           "instances", n, NULL);
+    om_log(OM_LOG_INFO, "watch_snapshot", name_key(w), w->service, "revision",
+           r, "instances", n, NULL);
     w->deliver_snapshot = 1;
     kick_deliver(w);
   }

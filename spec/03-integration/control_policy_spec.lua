@@ -197,6 +197,40 @@ describe("--policy control:NAME", function()
     assert.is_truthy(cm:find('openmesh_control_policy_reports_total{result="refused"} [1-9]'), cm)
   end)
 
+  it("feeds egress's fallback and heuristics policies, and shows a refusal", function()
+    local function put_doc(name, file)
+      return H.request(dir, "PUT", plane.url .. "/v1/config/" .. name,
+        { body = H.readfile(file), headers = { "Content-Type: text/x-lua" } })
+    end
+    local st, body = put_doc("fallback", here .. "../../policies/fallback.lua")
+    assert.are.equal(200, st, body)
+    local fb_rev = H.json(body).revision
+    st, body = put_doc("heuristics", here .. "../../policies/egress_heuristics.lua")
+    assert.are.equal(200, st, body)
+    local g = H.start_egress(dir, "egress", string.format(
+      "--control %s --fallback control:fallback --heuristics control:heuristics --id gw",
+      plane.url))
+    local log = H.readfile(g.out)
+    assert.is_truthy(log:find('"event":"policy_applied","source":"control:fallback"', 1, true), log)
+    assert.is_truthy(log:find('"event":"policy_applied","source":"control:heuristics"', 1, true), log)
+    -- a traffic policy is valid for the plane, not as a fallback policy
+    st, body = put_doc("fallback", here .. "../../policies/traffic.lua")
+    assert.are.equal(200, st, body)
+    local bad_rev = H.json(body).revision
+    local entry = H.wait_for(function()
+      local _, b = H.request(dir, "GET", plane.url .. "/v1/config/fallback/status")
+      local e = H.json(b).proxies[1]
+      return e and e.refused == bad_rev and e
+    end, 3)
+    assert.is_truthy(entry, "no refusal reported")
+    assert.are.equal("gw", entry.id)
+    assert.are.equal(g.url, entry.address)
+    assert.are.equal(H.rev(fb_rev), H.rev(entry.applied))
+    assert.is_truthy(entry.reason:find("expected 'fallback', got 'traffic'", 1, true), entry.reason)
+    st = H.request(dir, "GET", g.url .. "/status")
+    assert.are.equal(200, st)
+  end)
+
   it("keeps routing with the plane down, and starts a proxy from its cache", function()
     H.kill(plane.pid, "KILL")
     assert.is_truthy(H.wait_for(function() return not H.alive(plane.pid) end, 5))
