@@ -46,8 +46,7 @@ static void on_request(om_http_request_t *req, void *ud) {
       {"content-type", "text/event-stream", 12, 17}};
   const char *id = om_http_request_header(req, "last-event-id", NULL);
   app->requests++;
-  snprintf(app->path, sizeof app->path, "%.*s", (int)req->path_len,
-           req->path);
+  snprintf(app->path, sizeof app->path, "%.*s", (int)req->path_len, req->path);
   snprintf(app->last_id, sizeof app->last_id, "%s", id != NULL ? id : "");
   assert_int_equal(om_http_response_start(req, 200, h, 1), 0);
   req->user = app;
@@ -66,8 +65,12 @@ static void on_srv_closed(om_http_server_t *s, void *ud) {
   (void)s;
   ((app_t *)ud)->srv_closed = 1;
 }
-static void on_watch_closed(void *ud) { ((app_t *)ud)->watch_closed = 1; }
-static void on_curl_closed(void *ud) { ((app_t *)ud)->curl_closed = 1; }
+static void on_watch_closed(void *ud) {
+  ((app_t *)ud)->watch_closed = 1;
+}
+static void on_curl_closed(void *ud) {
+  ((app_t *)ud)->curl_closed = 1;
+}
 
 #define SPIN_UNTIL(app, cond, ms)                                              \
   do {                                                                         \
@@ -102,9 +105,8 @@ static void revisions_and_resume(void **state) {
   (void)state;
   assert_non_null(app);
   assert_int_equal(uv_loop_init(&app->loop), 0);
-  assert_int_equal(om_http_server_new(&app->loop, NULL, on_request, app,
-                                      &app->srv),
-                   0);
+  assert_int_equal(
+      om_http_server_new(&app->loop, NULL, on_request, app, &app->srv), 0);
   assert_int_equal(om_http_server_listen(app->srv, "127.0.0.1", 0), 0);
   snprintf(base, sizeof base, "http://127.0.0.1:%d",
            om_http_server_port(app->srv));
@@ -133,8 +135,8 @@ static void revisions_and_resume(void **state) {
   assert_string_equal(app->path, "/v1/watch/config/traffic");
   assert_string_equal(app->last_id, "5");
 
-  push(app, "event: snapshot\nid: 5\ndata: return 5\n\n"); /* held already */
-  push(app, "event: snapshot\nid: 4\ndata: return 4\n\n"); /* older */
+  push(app, "event: snapshot\nid: 5\ndata: return 5\n\n");  /* held already */
+  push(app, "event: snapshot\nid: 4\ndata: return 4\n\n");  /* older */
   push(app, "event: snapshot\nid: x7\ndata: return 7\n\n"); /* no revision */
   push(app, "event: snapshot\ndata: return 7\n\n");         /* no id */
   OM_ASSERT_CMP(app->delivered, ==, 0);

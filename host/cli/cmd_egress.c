@@ -81,6 +81,18 @@ static void usage(FILE *out) {
       "usage\nor invalid input (a bad policy, channels file or flag)\n");
 }
 
+/* --id: 1..128 visible ASCII bytes, as the control plane's reports
+ * take it (docs/CONTROL.md "Policy verdicts"). */
+static int visible_id(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 128)
+    return 0;
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
+      return 0;
+  return 1;
+}
+
 static int fail_usage(const char *fmt, const char *arg) {
   return om_cli_fail_usage("egress", fmt, arg);
 }
@@ -239,8 +251,7 @@ int om_cmd_egress(int argc, char **argv) {
       policy_cache = optarg;
       break;
     case 1004:
-      if (optarg[0] == '\0' || strlen(optarg) > 128 ||
-          strpbrk(optarg, " \t\r\n\"\\") != NULL)
+      if (!visible_id(optarg))
         return fail_usage("--id: '%s' is not 1 to 128 visible characters",
                           optarg);
       gw_id = optarg;

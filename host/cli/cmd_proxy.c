@@ -168,6 +168,18 @@ static int parse_size(const char *s, uint64_t *out) {
   return -1;
 }
 
+/* --id: 1..128 visible ASCII bytes, as the control plane's reports
+ * take it (docs/CONTROL.md "Policy verdicts"). */
+static int visible_id(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 128)
+    return 0;
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
+      return 0;
+  return 1;
+}
+
 static int fail_usage(const char *fmt, const char *arg) {
   return om_cli_fail_usage("proxy", fmt, arg);
 }
@@ -410,6 +422,10 @@ int om_cmd_proxy(int argc, char **argv) {
       const char *eq = strchr(optarg, '=');
       if (eq == NULL || eq == optarg || eq[1] == '\0')
         return fail_usage("--service-policy: '%s' is not SERVICE=FILE", optarg);
+      if (strncmp(eq + 1, "control:", 8) == 0)
+        return fail_usage("--service-policy %s: control:NAME is for --policy; "
+                          "a service policy is a file",
+                          optarg);
       if (n_sp == MAX_SERVICE_POLICIES)
         return fail_usage("--service-policy: more than %s", "64");
       sp_names[n_sp] = optarg;
@@ -474,8 +490,7 @@ int om_cmd_proxy(int argc, char **argv) {
       policy_cache = optarg;
       break;
     case 1006:
-      if (optarg[0] == '\0' || strlen(optarg) > 128 ||
-          strpbrk(optarg, " \t\r\n\"\\") != NULL)
+      if (!visible_id(optarg))
         return fail_usage("--id: '%s' is not 1 to 128 visible characters",
                           optarg);
       proxy_id = optarg;

@@ -266,6 +266,7 @@ describe("--policy control:NAME", function()
       { "--static " .. H.q(static) .. " --control http://127.0.0.1:9 --policy control:bad/name",
         "NAME must be" },
       { "--static " .. H.q(static) .. " --id 'has space'", "--id" },
+      { "--static " .. H.q(static) .. " --service-policy web=control:traffic", "a service policy is a file" },
     }
     for _, c in ipairs(cases) do
       local out, rc = H.sh("timeout 10 " .. H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0 " ..
