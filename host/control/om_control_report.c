@@ -54,7 +54,7 @@ static void invalid(ctx_t *x, const char *field, const char *msg) {
  * caller's IP when absent), "applied": R | null, "refused": R | null,
  * "reason": "..." (with refused)}. Unknown fields are refused by name.
  */
-void om__h_config_report(ctx_t *x, const char *name) {
+static void report(ctx_t *x, const char *name) {
   om_control_t *c = x->c;
   om_http_request_t *req = x->req;
   static const char *const known[] = {"id", "address", "applied", "refused",
@@ -66,11 +66,6 @@ void om__h_config_report(ctx_t *x, const char *name) {
   om_cfg_status_stats_t before, after;
   char *out;
   int rc;
-  if (!doc_known(c, name)) {
-    om_metric_inc(c->m.reports[REP_INVALID]);
-    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'", name);
-    return;
-  }
   root = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
   if (root == NULL || !json_is_object(root)) {
     om_metric_inc(c->m.reports[REP_INVALID]);
@@ -169,14 +164,10 @@ void om__h_config_report(ctx_t *x, const char *name) {
   free(out);
 }
 
-void om__h_config_status(ctx_t *x, const char *name) {
+static void list(ctx_t *x, const char *name) {
   om_control_t *c = x->c;
   json_t *o;
   char *body;
-  if (!doc_known(c, name)) {
-    reply_error(x, REJ_NOT_FOUND, NULL, "no configuration document '%s'", name);
-    return;
-  }
   o = om_cfg_status_json(c->cfg_status, name, om__now_ns(), wall_now());
   body = o != NULL ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(o);
@@ -186,4 +177,53 @@ void om__h_config_status(ctx_t *x, const char *name) {
   }
   om__reply_json(x, 200, body, strlen(body));
   free(body);
+}
+
+/*
+ * The plane learns of documents from the store's change events, which
+ * start when it starts: one written before (a restart on a shared Redis)
+ * is looked up in the store, then the request goes on.
+ */
+static void on_doc_read(void *ud, int status, om_config_doc_t *doc) {
+  op_t *op = ud;
+  if (status != 0 || doc == NULL) {
+    if (op->paged) /* a report */
+      om_metric_inc(op->x.c->m.reports[REP_INVALID]);
+    if (status == OM_ENOTFOUND || status == 0)
+      reply_error(&op->x, REJ_NOT_FOUND, NULL, "no configuration document '%s'",
+                  op->service);
+    else
+      om__reply_store_error(&op->x, status);
+  } else if (op->paged) {
+    report(&op->x, op->service);
+  } else {
+    list(&op->x, op->service);
+  }
+  om__op_free(op);
+}
+
+static void with_doc(ctx_t *x, const char *name, int is_report) {
+  op_t *op;
+  int rc;
+  if (doc_known(x->c, name)) {
+    if (is_report)
+      report(x, name);
+    else
+      list(x, name);
+    return;
+  }
+  if ((op = om__op_start(x, name)) == NULL)
+    return;
+  op->paged = is_report; /* the op's flag field: no paging here */
+  rc = om_store_config_get(x->c->store, name, on_doc_read, op);
+  if (rc != 0)
+    om__op_fail(op, rc);
+}
+
+void om__h_config_report(ctx_t *x, const char *name) {
+  with_doc(x, name, 1);
+}
+
+void om__h_config_status(ctx_t *x, const char *name) {
+  with_doc(x, name, 0);
 }

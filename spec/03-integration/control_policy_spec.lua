@@ -167,6 +167,22 @@ describe("--policy control:NAME", function()
     assert.is_truthy(H.json(body).message:find("traffic:1:", 1, true), body)
     assert.are.equal("b", served_by(pa))
     assert.are.equal("b", served_by(pb))
+    -- the status routes: unknown documents and bad reports are refused
+    st, body = H.request(dir, "GET", plane.url .. "/v1/config/nope/status")
+    assert.are.equal(404, st, body)
+    st, body = H.request(dir, "POST", plane.url .. "/v1/config/nope/status",
+      { body = '{"id":"x","applied":1}' })
+    assert.are.equal(404, st, body)
+    for _, c in ipairs({
+      { '{"applied":1}', "id" },
+      { '{"id":"x","refused":3}', "reason" },
+      { '{"id":"x","applied":-1}', "applied" },
+      { '{"id":"x","colour":"red"}', "colour" },
+    }) do
+      st, body = H.request(dir, "POST", plane.url .. "/v1/config/traffic/status", { body = c[1] })
+      assert.are.equal(400, st, c[1] .. " " .. body)
+      assert.are.equal(c[2], H.json(body).field, body)
+    end
   end)
 
   it("shows a revision one proxy refuses while the other applies it", function()
