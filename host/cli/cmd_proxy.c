@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <uv.h>
@@ -25,6 +26,7 @@
 #include "om_watch.h"
 #include "om_proxy.h"
 #include "om_proxy_workers.h"
+#include "om_policy_source.h"
 
 #define MAX_SERVICE_POLICIES 64
 
@@ -34,7 +36,8 @@ static void usage(FILE *out) {
       "usage: openmesh proxy (--static FILE | --control URL... --service "
       "S...)\n"
       "                      [--token-file FILE] [--listen HOST:PORT]\n"
-      "                      [--admin HOST:PORT] [--policy FILE]\n"
+      "                      [--admin HOST:PORT] [--policy FILE|control:NAME]\n"
+      "                      [--policy-cache DIR] [--id ID]\n"
       "                      [--service-policy SERVICE=FILE ...]\n"
       "                      [--drain-timeout DURATION] [--retry-429]\n"
       "                      [--circuit-failures N] [--circuit-cooldown "
@@ -58,6 +61,21 @@ static void usage(FILE *out) {
       "  --policy FILE               the traffic policy of every service "
       "(default\n"
       "                              policies/traffic.lua); hot-reloaded\n"
+      "  --policy control:NAME       or: the policy document NAME of the\n"
+      "                              --control plane, watched; each revision "
+      "is\n"
+      "                              validated here before it applies, a "
+      "refused\n"
+      "                              one keeps the last good, and every "
+      "verdict\n"
+      "                              is reported to the plane\n"
+      "  --policy-cache DIR          keep the last good control:NAME revision "
+      "in\n"
+      "                              DIR/NAME.lua; a start while no plane "
+      "answers\n"
+      "                              starts from it (default: no cache)\n"
+      "  --id ID                     this proxy in policy reports (default\n"
+      "                              HOSTNAME:PID)\n"
       "  --service-policy S=FILE     service S uses FILE instead (repeatable)\n"
       "  --static FILE               the topology: {\"services\": {\"S\": "
       "{\"revision\": 1,\n"
@@ -70,7 +88,11 @@ static void usage(FILE *out) {
       "                              store: the watch moves to the next when "
       "one\n"
       "                              fails and resumes there\n"
-      "  --service S                 a service to watch there (repeatable)\n"
+      "  --service S                 a service to watch there (repeatable;\n"
+      "                              --static with --control and no "
+      "--service:\n"
+      "                              the plane serves only --policy "
+      "control:NAME)\n"
       "  --token-file FILE           bearer token for the control plane\n"
       "  --drain-timeout DURATION    SIGTERM waits this long for in-flight "
       "calls\n"
@@ -146,6 +168,18 @@ static int parse_size(const char *s, uint64_t *out) {
   return -1;
 }
 
+/* --id: 1..128 visible ASCII bytes, as the control plane's reports
+ * take it (docs/CONTROL.md "Policy verdicts"). */
+static int visible_id(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 128)
+    return 0;
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
+      return 0;
+  return 1;
+}
+
 static int fail_usage(const char *fmt, const char *arg) {
   return om_cli_fail_usage("proxy", fmt, arg);
 }
@@ -155,9 +189,10 @@ static int fail_usage(const char *fmt, const char *arg) {
 typedef struct app_s {
   uv_loop_t loop;
   om_cli_signals_t sigs;
-  om_proxy_group_t *proxy; /* the workers */
-  om_cli_tls_t *tls_flags; /* --tls-*: each worker loads its own */
-  om_curl_uv_t *curl;      /* --control: the watches' transport */
+  om_proxy_group_t *proxy;  /* the workers */
+  om_cli_tls_t *tls_flags;  /* --tls-*: each worker loads its own */
+  om_curl_uv_t *curl;       /* --control: the watches' transport */
+  om_policy_source_t *psrc; /* --policy control:NAME */
   om_watch_t *watches[MAX_WATCHES];
   size_t n_watches, watches_open;
   int tls_failed; /* a worker's listener TLS did not load */
@@ -206,6 +241,20 @@ static int on_watch_check(void *ud, const om_snapshot_t *snap, char *err,
              : 0;
 }
 
+/* /status "policy_source": the control plane's policy, as this proxy
+ * judged it. */
+static json_t *psrc_status(void *ud) {
+  app_t *app = ud;
+  return app->psrc != NULL ? om_policy_source_status(app->psrc) : json_null();
+}
+
+/* A validated revision is in the policy file: every worker reloads it. */
+static void on_policy_update(void *ud) {
+  app_t *app = ud;
+  if (app->proxy != NULL && !app->stopping)
+    om_proxy_group_reload(app->proxy);
+}
+
 static void on_curl_closed(void *ud) {
   (void)ud;
 }
@@ -224,15 +273,24 @@ static void close_watches(app_t *app) {
   app->n_watches = 0;
   for (size_t i = 0; i < n; i++)
     om_watch_close(app->watches[i], on_watch_closed, app);
-  if (n == 0 && app->curl != NULL) {
+  if (app->watches_open == 0 && app->curl != NULL) {
     om_curl_uv_close(app->curl, on_curl_closed, app);
     app->curl = NULL;
   }
 }
 
+/* The policy source last: its file stays until every worker is gone. */
+static void close_psrc(app_t *app) {
+  om_policy_source_t *s = app->psrc;
+  app->psrc = NULL;
+  if (s != NULL)
+    om_policy_source_close(s, on_watch_closed, app);
+}
+
 static void on_proxy_closed(void *ud) {
   app_t *app = ud;
   app->proxy = NULL;
+  close_psrc(app);
   om_cli_signals_close(&app->sigs);
   om_log(OM_LOG_INFO, "proxy_stopped", NULL);
 }
@@ -273,6 +331,8 @@ static void shutdown_loop(app_t *app) {
   close_watches(app);
   if (app->proxy != NULL)
     om_proxy_group_close(app->proxy, on_proxy_closed, app);
+  else
+    close_psrc(app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
 }
@@ -297,6 +357,8 @@ int om_cmd_proxy(int argc, char **argv) {
       {"upstream-cert", required_argument, NULL, 1002},
       {"upstream-key", required_argument, NULL, 1003},
       {"workers", required_argument, NULL, 1004},
+      {"policy-cache", required_argument, NULL, 1005},
+      {"id", required_argument, NULL, 1006},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
       OM_CLI_CONTROL_TLS_LONGOPTS,
@@ -306,6 +368,9 @@ int om_cmd_proxy(int argc, char **argv) {
   om_cli_control_tls_t ctls = {0};
   om_curl_tls_t control_tls = {0};
   const char *policy = NULL, *static_file = NULL;
+  const char *policy_cache = NULL, *proxy_id = NULL, *policy_doc = NULL;
+  char default_id[320];
+  int policy_only;
   om_cli_controls_t control = {.n = 0};
   char control_list[2048];
   const char *token_file = NULL, *services[MAX_WATCHES];
@@ -357,6 +422,10 @@ int om_cmd_proxy(int argc, char **argv) {
       const char *eq = strchr(optarg, '=');
       if (eq == NULL || eq == optarg || eq[1] == '\0')
         return fail_usage("--service-policy: '%s' is not SERVICE=FILE", optarg);
+      if (strncmp(eq + 1, "control:", 8) == 0)
+        return fail_usage("--service-policy %s: control:NAME is for --policy; "
+                          "a service policy is a file",
+                          optarg);
       if (n_sp == MAX_SERVICE_POLICIES)
         return fail_usage("--service-policy: more than %s", "64");
       sp_names[n_sp] = optarg;
@@ -417,6 +486,15 @@ int om_cmd_proxy(int argc, char **argv) {
       workers = (unsigned)v;
       break;
     }
+    case 1005:
+      policy_cache = optarg;
+      break;
+    case 1006:
+      if (!visible_id(optarg))
+        return fail_usage("--id: '%s' is not 1 to 128 visible characters",
+                          optarg);
+      proxy_id = optarg;
+      break;
     default:
       if (om_cli_tls_option(&tls, c, optarg) ||
           om_cli_control_tls_option(&ctls, c, optarg))
@@ -430,13 +508,16 @@ int om_cmd_proxy(int argc, char **argv) {
   om_cli_controls_join(&control, control_list, sizeof control_list);
   if ((rc = om_cli_tls_check("proxy", &tls)) != OM_EXIT_OK)
     return rc;
-  if ((static_file == NULL) == (control.n == 0)) {
+  /* --static with --control: the plane serves only the policy */
+  policy_only = static_file != NULL && control.n > 0 && n_services == 0 &&
+                om_policy_source_is_control(policy, &policy_doc);
+  if (!policy_only && (static_file == NULL) == (control.n == 0)) {
     fprintf(stderr, "openmesh proxy: give the topology with exactly one of "
                     "--static FILE or --control URL\n"
                     "(see openmesh proxy --help)\n");
     return OM_EXIT_USAGE;
   }
-  if (control.n > 0 && n_services == 0)
+  if (control.n > 0 && n_services == 0 && !policy_only)
     return fail_usage("--control %s: name the services to route with "
                       "--service S (repeatable)",
                       control_list);
@@ -452,6 +533,27 @@ int om_cmd_proxy(int argc, char **argv) {
   if ((rc = om_cli_control_tls_check("proxy", &ctls, &control_tls)) !=
       OM_EXIT_OK)
     return rc;
+  if (om_policy_source_is_control(policy, &policy_doc)) {
+    if (control.n == 0)
+      return fail_usage("--policy %s: a policy from the control plane needs "
+                        "--control URL",
+                        policy);
+    if (!om_valid_name(policy_doc, strlen(policy_doc)))
+      return fail_usage("--policy %s: NAME must be 1 to 128 characters of "
+                        "[A-Za-z0-9._-]",
+                        policy);
+  } else if (policy_cache != NULL) {
+    return fail_usage("--policy-cache %s: goes with --policy control:NAME",
+                      policy_cache);
+  }
+  if (proxy_id == NULL) {
+    char hn[256];
+    if (gethostname(hn, sizeof hn) != 0)
+      snprintf(hn, sizeof hn, "localhost");
+    hn[sizeof hn - 1] = '\0';
+    snprintf(default_id, sizeof default_id, "%s:%ld", hn, (long)getpid());
+    proxy_id = default_id;
+  }
   if (token_file != NULL) {
     const char *why;
     if (om_read_token_file(token_file, token, sizeof token, &why) != 0)
@@ -514,6 +616,38 @@ int om_cmd_proxy(int argc, char **argv) {
     return OM_EXIT_FAILURE;
   }
   app->tls_flags = &tls;
+  if (policy_doc != NULL) {
+    /* the first revision (or the cache) before anything loads it */
+    om_policy_source_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.name = policy_doc;
+    so.control_urls = control.urls;
+    so.n_control_urls = control.n;
+    so.token = token_file != NULL ? token : NULL;
+    so.tls = &control_tls;
+    so.cache_dir = policy_cache;
+    so.policy.lib_dir = om_lib_dir();
+    so.kind = OM_POLICY_TRAFFIC;
+    so.id = proxy_id;
+    so.on_update = on_policy_update;
+    so.ud = app;
+    if (om_curl_uv_new(&app->loop, &app->curl) != 0)
+      rc = OM_ENOMEM;
+    else
+      rc = om_policy_source_start(&app->loop, app->curl, &so, &app->psrc, err,
+                                  sizeof err);
+    if (rc != 0) {
+      fprintf(stderr, "openmesh proxy: %s\n",
+              rc == OM_ENOMEM ? "out of memory" : err);
+      om_proxy_static_free(snaps, n_snaps);
+      shutdown_loop(app);
+      free(app);
+      return rc == OM_EPOLICY || rc == OM_EINVAL ? OM_EXIT_USAGE
+                                                 : OM_EXIT_FAILURE;
+    }
+    app->watches_open++; /* the curl glue waits for it too */
+    o.policy_path = om_policy_source_path(app->psrc);
+  }
   memset(&go, 0, sizeof go);
   go.proxy = o;
   go.workers = workers;
@@ -551,7 +685,7 @@ int om_cmd_proxy(int argc, char **argv) {
     exit_code = OM_EXIT_FAILURE;
   }
   if (exit_code == OM_EXIT_OK && control.n > 0) {
-    if (om_curl_uv_new(&app->loop, &app->curl) != 0) {
+    if (app->curl == NULL && om_curl_uv_new(&app->loop, &app->curl) != 0) {
       fprintf(stderr, "openmesh proxy: out of memory\n");
       exit_code = OM_EXIT_FAILURE;
     }
@@ -597,10 +731,17 @@ int om_cmd_proxy(int argc, char **argv) {
            ahost, om_proxy_group_admin_port(app->proxy));
   if (app->n_watches > 0)
     om_proxy_group_set_status_extra(app->proxy, "watches", watches_status, app);
+  if (app->psrc != NULL) {
+    om_proxy_group_set_status_extra(app->proxy, "policy_source", psrc_status,
+                                    app);
+    om_policy_source_metrics(app->psrc, om_proxy_group_metrics(app->proxy));
+    om_policy_source_set_address(app->psrc, url);
+  }
   snprintf(nworkers, sizeof nworkers, "%u", workers);
   om_log(OM_LOG_INFO, "proxy_listening", "url", url, "admin", aurl, "policy",
-         o.policy_path, "topology", static_file ? static_file : control_list,
-         "workers", nworkers, NULL);
+         app->psrc != NULL ? om_policy_source_spec(app->psrc) : o.policy_path,
+         "policy_file", app->psrc != NULL ? o.policy_path : NULL, "topology",
+         static_file ? static_file : control_list, "workers", nworkers, NULL);
   om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);

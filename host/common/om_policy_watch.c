@@ -22,7 +22,63 @@ struct om_policy_watch_s {
   uint64_t version, failures, content_hash;
   int open_handles;
   char last_error[ERRLEN];
+  char source[320]; /* of the active version */
+  uint64_t revision;
 };
+
+int om_policy_trailer_parse(const char *buf, size_t len, char *source,
+                            size_t cap, uint64_t *revision) {
+  static const char tag[] = OM_POLICY_TRAILER;
+  size_t end = len, start, k = sizeof tag - 1, sp;
+  uint64_t r = 0;
+  while (end > 0 && (buf[end - 1] == '\n' || buf[end - 1] == '\r'))
+    end--;
+  start = end;
+  while (start > 0 && buf[start - 1] != '\n')
+    start--;
+  if (end - start <= k || memcmp(buf + start, tag, k) != 0)
+    return -1;
+  start += k;
+  /* SOURCE " revision " DIGITS */
+  sp = start;
+  while (sp < end && buf[sp] != ' ')
+    sp++;
+  if (sp == start || end - sp <= 10 || memcmp(buf + sp, " revision ", 10) != 0)
+    return -1;
+  for (size_t i = sp + 10; i < end; i++) {
+    if (buf[i] < '0' || buf[i] > '9' || r > (UINT64_MAX - 9) / 10)
+      return -1;
+    r = r * 10 + (uint64_t)(buf[i] - '0');
+  }
+  snprintf(source, cap, "%.*s", (int)(sp - start), buf + start);
+  *revision = r;
+  return 0;
+}
+
+/* The trailer of the file's last bytes, else "file:PATH", revision 0. */
+static void read_source(om_policy_watch_t *w) {
+  char buf[512];
+  size_t n = 0;
+  FILE *f = fopen(w->path, "rb");
+  snprintf(w->source, sizeof w->source, "file:%s", w->path);
+  w->revision = 0;
+  if (f == NULL)
+    return;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long size = ftell(f);
+    if (size > (long)sizeof buf)
+      fseek(f, size - (long)sizeof buf, SEEK_SET);
+    else
+      fseek(f, 0, SEEK_SET);
+    n = fread(buf, 1, sizeof buf, f);
+  }
+  fclose(f);
+  if (om_policy_trailer_parse(buf, n, w->source, sizeof w->source,
+                              &w->revision) != 0) {
+    snprintf(w->source, sizeof w->source, "file:%s", w->path);
+    w->revision = 0;
+  }
+}
 
 /* XXH3 of the file's bytes; 0 when unreadable (treated as changed). */
 static uint64_t hash_file(const char *path) {
@@ -91,6 +147,7 @@ int om_policy_watch_reload(om_policy_watch_t *w) {
   w->current = next;
   w->version++;
   w->content_hash = h;
+  read_source(w);
   snprintf(version, sizeof version, "%llu", (unsigned long long)w->version);
   om_log(OM_LOG_INFO, "policy_reloaded", "path", w->path, "name",
          om_policy_name(next), "version", version, NULL);
@@ -173,6 +230,7 @@ int om_policy_watch_start(uv_loop_t *loop, const om_policy_watch_opts_t *opts,
     return rc;
   }
   w->version = 1;
+  read_source(w);
   uv_timer_init(loop, &w->debounce);
   w->debounce.data = w;
   uv_fs_event_init(loop, &w->event);
@@ -215,4 +273,12 @@ const char *om_policy_watch_last_error(const om_policy_watch_t *w) {
 
 const char *om_policy_watch_path(const om_policy_watch_t *w) {
   return w->path;
+}
+
+const char *om_policy_watch_source(const om_policy_watch_t *w) {
+  return w->source;
+}
+
+uint64_t om_policy_watch_revision(const om_policy_watch_t *w) {
+  return w->revision;
 }

@@ -21,6 +21,24 @@
 typedef struct om_policy_watch_s om_policy_watch_t;
 
 /*
+ * A policy file written from another source (the control plane's config
+ * watch, om_policy_source.h) ends with one comment line naming it:
+ *   -- openmesh-policy: control:NAME revision R
+ * A trailing comment moves no line number of the policy, and the source
+ * and revision travel with the bytes in one atomic rename. A file without
+ * it is "file:PATH", revision 0.
+ */
+#define OM_POLICY_TRAILER "-- openmesh-policy: "
+
+/*
+ * om_policy_trailer_parse: the source and revision of the trailer line at
+ * the end of buf[0..len). 0 with source (NUL-terminated, cut to cap) and
+ * *revision set; -1 when buf has no such line.
+ */
+int om_policy_trailer_parse(const char *buf, size_t len, char *source,
+                            size_t cap, uint64_t *revision);
+
+/*
  * Called when a new version passed validation, before it replaces prev
  * (NULL on the first load): the owner moves state onto it (peer views,
  * pools). Return 0 to accept; non-zero rejects this version (counted as a
@@ -63,6 +81,10 @@ uint64_t om_policy_watch_failures(const om_policy_watch_t *w);
 /* The last rejection's message, "" if none. */
 const char *om_policy_watch_last_error(const om_policy_watch_t *w);
 const char *om_policy_watch_path(const om_policy_watch_t *w);
+/* Where the active version came from: "file:PATH", or the trailer's
+ * source ("control:NAME"); and its revision there (0 for a plain file). */
+const char *om_policy_watch_source(const om_policy_watch_t *w);
+uint64_t om_policy_watch_revision(const om_policy_watch_t *w);
 
 /*
  * om_policy_watch_stop: stop watching and free the watcher and its policy

@@ -42,8 +42,8 @@ static const int rej_status[] = {
 };
 
 static const char *const label_names[] = {
-    "register", "heartbeat",  "deregister", "discovery", "list",
-    "watch",    "config_get", "config_put", "ops",       "other"};
+    "register",   "heartbeat",  "deregister", "discovery",     "list", "watch",
+    "config_get", "config_put", "ops",        "config_report", "other"};
 
 static const struct {
   unsigned methods;
@@ -62,6 +62,8 @@ static const struct {
     [R_CONFIG] = {M_GET | M_HEAD | M_PUT | M_OPTIONS,
                   "GET, HEAD, PUT, OPTIONS"},
     [R_WATCH_CONFIG] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
+    [R_CONFIG_STATUS] = {M_GET | M_HEAD | M_POST | M_OPTIONS,
+                         "GET, HEAD, POST, OPTIONS"},
 };
 
 /* ------------------------------------------------------------------ */
@@ -452,6 +454,10 @@ static route_t match(const seg_t *s, int n, const seg_t **names) {
     names[0] = &s[2];
     return R_CONFIG;
   }
+  if (seg_is(&s[1], "config") && n == 4 && seg_is(&s[3], "status")) {
+    names[0] = &s[2];
+    return R_CONFIG_STATUS;
+  }
   if (seg_is(&s[1], "watch") && n >= 3) {
     if (seg_is(&s[2], "services") && n == 3)
       return R_WATCH_ALL;
@@ -490,6 +496,9 @@ static int route_role(route_t r, unsigned method) {
     return OM_ROLE_REGISTER;
   case R_CONFIG:
     return method == M_PUT ? OM_ROLE_ADMIN : OM_ROLE_READ;
+  case R_CONFIG_STATUS:
+    /* a proxy reporting on itself, as a heartbeat does */
+    return method == M_POST ? OM_ROLE_REGISTER : OM_ROLE_READ;
   default:
     return OM_ROLE_READ;
   }
@@ -516,6 +525,8 @@ static int route_label(route_t r, unsigned method) {
     return L_WATCH;
   case R_CONFIG:
     return method == M_PUT ? L_CONFIG_PUT : L_CONFIG_GET;
+  case R_CONFIG_STATUS:
+    return method == M_POST ? L_CONFIG_REPORT : L_CONFIG_GET;
   default:
     return L_OTHER;
   }
@@ -608,7 +619,9 @@ static void on_request(om_http_request_t *req, void *ud) {
     break;
   }
   if (take_name(&x, names[0],
-                r == R_CONFIG || r == R_WATCH_CONFIG ? "name" : "service",
+                r == R_CONFIG || r == R_WATCH_CONFIG || r == R_CONFIG_STATUS
+                    ? "name"
+                    : "service",
                 a) != 0)
     return;
   if (names[1] != NULL && take_name(&x, names[1], "id", b) != 0)
@@ -637,6 +650,12 @@ static void on_request(om_http_request_t *req, void *ud) {
     return;
   case R_WATCH_CONFIG:
     om__h_watch(&x, T_CONFIG, a);
+    return;
+  case R_CONFIG_STATUS:
+    if (x.method == M_POST)
+      om__h_config_report(&x, a);
+    else
+      om__h_config_status(&x, a);
     return;
   default:
     reply_error(&x, REJ_NOT_FOUND, NULL, "no route for %s", req->path);
@@ -741,6 +760,19 @@ static int metrics_init(om_control_t *c) {
   CHK(m->over_capacity = om_metrics_counter(r, P "rejections_total",
                                             "Requests refused, by reason",
                                             "reason=\"over_capacity\""));
+  {
+    static const char *const results[] = {"applied", "refused", "invalid",
+                                          "evicted"};
+    for (int i = 0; i < 4; i++) {
+      snprintf(labels, sizeof labels, "result=\"%s\"", results[i]);
+      CHK(m->reports[i] = om_metrics_counter(
+              r, P "policy_reports_total",
+              "Policy verdicts reported by proxies (applied, refused), "
+              "reports refused as invalid, and entries evicted from a full "
+              "status table",
+              labels));
+    }
+  }
   for (int i = 0; i < L__COUNT; i++) {
     snprintf(labels, sizeof labels, "route=\"%s\"", label_names[i]);
     CHK(m->latency[i] = om_metrics_histogram(
@@ -769,6 +801,7 @@ static void control_free(om_control_t *c) {
     om_config_doc_unref(c->docs[i]);
   free(c->docs);
   om_metrics_free(c->metrics);
+  om_cfg_status_free(c->cfg_status);
   om_auth_free(c->auth);
   free(c->cors);
   free(c->lib_dir);
@@ -813,7 +846,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
        (c->cors = om__dup_str(opts->cors_origin)) == NULL) ||
       (c->lib_dir = om__dup_str(
            opts->lib_dir != NULL ? opts->lib_dir : om_lib_dir())) == NULL ||
-      metrics_init(c) != 0)
+      metrics_init(c) != 0 || om_cfg_status_new(0, 0, &c->cfg_status) != 0)
     goto fail;
   rc = om_store_subscribe(st, NULL, om__on_service_event, c, &c->svc_sub);
   if (rc != 0)

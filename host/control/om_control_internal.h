@@ -27,6 +27,7 @@
 #include "om_policy.h"
 #include "om_snapshot_json.h"
 #include "om_sse.h"
+#include "om_config_status.h"
 
 #define MAX_SEGMENTS 8
 #define MAX_TOKEN_HEADER 4200
@@ -72,6 +73,7 @@ enum {
   L_CONFIG_GET,
   L_CONFIG_PUT,
   L_OPS,
+  L_CONFIG_REPORT,
   L_OTHER,
   L__COUNT
 };
@@ -99,6 +101,7 @@ typedef enum {
   R_WATCH_SERVICE,
   R_CONFIG,
   R_WATCH_CONFIG,
+  R_CONFIG_STATUS,
   R__COUNT
 } route_t;
 
@@ -155,6 +158,9 @@ typedef struct metrics_s {
   om_metric_t *http_rej[OM_HTTP_REJECT__COUNT];
   om_metric_t *over_capacity;
   om_metric_t *latency[L__COUNT];
+  /* policy verdicts proxies reported: applied, refused, invalid (a
+   * report the plane refused), evicted (a full table made room) */
+  om_metric_t *reports[4];
 } metrics_t;
 
 /* The latest (service, revision) pairs logged one way (see below). */
@@ -204,6 +210,7 @@ struct om_control_s {
   void *done_ud;
   om_metrics_t *metrics;
   metrics_t m;
+  om_cfg_status_t *cfg_status; /* proxies' verdicts per document */
 };
 
 /* One request as the handlers see it. */
@@ -294,6 +301,8 @@ void om__h_get_service(ctx_t *x, const char *svc);
 void om__h_list_services(ctx_t *x);
 void om__h_put_config(ctx_t *x, const char *name);
 void om__h_get_config(ctx_t *x, const char *name);
+void om__h_config_report(ctx_t *x, const char *name);
+void om__h_config_status(ctx_t *x, const char *name);
 void om__h_healthz(ctx_t *x);
 void om__h_readyz(ctx_t *x);
 void om__h_metrics(ctx_t *x);

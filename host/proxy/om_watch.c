@@ -20,6 +20,7 @@
 #include "om_url.h"
 
 #define WATCH_PATH "/v1/watch/services/"
+#define WATCH_CONFIG_PATH "/v1/watch/config/"
 #define MS_NS UINT64_C(1000000)
 
 /* Why a request or stream ended; the reason token is API (om_watch.h). */
@@ -105,7 +106,15 @@ struct om_watch_s {
 
   om_snapshot_t *current;
   int deliver_snapshot; /* current not yet handed to on_snapshot */
-  int deliver_error;    /* last_error not yet handed to on_error */
+
+  /* a config watch (opts.config): the last document taken */
+  int is_config;
+  om_watch_document_cb on_document;
+  char *doc;
+  size_t doc_len;
+  uint64_t doc_rev; /* 0: none (or opts.last_event_id) */
+  int deliver_document;
+  int deliver_error; /* last_error not yet handed to on_error */
   const char *error_reason;
 
   uv_timer_t retry_timer, silence_timer, deliver_timer;
@@ -179,6 +188,82 @@ static void count_event(om_watch_t *w, ev_t what) {
   om_metric_inc(w->m.events[what]);
 }
 
+static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
+                   const om_sse_event_t *ev, uint64_t revision,
+                   const char *detail);
+
+/* The log key of the watched name. */
+static const char *name_key(const om_watch_t *w) {
+  return w->is_config ? "config" : "service";
+}
+
+/* The revision the watch holds: the resume point of a reconnect. */
+static uint64_t held_revision(const om_watch_t *w) {
+  if (w->is_config)
+    return w->doc_rev;
+  return w->current != NULL ? om_snapshot_revision(w->current) : 0;
+}
+
+/* A config event's id: the document's revision, decimal digits only. */
+static int parse_revision(const char *p, size_t n, uint64_t *out) {
+  uint64_t v = 0;
+  if (n == 0 || n > 20)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] < '0' || p[i] > '9' || v > (UINT64_MAX - 9) / 10)
+      return -1;
+    v = v * 10 + (uint64_t)(p[i] - '0');
+  }
+  *out = v;
+  return v > 0 ? 0 : -1;
+}
+
+/* One `snapshot` event of a config watch: its id is the revision and its
+ * data the document. Only newer revisions are taken. */
+static int on_config_event(om_watch_t *w, const om_sse_event_t *ev) {
+  uint64_t rev;
+  char msg[128], r[24];
+  char *copy;
+  if (parse_revision(ev->id, ev->id_len, &rev) != 0) {
+    reject(w, EV_MALFORMED, &w->st.rejected_malformed, ev, 0,
+           "a document event without a revision as its id");
+    return 0;
+  }
+  if (rev < w->doc_rev) {
+    snprintf(msg, sizeof msg,
+             "revision %" PRIu64 " is older than the current %" PRIu64, rev,
+             w->doc_rev);
+    reject(w, EV_STALE, &w->st.rejected_stale, ev, rev, msg);
+    return 0;
+  }
+  if (rev == w->doc_rev) {
+    w->st.duplicates++;
+    count_event(w, EV_DUPLICATE);
+    return 0;
+  }
+  copy = malloc(ev->data_len + 1);
+  if (copy == NULL) {
+    w->end = END_NOMEM;
+    return 1;
+  }
+  memcpy(copy, ev->data, ev->data_len);
+  copy[ev->data_len] = '\0';
+  free(w->doc);
+  w->doc = copy;
+  w->doc_len = ev->data_len;
+  w->doc_rev = rev;
+  w->st.snapshots++;
+  w->st.revision = rev;
+  count_event(w, EV_ACCEPTED);
+  snprintf(r, sizeof r, "%" PRIu64, rev);
+  snprintf(msg, sizeof msg, "%zu", ev->data_len);
+  om_log(OM_LOG_INFO, "watch_document", "config", w->service, "revision", r,
+         "bytes", msg, NULL);
+  w->deliver_document = 1;
+  kick_deliver(w);
+  return w->closing ? 1 : 0;
+}
+
 /* ev: the event (its id helps find a malformed one), NULL when none was
  * dispatched. */
 static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
@@ -196,7 +281,7 @@ static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
       cut--;
     snprintf(id, sizeof id, "%.*s", (int)cut, ev->id);
   }
-  om_log(OM_LOG_WARN, "watch_event_rejected", "service", w->service, "reason",
+  om_log(OM_LOG_WARN, "watch_event_rejected", name_key(w), w->service, "reason",
          ev_names[what], "revision", revision ? rev : NULL, "event_id",
          ev != NULL && ev->id_len > 0 ? id : NULL, "detail", detail, NULL);
   note_error(w, ev_names[what], "%s", detail);
@@ -220,6 +305,8 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     count_event(w, EV_IGNORED);
     return 0;
   }
+  if (w->is_config)
+    return on_config_event(w, ev);
   rc = om_snapshot_from_json(ev->data, ev->data_len, &snap, &err);
   if (rc == OM_ENOMEM) {
     /* This update would be lost until the next change: drop the stream,
@@ -258,8 +345,8 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     om_metric_set(w->m.revision, (double)rev);
     snprintf(r, sizeof r, "%" PRIu64, rev);
     snprintf(n, sizeof n, "%zu", om_snapshot_count(w->current));
-    om_log(OM_LOG_INFO, "watch_snapshot", "service", w->service, "revision", r,
-           "instances", n, NULL);
+    om_log(OM_LOG_INFO, "watch_snapshot", name_key(w), w->service, "revision",
+           r, "instances", n, NULL);
     w->deliver_snapshot = 1;
     kick_deliver(w);
   }
@@ -309,10 +396,10 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud) {
       w->streaming = 1;
       w->st.streams++;
       set_state(w, OM_WATCH_STREAMING);
-      snprintf(from, sizeof from, "%" PRIu64, w->st.revision);
-      om_log(OM_LOG_INFO, "watch_connected", "service", w->service, "control",
+      snprintf(from, sizeof from, "%" PRIu64, held_revision(w));
+      om_log(OM_LOG_INFO, "watch_connected", name_key(w), w->service, "control",
              w->bases[w->st.plane], "last_event_id",
-             w->current != NULL ? from : NULL, NULL);
+             held_revision(w) != 0 ? from : NULL, NULL);
       return n;
     }
     return 0; /* an error status: its body is of no use to us */
@@ -378,9 +465,8 @@ static int start_request(om_watch_t *w) {
     rc = append(&h, "Cache-Control: no-cache");
   if (rc == 0 && w->auth_line != NULL)
     rc = append(&h, w->auth_line);
-  if (rc == 0 && w->current != NULL) {
-    snprintf(line, sizeof line, "Last-Event-ID: %" PRIu64,
-             om_snapshot_revision(w->current));
+  if (rc == 0 && held_revision(w) != 0) {
+    snprintf(line, sizeof line, "Last-Event-ID: %" PRIu64, held_revision(w));
     rc = append(&h, line);
   }
   if (rc != 0) {
@@ -429,7 +515,7 @@ static void fail_over(om_watch_t *w, end_t why) {
   om_metric_inc(w->m.failovers);
   om_metric_set(w->m.plane[from], 0.0);
   om_metric_set(w->m.plane[w->st.plane], 1.0);
-  om_log(OM_LOG_WARN, "watch_failover", "service", w->service, "from",
+  om_log(OM_LOG_WARN, "watch_failover", name_key(w), w->service, "from",
          w->bases[from], "to", w->bases[w->st.plane], "reason", end_names[why],
          NULL);
 }
@@ -456,7 +542,7 @@ static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
     set_state(w, OM_WATCH_BACKOFF);
     snprintf(st, sizeof st, "%ld", w->status);
     om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
-           "service", w->service, "control", w->bases[w->st.plane], "reason",
+           name_key(w), w->service, "control", w->bases[w->st.plane], "reason",
            end_names[why], "status", w->status ? st : NULL, "detail", detail,
            "retry_in_ms", "0", NULL);
     fail_over(w, why);
@@ -490,7 +576,7 @@ static void schedule_retry(om_watch_t *w, end_t why, const char *detail) {
   snprintf(ms, sizeof ms, "%" PRIu64, delay_ms);
   snprintf(st, sizeof st, "%ld", w->status);
   om_log(why == END_EOF ? OM_LOG_INFO : OM_LOG_WARN, "watch_disconnected",
-         "service", w->service, "control", w->bases[w->st.plane], "reason",
+         name_key(w), w->service, "control", w->bases[w->st.plane], "reason",
          end_names[why], "status", w->status ? st : NULL, "detail", detail,
          "retry_in_ms", ms, NULL);
   if (w->n_planes > 1 && plane_gone(w, why))
@@ -596,6 +682,7 @@ static void on_handle_closed(uv_handle_t *h) {
   curl_slist_free_all(w->headers);
   om_sse_parser_free(w->parser);
   om_snapshot_unref(w->current);
+  free(w->doc);
   free_strings(w);
   free(w);
 }
@@ -627,6 +714,13 @@ static void on_deliver(uv_timer_t *t) {
     if (w->on_snapshot != NULL)
       w->on_snapshot(w->ud, s);
     om_snapshot_unref(s);
+  }
+  if (w->deliver_document && w->doc != NULL) {
+    /* w->doc only changes inside libcurl, never during this call; a
+     * close from the callback frees it on a later loop turn */
+    w->deliver_document = 0;
+    if (w->on_document != NULL)
+      w->on_document(w->ud, w->doc_rev, w->doc, w->doc_len);
   }
   if (w->deliver_error && !w->closing) {
     char detail[sizeof w->st.last_error];
@@ -747,14 +841,15 @@ static size_t base_len(const char *url) {
 }
 
 /* The whole watch URL of one plane. */
-static char *watch_url(const char *base, const char *service) {
-  size_t n = base_len(base);
-  char *u = malloc(n + sizeof WATCH_PATH + strlen(service));
+static char *watch_url(const char *base, const char *path,
+                       const char *service) {
+  size_t n = base_len(base), k = strlen(path);
+  char *u = malloc(n + k + strlen(service) + 1);
   if (u == NULL)
     return NULL;
   memcpy(u, base, n);
-  memcpy(u + n, WATCH_PATH, sizeof WATCH_PATH - 1);
-  strcpy(u + n + sizeof WATCH_PATH - 1, service);
+  memcpy(u + n, path, k);
+  strcpy(u + n + k, service);
   return u;
 }
 
@@ -766,13 +861,16 @@ static int watch_alloc(const om_watch_opts_t *o, const char *const *planes,
   int oom = 0;
   if (w == NULL)
     return OM_ENOMEM;
-  w->service = dup_str(o->service);
+  const char *name = o->config != NULL ? o->config : o->service;
+  w->is_config = o->config != NULL;
+  w->service = dup_str(name);
   w->urls = calloc(n, sizeof *w->urls);
   w->bases = calloc(n, sizeof *w->bases);
   if (w->urls != NULL && w->bases != NULL) {
     w->n_planes = n;
     for (size_t i = 0; i < n; i++) {
-      w->urls[i] = watch_url(planes[i], o->service);
+      w->urls[i] = watch_url(
+          planes[i], w->is_config ? WATCH_CONFIG_PATH : WATCH_PATH, name);
       w->bases[i] = dup_str(planes[i]);
       oom |= w->urls[i] == NULL || w->bases[i] == NULL;
     }
@@ -862,8 +960,12 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   char np[24];
   int rc;
   if (loop == NULL || cu == NULL || opts == NULL || out == NULL ||
-      (planes = planes_of(opts, &n_planes)) == NULL || opts->service == NULL ||
-      !om_valid_name(opts->service, strlen(opts->service)) ||
+      (planes = planes_of(opts, &n_planes)) == NULL ||
+      (opts->service == NULL) == (opts->config == NULL) ||
+      (opts->service != NULL &&
+       !om_valid_name(opts->service, strlen(opts->service))) ||
+      (opts->config != NULL &&
+       !om_valid_name(opts->config, strlen(opts->config))) ||
       (opts->token != NULL && !valid_token(opts->token)) ||
       (opts->tls != NULL &&
        (opts->tls->cert_file == NULL) != (opts->tls->key_file == NULL)) ||
@@ -889,6 +991,11 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   w->on_snapshot = opts->on_snapshot;
   w->check = opts->check;
   w->on_error = opts->on_error;
+  w->on_document = opts->on_document;
+  if (w->is_config) {
+    w->doc_rev = opts->last_event_id;
+    w->st.revision = opts->last_event_id;
+  }
   w->ud = opts->ud;
   om_rng_seed(&w->rng,
               opts->seed ? opts->seed : uv_hrtime() ^ (uint64_t)(uintptr_t)w);
@@ -907,10 +1014,11 @@ int om_watch_new(uv_loop_t *loop, om_curl_uv_t *cu, const om_watch_opts_t *opts,
   w->retry_timer.data = w->silence_timer.data = w->deliver_timer.data = w;
   w->handles_open = 3;
   arm_silence(w);
-  register_metrics(w, opts->metrics);
+  if (!w->is_config)
+    register_metrics(w, opts->metrics);
   set_state(w, OM_WATCH_CONNECTING);
   snprintf(np, sizeof np, "%zu", w->n_planes);
-  om_log(OM_LOG_INFO, "watch_started", "service", w->service, "url", w->url,
+  om_log(OM_LOG_INFO, "watch_started", name_key(w), w->service, "url", w->url,
          "control_planes", np, NULL);
   *out = w;
   return 0;

@@ -98,6 +98,18 @@ typedef void (*om_watch_error_cb)(void *ud, const char *reason,
                                   const char *detail);
 
 /*
+ * A config watch (opts.config): a newer revision of the document arrived.
+ * data is its body as the control plane stored it (not NUL-terminated),
+ * borrowed for the call. The watch checks only the revision (the event's
+ * id, newer than the last one delivered) and the size bound: what the
+ * document means is the consumer's to judge, and a document it refuses
+ * stays refused (the next reconnect sends Last-Event-ID = this revision,
+ * so the plane does not resend it). Runs from the loop, outside libcurl.
+ */
+typedef void (*om_watch_document_cb)(void *ud, uint64_t revision,
+                                     const char *data, size_t len);
+
+/*
  * The consumer's own rules for a valid, newer snapshot (the proxy's: every
  * peer URL is one its upstream client can reach). Nonzero refuses it, with
  * a message in err (NUL-terminated): counted (rejected_refused), logged,
@@ -119,8 +131,18 @@ typedef struct om_watch_opts_s {
    * Copied. */
   const char *const *control_urls;
   size_t n_control_urls;
-  /* The service to watch: om_valid_name. Required; copied. */
+  /* The service to watch: om_valid_name. Required unless config is
+   * given; copied. */
   const char *service;
+  /* Or a configuration document to watch (`GET /v1/watch/config/{name}`,
+   * om_valid_name; service must then be NULL): its revisions go to
+   * on_document; on_snapshot and check are not used, and no metrics are
+   * registered (the consumer counts what it does with a document). */
+  const char *config;
+  /* Config watches: the revision the consumer already holds (a cached
+   * copy), sent as the first Last-Event-ID; 0: none. */
+  uint64_t last_event_id;
+  om_watch_document_cb on_document; /* config watches */
   /* A bearer token (RFC 6750 section 2.1), sent as
    * `Authorization: Bearer <token>`; NULL: none. At most
    * OM_WATCH_TOKEN_MAX visible ASCII bytes. Copied. */
@@ -222,7 +244,7 @@ om_snapshot_t *om_watch_current(const om_watch_t *w);
 /* Live figures into *out (NULL w or out: nothing). */
 void om_watch_stats(const om_watch_t *w, om_watch_stats_t *out);
 
-/* The watched service (the watch's copy). */
+/* The watched service or document name (the watch's copy). */
 const char *om_watch_service(const om_watch_t *w);
 
 /*
