@@ -649,6 +649,29 @@ static void handle_status(om_egress_t *g, om_http_request_t *req) {
                 "pending", pending_gauge(g)));
 }
 
+/*
+ * GET /v1/models: the models the routes of the current fallback policy
+ * send, once each, in OpenAI's list shape, so an SDK's model listing
+ * works against the gateway.
+ */
+static void handle_models(om_egress_t *g, om_http_request_t *req) {
+  json_t *data = json_array();
+  for (size_t i = 0; data != NULL && g->cfg != NULL && i < g->cfg->n; i++) {
+    const char *m = g->cfg->routes[i].model;
+    size_t k;
+    for (k = 0; k < i; k++)
+      if (strcmp(g->cfg->routes[k].model, m) == 0)
+        break;
+    if (k == i)
+      json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:s}", "id", m,
+                                            "object", "model", "created", 0,
+                                            "owned_by", "openmesh"));
+  }
+  eg_respond_json(req, 200,
+                  data ? json_pack("{s:s, s:o}", "object", "list", "data", data)
+                       : NULL);
+}
+
 static void on_request(om_http_request_t *req, void *ud) {
   om_egress_t *g = ud;
   int post = req->method_len == 4 && memcmp(req->method, "POST", 4) == 0;
@@ -670,6 +693,8 @@ static void on_request(om_http_request_t *req, void *ud) {
       eg_respond_error(req, 405, "method_not_allowed", "POST only");
   } else if (PATH_IS("/v1/pending") && get) {
     eg_handle_pending(g, req);
+  } else if (PATH_IS("/v1/models") && get) {
+    handle_models(g, req);
   } else if (PATH_IS("/metrics") && get) {
     handle_metrics(g, req);
   } else if (PATH_IS("/status") && get) {
