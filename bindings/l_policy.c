@@ -458,6 +458,18 @@ static int l_evaluate(lua_State *L) {
   return contract_call(L, p, "evaluate", 2, lua_isnoneornil(L, 3) ? 1 : 2);
 }
 
+/* handle:set_clock(ms | nil): what os.time()/os.clock() read inside the
+ * policy (ms since the epoch), or the host's clocks again with nil. */
+static int l_set_clock(lua_State *L) {
+  om_policy_t *p = check_policy(L, 1);
+  if (lua_isnoneornil(L, 2))
+    om_sandbox_set_clock(om_policy_sandbox(p), 0, 0);
+  else
+    om_sandbox_set_clock(om_policy_sandbox(p), 1,
+                         (double)luaL_checknumber(L, 2) / 1000.0);
+  return 0;
+}
+
 static int l_tostring(lua_State *L) {
   l_policy_t *u = luaL_checkudata(L, 1, POLICY_TYPE);
   if (u->p == NULL)
@@ -470,17 +482,13 @@ static int l_tostring(lua_State *L) {
 }
 
 void om__lua_open_policy(lua_State *L) {
-  static const luaL_Reg methods[] = {{"kind", l_kind},
-                                     {"name", l_name},
-                                     {"version", l_version},
-                                     {"settings", l_settings},
-                                     {"subset", l_subset},
-                                     {"key", l_key},
-                                     {"authorize", l_authorize},
-                                     {"order", l_order},
-                                     {"evaluate", l_evaluate},
-                                     {"close", l_close},
-                                     {NULL, NULL}};
+  static const luaL_Reg methods[] = {
+      {"kind", l_kind},           {"name", l_name},
+      {"version", l_version},     {"settings", l_settings},
+      {"subset", l_subset},       {"key", l_key},
+      {"authorize", l_authorize}, {"order", l_order},
+      {"evaluate", l_evaluate},   {"set_clock", l_set_clock},
+      {"close", l_close},         {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", l_close},
                                   {"__close", l_close},
                                   {"__tostring", l_tostring},

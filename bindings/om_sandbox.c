@@ -10,6 +10,7 @@
 #include "om_sandbox.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@ struct om_sandbox_s {
   int cap_refused;       /* the memory cap refused a block in this call */
   uint64_t pattern_cap;  /* steps per pattern call in the current call: half
                             its instruction budget */
+  int clock_fixed;       /* os.time()/os.clock() read clock_s, not the host */
+  double clock_s;        /* the fixed reading, seconds since the epoch */
   char *lib_dir;
 };
 
@@ -239,6 +242,34 @@ static int sandbox_rep(lua_State *L) {
   return 1;
 }
 
+/*
+ * os.time([t]) and os.clock() as policies see them: the host's, unless a
+ * test fixed the reading (om_sandbox_set_clock). os.time with a date table
+ * converts it as the stock one does; only the "now" readings are fixed.
+ */
+static int sandbox_time(lua_State *L) {
+  const om_sandbox_t *sb = sandbox_of(L);
+  if (sb->clock_fixed && lua_isnoneornil(L, 1)) {
+    lua_pushinteger(L, (lua_Integer)floor(sb->clock_s));
+    return 1;
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  return 1;
+}
+
+static int sandbox_clock(lua_State *L) {
+  const om_sandbox_t *sb = sandbox_of(L);
+  if (sb->clock_fixed) {
+    lua_pushnumber(L, (lua_Number)sb->clock_s);
+    return 1;
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_call(L, 0, 1);
+  return 1;
+}
+
 /* table.move loops in C without executing instructions: bound its range. */
 static int sandbox_move(lua_State *L) {
   lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
@@ -366,6 +397,8 @@ static void make_env(lua_State *L, int G) {
   }
   lua_getfield(L, G, "os");
   copy_fields(L, lua_gettop(L), os_fields);
+  wrap_field(L, "time", sandbox_time);
+  wrap_field(L, "clock", sandbox_clock);
   lua_setfield(L, env, "os");
   lua_pop(L, 1);
   lua_getfield(L, G, "setmetatable");
@@ -486,6 +519,11 @@ size_t om_sandbox_mem_used(const om_sandbox_t *sb) {
 
 size_t om_sandbox_mem_peak(const om_sandbox_t *sb) {
   return sb->peak;
+}
+
+void om_sandbox_set_clock(om_sandbox_t *sb, int fixed, double now_s) {
+  sb->clock_fixed = fixed != 0;
+  sb->clock_s = fixed ? now_s : 0;
 }
 
 void om_sandbox_push_env(om_sandbox_t *sb) {

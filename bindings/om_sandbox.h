@@ -99,6 +99,15 @@ int om_sandbox_require(om_sandbox_t *sb, const char *name);
 size_t om_sandbox_mem_used(const om_sandbox_t *sb);
 size_t om_sandbox_mem_peak(const om_sandbox_t *sb);
 
+/*
+ * om_sandbox_set_clock: fix what os.time() and os.clock() return to policy
+ * code (fixed != 0: os.time() is floor(now_s), os.clock() is now_s), or give
+ * them back the host's clocks (fixed == 0). For tests of time-dependent
+ * policies: the policy runs unchanged, only its view of "now" moves. A
+ * policy that declares vary still may not read either (om_policy.c).
+ */
+void om_sandbox_set_clock(om_sandbox_t *sb, int fixed, double now_s);
+
 /* Push the sandbox's _ENV table. */
 void om_sandbox_push_env(om_sandbox_t *sb);
 

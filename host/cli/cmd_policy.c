@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -24,8 +25,9 @@ static void check_usage(FILE *out) {
           "usage: openmesh check [--lib-dir DIR] [FILE...]\n\n"
           "Validate policy files exactly as hot reload does: compile in a\n"
           "sandbox, check the shape, run every example. Prints one line per\n"
-          "file: 'ok NAME VERSION' (VERSION: hash of the file's content) or\n"
-          "'FILE:LINE: message'. Without FILEs, checks policies/*.lua.\n\n"
+          "file: 'ok FILE NAME VERSION' (VERSION: hash of the file's\n"
+          "content; fields separated by one space) or 'FILE:LINE: message'.\n"
+          "Without FILEs, checks policies/*.lua.\n\n"
           "exit: 0 all valid, 2 any invalid or usage error\n");
 }
 
@@ -61,7 +63,7 @@ static int check_one(const om_policy_opts_t *opts, const char *path) {
   }
   if (file_version(path, version) != 0)
     snprintf(version, sizeof version, "unknown");
-  printf("ok %s %s\n", om_policy_name(p), version);
+  printf("ok %s %s %s\n", path, om_policy_name(p), version);
   om_policy_free(p);
   return 1;
 }
@@ -145,6 +147,23 @@ static void test_usage(FILE *out) {
           "exit: 0 all specs passed, 1 any failed, 2 usage error\n");
 }
 
+/*
+ * busted exits 1 both on failing specs and on its own usage errors (a bad
+ * flag after --). Ours are 0 passed, 1 failures, 2 usage: a non-zero exit
+ * before the specs started running is a usage error, 2.
+ */
+static const char exit_codes[] =
+    "local compat = require 'busted.compatibility'\n"
+    "local real_exit, real_require, ran = compat.exit, require, false\n"
+    "compat.exit = function(code, force)\n"
+    "  if code ~= 0 and code ~= true and not ran then os.exit(2, true) end\n"
+    "  return real_exit(code, force)\n"
+    "end\n"
+    "require = function(name, ...)\n"
+    "  if name == 'busted.execute' then ran = true end\n"
+    "  return real_require(name, ...)\n"
+    "end\n";
+
 /* pmain-style: everything that touches Lua runs protected. */
 static int run_busted(lua_State *L) {
   int argc = (int)lua_tointeger(L, 1);
@@ -169,6 +188,9 @@ static int run_busted(lua_State *L) {
     lua_rawseti(L, -2, i + 1);
   }
   lua_setglobal(L, "arg");
+  if (luaL_loadstring(L, exit_codes) != LUA_OK)
+    return lua_error(L);
+  lua_call(L, 0, 0);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "busted.runner");
   lua_call(L, 1, 1);
@@ -179,10 +201,32 @@ static int run_busted(lua_State *L) {
   return 0;
 }
 
+static int test_usage_error(char **bargs) {
+  free(bargs);
+  test_usage(stderr);
+  return OM_EXIT_USAGE;
+}
+
+/*
+ * Specs that start processes (openmesh.testing's mesh) find the binary in
+ * OPENMESH_BIN: point it at this one unless the caller chose another.
+ */
+static void expose_binary(void) {
+  char self[4096];
+  ssize_t len;
+  if (getenv("OPENMESH_BIN") != NULL)
+    return;
+  len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0)
+    return;
+  self[len] = '\0';
+  setenv("OPENMESH_BIN", self, 0);
+}
+
 int om_cmd_test(int argc, char **argv) {
   const char *lib_dir = om_lib_dir();
   char **bargs = calloc((size_t)argc + 2, sizeof *bargs);
-  int n = 0, status;
+  int n = 0, paths = 0, status;
   lua_State *L;
   if (bargs == NULL)
     return OM_EXIT_FAILURE;
@@ -192,7 +236,11 @@ int om_cmd_test(int argc, char **argv) {
       free(bargs);
       return OM_EXIT_OK;
     }
-    if (strcmp(argv[i], "--lib-dir") == 0 && i + 1 < argc) {
+    if (strcmp(argv[i], "--lib-dir") == 0) {
+      if (i + 1 == argc) {
+        fprintf(stderr, "openmesh test: --lib-dir needs a directory\n");
+        return test_usage_error(bargs);
+      }
       lib_dir = argv[++i];
       continue;
     }
@@ -201,10 +249,28 @@ int om_cmd_test(int argc, char **argv) {
         bargs[n++] = argv[i];
       break;
     }
+    if (argv[i][0] == '-') {
+      fprintf(stderr,
+              "openmesh test: unknown option '%s' (busted's own options go "
+              "after --)\n",
+              argv[i]);
+      return test_usage_error(bargs);
+    }
+    if (access(argv[i], F_OK) != 0) {
+      fprintf(stderr, "openmesh test: %s: no such file or directory\n",
+              argv[i]);
+      return test_usage_error(bargs);
+    }
     bargs[n++] = argv[i];
+    paths++;
   }
-  if (n == 0)
+  if (paths == 0 && access("spec", F_OK) != 0) {
+    fprintf(stderr, "openmesh test: no spec/ here (give DIRs or FILEs)\n");
+    return test_usage_error(bargs);
+  }
+  if (paths == 0)
     bargs[n++] = "spec";
+  expose_binary();
   L = luaL_newstate();
   if (L == NULL) {
     free(bargs);

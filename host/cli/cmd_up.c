@@ -63,12 +63,22 @@ typedef struct {
   size_t n_watches, watches_open;
   uv_process_t keepers[MAX_SERVICES];
   size_t n_keepers, keepers_running;
+  const char *policy; /* the proxy's traffic policy file */
+  int policy_given;   /* from --policy or up.json, not the default */
 } up_t;
+
+/* Flags that stand in for fields of up.json (-1, NULL: use the file's). */
+typedef struct {
+  const char *policy, *host;
+  int control_port, proxy_port, admin_port;
+} up_flags_t;
 
 static void usage(FILE *out) {
   fprintf(
       out,
-      "usage: openmesh up [--store memory|redis://HOST:PORT/DB]\n"
+      "usage: openmesh up [--policy FILE] [--listen ADDR:PORT]\n"
+      "                   [--proxy-port N] [--admin-port N]\n"
+      "                   [--store memory|redis://HOST:PORT/DB]\n"
       "                   [--control URL[,URL...]]\n"
       "                   [--tls-cert FILE --tls-key FILE]\n"
       "                   [--tls-client-ca FILE]\n"
@@ -78,7 +88,18 @@ static void usage(FILE *out) {
       "store, or Redis with --store) and the example services described\n"
       "in DIR/up.json (default: examples/), each registered with a lease\n"
       "it renews. Ctrl-C deregisters them, ends the watch streams and\n"
-      "exits 0. With Redis, start-up waits up to 10 s for it.\n\n"
+      "exits 0. With Redis, start-up waits up to 10 s for it. SIGHUP\n"
+      "reloads the policy (and the --tls-* files), as for openmesh proxy.\n\n"
+      "  --policy FILE      the proxy's traffic policy (default: up.json's\n"
+      "                     proxy.policy, else policies/traffic.lua);\n"
+      "                     hot-reloaded on save and on SIGHUP\n"
+      "  --listen ADDR:PORT the control plane's address (up.json's\n"
+      "                     control.host and port); the proxy and the\n"
+      "                     examples listen on the same ADDR. PORT 0: any\n"
+      "                     free port (the banner prints the one taken)\n"
+      "  --proxy-port N     the proxy's port (up.json's proxy.port; 0: any)\n"
+      "  --admin-port N     the proxy's admin port (proxy.admin_port; 0: "
+      "any)\n\n"
       "  --control URL[,URL...]  join these control planes (on one\n"
       "                     store) instead of running one: the proxy\n"
       "                     watches them and each example's lease is\n"
@@ -353,14 +374,24 @@ static int start_watches(up_t *up, json_t *services) {
 }
 
 static int start_proxy(up_t *up, json_t *conf, const char *host,
-                       const char *file) {
+                       const char *file, const up_flags_t *fl) {
   json_t *px = json_object_get(conf, "proxy");
   om_proxy_opts_t o = {0};
   char err[2048];
   int bad = 0, port, admin;
   port = (int)integer(px, "port", 7601, 0, 65535, &bad);
   admin = (int)integer(px, "admin_port", 7602, 0, 65535, &bad);
-  o.policy_path = str(px, "policy", om_default_policy(), &bad);
+  o.policy_path = str(px, "policy", NULL, &bad);
+  if (fl->policy != NULL)
+    o.policy_path = fl->policy;
+  up->policy_given = o.policy_path != NULL;
+  if (o.policy_path == NULL)
+    o.policy_path = om_default_policy();
+  up->policy = o.policy_path;
+  if (fl->proxy_port >= 0)
+    port = fl->proxy_port;
+  if (fl->admin_port >= 0)
+    admin = fl->admin_port;
   o.server.tls = up->tls;
   if (bad) {
     fprintf(stderr,
@@ -390,11 +421,17 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   return OM_EXIT_OK;
 }
 
-/* SIGHUP (only with --tls-cert): reload the listener's files. */
+/* SIGHUP: reload the policy files, as `openmesh proxy` does, and the
+ * listener's TLS files (--tls-cert); never a reason to stop. */
 static void on_hup(uv_signal_t *h, int signum) {
   up_t *up = h->data;
   (void)signum;
-  if (up->tls != NULL && !up->stopping)
+  if (up->stopping)
+    return;
+  om_log(OM_LOG_INFO, "up_reload", "signal", "SIGHUP", NULL);
+  if (up->proxy != NULL)
+    (void)om_proxy_reload_policies(up->proxy); /* logged, counted, shown */
+  if (up->tls != NULL)
     (void)om_http_tls_reload(up->tls, NULL, 0); /* logged and counted */
 }
 
@@ -441,10 +478,12 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
   o.id = str(svc, "id", NULL, &bad);
   o.zone = str(svc, "zone", NULL, &bad);
   o.host = host;
-  o.port = (int)integer(svc, "port", 0, 1, 65535, &bad);
+  o.port = (int)integer(svc, "port", -1, 0, 65535, &bad);
   b = om_example_behaviour(str(svc, "behaviour", "fast", &bad));
   o.delay_ms = (uint64_t)integer(svc, "delay_ms", 200, 0, 60000, &bad);
   o.fail_every = (uint32_t)integer(svc, "fail_every", 3, 1, 1000000, &bad);
+  o.status = (int)integer(svc, "status", 503, 400, 599, &bad);
+  o.retry_after_s = (uint32_t)integer(svc, "retry_after", 1, 0, 3600, &bad);
   if (meta != NULL && !json_is_object(meta))
     bad = 1;
   json_object_foreach(meta, key, val) {
@@ -457,10 +496,12 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
     o.n_metadata++;
   }
   o.metadata = md;
-  if (bad || b < 0 || o.service == NULL || o.id == NULL || o.port == 0) {
+  if (bad || b < 0 || o.service == NULL || o.id == NULL || o.port < 0) {
     fprintf(stderr,
             "openmesh up: %s: services[%zu]: needs service, id, port "
-            "(1-65535), behaviour fast|slow|flaky, string metadata\n",
+            "(0-65535, 0: any), behaviour "
+            "fast|ok|slow|flaky|failing|throttled|dying, status 400-599, "
+            "retry_after 0-3600, string metadata\n",
             file, i);
     return OM_EXIT_USAGE;
   }
@@ -487,8 +528,10 @@ static int start_example(up_t *up, json_t *svc, size_t i, const char *host,
 
 static void tour(up_t *up, const char *host, int port) {
   int pp = om_proxy_port(up->proxy), ap = om_proxy_admin_port(up->proxy);
-  char cp[2100];
-  size_t n;
+  char cp[2100], exe[4096];
+  size_t n, exe_len = sizeof exe;
+  if (uv_exepath(exe, &exe_len) != 0) /* the commands must run as printed */
+    snprintf(exe, sizeof exe, "openmesh");
   if (up->control.n > 0) { /* the first plane joined, without a '/' */
     snprintf(cp, sizeof cp, "%s", up->control.urls[0]);
     for (n = strlen(cp); n > 0 && cp[n - 1] == '/'; n--)
@@ -516,16 +559,24 @@ static void tour(up_t *up, const char *host, int port) {
          "  curl -sN %s/v1/watch/services/orders        # live "
          "snapshots (Ctrl-C to stop)\n"
          "  curl -s http://%s:%d/metrics                           # the "
-         "proxy's metrics\n\n"
-         "Edit policies/traffic.lua (for example: return only peers whose\n"
-         "metadata.version is \"v1\", or copy examples/policies/canary.lua "
-         "over it)\n"
-         "and the proxy reloads it on save; a broken edit is refused and the\n"
-         "last good version keeps routing (see /status). Check a policy "
-         "first with\n"
-         "  openmesh check policies/traffic.lua\n\n"
-         "Ctrl-C stops everything.\n\n",
+         "proxy's metrics\n\n",
          host, pp, host, pp, cp, cp, host, ap);
+  printf("  traffic policy  %s\n\n", up->policy);
+  if (!up->policy_given)
+    printf("To write a policy of your own, copy this one to a scratch file\n"
+           "and run up on the copy (the tracked file stays as the specs "
+           "expect it):\n"
+           "  cp %s /tmp/traffic.lua\n"
+           "  %s up --policy /tmp/traffic.lua\n\n",
+           up->policy, exe);
+  printf("Edit %s (for example: return only peers whose\n"
+         "metadata.version is \"v1\") and the proxy reloads it on save or on\n"
+         "SIGHUP (kill -HUP %d); a broken edit is refused and the last good\n"
+         "version keeps routing (see /status). Check a policy first with\n"
+         "  %s check %s\n\n"
+         "Ctrl-C stops everything.\n\n",
+         up->policy_given ? up->policy : "the copy", (int)uv_os_getpid(), exe,
+         up->policy_given ? up->policy : "/tmp/traffic.lua");
   fflush(stdout);
 }
 
@@ -545,6 +596,8 @@ int om_cmd_up(int argc, char **argv) {
   om_cli_tls_t tls = {0};
   om_cli_control_tls_t ctls = {0};
   om_curl_tls_t control_tls = {0};
+  up_flags_t fl = {NULL, NULL, -1, -1, -1};
+  char listen_host[256];
   for (int a = 1; a < argc; a++) {
     if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
       usage(stdout);
@@ -561,6 +614,25 @@ int om_cmd_up(int argc, char **argv) {
       char *v = argv[a][9] == '=' ? argv[a] + 10 : argv[++a];
       if ((rc = om_cli_controls_add("up", &control, v)) != OM_EXIT_OK)
         return rc;
+    } else if (strcmp(argv[a], "--policy") == 0 && a + 1 < argc) {
+      fl.policy = argv[++a];
+    } else if (strcmp(argv[a], "--listen") == 0 && a + 1 < argc) {
+      if (om_parse_listen(argv[++a], listen_host, sizeof listen_host,
+                          &fl.control_port) != 0)
+        return om_cli_fail_usage("up",
+                                 "--listen %s: expected ADDR:PORT "
+                                 "(127.0.0.1:7600, [::1]:7600)",
+                                 argv[a]);
+      fl.host = listen_host;
+    } else if ((strcmp(argv[a], "--proxy-port") == 0 ||
+                strcmp(argv[a], "--admin-port") == 0) &&
+               a + 1 < argc) {
+      char *end;
+      long v = strtol(argv[a + 1], &end, 10);
+      if (*argv[a + 1] == '\0' || *end != '\0' || v < 0 || v > 65535)
+        return om_cli_fail_usage("up", "%s: a port 0-65535 expected", argv[a]);
+      *(argv[a][2] == 'p' ? &fl.proxy_port : &fl.admin_port) = (int)v;
+      a++;
     } else if (strcmp(argv[a], "--tls-cert") == 0 && a + 1 < argc) {
       tls.cert = argv[++a];
     } else if (strcmp(argv[a], "--tls-key") == 0 && a + 1 < argc) {
@@ -607,8 +679,12 @@ int om_cmd_up(int argc, char **argv) {
     return OM_EXIT_USAGE;
   }
   host = str(json_object_get(conf, "control"), "host", "127.0.0.1", &bad);
-  port = (int)integer(json_object_get(conf, "control"), "port", 7600, 1, 65535,
+  port = (int)integer(json_object_get(conf, "control"), "port", 7600, 0, 65535,
                       &bad);
+  if (fl.host != NULL) {
+    host = fl.host;
+    port = fl.control_port;
+  }
   services = json_object_get(conf, "services");
   if (bad || (services != NULL && !json_is_array(services)) ||
       json_array_size(services) > MAX_SERVICES) {
@@ -667,7 +743,7 @@ int om_cmd_up(int argc, char **argv) {
     rc = OM_EXIT_FAILURE;
   }
   if (rc == OM_EXIT_OK)
-    rc = start_proxy(up, conf, host, file);
+    rc = start_proxy(up, conf, host, file, &fl);
   json_array_foreach(services, i, svc) {
     if (rc != OM_EXIT_OK)
       break;
@@ -680,8 +756,7 @@ int om_cmd_up(int argc, char **argv) {
   if (rc == OM_EXIT_OK) {
     uv_signal_start(&up->sig_int, on_signal, SIGINT);
     uv_signal_start(&up->sig_term, on_signal, SIGTERM);
-    if (up->tls != NULL)
-      uv_signal_start(&up->sig_hup, on_hup, SIGHUP);
+    uv_signal_start(&up->sig_hup, on_hup, SIGHUP);
     tour(up, host, up->ctl != NULL ? om_control_port(up->ctl) : 0);
   } else if (up->ctl != NULL || up->proxy != NULL) {
     stop(up);

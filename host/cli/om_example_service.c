@@ -18,7 +18,8 @@ struct om_example_s {
   char *service;
   om_example_behaviour_t behaviour;
   uint64_t delay_ms, requests;
-  uint32_t fail_every;
+  uint32_t fail_every, retry_after_s;
+  int status;
   int stopping, pending; /* handles and callbacks still to come back */
   void (*done)(void *ud);
   void *done_ud;
@@ -44,15 +45,37 @@ static void finish_if_idle(om_example_t *e) {
 }
 
 static void answer(om_example_t *e, om_http_request_t *req, int status) {
-  static const om_http_header_t json[] = {
-      {"content-type", "application/json", 12, 16}};
-  char body[512];
+  char body[512], retry[16];
+  om_http_header_t h[3] = {{"content-type", "application/json", 12, 16},
+                           {"x-served-by", e->self.id, 11, strlen(e->self.id)},
+                           {"retry-after", retry, 11, 0}};
+  size_t nh = 2;
   int n =
       snprintf(body, sizeof body,
                "{\"service\":\"%s\",\"id\":\"%s\",\"status\":%d,"
                "\"request\":%llu}\n",
                e->service, e->self.id, status, (unsigned long long)e->requests);
-  om_http_respond(req, status, json, 1, body, (size_t)n);
+  if (status == 429) {
+    h[2].value_len =
+        (size_t)snprintf(retry, sizeof retry, "%u", (unsigned)e->retry_after_s);
+    nh = 3;
+  }
+  om_http_respond(req, status, h, nh, body, (size_t)n);
+}
+
+/* dying: the head and a first chunk, then the connection is cut, as an
+ * upstream that crashes mid-stream leaves it. */
+static void answer_dying(om_example_t *e, om_http_request_t *req) {
+  const om_http_header_t h[2] = {
+      {"content-type", "text/event-stream", 12, 17},
+      {"x-served-by", e->self.id, 11, strlen(e->self.id)}};
+  static const char chunk[] = "data: first\n\n";
+  if (om_http_response_start(req, 200, h, 2) != 0 ||
+      om_http_response_write(req, chunk, sizeof chunk - 1) != 0) {
+    om_http_response_abort(req);
+    return;
+  }
+  om_http_response_abort(req);
 }
 
 static void on_delay_closed(uv_handle_t *h) {
@@ -82,6 +105,18 @@ static void on_request(om_http_request_t *req, void *ud) {
   if (e->behaviour == OM_EXAMPLE_FLAKY && e->fail_every > 0 &&
       e->requests % e->fail_every == 0) {
     answer(e, req, 503);
+    return;
+  }
+  if (e->behaviour == OM_EXAMPLE_FAILING) {
+    answer(e, req, e->status);
+    return;
+  }
+  if (e->behaviour == OM_EXAMPLE_THROTTLED) {
+    answer(e, req, 429);
+    return;
+  }
+  if (e->behaviour == OM_EXAMPLE_DYING) {
+    answer_dying(e, req);
     return;
   }
   if (e->behaviour == OM_EXAMPLE_SLOW && e->delay_ms > 0) {
@@ -132,8 +167,14 @@ static void on_renew(uv_timer_t *t) {
 }
 
 int om_example_behaviour(const char *name) {
-  if (strcmp(name, "fast") == 0)
+  if (strcmp(name, "fast") == 0 || strcmp(name, "ok") == 0)
     return OM_EXAMPLE_FAST;
+  if (strcmp(name, "failing") == 0)
+    return OM_EXAMPLE_FAILING;
+  if (strcmp(name, "throttled") == 0)
+    return OM_EXAMPLE_THROTTLED;
+  if (strcmp(name, "dying") == 0)
+    return OM_EXAMPLE_DYING;
   if (strcmp(name, "slow") == 0)
     return OM_EXAMPLE_SLOW;
   if (strcmp(name, "flaky") == 0)
@@ -161,6 +202,8 @@ int om_example_start(uv_loop_t *loop, om_store_t *store,
   e->behaviour = o->behaviour;
   e->delay_ms = o->delay_ms;
   e->fail_every = o->fail_every;
+  e->status = o->status ? o->status : 503;
+  e->retry_after_s = o->retry_after_s;
   /* Listen first: with port 0 the lease must carry the port we got. */
   rc = om_http_server_new(loop, NULL, on_request, e, &e->http);
   if (rc == 0 && (rc = om_http_server_listen(e->http, o->host, o->port)) != 0)

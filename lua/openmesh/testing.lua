@@ -76,22 +76,85 @@ function testing.ctx(t)
   return contract.default_ctx(t)
 end
 
--- testing.clock([start_ms]) -> a fake clock for code that takes `now`:
--- clock.now() -> ms; clock.advance(ms) -> the new now. Both also work as
--- methods (clock:now(), clock:advance(5)).
-function testing.clock(start_ms)
-  local now = start_ms or 0
+-- Milliseconds since the epoch of "YYYY-MM-DDTHH:MM[:SS]Z" (UTC only: a
+-- test that depends on the host's time zone is a flaky test).
+local function utc_ms(text)
+  local y, mo, d, h, mi, sec = text:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):?(%d*)Z$")
+  if not y then
+    return nil
+  end
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  -- days from civil (Howard Hinnant's algorithm), proleptic Gregorian
+  local yy = mo <= 2 and y - 1 or y
+  local era = (yy >= 0 and yy or yy - 399) // 400
+  local yoe = yy - era * 400
+  local doy = (153 * (mo + (mo > 2 and -3 or 9)) + 2) // 5 + d - 1
+  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+  local days = era * 146097 + doe - 719468
+  return ((days * 24 + tonumber(h)) * 60 + tonumber(mi)) * 60000 + (tonumber(sec) or 0) * 1000
+end
+testing.utc_ms = utc_ms
+
+-- testing.clock([start]) -> a fake clock. start: ms since the epoch, or a
+-- UTC time "2026-12-02T09:30:00Z" (default 0). clock.now() -> ms;
+-- clock.advance(ms) and clock.set(ms | "...Z") -> the new now; all also
+-- work as methods. clock.attach(handle) makes a loaded policy read this
+-- clock through os.time() (floor(now / 1000)) and os.clock() (now / 1000)
+-- inside its sandbox, from now on and at every advance or set;
+-- testing.load(path, {clock = c}) attaches for you. A policy that
+-- declares vary still may not read the clock (it raises as in the proxy).
+function testing.clock(start)
+  local now = start or 0
+  if type(now) == "string" then
+    now = utc_ms(now) or misuse("testing.clock: start: ms or \"YYYY-MM-DDTHH:MM:SSZ\" expected, got " .. start)
+  elseif type(now) ~= "number" then
+    misuse("testing.clock: start: ms or \"YYYY-MM-DDTHH:MM:SSZ\" expected")
+  end
   local clock = {}
+  local attached = setmetatable({}, { __mode = "k" })
+  local function push()
+    for h in pairs(attached) do
+      h:set_clock(now)
+    end
+  end
+  local function arg(a, b)
+    if a == clock then
+      return b
+    end
+    return a
+  end
   function clock.now()
     return now
   end
   function clock.advance(a, b)
-    local ms = a == clock and b or a
+    local ms = arg(a, b)
     if type(ms) ~= "number" or ms < 0 then
       misuse("clock.advance: a number of milliseconds >= 0 expected")
     end
     now = now + ms
+    push()
     return now
+  end
+  function clock.set(a, b)
+    local t = arg(a, b)
+    if type(t) == "string" then
+      t = utc_ms(t)
+    end
+    if type(t) ~= "number" then
+      misuse("clock.set: ms or \"YYYY-MM-DDTHH:MM:SSZ\" expected")
+    end
+    now = t
+    push()
+    return now
+  end
+  function clock.attach(a, b)
+    local h = arg(a, b)
+    if type(h) ~= "userdata" or h.set_clock == nil then
+      misuse("clock.attach: a policy from testing.load expected")
+    end
+    attached[h] = true
+    h:set_clock(now)
+    return h
   end
   return clock
 end
@@ -231,12 +294,171 @@ end
 -- into its argument. The handle has :kind() :name() :version() :settings()
 -- :subset(req, peers) -> ids, :key(req), :authorize(req), :order(ctx),
 -- :evaluate(text, ctx).
+--
+-- opts.clock (from testing.clock) is attached to the loaded policy: its
+-- os.time()/os.clock() read that clock. The examples run at load, on the
+-- host's clock, as they do at hot reload.
 function testing.load(path, opts)
-  local args = { path = path }
+  local args, clock = { path = path }, nil
   for k, v in pairs(opts or {}) do
-    args[k] = v
+    if k == "clock" then
+      clock = v
+    else
+      args[k] = v
+    end
   end
-  return require("openmesh").policy.load(args)
+  local h, err = require("openmesh").policy.load(args)
+  if h and clock then
+    clock.attach(h)
+  end
+  return h, err
+end
+
+---------------------------------------------------------------------------
+-- Where traffic goes
+---------------------------------------------------------------------------
+
+local function full_peers(peers)
+  local full = {}
+  for i, p in ipairs(peers or {}) do
+    full[i] = contract.default_peer(type(p) == "string" and { id = p } or p)
+  end
+  return full
+end
+
+-- The key the proxy hashes: the policy's key(), else the caller's
+-- x-openmesh-key header; nil (unkeyed) when neither or empty.
+local function routing_key(policy, req)
+  local key = testing.key(policy, req)
+  if key == nil or key == "" then
+    key = req.headers and req.headers["x-openmesh-key"]
+  end
+  if key == "" then
+    return nil
+  end
+  return key
+end
+
+-- The selectors of one subset, built once per distinct subset.
+local function chooser(cache, subset_ids, by_id, seed)
+  local sig = table.concat(subset_ids, "\0")
+  local c = cache[sig]
+  if c then
+    return c
+  end
+  local om = require "openmesh"
+  local list = {}
+  for i, id in ipairs(subset_ids) do
+    list[i] = { id = id, weight = by_id[id].weight or 1 }
+  end
+  c = {
+    rdv = assert(om.rendezvous(list)), -- seed 0, as the proxy's view
+    p2c = assert(om.p2c(list, { seed = seed or 0 })),
+  }
+  cache[sig] = c
+  return c
+end
+
+local function pick_with(policy, req, peers, by_id, cache, seed)
+  req = contract.default_req(req)
+  local ids = testing.subset(policy, req, peers)
+  if #ids == 0 then
+    return nil
+  end
+  local c = chooser(cache, ids, by_id, seed)
+  local key = routing_key(policy, req)
+  if key ~= nil then
+    return (c.rdv:pick(key))
+  end
+  return (c.p2c:pick())
+end
+
+local function index(peers)
+  local full, by_id = full_peers(peers), {}
+  for _, p in ipairs(full) do
+    by_id[p.id] = p
+  end
+  return full, by_id
+end
+
+-- testing.pick(policy, req, peers [, opts]) -> the id of the peer the
+-- proxy would send req to first (nil when the subset is empty): the
+-- rendezvous winner for the key (the policy's key(), else the
+-- x-openmesh-key header) among the subset, with the proxy's hash and
+-- seed; unkeyed, a P2C pick over the subset seeded with opts.seed
+-- (default 0; the proxy's own P2C also weighs in-flight load, which a
+-- test does not have). A contract violation raises.
+function testing.pick(policy, req, peers, opts)
+  local full, by_id = index(peers)
+  return pick_with(policy, req, full, by_id, {}, opts and opts.seed)
+end
+
+-- testing.share(policy, reqs, peers [, opts]) -> { [peer id] = fraction },
+-- n: how a list of requests (or a generator: a function called with
+-- 1, 2, ... until it returns nil) spreads over peers, by testing.pick.
+-- Requests whose subset is empty count under [false].
+function testing.share(policy, reqs, peers, opts)
+  local full, by_id = index(peers)
+  local cache, counts, n = {}, {}, 0
+  local seed = opts and opts.seed
+  local function one(req)
+    local id = pick_with(policy, req, full, by_id, cache, seed)
+    if id == nil then
+      id = false
+    end
+    counts[id] = (counts[id] or 0) + 1
+    n = n + 1
+  end
+  if type(reqs) == "function" then
+    local i = 1
+    while true do
+      local req = reqs(i)
+      if req == nil then
+        break
+      end
+      one(req)
+      i = i + 1
+    end
+  elseif type(reqs) == "table" then
+    for _, req in ipairs(reqs) do
+      one(req)
+    end
+  else
+    misuse("testing.share: reqs: a list of requests or a generator expected")
+  end
+  for id, c in pairs(counts) do
+    counts[id] = c / n
+  end
+  return counts, n
+end
+
+-- testing.decide(policy, req) -> the decision table decide(req) returns
+-- (nil without decide()): handle:decide on a loaded policy,
+-- contract.decide on a table; an error raises, as in testing.key.
+function testing.decide(policy, req)
+  req = contract.default_req(req)
+  local d, err
+  if is_handle(policy) then
+    if policy.decide == nil then
+      misuse("testing.decide: this build's policies have no decide()")
+    end
+    d, err = policy:decide(req)
+  else
+    if contract.decide == nil then
+      misuse("testing.decide: this build's contract has no decide()")
+    end
+    d, err = contract.decide(policy, req)
+  end
+  if err then
+    misuse(err)
+  end
+  return d
+end
+
+-- testing.mesh{...}: a real proxy and upstreams on loopback (see
+-- openmesh.testing.mesh).
+function testing.mesh(opts)
+  return require("openmesh.testing.mesh").start(opts)
 end
 
 return testing
