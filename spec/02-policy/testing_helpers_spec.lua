@@ -164,13 +164,6 @@ describe("testing.share", function()
 end)
 
 describe("testing.decide", function()
-  if contract.decide == nil then
-    it("wraps decide()", function()
-      pending("this build's contract has no decide() (per-request decisions)")
-    end)
-    return
-  end
-
   it("returns what decide() returns, for a handle and for a table", function()
     local src = [[
       return { kind = "traffic", deadline_ms = 5000,
