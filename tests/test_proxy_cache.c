@@ -188,10 +188,58 @@ static void route_view_without_vary(void **state) {
   om_policy_free(p);
 }
 
+/* A vary policy's decision is cached with its subset: a hit answers the
+ * decision the policy gave for those fields, header edits and all, and
+ * a request that differs in them gets its own. */
+static void decisions_are_cached_with_the_subset(void **state) {
+  om_policy_t *p = load_with_peers(
+      "return { kind = 'traffic', vary = { 'x-g' },\n"
+      "  subset = function(_, peers) return peers end,\n"
+      "  decide = function(req)\n"
+      "    if req.headers['x-g'] == 'none' then return nil end\n"
+      "    return { deadline_ms = #req.headers['x-g'] * 100,\n"
+      "      headers = { ['x-from'] = req.headers['x-g'] } } end }");
+  om__proxy_cache_t c;
+  om__proxy_route_t rt;
+  om_policy_kv_t h1, h2, h3;
+  om_policy_req_t r1 = req_with(&h1, "even"), r2 = req_with(&h2, "odd"),
+                  r3 = req_with(&h3, "none");
+  char err[256];
+  (void)state;
+  memset(&c, 0, sizeof c);
+  for (int i = 0; i < 2; i++) { /* a miss, then a hit */
+    assert_int_equal(om__proxy_cache_route(&c, p, &r1, scratch, &dscratch, &rt,
+                                           err, sizeof err),
+                     0);
+    assert_non_null(rt.decision);
+    OM_ASSERT_CMP(rt.decision->fields, ==, OM_DECIDE_DEADLINE);
+    OM_ASSERT_CMP(rt.decision->deadline_ms, ==, 400);
+    OM_ASSERT_CMP(rt.decision->n_headers, ==, 1);
+    assert_memory_equal(rt.decision->bytes + rt.decision->headers[0].value,
+                        "even", 4);
+    memset(&dscratch, 0, sizeof dscratch); /* a hit must not read it */
+  }
+  OM_ASSERT_CMP(c.hits, ==, 1);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r2, scratch, &dscratch, &rt,
+                                         err, sizeof err),
+                   0);
+  OM_ASSERT_CMP(rt.decision->deadline_ms, ==, 300);
+  for (int i = 0; i < 2; i++) { /* nil is cached as no decision */
+    assert_int_equal(om__proxy_cache_route(&c, p, &r3, scratch, &dscratch, &rt,
+                                           err, sizeof err),
+                     0);
+    assert_null(rt.decision);
+  }
+  OM_ASSERT_CMP(c.hits, ==, 2);
+  om__proxy_cache_free(&c);
+  om_policy_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_peer_is_a_flag),
       cmocka_unit_test(lists_are_shared_by_reference),
+      cmocka_unit_test(decisions_are_cached_with_the_subset),
       cmocka_unit_test(route_view_without_vary),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

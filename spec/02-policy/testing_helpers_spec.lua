@@ -5,7 +5,6 @@
 -- decide() return (testing.decide).
 local testing = require "openmesh.testing"
 local om = require "openmesh"
-local contract = require "openmesh.contract"
 
 local PEERS = testing.peers{
   { id = "a", metadata = { version = "v1" } },
