@@ -7,6 +7,13 @@
  * and subset(req, peers) in the sandbox under its budgets, and the subset
  * checked. Baseline in the same run: lua_pcall_empty through the same
  * protected wrapper.
+ * policy_decide_call_16: the same canary and decide(req) answering a
+ * POST's deadline and a payment's retries (DECIDE_SRC below) over the
+ * same peers, decide's answer checked as the proxy checks it; its ratio
+ * to policy_traffic_call_16, rounds alternating (bar <= 1.5).
+ * policy_decide_headers_call_16: examples/policies/per_request.lua, whose
+ * decide builds a table with header edits per request: what that costs
+ * beside it (no bar).
  * policy_hostile_call_us: tests/fixtures/hostile_policy.lua (quadratic in
  * a header) with an 8 KiB x-tags: what one call that overruns its budget
  * holds the loop, at the default budget (budget_ms = 1), and
@@ -39,12 +46,12 @@ static om_policy_t *load_file(const char *path) {
   return p;
 }
 
-static void bench_traffic_call(void) {
-  om_policy_t *p = load_file(OM_SOURCE_DIR "/examples/policies/canary.lua");
+/* 16 peers, 2 of them v2 (the canary), in two zones. */
+static void set_peers16(om_policy_t *p) {
   static const om_policy_kv_t v2[] = {{"version", 7, "v2", 2}};
   static const om_policy_kv_t v1[] = {{"version", 7, "v1", 2}};
+  static char ids[16][16], urls[16][40];
   om_policy_peer_t peers[16];
-  char ids[16][16], urls[16][40];
   for (int i = 0; i < 16; i++) {
     snprintf(ids[i], sizeof ids[i], "peer-%d", i);
     snprintf(urls[i], sizeof urls[i], "http://10.0.0.%d:8080/", i + 1);
@@ -53,34 +60,95 @@ static void bench_traffic_call(void) {
   }
   if (om_policy_set_peers(p, peers, 16) != 0)
     exit(1);
-  const om_policy_kv_t headers[] = {
+}
+
+/* ns per route call of p for a typical POST; with decide, decide(req)
+ * too and its answer checked, as the proxy calls it. */
+static double route_ns(om_policy_t *p, int decide) {
+  static const om_policy_kv_t headers[] = {
       {"host", 4, "orders", 6},
       {"user-agent", 10, "curl/7.88.1", 11},
       {"accept", 6, "*/*", 3},
       {"x-user", 6, "user-1234", 9},
       {"x-request-id", 12, "5f0c2a8e-1", 10},
   };
-  om_policy_req_t req = {"orders", "GET", "/v1/orders/42", headers, 5, NULL,
+  static om_policy_decision_t d;
+  om_policy_req_t req = {"orders", "POST", "/payments/42", headers, 5, NULL,
                          0,        NULL};
   uint32_t out[16];
   size_t n;
   char err[256];
-  double t[ROUNDS];
-  for (int r = -1; r < ROUNDS; r++) { /* round -1 warms up */
-    uint64_t t0 = om_bench_now_ns();
-    for (int i = 0; i < CALLS; i++) {
-      const char *key;
-      size_t klen;
-      if (om_policy_route(p, &req, out, &n, &key, &klen, err, sizeof err)) {
-        fprintf(stderr, "bench_policy: %s\n", err);
-        exit(1);
-      }
-      OM_BENCH_SINK(n);
+  uint64_t t0 = om_bench_now_ns();
+  for (int i = 0; i < CALLS; i++) {
+    const char *key;
+    size_t klen;
+    int decided = 0;
+    if (om_policy_route_decide(p, &req, out, &n, NULL, &key, &klen,
+                               decide ? &d : NULL, decide ? &decided : NULL,
+                               err, sizeof err) != 0 ||
+        decided != decide) {
+      fprintf(stderr, "bench_policy: %s (decided %d)\n", err, decided);
+      exit(1);
     }
-    if (r >= 0)
-      t[r] = (double)(om_bench_now_ns() - t0) / CALLS;
+    OM_BENCH_SINK(n);
+  }
+  return (double)(om_bench_now_ns() - t0) / CALLS;
+}
+
+/* canary.lua's split, and per request a deadline for POST and no
+ * retries for a payment: decisions that depend on the request's class
+ * only, returned as tables made once (docs/POLICIES.md "How to write
+ * fast policies"). */
+static const char DECIDE_SRC[] =
+    "local policy = require 'openmesh.policy'\n"
+    "local function user(req) return policy.header(req, 'x-user') end\n"
+    "local POST = { deadline_ms = 2000 }\n"
+    "local PAYMENT = { deadline_ms = 2000, retries = 0 }\n"
+    "return { kind = 'traffic', key = user,\n"
+    "  vary = { ':method', ':path', 'x-user' },\n"
+    "  subset = function(req, peers)\n"
+    "    return policy.canary(peers, user(req), 10, { version = 'v2' }) end,\n"
+    "  decide = function(req)\n"
+    "    if req.method ~= 'POST' then return nil end\n"
+    "    if req.path:find('^/payments') then return PAYMENT end\n"
+    "    return POST end }\n";
+
+/* The three in alternating rounds, so drift hits them alike. */
+static void bench_traffic_call(void) {
+  om_policy_t *p = load_file(OM_SOURCE_DIR "/examples/policies/canary.lua");
+  om_policy_t *d = NULL;
+  om_policy_t *h =
+      load_file(OM_SOURCE_DIR "/examples/policies/per_request.lua");
+  double t[ROUNDS], td[ROUNDS], th[ROUNDS], rd[ROUNDS], rh[ROUNDS];
+  char err[1024];
+  if (om_policy_load(&opts, "decide.lua", DECIDE_SRC, strlen(DECIDE_SRC), &d,
+                     err, sizeof err) != 0) {
+    fprintf(stderr, "bench_policy: %s\n", err);
+    exit(1);
+  }
+  set_peers16(p);
+  set_peers16(d);
+  set_peers16(h);
+  for (int r = -1; r < ROUNDS; r++) { /* round -1 warms up */
+    double a = route_ns(p, 0), b = route_ns(d, 1), c = route_ns(h, 1);
+    if (r >= 0) {
+      t[r] = a;
+      td[r] = b;
+      th[r] = c;
+      rd[r] = b / a;
+      rh[r] = c / a;
+    }
   }
   om_bench_report("policy_traffic_call_16", om_bench_median(t, ROUNDS), "ns");
+  om_bench_report("policy_decide_call_16", om_bench_median(td, ROUNDS), "ns");
+  om_bench_report("policy_decide_call_16_ratio", om_bench_median(rd, ROUNDS),
+                  "x (bar <= 1.5)");
+  om_bench_report("policy_decide_headers_call_16", om_bench_median(th, ROUNDS),
+                  "ns");
+  om_bench_report("policy_decide_headers_call_16_ratio",
+                  om_bench_median(rh, ROUNDS), "x");
+  om_policy_free(h);
+  om_policy_free(d);
   om_policy_free(p);
 }
 

@@ -11,6 +11,8 @@
  *   om.checks.authorize(ok, reason) -> true | false, reason | nil,
  *     "authorize returned ..."  (true alone, or false and an optional
  *     reason of printable ASCII; reason "" when none)
+ *   om.checks.decision(value) -> nil | "decide returned ..."  (nil, or a
+ *     table of per-request settings and header edits; om_policy_check.c)
  *   om.checks.order(names, routes) -> nil | "order returned ..."
  *     names must be a non-empty array of names in routes (an array of
  *     route names), each at most once
@@ -171,6 +173,16 @@ static int l_pattern(lua_State *L) {
   return 1;
 }
 
+static int l_decision(lua_State *L) {
+  char err[512];
+  om_policy_decision_t d;
+  lua_settop(L, 1);
+  if (om__policy_check_decision(L, 1, &d, err, sizeof err) >= 0)
+    return 0;
+  lua_pushstring(L, err);
+  return 1;
+}
+
 static int l_pattern_prefix(lua_State *L) {
   size_t len;
   const char *p = luaL_checklstring(L, 1, &len);
@@ -184,6 +196,7 @@ void om__lua_open_checks(lua_State *L) {
   static const luaL_Reg funcs[] = {{"subset", l_subset},
                                    {"key", l_key},
                                    {"authorize", l_authorize},
+                                   {"decision", l_decision},
                                    {"order", l_order},
                                    {"vary_view", l_vary_view},
                                    {"pattern", l_pattern},

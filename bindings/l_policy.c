@@ -418,6 +418,16 @@ static int l_key(lua_State *L) {
   return contract_call(L, p, "key", 2, 1);
 }
 
+/* handle:decide(req): contract.decide in the policy's own sandbox, as
+ * handle:key runs contract.key. */
+static int l_decide(lua_State *L) {
+  om_policy_t *p = check_policy(L, 1);
+  if (om_policy_kind(p) != OM_POLICY_TRAFFIC)
+    return luaL_error(L, "not a traffic policy");
+  luaL_checktype(L, 2, LUA_TTABLE);
+  return contract_call(L, p, "decide", 2, 1);
+}
+
 /* Through om_policy_authorize: the proxy's own call, check and budget. */
 static int l_authorize(lua_State *L) {
   om_policy_t *p = check_policy(L, 1);
@@ -482,13 +492,19 @@ static int l_tostring(lua_State *L) {
 }
 
 void om__lua_open_policy(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"kind", l_kind},           {"name", l_name},
-      {"version", l_version},     {"settings", l_settings},
-      {"subset", l_subset},       {"key", l_key},
-      {"authorize", l_authorize}, {"order", l_order},
-      {"evaluate", l_evaluate},   {"set_clock", l_set_clock},
-      {"close", l_close},         {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"kind", l_kind},
+                                     {"name", l_name},
+                                     {"version", l_version},
+                                     {"settings", l_settings},
+                                     {"subset", l_subset},
+                                     {"key", l_key},
+                                     {"authorize", l_authorize},
+                                     {"decide", l_decide},
+                                     {"order", l_order},
+                                     {"evaluate", l_evaluate},
+                                     {"set_clock", l_set_clock},
+                                     {"close", l_close},
+                                     {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", l_close},
                                   {"__close", l_close},
                                   {"__tostring", l_tostring},

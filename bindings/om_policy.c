@@ -19,8 +19,8 @@
 #include "om_policy_check.h"
 
 /* Registry keys (their addresses) in the policy's state. */
-static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_AUTHORIZE, K_PEERS,
-    K_EMPTY;
+static const char K_CONTRACT, K_POLICY, K_SUBSET, K_KEY, K_AUTHORIZE, K_DECIDE,
+    K_PEERS, K_EMPTY;
 /* a policy that declares vary: the metatables of its view of a request */
 static const char K_VARY_HEADERS, K_VARY_REQ, K_VARY_METADATA;
 /* set (true) once a policy that declares vary has run its top level */
@@ -37,7 +37,9 @@ struct om_policy_s {
   uint32_t stamp;
   om__peer_map_t map;
   om_lua_view_md_t *view_md; /* one block: the struct, then its arrays */
-  int has_key, has_authorize;
+  int has_key, has_authorize, has_decide;
+  /* the last call's decide answered a table (into the caller's decision) */
+  int decided;
   /* `vary` (traffic): the header names, and :method / :path / :identity */
   char **vary;
   size_t n_vary;
@@ -136,6 +138,8 @@ static int capture(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_KEY);
   p->has_authorize = rawfield(L, 2, "authorize") == LUA_TFUNCTION;
   lua_rawsetp(L, LUA_REGISTRYINDEX, &K_AUTHORIZE);
+  p->has_decide = rawfield(L, 2, "decide") == LUA_TFUNCTION;
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &K_DECIDE);
   if (rawfield(L, 2, "vary") == LUA_TTABLE && p->kind == OM_POLICY_TRAFFIC) {
     /* validated: an array of distinct names */
     lua_Unsigned n = lua_rawlen(L, -1);
@@ -695,13 +699,16 @@ static int run_authorize(lua_State *L, om_policy_t *p) {
   return rc;
 }
 
-/* authorize(req), then key(req) and subset(req, peers): returns key,
- * result, or nothing when authorize refused. Runs protected. */
+/* authorize(req), then key(req), subset(req, peers) and, when the caller
+ * asked for a decision (argument 4) and the policy has one, decide(req)
+ * into it: returns key, result, or nothing when authorize refused. Runs
+ * protected. */
 static int call_route(lua_State *L) {
   char msg[512];
   const om_policy_req_t *req = lua_touserdata(L, 1);
   om_policy_t *p = lua_touserdata(L, 2);
   int only_authorize = lua_toboolean(L, 3);
+  om_policy_decision_t *dec = lua_touserdata(L, 4);
   lua_settop(L, 0);
   lua_createtable(L, 0, 5); /* [req] */
   lua_pushstring(L, req->service != NULL ? req->service : "");
@@ -768,6 +775,17 @@ call:
   lua_pushvalue(L, 1);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &K_PEERS);
   lua_call(L, 2, 1); /* [req, key, result] */
+  if (dec != NULL && p->has_decide) {
+    int rc;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &K_DECIDE);
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 1); /* [req, key, result, decision] */
+    rc = om__policy_check_decision(L, 4, dec, msg, sizeof msg);
+    if (rc < 0)
+      return luaL_error(L, "%s", msg);
+    p->decided = rc == 1;
+    lua_settop(L, 3);
+  }
   return 2;
 }
 
@@ -782,22 +800,39 @@ int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
                          uint32_t *out, size_t *n_out, int *all,
                          const char **key, size_t *key_len, char *err,
                          size_t errlen) {
+  return om_policy_route_decide(p, req, out, n_out, all, key, key_len, NULL,
+                                NULL, err, errlen);
+}
+
+int om_policy_has_decide(const om_policy_t *p) {
+  return p != NULL && p->has_decide;
+}
+
+int om_policy_route_decide(om_policy_t *p, const om_policy_req_t *req,
+                           uint32_t *out, size_t *n_out, int *all,
+                           const char **key, size_t *key_len,
+                           om_policy_decision_t *decision, int *decided,
+                           char *err, size_t errlen) {
   lua_State *L = om_sandbox_state(p->sb);
   int res, rc;
   if (all != NULL)
     *all = 0;
+  if (decided != NULL)
+    *decided = 0;
   if (p->kind != OM_POLICY_TRAFFIC || req == NULL || n_out == NULL ||
       (out == NULL && p->n_peers > 0)) {
     om_errbuf(err, errlen, "invalid arguments");
     return OM_EINVAL;
   }
   p->denied = 0;
+  p->decided = 0;
   lua_settop(L, 0);
   lua_pushcfunction(L, call_route);
   lua_pushlightuserdata(L, (void *)req);
   lua_pushlightuserdata(L, p);
   lua_pushboolean(L, 0);
-  if (om_sandbox_call_limited(p->sb, 3, 2, p->route_instr, p->route_wall_ns) !=
+  lua_pushlightuserdata(L, decided != NULL ? decision : NULL);
+  if (om_sandbox_call_limited(p->sb, 4, 2, p->route_instr, p->route_wall_ns) !=
       LUA_OK) {
     om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
@@ -812,6 +847,8 @@ int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
     return OM_POLICY_DENIED;
   }
   /* [key, result]: raw reads only from here on */
+  if (decided != NULL)
+    *decided = p->decided;
   if (key != NULL)
     *key = lua_tolstring(L, 1, key_len); /* NULL for nil */
   res = 2;

@@ -174,6 +174,66 @@ int om_policy_route_view(om_policy_t *p, const om_policy_req_t *req,
                          size_t errlen);
 
 /*
+ * A per-request decision: what decide(req) of a traffic policy answered
+ * (docs/POLICIES.md "Per-request decisions"). `fields` says which of the
+ * numbers it set (OM_DECIDE_*); the others stay the service's. Header
+ * edits are headers[0..n_headers): a name (lower-case) and a value to set
+ * (replacing the caller's fields of that name), or value_len
+ * OM_DECIDE_REMOVE to remove them; names and values are offsets into
+ * bytes. A decision is a plain value: om_policy_decision_size bytes of it
+ * copy it whole (memcpy), as the proxy's decision cache does.
+ */
+#define OM_DECIDE_DEADLINE 0x01u
+#define OM_DECIDE_PER_TRY 0x02u
+#define OM_DECIDE_RETRIES 0x04u
+#define OM_DECIDE_RETRY_UNSAFE 0x08u
+#define OM_DECIDE_STREAM_IDLE 0x10u
+#define OM_DECIDE_MAX_STREAM 0x20u
+#define OM_DECIDE_MAX_BODY 0x40u
+#define OM_DECIDE_HEADERS_MAX 16   /* header edits per decision */
+#define OM_DECIDE_BYTES 4096       /* their names and values, in all */
+#define OM_DECIDE_VALUE_MAX 1024   /* one value */
+#define OM_DECIDE_RETRIES_MAX 100  /* the proxy's ceiling on retries */
+#define OM_DECIDE_MS_MAX 86400000u /* a day: the longest time field */
+#define OM_DECIDE_REMOVE UINT16_MAX
+
+typedef struct om_policy_header_edit_s {
+  uint16_t name, name_len, value, value_len; /* value_len: or REMOVE */
+} om_policy_header_edit_t;
+
+typedef struct om_policy_decision_s {
+  unsigned fields;
+  uint64_t deadline_ms, per_try_ms, stream_idle_ms, max_stream_ms;
+  uint64_t max_body_bytes;
+  uint32_t retries;
+  int retry_non_idempotent;
+  uint32_t n_headers, n_bytes;
+  om_policy_header_edit_t headers[OM_DECIDE_HEADERS_MAX];
+  char bytes[OM_DECIDE_BYTES];
+} om_policy_decision_t;
+
+/* The bytes of d that carry it: the struct up to the header bytes used. */
+size_t om_policy_decision_size(const om_policy_decision_t *d);
+
+/* om_policy_has_decide: 1 when the traffic policy has decide(req). */
+int om_policy_has_decide(const om_policy_t *p);
+
+/*
+ * om_policy_route_decide: om_policy_route_view, and after subset (in the
+ * same call, under the same budget) decide(req) when the policy has one
+ * and decision is not NULL: 0 with *decided = 1 and *decision filled when
+ * it answered a table, *decided = 0 when it answered nil or the policy
+ * has no decide (decision is then untouched). An answer that is neither
+ * (a wrong type, an unknown field, a value out of range, a header the
+ * proxy owns) is OM_EPOLICY with the reason in err, like a bad subset.
+ */
+int om_policy_route_decide(om_policy_t *p, const om_policy_req_t *req,
+                           uint32_t *out, size_t *n_out, int *all,
+                           const char **key, size_t *key_len,
+                           om_policy_decision_t *decision, int *decided,
+                           char *err, size_t errlen);
+
+/*
  * om_policy_authorize: only authorize(req) of a traffic policy, under the
  * budget of a route call (what openmesh.testing's policy:authorize runs).
  * 0 when the policy allows the call or has no authorize; OM_POLICY_DENIED

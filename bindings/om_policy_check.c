@@ -9,12 +9,14 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <lauxlib.h>
 
 #include "om_errno.h"
+#include "om_http_chars.h"
 
 /* ------------------------------------------------------------------ */
 /* showing values in messages                                         */
@@ -520,4 +522,281 @@ void om__policy_push_vary_meta(lua_State *L, int method, int path) {
   lua_pushboolean(L, 0);
   lua_setfield(L, -2, "__metatable");
   om__policy_push_metadata(L, vary_metadata_index); /* nothing to read */
+}
+
+/* ------------------------------------------------------------------ */
+/* decide                                                             */
+
+/*
+ * The fields a caller cannot set or remove through a decision: framing
+ * and hop-by-hop fields (RFC 9110 7.6.1, RFC 9112 6), Host (the peer's
+ * own), and what the proxy owns (docs/PROXY.md "Forwarded headers"):
+ * the retry rules read Idempotency-Key, so a decision cannot make a
+ * request look safe to retry.
+ */
+static const char *const decide_refused[] = {"connection",
+                                             "keep-alive",
+                                             "proxy-connection",
+                                             "te",
+                                             "trailer",
+                                             "transfer-encoding",
+                                             "upgrade",
+                                             "content-length",
+                                             "host",
+                                             "expect",
+                                             "proxy-authorization",
+                                             "via",
+                                             "x-forwarded-for",
+                                             "x-request-id",
+                                             "traceparent",
+                                             "tracestate",
+                                             "idempotency-key",
+                                             "x-openmesh-deadline-ms",
+                                             "x-openmesh-attempt",
+                                             "x-openmesh-key"};
+
+static int decide_fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  if (errlen > 0) {
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* A time field: a number in (0, OM_DECIDE_MS_MAX] ms, rounded up. */
+static int decide_ms(lua_State *L, int idx, const char *name, uint64_t *out,
+                     char *err, size_t errlen) {
+  char shown[64];
+  lua_Number v;
+  if (lua_type(L, idx) != LUA_TNUMBER || !((v = lua_tonumber(L, idx)) > 0) ||
+      v > (lua_Number)OM_DECIDE_MS_MAX)
+    return decide_fail(err, errlen,
+                       "decide returned %s = %s, expected a number of ms in "
+                       "(0, %u]",
+                       name, om__policy_show(L, idx, shown, sizeof shown),
+                       OM_DECIDE_MS_MAX);
+  *out = (uint64_t)ceil(v);
+  return 0;
+}
+
+/* One header edit: the name at -2, the value (a string, or false) at -1. */
+static int decide_header(lua_State *L, om_policy_decision_t *d, char *err,
+                         size_t errlen) {
+  char shown[128];
+  size_t nl, vl = 0;
+  const char *name, *value = NULL;
+  om_policy_header_edit_t *e;
+  int vt = lua_type(L, -1);
+  if (lua_type(L, -2) != LUA_TSTRING)
+    return decide_fail(err, errlen,
+                       "decide returned headers[%s]: a header name is a "
+                       "string",
+                       om__policy_show(L, -2, shown, sizeof shown));
+  name = lua_tolstring(L, -2, &nl);
+  if (nl == 0 || nl > 64)
+    return decide_fail(err, errlen,
+                       "decide returned headers[%s]: a header name is 1..64 "
+                       "bytes",
+                       om__policy_show(L, -2, shown, sizeof shown));
+  for (size_t i = 0; i < nl; i++)
+    if (!om__http_is_tchar((unsigned char)name[i]))
+      return decide_fail(err, errlen,
+                         "decide returned headers[%s]: not a field name "
+                         "(RFC 9110 5.1)",
+                         om__policy_show(L, -2, shown, sizeof shown));
+  for (size_t i = 0; i < sizeof decide_refused / sizeof decide_refused[0]; i++)
+    if (om__http_ci_eq(name, nl, decide_refused[i]))
+      return decide_fail(err, errlen,
+                         "decide returned headers[%s]: the proxy owns this "
+                         "field, a decision cannot set or remove it",
+                         om__policy_show(L, -2, shown, sizeof shown));
+  if (vt == LUA_TSTRING) {
+    value = lua_tolstring(L, -1, &vl);
+    if (vl > OM_DECIDE_VALUE_MAX)
+      return decide_fail(err, errlen,
+                         "decide returned headers[%s]: a value of %zu bytes, "
+                         "at most %d",
+                         om__policy_show(L, -2, shown, sizeof shown), vl,
+                         OM_DECIDE_VALUE_MAX);
+    for (size_t i = 0; i < vl; i++) {
+      unsigned char c = (unsigned char)value[i];
+      /* field-value (RFC 9110 5.5): no CR, LF or NUL, no edge space */
+      if (!om__http_is_fvchar(c) && c != ' ' && c != '\t')
+        return decide_fail(err, errlen,
+                           "decide returned headers[%s] = %s: a field value "
+                           "holds no control characters (RFC 9110 5.5)",
+                           om__policy_show(L, -2, shown, sizeof shown),
+                           om__policy_show(L, -1, shown + 64, 64));
+    }
+    if (vl > 0 && (om__http_is_ows((unsigned char)value[0]) ||
+                   om__http_is_ows((unsigned char)value[vl - 1])))
+      return decide_fail(err, errlen,
+                         "decide returned headers[%s]: a field value has no "
+                         "leading or trailing space (RFC 9110 5.5)",
+                         om__policy_show(L, -2, shown, sizeof shown));
+  } else if (!(vt == LUA_TBOOLEAN && !lua_toboolean(L, -1))) {
+    return decide_fail(err, errlen,
+                       "decide returned headers[%s] = %s, expected a string "
+                       "(set it) or false (remove it)",
+                       om__policy_show(L, -2, shown, sizeof shown),
+                       om__policy_show(L, -1, shown + 64, 64));
+  }
+  if (d->n_headers >= OM_DECIDE_HEADERS_MAX ||
+      d->n_bytes + nl + vl > OM_DECIDE_BYTES)
+    return decide_fail(err, errlen,
+                       "decide returned more headers than a decision holds "
+                       "(%d fields, %d bytes)",
+                       OM_DECIDE_HEADERS_MAX, OM_DECIDE_BYTES);
+  e = &d->headers[d->n_headers++];
+  e->name = (uint16_t)d->n_bytes;
+  e->name_len = (uint16_t)nl;
+  for (size_t i = 0; i < nl; i++) {
+    unsigned char c = (unsigned char)name[i];
+    d->bytes[d->n_bytes++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  }
+  e->value = (uint16_t)d->n_bytes;
+  e->value_len = value != NULL ? (uint16_t)vl : OM_DECIDE_REMOVE;
+  if (value != NULL) {
+    memcpy(d->bytes + d->n_bytes, value, vl);
+    d->n_bytes += (uint32_t)vl;
+  }
+  return 0;
+}
+
+/* A header name edited twice reads as two answers for one field. */
+static int decide_header_twice(const om_policy_decision_t *d, char *err,
+                               size_t errlen) {
+  for (uint32_t i = 0; i < d->n_headers; i++)
+    for (uint32_t j = i + 1; j < d->n_headers; j++)
+      if (d->headers[i].name_len == d->headers[j].name_len &&
+          memcmp(d->bytes + d->headers[i].name, d->bytes + d->headers[j].name,
+                 d->headers[i].name_len) == 0)
+        return decide_fail(err, errlen,
+                           "decide returned the header '%.*s' twice (names "
+                           "are case-insensitive)",
+                           (int)d->headers[i].name_len,
+                           d->bytes + d->headers[i].name);
+  return 0;
+}
+
+static int decide_headers(lua_State *L, int idx, om_policy_decision_t *d,
+                          char *err, size_t errlen) {
+  char shown[64];
+  if (lua_type(L, idx) != LUA_TTABLE)
+    return decide_fail(err, errlen,
+                       "decide returned headers = %s, expected a table of "
+                       "name = value (or false to remove)",
+                       om__policy_show(L, idx, shown, sizeof shown));
+  lua_pushnil(L);
+  while (lua_next(L, idx) != 0) {
+    if (decide_header(L, d, err, errlen) != 0) {
+      lua_pop(L, 2);
+      return -1;
+    }
+    lua_pop(L, 1);
+  }
+  return decide_header_twice(d, err, errlen);
+}
+
+/* One field of the answer: its name at -2, its value at -1. */
+static int decide_field(lua_State *L, om_policy_decision_t *d, char *err,
+                        size_t errlen) {
+  char shown[64];
+  const char *name =
+      lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+  int v = lua_absindex(L, -1);
+  if (name == NULL)
+    return decide_fail(err, errlen,
+                       "decide returned a table with the key %s: its fields "
+                       "are named",
+                       om__policy_show(L, -2, shown, sizeof shown));
+  if (strcmp(name, "deadline_ms") == 0) {
+    d->fields |= OM_DECIDE_DEADLINE;
+    return decide_ms(L, v, name, &d->deadline_ms, err, errlen);
+  }
+  if (strcmp(name, "per_try_timeout_ms") == 0) {
+    d->fields |= OM_DECIDE_PER_TRY;
+    return decide_ms(L, v, name, &d->per_try_ms, err, errlen);
+  }
+  if (strcmp(name, "stream_idle_timeout_ms") == 0) {
+    d->fields |= OM_DECIDE_STREAM_IDLE;
+    return decide_ms(L, v, name, &d->stream_idle_ms, err, errlen);
+  }
+  if (strcmp(name, "max_stream_ms") == 0) {
+    d->fields |= OM_DECIDE_MAX_STREAM;
+    return decide_ms(L, v, name, &d->max_stream_ms, err, errlen);
+  }
+  if (strcmp(name, "retries") == 0) {
+    lua_Integer n;
+    if (!lua_isinteger(L, v) || (n = lua_tointeger(L, v)) < 0 ||
+        n > OM_DECIDE_RETRIES_MAX)
+      return decide_fail(err, errlen,
+                         "decide returned retries = %s, expected an integer "
+                         "in 0..%d",
+                         om__policy_show(L, v, shown, sizeof shown),
+                         OM_DECIDE_RETRIES_MAX);
+    d->fields |= OM_DECIDE_RETRIES;
+    d->retries = (uint32_t)n;
+    return 0;
+  }
+  if (strcmp(name, "retry_non_idempotent") == 0) {
+    if (lua_type(L, v) != LUA_TBOOLEAN)
+      return decide_fail(err, errlen,
+                         "decide returned retry_non_idempotent = %s, expected "
+                         "a boolean",
+                         om__policy_show(L, v, shown, sizeof shown));
+    d->fields |= OM_DECIDE_RETRY_UNSAFE;
+    d->retry_non_idempotent = lua_toboolean(L, v);
+    return 0;
+  }
+  if (strcmp(name, "max_body_bytes") == 0) {
+    lua_Integer n;
+    if (!lua_isinteger(L, v) || (n = lua_tointeger(L, v)) < 0)
+      return decide_fail(err, errlen,
+                         "decide returned max_body_bytes = %s, expected an "
+                         "integer >= 0",
+                         om__policy_show(L, v, shown, sizeof shown));
+    d->fields |= OM_DECIDE_MAX_BODY;
+    d->max_body_bytes = (uint64_t)n;
+    return 0;
+  }
+  if (strcmp(name, "headers") == 0)
+    return decide_headers(L, v, d, err, errlen);
+  return decide_fail(err, errlen,
+                     "decide returned an unknown field %s (known: "
+                     "deadline_ms, per_try_timeout_ms, retries, "
+                     "retry_non_idempotent, stream_idle_timeout_ms, "
+                     "max_stream_ms, max_body_bytes, headers)",
+                     om__policy_show(L, -2, shown, sizeof shown));
+}
+
+int om__policy_check_decision(lua_State *L, int idx, om_policy_decision_t *d,
+                              char *err, size_t errlen) {
+  char shown[64];
+  int t = lua_type(L, idx);
+  idx = lua_absindex(L, idx);
+  d->fields = 0;
+  d->n_headers = 0;
+  d->n_bytes = 0;
+  if (t == LUA_TNIL || t == LUA_TNONE)
+    return 0;
+  if (t != LUA_TTABLE)
+    return decide_fail(
+        err, errlen, "decide returned a %s (%s), expected a table or nil",
+        lua_typename(L, t), om__policy_show(L, idx, shown, sizeof shown));
+  lua_pushnil(L);
+  while (lua_next(L, idx) != 0) {
+    if (decide_field(L, d, err, errlen) != 0) {
+      lua_pop(L, 2);
+      return -1;
+    }
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+size_t om_policy_decision_size(const om_policy_decision_t *d) {
+  return offsetof(om_policy_decision_t, bytes) + d->n_bytes;
 }

@@ -10,6 +10,8 @@
  *   key(req): a string or nil.
  *   authorize(req): true, or false and an optional reason (a string of
  *     at most OM_POLICY_REASON_MAX bytes of printable ASCII).
+ *   decide(req): nil, or a table of per-request settings and header
+ *     edits (om__policy_check_decision).
  *   order(ctx): a non-empty array of defined route names, each at most
  *     once.
  *   vary: a policy that declares vary sees a view of the request that
@@ -82,6 +84,17 @@ int om__policy_check_key(lua_State *L, int idx, char *err, size_t errlen);
  */
 int om__policy_check_authorize(lua_State *L, int idx, char *reason, char *err,
                                size_t errlen);
+
+/*
+ * om__policy_check_decision: the answer of decide(req), the value at idx,
+ * into *d: 0 for nil (no decision: d holds no field), 1 for a table of
+ * known fields with values in range (docs/POLICIES.md "Per-request
+ * decisions"), else -1 and e.g. "decide returned retries = -1, expected
+ * an integer in 0..100" in err. Iterates with lua_next only: it never
+ * allocates nor raises, and leaves the stack as it was.
+ */
+int om__policy_check_decision(lua_State *L, int idx, om_policy_decision_t *d,
+                              char *err, size_t errlen);
 
 /*
  * om__policy_check_order: 0 (stack unchanged) when the value at names is a

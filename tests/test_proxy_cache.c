@@ -56,6 +56,7 @@ static om_policy_req_t req_with(om_policy_kv_t *h, const char *g) {
 }
 
 static uint32_t scratch[NPEERS];
+static om_policy_decision_t dscratch;
 
 static void every_peer_is_a_flag(void **state) {
   om_policy_t *p = load_with_peers(
@@ -70,8 +71,9 @@ static void every_peer_is_a_flag(void **state) {
   memset(&c, 0, sizeof c);
   for (int i = 0; i < 3; i++) { /* a miss, then hits */
     memset(scratch, 0xff, sizeof scratch);
-    assert_int_equal(
-        om__proxy_cache_route(&c, p, &r, scratch, &rt, err, sizeof err), 0);
+    assert_int_equal(om__proxy_cache_route(&c, p, &r, scratch, &dscratch, &rt,
+                                           err, sizeof err),
+                     0);
     OM_ASSERT_CMP(rt.all, ==, 1);
     OM_ASSERT_CMP(rt.n_subset, ==, NPEERS);
     assert_null(rt.shared);
@@ -98,8 +100,9 @@ static void lists_are_shared_by_reference(void **state) {
   char err[256];
   (void)state;
   memset(&c, 0, sizeof c);
-  assert_int_equal(
-      om__proxy_cache_route(&c, p, &r1, scratch, &rt, err, sizeof err), 0);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r1, scratch, &dscratch, &rt,
+                                         err, sizeof err),
+                   0);
   assert_non_null(rt.shared);
   OM_ASSERT_CMP(rt.n_subset, ==, NPEERS / 2);
   OM_ASSERT_CMP(rt.shared->n, ==, NPEERS / 2);
@@ -107,21 +110,24 @@ static void lists_are_shared_by_reference(void **state) {
   OM_ASSERT_CMP(rt.shared->ids[NPEERS / 2 - 1], ==, NPEERS - 2);
   /* a hit: the same list, one more reference, nothing copied */
   memset(scratch, 0xff, sizeof scratch);
-  assert_int_equal(
-      om__proxy_cache_route(&c, p, &r1, scratch, &again, err, sizeof err), 0);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r1, scratch, &dscratch, &again,
+                                         err, sizeof err),
+                   0);
   assert_ptr_equal(again.shared, rt.shared);
   OM_ASSERT_CMP(scratch[0], ==, UINT32_MAX);
   OM_ASSERT_CMP(c.hits, ==, 1);
   /* another key, the same answer: one list for both slots */
-  assert_int_equal(
-      om__proxy_cache_route(&c, p, &r2, scratch, &other, err, sizeof err), 0);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r2, scratch, &dscratch, &other,
+                                         err, sizeof err),
+                   0);
   assert_ptr_equal(other.shared, rt.shared);
   OM_ASSERT_CMP(c.misses, ==, 2);
   /* a new generation: the policy runs again */
   om__proxy_cache_invalidate(&c);
   om__proxy_subset_unref(again.shared);
-  assert_int_equal(
-      om__proxy_cache_route(&c, p, &r1, scratch, &again, err, sizeof err), 0);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r1, scratch, &dscratch, &again,
+                                         err, sizeof err),
+                   0);
   OM_ASSERT_CMP(c.misses, ==, 3);
   assert_non_null(again.shared);
   OM_ASSERT_CMP(again.shared->n, ==, NPEERS / 2);
@@ -182,10 +188,58 @@ static void route_view_without_vary(void **state) {
   om_policy_free(p);
 }
 
+/* A vary policy's decision is cached with its subset: a hit answers the
+ * decision the policy gave for those fields, header edits and all, and
+ * a request that differs in them gets its own. */
+static void decisions_are_cached_with_the_subset(void **state) {
+  om_policy_t *p = load_with_peers(
+      "return { kind = 'traffic', vary = { 'x-g' },\n"
+      "  subset = function(_, peers) return peers end,\n"
+      "  decide = function(req)\n"
+      "    if req.headers['x-g'] == 'none' then return nil end\n"
+      "    return { deadline_ms = #req.headers['x-g'] * 100,\n"
+      "      headers = { ['x-from'] = req.headers['x-g'] } } end }");
+  om__proxy_cache_t c;
+  om__proxy_route_t rt;
+  om_policy_kv_t h1, h2, h3;
+  om_policy_req_t r1 = req_with(&h1, "even"), r2 = req_with(&h2, "odd"),
+                  r3 = req_with(&h3, "none");
+  char err[256];
+  (void)state;
+  memset(&c, 0, sizeof c);
+  for (int i = 0; i < 2; i++) { /* a miss, then a hit */
+    assert_int_equal(om__proxy_cache_route(&c, p, &r1, scratch, &dscratch, &rt,
+                                           err, sizeof err),
+                     0);
+    assert_non_null(rt.decision);
+    OM_ASSERT_CMP(rt.decision->fields, ==, OM_DECIDE_DEADLINE);
+    OM_ASSERT_CMP(rt.decision->deadline_ms, ==, 400);
+    OM_ASSERT_CMP(rt.decision->n_headers, ==, 1);
+    assert_memory_equal(rt.decision->bytes + rt.decision->headers[0].value,
+                        "even", 4);
+    memset(&dscratch, 0, sizeof dscratch); /* a hit must not read it */
+  }
+  OM_ASSERT_CMP(c.hits, ==, 1);
+  assert_int_equal(om__proxy_cache_route(&c, p, &r2, scratch, &dscratch, &rt,
+                                         err, sizeof err),
+                   0);
+  OM_ASSERT_CMP(rt.decision->deadline_ms, ==, 300);
+  for (int i = 0; i < 2; i++) { /* nil is cached as no decision */
+    assert_int_equal(om__proxy_cache_route(&c, p, &r3, scratch, &dscratch, &rt,
+                                           err, sizeof err),
+                     0);
+    assert_null(rt.decision);
+  }
+  OM_ASSERT_CMP(c.hits, ==, 2);
+  om__proxy_cache_free(&c);
+  om_policy_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_peer_is_a_flag),
       cmocka_unit_test(lists_are_shared_by_reference),
+      cmocka_unit_test(decisions_are_cached_with_the_subset),
       cmocka_unit_test(route_view_without_vary),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

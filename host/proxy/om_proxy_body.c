@@ -44,9 +44,7 @@
 #include "om_log.h"
 #include "om_proxy_internal.h"
 
-int om__proxy_body_too_large(const om__proxy_service_t *s,
-                             const om_http_request_t *req) {
-  uint64_t max = s->set.max_body_bytes;
+int om__proxy_body_too_large(uint64_t max, const om_http_request_t *req) {
   return req->body_streamed && max != 0 && req->content_length > 0 &&
          (uint64_t)req->content_length > max;
 }

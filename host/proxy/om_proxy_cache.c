@@ -15,10 +15,15 @@ struct om__proxy_cache_slot_s {
   uint64_t gen, hash; /* gen 0: empty */
   size_t key_len, pkey_len, cap;
   int has_pkey;
-  int denied; /* authorize refused: no subset, the reason as the pkey */
-  int all;    /* the subset is every peer of the view */
+  int denied;  /* authorize refused: no subset, the reason as the pkey */
+  int all;     /* the subset is every peer of the view */
+  int has_dec; /* dec holds decide's answer for this entry */
   om__proxy_subset_t *subset; /* otherwise (a reference; NULL: empty) */
   char *mem;                  /* the key bytes, the policy's key */
+  /* what decide(req) answered (its om_policy_decision_size bytes), NULL
+   * for none; dec_cap bytes allocated */
+  om_policy_decision_t *dec;
+  size_t dec_cap;
 };
 
 void om__proxy_subset_unref(om__proxy_subset_t *s) {
@@ -70,6 +75,7 @@ void om__proxy_cache_free(om__proxy_cache_t *c) {
     return;
   for (size_t i = 0; i < OM__PROXY_CACHE_SLOTS; i++) {
     free(c->slots[i].mem);
+    free(c->slots[i].dec);
     om__proxy_subset_unref(c->slots[i].subset);
   }
   free(c->slots);
@@ -153,13 +159,34 @@ static int vary_key(const om_policy_req_t *req, const char *const *names,
   return 0;
 }
 
+/* Keep a copy of decide's answer d (NULL: none) in slot: 0, or -1
+ * without memory (the slot is then left as it was). */
+static int store_decision(om__proxy_cache_slot_t *slot,
+                          const om_policy_decision_t *d) {
+  size_t need = d != NULL ? om_policy_decision_size(d) : 0;
+  if (need > slot->dec_cap) {
+    om_policy_decision_t *m = malloc(need);
+    if (m == NULL)
+      return -1;
+    free(slot->dec);
+    slot->dec = m;
+    slot->dec_cap = need;
+  }
+  if (d != NULL)
+    memcpy(slot->dec, d, need);
+  return 0;
+}
+
 /* Store a decision in slot: the subset (all, or sub: the slot takes one
- * reference of its own), the request's key bytes and the policy's key. */
+ * reference of its own), the request's key bytes, the policy's key and
+ * what decide answered (dec, NULL for none). */
 static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
                         uint64_t hash, const char *kb, size_t kl, int all,
                         om__proxy_subset_t *sub, const char *pkey, size_t pkl,
-                        int denied) {
+                        int denied, const om_policy_decision_t *dec) {
   size_t need = kl + pkl;
+  if (store_decision(slot, dec) != 0)
+    return; /* not cached: only slower */
   if (need > slot->cap || slot->mem == NULL) {
     char *m = malloc(need > 0 ? need : 1);
     if (m == NULL)
@@ -182,22 +209,30 @@ static void cache_store(om__proxy_cache_slot_t *slot, uint64_t gen,
   slot->has_pkey = pkey != NULL;
   slot->pkey_len = pkl;
   slot->denied = denied;
+  slot->has_dec = dec != NULL;
 }
 
 static int run_policy(om_policy_t *pol, const om_policy_req_t *preq,
-                      uint32_t *scratch, om__proxy_route_t *out, char *err,
-                      size_t errlen) {
+                      uint32_t *scratch, om_policy_decision_t *dscratch,
+                      om__proxy_route_t *out, char *err, size_t errlen) {
+  int decided = 0, rc;
   out->shared = NULL;
   out->all = 0;
   out->n_subset = 0;
   out->key = NULL;
   out->key_len = 0;
-  return om_policy_route_view(pol, preq, scratch, &out->n_subset, &out->all,
-                              &out->key, &out->key_len, err, errlen);
+  out->decision = NULL;
+  rc = om_policy_route_decide(pol, preq, scratch, &out->n_subset, &out->all,
+                              &out->key, &out->key_len, dscratch, &decided, err,
+                              errlen);
+  if (rc == 0 && decided)
+    out->decision = dscratch;
+  return rc;
 }
 
 int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
                           const om_policy_req_t *preq, uint32_t *scratch,
+                          om_policy_decision_t *dscratch,
                           om__proxy_route_t *out, char *err, size_t errlen) {
   const char *const *names;
   size_t n_names, kl;
@@ -207,13 +242,13 @@ int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
   om__proxy_cache_slot_t *slot;
   om__proxy_subset_t *sub = NULL;
   if (!om_policy_vary(pol, &names, &n_names, &method, &path, &identity))
-    return run_policy(pol, preq, scratch, out, err, errlen);
+    return run_policy(pol, preq, scratch, dscratch, out, err, errlen);
   if (vary_key(preq, names, n_names, method, path, identity, kb, &kl) != 0 ||
       (c->slots == NULL &&
        (c->slots = calloc(OM__PROXY_CACHE_SLOTS, sizeof *c->slots)) == NULL)) {
     c->misses++; /* too long to cache (or no memory): the policy runs */
     om_metric_inc(c->m_misses);
-    return run_policy(pol, preq, scratch, out, err, errlen);
+    return run_policy(pol, preq, scratch, dscratch, out, err, errlen);
   }
   if (c->gen == 0)
     c->gen = 1;
@@ -242,23 +277,24 @@ int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
     }
     out->key = slot->has_pkey ? slot->mem + slot->key_len : NULL;
     out->key_len = slot->pkey_len;
+    out->decision = slot->has_dec ? slot->dec : NULL;
     return 0;
   }
   c->misses++;
   om_metric_inc(c->m_misses);
-  rc = run_policy(pol, preq, scratch, out, err, errlen);
+  rc = run_policy(pol, preq, scratch, dscratch, out, err, errlen);
   /* Errors are not cached (each one is logged and counted), nor keys
    * too long for a slot's bound. A refusal is a decision, cached as one. */
   if (rc == OM_POLICY_DENIED) {
     cache_store(slot, c->gen, hash, kb, kl, 0, NULL, err != NULL ? err : "",
-                err != NULL ? strlen(err) : 0, 1);
+                err != NULL ? strlen(err) : 0, 1, NULL);
   } else if (rc == 0 &&
              (out->key == NULL || out->key_len <= OM__PROXY_CACHE_KEY_MAX)) {
     if (!out->all && out->n_subset > 0 &&
         (sub = subset_for(c, scratch, out->n_subset)) == NULL)
       return rc; /* no memory: not stored, the answer is in scratch */
     cache_store(slot, c->gen, hash, kb, kl, out->all, sub, out->key,
-                out->key != NULL ? out->key_len : 0, 0);
+                out->key != NULL ? out->key_len : 0, 0, out->decision);
     out->shared = sub; /* subset_for's reference is the caller's now */
   }
   return rc;

@@ -3,8 +3,8 @@
  *
  * The decision cache, for a traffic policy that declares `vary`: such a
  * policy sees only the service and the declared fields (om_policy_vary),
- * so for one peer view and one policy version its authorize, subset and
- * key are a function of those fields (the caller's identity among them
+ * so for one peer view and one policy version its authorize, subset, key
+ * and decide are a function of those fields (the caller's identity among them
  * when the vary names ":identity": its subject and SANs are part of the
  * slot's key), and the answer for one request serves every request that
  * agrees on them; a refusal is cached with its reason. Direct-mapped by a
@@ -64,6 +64,9 @@ typedef struct om__proxy_route_s {
   om__proxy_subset_t *shared;
   const char *key;
   size_t key_len;
+  /* what decide(req) answered: the caller's dscratch or a slot's copy
+   * (valid until the next route through the cache); NULL for none */
+  const om_policy_decision_t *decision;
 } om__proxy_route_t;
 
 /*
@@ -82,19 +85,19 @@ void om__proxy_cache_invalidate(om__proxy_cache_t *c);
 void om__proxy_cache_free(om__proxy_cache_t *c);
 
 /*
- * om__proxy_cache_route: om_policy_route_view (same request, scratch and
- * error arguments; its results in *out), answered from the cache when
- * pol declares vary and the request's vary fields match a slot of the
- * current generation (a cached refusal returns OM_POLICY_DENIED with its
- * reason in err). On a hit nothing is copied: out->all, or out->shared (a
- * reference for the caller); out->key points into the slot, valid until
- * the next call, as the policy's own key would be. A miss that is stored
- * hands the caller a reference to the stored list too. Errors are never
- * cached; a failed allocation only means the policy runs (or its answer
- * is not stored).
+ * om__proxy_cache_route: om_policy_route_decide (same request, scratch and
+ * error arguments, dscratch for decide's answer; its results in *out), answered
+ * from the cache when pol declares vary and the request's vary fields match a
+ * slot of the current generation (a cached refusal returns OM_POLICY_DENIED
+ * with its reason in err). On a hit nothing is copied: out->all, or out->shared
+ * (a reference for the caller); out->key points into the slot, valid until the
+ * next call, as the policy's own key would be. A miss that is stored hands the
+ * caller a reference to the stored list too. Errors are never cached; a failed
+ * allocation only means the policy runs (or its answer is not stored).
  */
 int om__proxy_cache_route(om__proxy_cache_t *c, om_policy_t *pol,
                           const om_policy_req_t *preq, uint32_t *scratch,
+                          om_policy_decision_t *dscratch,
                           om__proxy_route_t *out, char *err, size_t errlen);
 
 #endif /* OM_PROXY_CACHE_H */

@@ -799,7 +799,7 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   size_t n_fwd, hdr_bytes, path_q_len, size;
   char *at;
   om__proxy_call_t *c;
-  om__proxy_headers_size(req, &n_fwd, &hdr_bytes);
+  om__proxy_headers_size(req, rt->decision, &n_fwd, &hdr_bytes);
   path_q_len = req->path_len + (req->query ? 1 + req->query_len : 0);
   size = sizeof *c + n_fwd * sizeof(om_http_header_t) + own * sizeof(uint32_t) +
          v->max_prefix + 2 * path_q_len + 2 + hdr_bytes;
@@ -846,7 +846,7 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   c->waiter.data = c;
   /* the forwarded set (om_proxy_headers.c); the retry rules read its
    * Idempotency-Key */
-  om__proxy_headers_build(c, req, c->xff);
+  om__proxy_headers_build(c, req, rt->decision, c->xff);
   p->calls++;
   return c;
 }
@@ -866,7 +866,8 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
   if (om__proxy_shed_gate(s, now, err, errlen))
     return 1; /* shed: refused without running the policy, not logged */
   rc = om__proxy_cache_route(&s->cache, om__proxy_policy(s), preq,
-                             s->proxy->scratch, rt, err, errlen);
+                             s->proxy->scratch, &s->proxy->decision, rt, err,
+                             errlen);
   if (rc != 0) { /* no subset goes with a refusal or an error */
     om__proxy_subset_unref(rt->shared);
     rt->shared = NULL;
@@ -921,6 +922,50 @@ static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
                 0, id);
 }
 
+/* 413 at the head: the Content-Length passes max (the service's, or
+ * the lower one of the policy's decision). */
+static void body_too_large(om__proxy_service_t *s, om_http_request_t *req,
+                           uint64_t max) {
+  char msg[128];
+  snprintf(msg, sizeof msg,
+           "the request body (Content-Length) passes max_body_bytes (%llu)",
+           (unsigned long long)max);
+  om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
+  respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
+}
+
+/*
+ * A per-request decision over the service's settings (docs/POLICIES.md
+ * "Per-request decisions"). The service's fields are the defaults; its
+ * max_deadline_ms caps the decision's deadline, which in turn caps what
+ * the caller's x-openmesh-deadline-ms may ask for (the policy said how
+ * long this request may take: a caller may shorten it, not raise it);
+ * its max_body_bytes caps the decision's (a decision can only lower
+ * it). Retries stay under the service's retry budget whatever the
+ * decision says.
+ */
+static void apply_decision(om__proxy_settings_t *set,
+                           const om_policy_decision_t *d) {
+  if (d->fields & OM_DECIDE_DEADLINE) {
+    uint64_t ns = d->deadline_ms * NS_PER_MS;
+    set->deadline_ns = ns < set->max_deadline_ns ? ns : set->max_deadline_ns;
+    set->max_deadline_ns = set->deadline_ns;
+  }
+  if (d->fields & OM_DECIDE_PER_TRY)
+    set->per_try_ns = d->per_try_ms * NS_PER_MS;
+  if (d->fields & OM_DECIDE_RETRIES)
+    set->retries = d->retries;
+  if (d->fields & OM_DECIDE_RETRY_UNSAFE)
+    set->retry_non_idempotent = d->retry_non_idempotent;
+  if (d->fields & OM_DECIDE_STREAM_IDLE)
+    set->stream_idle_ns = d->stream_idle_ms * NS_PER_MS;
+  if (d->fields & OM_DECIDE_MAX_STREAM)
+    set->max_stream_ns = d->max_stream_ms * NS_PER_MS;
+  if ((d->fields & OM_DECIDE_MAX_BODY) && d->max_body_bytes != 0 &&
+      (set->max_body_bytes == 0 || d->max_body_bytes < set->max_body_bytes))
+    set->max_body_bytes = d->max_body_bytes;
+}
+
 /* The service named by Host (an optional :port ignored). */
 static om__proxy_service_t *service_of(const om_proxy_t *p,
                                        const om_http_request_t *req,
@@ -950,6 +995,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   const char *host, *key = NULL;
   size_t host_len, key_len = 0, vlen;
   om__proxy_route_t rt;
+  om__proxy_settings_t set;
   uint64_t now = uv_hrtime(), budget_ms;
   om_deadline_t deadline;
   uint32_t limit, inflight, queued;
@@ -975,26 +1021,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0, NULL);
     return;
   }
-  if (om__proxy_body_too_large(s, req)) { /* before a byte of it is read */
-    char msg[128];
-    snprintf(msg, sizeof msg,
-             "the request body (Content-Length) passes max_body_bytes (%llu)",
-             (unsigned long long)s->set.max_body_bytes);
-    om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
-    respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
+  if (om__proxy_body_too_large(s->set.max_body_bytes, req)) {
+    body_too_large(s, req, s->set.max_body_bytes); /* before a byte of it */
     return;
   }
-  v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
-  /* a malformed value is ignored, as Envoy ignores a malformed
-   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
-   * valid one may shorten the deadline, never raise it past the cap */
-  if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
-    deadline =
-        om_deadline_after(now, budget_ms >= s->set.max_deadline_ns / NS_PER_MS
-                                   ? s->set.max_deadline_ns
-                                   : budget_ms * NS_PER_MS);
-  else
-    deadline = om_deadline_after(now, s->set.deadline_ns);
   /* the policy narrows the peers: its answer is final, never widened */
   if (req->n_headers > sizeof kv_stack / sizeof kv_stack[0]) {
     kv = malloc(req->n_headers * sizeof *kv);
@@ -1042,6 +1072,27 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
     return;
   }
+  /* the service's settings, with what decide(req) said for this one */
+  set = s->set;
+  if (rt.decision != NULL)
+    apply_decision(&set, rt.decision);
+  if (set.max_body_bytes != s->set.max_body_bytes &&
+      om__proxy_body_too_large(set.max_body_bytes, req)) {
+    om__proxy_subset_unref(rt.shared);
+    body_too_large(s, req, set.max_body_bytes);
+    return;
+  }
+  v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
+  /* a malformed value is ignored, as Envoy ignores a malformed
+   * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
+   * valid one may shorten the deadline, never raise it past the cap */
+  if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
+    deadline =
+        om_deadline_after(now, budget_ms >= set.max_deadline_ns / NS_PER_MS
+                                   ? set.max_deadline_ns
+                                   : budget_ms * NS_PER_MS);
+  else
+    deadline = om_deadline_after(now, set.deadline_ns);
   if (rt.n_subset == 0) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
@@ -1078,7 +1129,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
       NULL) /* hashed now: the policy's string lives until its next call */
     c->key_hash = om_rendezvous_key_hash(c->view->rdv, key, key_len);
   c->deadline = deadline;
-  c->set = s->set;
+  c->set = set;
   c->t0 = now;
   if (upgrade > 0)
     memcpy(c->upgrade, upg, sizeof c->upgrade);

@@ -18,6 +18,10 @@
  *   (RFC 9110 11.7.2): removed.
  * - Expect: the proxy answers 100-continue itself when it asks for the
  *   body; the upstream gets the body without waiting.
+ * - The traffic policy's decide(req) may set or remove the caller's other
+ *   fields (docs/POLICIES.md "Per-request decisions"): a set field
+ *   replaces every field of its name; the fields above and the proxy's own
+ *   are refused by the decision's check (bindings/om_policy_check.c).
  * - X-Openmesh-Attempt and X-Openmesh-Deadline-Ms are the proxy's, set per
  *   attempt (start_attempt); a caller's are removed (its deadline header is
  *   read before, in om__proxy_on_request).
@@ -44,6 +48,7 @@
  *   replace them, the caller learns about this hop.
  */
 #include <string.h>
+#include <strings.h>
 
 #include "om_http_chars.h"
 #include "om_proxy_internal.h"
@@ -153,23 +158,36 @@ static int dropped_request_field(const om_http_header_t *h) {
   }
 }
 
-void om__proxy_headers_size(const om_http_request_t *req, size_t *n_fields,
+/* Whether the decision edits the caller's field h (set or remove). */
+static int edited(const om_policy_decision_t *dec, const om_http_header_t *h) {
+  for (uint32_t i = 0; dec != NULL && i < dec->n_headers; i++)
+    if (dec->headers[i].name_len == h->name_len &&
+        strncasecmp(dec->bytes + dec->headers[i].name, h->name, h->name_len) ==
+            0)
+      return 1;
+  return 0;
+}
+
+void om__proxy_headers_size(const om_http_request_t *req,
+                            const om_policy_decision_t *dec, size_t *n_fields,
                             size_t *n_bytes) {
   size_t bytes = strlen(req->remote_ip) + 1;
+  if (dec != NULL) /* the edits' names and values, copied */
+    bytes += dec->n_bytes;
   for (size_t i = 0; i < req->n_headers; i++)
     if (name_is(&req->headers[i], "x-forwarded-for", 15))
       bytes += req->headers[i].value_len + 2;
   /* ours: via, x-request-id, x-forwarded-for, traceparent, attempt,
    * deadline */
-  *n_fields = req->n_headers + 6;
+  *n_fields = req->n_headers + 6 + (dec != NULL ? dec->n_headers : 0);
   *n_bytes = bytes + TRACEPARENT_LEN + 1;
 }
 
 void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
-                             char *buf) {
+                             const om_policy_decision_t *dec, char *buf) {
   om_proxy_t *p = c->p;
   const om_http_header_t *tp = NULL, *rid = NULL;
-  char *xff = buf, *trace;
+  char *xff = buf, *trace, *edits;
   size_t xk = 0, n_tp = 0;
   int has_conn = 0;
   for (size_t i = 0; i < req->n_headers; i++) {
@@ -195,7 +213,7 @@ void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
       memcpy(xff + xk, ", ", 2);
       xk += 2;
     }
-    if (dropped_request_field(h))
+    if (dropped_request_field(h) || edited(dec, h))
       continue;
     if (rid == NULL && name_is(h, "x-request-id", 12))
       rid = h;
@@ -207,6 +225,17 @@ void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
   }
   memcpy(xff + xk, req->remote_ip, strlen(req->remote_ip) + 1);
   trace = xff + xk + strlen(req->remote_ip) + 1;
+  edits = trace + TRACEPARENT_LEN + 1;
+  /* the policy's fields, in the place of the caller's of those names */
+  if (dec != NULL) {
+    memcpy(edits, dec->bytes, dec->n_bytes);
+    for (uint32_t i = 0; i < dec->n_headers; i++) {
+      const om_policy_header_edit_t *e = &dec->headers[i];
+      if (e->value_len != OM_DECIDE_REMOVE)
+        c->fwd[c->n_fwd_fixed++] = (om_http_header_t){
+            edits + e->name, edits + e->value, e->name_len, e->value_len};
+    }
+  }
   if (xff[0] != '\0')
     c->fwd[c->n_fwd_fixed++] =
         (om_http_header_t){"x-forwarded-for", xff, 15, strlen(xff)};

@@ -267,7 +267,8 @@ struct om_proxy_s {
   size_t n_services, cap_services;
   uint32_t *scratch; /* policy route output, sized for the largest view */
   size_t scratch_cap;
-  uint64_t calls; /* live call objects */
+  om_policy_decision_t decision; /* decide's answer, for the call made now */
+  uint64_t calls;                /* live call objects */
   int closing, server_open, admin_open, pool_open;
   void (*on_closed)(void *ud);
   void *closed_ud;
@@ -601,8 +602,8 @@ void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
 
 /* om_proxy_body.c: streamed request bodies. */
 
-/* A Content-Length over the service's max_body_bytes: 413 at the head. */
-int om__proxy_body_too_large(const om__proxy_service_t *s,
+/* A Content-Length over max_body_bytes (0: no limit): 413 at the head. */
+int om__proxy_body_too_large(uint64_t max_body_bytes,
                              const om_http_request_t *req);
 /* Set up c's body state when the call is created (c->set is set). */
 void om__proxy_body_init(om__proxy_call_t *c);
@@ -664,17 +665,20 @@ void om__proxy_on_admin(om_http_request_t *req, void *ud);
  * 7.6.3, 11.7 and W3C Trace Context, are listed at the top of that file).
  *
  * om__proxy_headers_size: the header slots (*n_fields) and the bytes
- * (*n_bytes) the forwarded set of req needs: call_new sizes the call's
- * one allocation with them.
+ * (*n_bytes) the forwarded set of req needs, with the header edits of
+ * the policy's decision dec (NULL: none): call_new sizes the call's one
+ * allocation with them.
  */
-void om__proxy_headers_size(const om_http_request_t *req, size_t *n_fields,
+void om__proxy_headers_size(const om_http_request_t *req,
+                            const om_policy_decision_t *dec, size_t *n_fields,
                             size_t *n_bytes);
 
 /*
  * om__proxy_headers_build: the forwarded set of req into c->fwd
  * (c->n_fwd_fixed fields, at most n_fields of om__proxy_headers_size):
  * the caller's fields without those its Connection names and without the
- * hop-by-hop and proxy-owned ones, then ours (X-Forwarded-For, Via,
+ * hop-by-hop and proxy-owned ones and those dec edits, then dec's set
+ * fields (copied into buf), then ours (X-Forwarded-For, Via,
  * X-Request-Id when the caller has none, traceparent when the caller's is
  * missing or invalid). buf holds n_bytes and must live as long as c
  * (values point into it and into req). Sets c->idem_key to the forwarded
@@ -682,7 +686,7 @@ void om__proxy_headers_size(const om_http_request_t *req, size_t *n_fields,
  * made one. Cannot fail. Uses the proxy's generator (c->p->rng).
  */
 void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
-                             char *buf);
+                             const om_policy_decision_t *dec, char *buf);
 
 /*
  * om__proxy_response_field_dropped: whether the response field f (of a

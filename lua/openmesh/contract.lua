@@ -14,7 +14,7 @@
 -- It is cut in parts, each a module of its own under openmesh/contract/:
 -- messages (how values and paths are shown), checkers (field rules),
 -- inputs (example requests, peers and contexts), answers (the runtime
--- semantics: subset, key, order, evaluate, ...) and kinds (the examples
+-- semantics: subset, key, decide, order, evaluate, ...) and kinds (the examples
 -- and the shape of each kind). This file puts the public functions
 -- together and validates a policy.
 local checks = require("openmesh").checks -- bindings/l_checks.c
@@ -40,6 +40,7 @@ contract.visible_req = answers.visible_req
 contract.subset = answers.subset
 contract.key = answers.key
 contract.authorize = answers.authorize
+contract.decide = answers.decide
 contract.order = answers.order
 contract.evaluate = answers.evaluate
 contract.holding_line = answers.holding_line

@@ -460,7 +460,7 @@ describe("contract.validate", function()
 
     it("needs something to check in a traffic example", function()
       rejects(traffic { examples = { { peers = { { id = "a" } } } } },
-        "field 'examples[1]': an example needs 'expect', 'expect_key' or 'expect_authorized'")
+        "field 'examples[1]': an example needs 'expect', 'expect_key', 'expect_decision' or 'expect_authorized'")
     end)
 
     it("needs unique peer ids and expected ids among the peers", function()

@@ -5,7 +5,6 @@
 -- decide() return (testing.decide).
 local testing = require "openmesh.testing"
 local om = require "openmesh"
-local contract = require "openmesh.contract"
 
 local PEERS = testing.peers{
   { id = "a", metadata = { version = "v1" } },
@@ -164,13 +163,6 @@ describe("testing.share", function()
 end)
 
 describe("testing.decide", function()
-  if contract.decide == nil then
-    it("wraps decide()", function()
-      pending("this build's contract has no decide() (per-request decisions)")
-    end)
-    return
-  end
-
   it("returns what decide() returns, for a handle and for a table", function()
     local src = [[
       return { kind = "traffic", deadline_ms = 5000,

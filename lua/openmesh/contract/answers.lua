@@ -131,6 +131,28 @@ function M.key(policy, req)
   return key
 end
 
+-- M.decide(policy, req) -> table | nil | nil, message
+-- What the proxy applies to this request on top of the service's fields:
+-- nil without decide() or when it answers nil; else its table, checked as
+-- the proxy checks it (om.checks.decision, bindings/om_policy_check.c):
+-- known fields, values in range, header edits the proxy allows. Any other
+-- answer, or a raise, is an error for this request (the proxy's 500).
+function M.decide(policy, req)
+  local fn = rawget(policy, "decide")
+  if fn == nil then
+    return nil
+  end
+  local ok, d = vary_pcall(policy, fn, M.visible_req(policy, req))
+  if not ok then
+    return nil, raised("decide", d)
+  end
+  local err = checks.decision(d)
+  if err then
+    return nil, err
+  end
+  return d
+end
+
 local function route_names(policy)
   local names, routes = {}, rawget(policy, "routes") or {}
   for i = 1, rawlen(routes) do

@@ -38,6 +38,7 @@ local peer_shape = inputs.peer_shape
 local ctx_shape = inputs.ctx_shape
 local default_peers = inputs.default_peers
 local route_names = answers.route_names
+local checks = require("openmesh").checks -- bindings/l_checks.c
 
 local M = {}
 
@@ -54,6 +55,69 @@ local function ids_of(peers)
     ids[i] = peers[i].id
   end
   return ids
+end
+
+-- A decision as the messages show it: its fields in name order,
+-- headers as a table of name = value (false: removed).
+local function show_decision(d)
+  if type(d) ~= "table" then
+    return show(d)
+  end
+  local names, parts = {}, {}
+  for k in pairs(d) do
+    names[#names + 1] = tostring(k)
+  end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local v = d[k]
+    if k == "headers" and type(v) == "table" then
+      local hs = {}
+      for hk, hv in pairs(v) do
+        hs[#hs + 1] = ("[%s] = %s"):format(show(hk), show(hv))
+      end
+      table.sort(hs)
+      parts[#parts + 1] = "headers = {" .. table.concat(hs, ", ") .. "}"
+    else
+      parts[#parts + 1] = ("%s = %s"):format(k, show(v))
+    end
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- Two decisions agree: the same fields, equal values, the same header
+-- edits (names compared case-insensitively, as the proxy applies them).
+local function same_decision(a, b)
+  if a == nil or b == nil then
+    return a == b
+  end
+  for k, v in pairs(a) do
+    if k ~= "headers" and b[k] ~= v then
+      return false
+    end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then
+      return false
+    end
+  end
+  local ha, hb = {}, {}
+  for k, v in pairs(a.headers or {}) do
+    ha[k:lower()] = v
+  end
+  for k, v in pairs(b.headers or {}) do
+    hb[k:lower()] = v
+  end
+  for k, v in pairs(ha) do
+    if hb[k] ~= v then
+      return false
+    end
+  end
+  for k in pairs(hb) do
+    if ha[k] == nil then
+      return false
+    end
+  end
+  return true
 end
 
 local function run_traffic_example(policy, ex)
@@ -80,6 +144,16 @@ local function run_traffic_example(policy, ex)
     if not same_set(ids, ex.expect) then
       return ("subset returned %s, expected %s%s"):format(show_list(ids), show_list(ex.expect),
         rawget(policy, "vary") and " (the policy declares vary: it sees only the service and those fields)" or "")
+    end
+  end
+  if ex.expect_decision ~= nil then
+    local d, err = answers.decide(policy, inputs.default_req(ex.req))
+    if err then
+      return err
+    end
+    local want = ex.expect_decision or nil
+    if not same_decision(d, want) then
+      return ("decide returned %s, expected %s"):format(show_decision(d), show_decision(want))
     end
   end
   if ex.expect_key ~= nil then
@@ -129,8 +203,8 @@ end
 
 -- Constraints inside one traffic example that no field alone can check.
 local function traffic_example_rule(ex, path)
-  if ex.expect == nil and ex.expect_key == nil and ex.expect_authorized == nil then
-    return field_error(path, "an example needs 'expect', 'expect_key' or 'expect_authorized'")
+  if ex.expect == nil and ex.expect_key == nil and ex.expect_authorized == nil and ex.expect_decision == nil then
+    return field_error(path, "an example needs 'expect', 'expect_key', 'expect_decision' or 'expect_authorized'")
   end
   if ex.expect_reason ~= nil and ex.expect_authorized ~= false then
     return field_error(join(path, "expect_reason"), "goes with expect_authorized = false")
@@ -160,6 +234,19 @@ local traffic_example = record({
   { "peers", array_of(peer_shape) },
   { "expect", array_of(nonempty) },
   { "expect_key", string_or_false },
+  -- what decide(req) answers: a decision table, or false for none (nil)
+  { "expect_decision", function(v, path)
+    if v == false then
+      return nil
+    end
+    if type(v) ~= "table" then
+      return field_error(path, ("must be a decision table or false, got %s"):format(show(v)))
+    end
+    local err = checks.decision(v)
+    if err then
+      return field_error(path, (err:gsub("^decide returned ", "")))
+    end
+  end },
   -- what authorize(req) answers: true, or false and (optionally) the reason
   { "expect_authorized", boolean },
   { "expect_reason", text },
@@ -334,6 +421,11 @@ local KIND_SPECS = {
   traffic = kind_spec(traffic_example, run_traffic_example, {
     { "subset", func, required = true },
     { "key", func },
+    -- decide(req) -> nil | { deadline_ms, per_try_timeout_ms, retries,
+    -- retry_non_idempotent, stream_idle_timeout_ms, max_stream_ms,
+    -- max_body_bytes, headers }: this request's settings, over the
+    -- service's (docs/POLICIES.md "Per-request decisions").
+    { "decide", func },
     { "max_inflight", integer_at_least(1) },
     { "max_queue", integer_at_least(0) },
     { "adaptive", boolean },
