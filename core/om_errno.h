@@ -27,7 +27,8 @@
   XX(ESTATE, -12, "operation not valid in the current state")                  \
   XX(ERANGE, -13, "value out of range")                                        \
   XX(EPOLICY, -14, "policy rejected or failed")                                \
-  XX(EIO, -15, "input/output error")
+  XX(EIO, -15, "input/output error")                                           \
+  XX(EOUTCOME, -16, "outcome unknown: the peer went away after the request")
 
 typedef enum {
   OM_OK = 0,

@@ -260,20 +260,20 @@ static json_t *json_message(char *msg) {
  * reason, "field": field (null when ""), "message": ..., "revision": R
  * (when rev > 0)}, counted and logged.
  */
-void om__reply_error_h(ctx_t *x, rej_t why, const char *field, uint64_t rev,
-                       const om_http_header_t *extra, size_t n_extra,
-                       const char *fmt, ...) {
+/* The refusal of om__reply_error_h with the message made, and, for a
+ * write the store could not apply, "outcome" (NULL: none). */
+static void reply_refusal(ctx_t *x, rej_t why, const char *field, uint64_t rev,
+                          const char *outcome, const om_http_header_t *extra,
+                          size_t n_extra, char *msg) {
   om_control_t *c = x->c;
   int status = rej_status[why];
-  char msg[1536], st[8];
+  char st[8];
   json_t *o = json_object();
   char *body = NULL;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   if (o != NULL) {
     json_object_set_new(o, "error", json_string(rej_names[why]));
+    if (outcome != NULL)
+      json_object_set_new(o, "outcome", json_string(outcome));
     if (field != NULL)
       json_object_set_new(o, "field",
                           field[0] != '\0' ? json_string(field) : json_null());
@@ -299,6 +299,17 @@ void om__reply_error_h(ctx_t *x, rej_t why, const char *field, uint64_t rev,
   }
 }
 
+void om__reply_error_h(ctx_t *x, rej_t why, const char *field, uint64_t rev,
+                       const om_http_header_t *extra, size_t n_extra,
+                       const char *fmt, ...) {
+  char msg[1536];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  reply_refusal(x, why, field, rev, NULL, extra, n_extra, msg);
+}
+
 /* A store operation that failed to start or finished with an error. */
 void om__reply_store_error(ctx_t *x, int rc) {
   switch (rc) {
@@ -320,12 +331,30 @@ void om__reply_store_error(ctx_t *x, int rc) {
      * store reconnects within seconds: say when to come back (RFC 9110
      * section 10.2.3). */
     static const om_http_header_t retry[] = {{"Retry-After", "1", 0, 0}};
-    om__reply_error_h(
-        x, REJ_UNAVAILABLE, NULL, 0, retry, 1,
-        "the %s store is unreachable: the change was not applied; "
-        "retry later (reads serve the last known state, see "
-        "/status)",
-        om_store_name(x->c->store));
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "the %s store is unreachable: the change was not applied; "
+             "retry later (reads serve the last known state, see /status)",
+             om_store_name(x->c->store));
+    reply_refusal(x, REJ_UNAVAILABLE, NULL, 0, "not_applied", retry, 1, msg);
+    return;
+  }
+  case OM_EOUTCOME: {
+    /* The store went away after the change was sent: it may have been
+     * applied. Saying "not applied" would be a lie once in a while (a
+     * Redis killed between running a script and answering it); the
+     * writes are idempotent by key (a config PUT again stores the same
+     * content at a new revision), so the honest answer is "unknown, and
+     * a retry is safe". */
+    static const om_http_header_t retry[] = {{"Retry-After", "1", 0, 0}};
+    char msg[320];
+    snprintf(msg, sizeof msg,
+             "the %s store went away after the change was sent: it may or "
+             "may not have been applied; retrying is safe (a lease PUT "
+             "is idempotent, a DELETE answers not found once done, a "
+             "config PUT stores the same document again)",
+             om_store_name(x->c->store));
+    reply_refusal(x, REJ_UNAVAILABLE, NULL, 0, "unknown", retry, 1, msg);
     return;
   }
   default:

@@ -454,11 +454,22 @@ static int write_result(redisReply *rep, long long *code, uint64_t *rev) {
 static void answer_write(rstore_t *r, req_t *q, redisReply *rep) {
   long long code = 0;
   uint64_t rev = 0;
-  if (rep == NULL || write_result(rep, &code, &rev) != 0) {
-    if (rep != NULL)
-      om_log(OM_LOG_ERROR, "store_error", "store", "redis", "error",
-             rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply",
-             NULL);
+  if (rep == NULL) {
+    /* The connection went away with the script sent (or in hiredis's
+     * output buffer): Redis may have run it, and with appendfsync always
+     * even persisted it, before it died. Nobody can say "not applied";
+     * the caller hears "outcome unknown" and retries, which is safe:
+     * every write here is idempotent by key (a lease PUT renews what
+     * the first one created, a DELETE of a gone instance is not found,
+     * a config PUT stores the same content again). */
+    if (q->wcb != NULL)
+      q->wcb(q->ud, OM_EOUTCOME, OM_STORE_NOCHANGE, 0);
+    return;
+  }
+  if (write_result(rep, &code, &rev) != 0) {
+    om_log(OM_LOG_ERROR, "store_error", "store", "redis", "error",
+           rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply",
+           NULL);
     if (q->wcb != NULL)
       q->wcb(q->ud, OM_EIO, OM_STORE_NOCHANGE, 0);
     return;

@@ -247,6 +247,86 @@ describe("two control planes on one Redis", function()
     assert.equal(0, H.stop(b))
   end)
 
+  it("never answers \"not applied\" for a write Redis applied, across a kill -9 of Redis", function()
+    local redis = R.start({ persist = true })
+    finally(function()
+      H.kill_all()
+      R.stop(redis)
+    end)
+    n = n + 1
+    local prefix = "o" .. n .. ":"
+    local a = plane(redis, prefix)
+    -- 600 registrations from 4 threads, each answer as "id status outcome"
+    local results = dir .. "/outcomes" .. n
+    local script = dir .. "/writer" .. n .. ".py"
+    H.writefile(script, [=[
+import http.client, json, sys, threading
+host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lock = threading.Lock()
+f = open(out, "w")
+def run(k):
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    for i in range(k, 600, 4):
+        body = json.dumps({"url": "http://10.1.%d.%d:80" % (i // 250, i % 250), "ttl_ms": 600000})
+        try:
+            c.request("PUT", "/v1/services/svc/instances/i%d" % i, body, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            doc = json.loads(r.read() or b"{}")
+            status, outcome = r.status, doc.get("outcome", "-")
+        except Exception:
+            c.close()
+            c = http.client.HTTPConnection(host, port, timeout=10)
+            status, outcome = 0, "-"
+        with lock:
+            f.write("i%d %d %s\n" % (i, status, outcome))
+            f.flush()
+ts = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+f.write("done\n")
+f.close()
+]=])
+    local port = a.url:match(":(%d+)$")
+    local w = H.spawn("python3 " .. H.q(script) .. " 127.0.0.1 " .. port .. " " .. H.q(results), dir, "writer" .. n)
+    local function answered()
+      local k = 0
+      for _ in H.readfile(results):gmatch("\n") do
+        k = k + 1
+      end
+      return k
+    end
+    assert.is_truthy(H.wait_for(function() return answered() >= 100 end, 20),
+      "the writer got no answers: " .. H.readfile(w.out))
+    R.stop(redis) -- mid-stream: some writes are in flight
+    H.sleep(0.3)
+    R.restart(redis)
+    assert.is_truthy(H.wait_for(function() return H.readfile(results):find("done\n", 1, true) end, 60),
+      "the writer did not finish: " .. H.readfile(w.out))
+    local counts, wrong, stored = {}, {}, {}
+    for id in R.cli(redis, "HKEYS " .. prefix .. "i:svc"):gmatch("i%d+") do
+      stored[id] = true
+    end
+    for id, status, outcome in H.readfile(results):gmatch("(i%d+) (%d+) (%S+)") do
+      local key = outcome == "-" and status or outcome
+      counts[key] = (counts[key] or 0) + 1
+      local held = stored[id] and "1" or "0"
+      if outcome == "not_applied" and held ~= "0" then
+        wrong[#wrong + 1] = id .. " answered not_applied but Redis holds it"
+      elseif (status == "200" or status == "201") and held ~= "1" then
+        wrong[#wrong + 1] = id .. " answered " .. status .. " but Redis lacks it"
+      end
+    end
+    local shown = {}
+    for k, v in pairs(counts) do
+      shown[#shown + 1] = k .. "=" .. v
+    end
+    table.sort(shown)
+    print("# answers across the Redis kill: " .. table.concat(shown, " "))
+    assert.same({}, wrong)
+    assert.is_truthy((counts["201"] or 0) + (counts["200"] or 0) > 0, table.concat(shown, " "))
+    assert.equal(0, H.stop(a))
+  end)
+
   for _, persist in ipairs { false, true } do
     it("recovers watchers across a Redis restart " .. (persist and "with" or "without") ..
       " persistence, never going back", function()
