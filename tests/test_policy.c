@@ -105,7 +105,7 @@ static void rejections_name_the_place(void **state) {
       "  examples = {\n"
       "    {req = {path = '/'}, peers = {{id = 'a'}}, expect = {'a'}},\n"
       "    {req = {path = '/spin'}, peers = {{id = 'a'}},\n"
-                  "     expect = {'a'}},\n"
+      "     expect = {'a'}},\n"
       "  }}",
       "spin.lua: example 2: budget: instruction limit exceeded "
       "at spin.lua:4");
