@@ -46,6 +46,9 @@ struct om_policy_s {
   int vary_set, vary_method, vary_path, vary_identity;
   /* the last call's authorize refused it, with this reason ("" for none) */
   int denied;
+  /* the last call failed: OM_POLICY_FAIL_*; bad_answer: a check of an
+   * answer raised (rather than the policy's own code) */
+  int failure, bad_answer;
   char reason[OM_POLICY_REASON_MAX + 1];
   /* the budgets of one route call (traffic): from budget_ms */
   double budget_ms;
@@ -330,6 +333,26 @@ double om_policy_budget_ms(const om_policy_t *p) {
   return (double)p->route_wall_ns / 1e6;
 }
 
+static int read_running_example(lua_State *L) {
+  lua_Integer *out = lua_touserdata(L, 1);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &K_CONTRACT) == LUA_TTABLE &&
+      rawfield(L, -1, "running_example") == LUA_TNUMBER)
+    *out = lua_tointeger(L, -1);
+  return 0;
+}
+
+/* The example the validator was running when the load failed (0: none).
+ * Runs after the budgeted call, protected, so a state at its memory cap
+ * only loses the example number. */
+static lua_Integer running_example(lua_State *L) {
+  lua_Integer ex = 0;
+  lua_pushcfunction(L, read_running_example);
+  lua_pushlightuserdata(L, &ex);
+  if (lua_pcall(L, 1, 0, 0) != LUA_OK)
+    lua_pop(L, 1);
+  return ex;
+}
+
 int om_policy_load(const om_policy_opts_t *opts, const char *name,
                    const char *src, size_t len, om_policy_t **out, char *err,
                    size_t errlen) {
@@ -360,11 +383,18 @@ int om_policy_load(const om_policy_opts_t *opts, const char *name,
   lua_pushcfunction(L, load_and_validate);
   lua_pushlightuserdata(L, &a);
   if (om_sandbox_call(p->sb, 1, 0) != LUA_OK) {
-    /* A tripped budget cannot say where it was: name the file. */
+    /* A tripped budget unwound past the validator: name the file, and the
+     * example that was running, as the validator names its own findings. */
     const char *msg = lua_tostring(L, -1);
     char prefix[300] = "";
-    if (msg != NULL && strncmp(msg, "budget:", 7) == 0)
-      snprintf(prefix, sizeof prefix, "%s: ", name);
+    if (msg != NULL && strncmp(msg, "budget:", 7) == 0) {
+      lua_Integer ex = running_example(L);
+      if (ex > 0)
+        snprintf(prefix, sizeof prefix, "%s: example %lld: ", name,
+                 (long long)ex);
+      else
+        snprintf(prefix, sizeof prefix, "%s: ", name);
+    }
     om_lua_errmsg(L, err, errlen, prefix);
     om_policy_free(p);
     return OM_EPOLICY;
@@ -692,8 +722,10 @@ static int run_authorize(lua_State *L, om_policy_t *p) {
   lua_pushvalue(L, 1);
   lua_call(L, 1, 2); /* [req, ok, reason] */
   rc = om__policy_check_authorize(L, 2, p->reason, msg, sizeof msg);
-  if (rc < 0)
+  if (rc < 0) {
+    p->bad_answer = 1;
     return luaL_error(L, "%s", msg);
+  }
   lua_settop(L, 1);
   p->denied = rc == 1;
   return rc;
@@ -766,8 +798,10 @@ call:
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_KEY);
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1); /* [req, key] */
-    if (om__policy_check_key(L, 2, msg, sizeof msg) != 0)
+    if (om__policy_check_key(L, 2, msg, sizeof msg) != 0) {
+      p->bad_answer = 1;
       return luaL_error(L, "%s", msg);
+    }
   } else {
     lua_pushnil(L);
   }
@@ -781,12 +815,26 @@ call:
     lua_pushvalue(L, 1);
     lua_call(L, 1, 1); /* [req, key, result, decision] */
     rc = om__policy_check_decision(L, 4, dec, msg, sizeof msg);
-    if (rc < 0)
+    if (rc < 0) {
+      p->bad_answer = 1;
       return luaL_error(L, "%s", msg);
+    }
     p->decided = rc == 1;
     lua_settop(L, 3);
   }
   return 2;
+}
+
+/* A route call raised: a budget, a check of its answer, or its code. */
+static void call_failed(om_policy_t *p) {
+  p->failure = om_sandbox_last_trip(p->sb) != OM_SANDBOX_TRIP_NONE
+                   ? OM_POLICY_FAIL_BUDGET
+               : p->bad_answer ? OM_POLICY_FAIL_ANSWER
+                               : OM_POLICY_FAIL_RUNTIME;
+}
+
+int om_policy_last_failure(const om_policy_t *p) {
+  return p->failure;
 }
 
 int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
@@ -826,6 +874,8 @@ int om_policy_route_decide(om_policy_t *p, const om_policy_req_t *req,
   }
   p->denied = 0;
   p->decided = 0;
+  p->failure = OM_POLICY_FAIL_NONE;
+  p->bad_answer = 0;
   lua_settop(L, 0);
   lua_pushcfunction(L, call_route);
   lua_pushlightuserdata(L, (void *)req);
@@ -834,6 +884,7 @@ int om_policy_route_decide(om_policy_t *p, const om_policy_req_t *req,
   lua_pushlightuserdata(L, decided != NULL ? decision : NULL);
   if (om_sandbox_call_limited(p->sb, 4, 2, p->route_instr, p->route_wall_ns) !=
       LUA_OK) {
+    call_failed(p);
     om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     return OM_EPOLICY;
@@ -891,6 +942,8 @@ int om_policy_route_decide(om_policy_t *p, const om_policy_req_t *req,
   rc = om__policy_check_subset(L, res, &p->map, p->n_peers, p->seen, p->stamp,
                                out, n_out, err, errlen);
   lua_settop(L, 2);
+  if (rc != 0)
+    p->failure = OM_POLICY_FAIL_ANSWER;
   return rc == 0 ? 0 : OM_EPOLICY;
 }
 
@@ -905,6 +958,8 @@ int om_policy_authorize(om_policy_t *p, const om_policy_req_t *req, char *err,
   if (!p->has_authorize)
     return 0;
   p->denied = 0;
+  p->failure = OM_POLICY_FAIL_NONE;
+  p->bad_answer = 0;
   lua_settop(L, 0);
   lua_pushcfunction(L, call_route);
   lua_pushlightuserdata(L, (void *)req);
@@ -912,6 +967,7 @@ int om_policy_authorize(om_policy_t *p, const om_policy_req_t *req, char *err,
   lua_pushboolean(L, 1);
   if (om_sandbox_call_limited(p->sb, 3, 0, p->route_instr, p->route_wall_ns) !=
       LUA_OK) {
+    call_failed(p);
     om_lua_errmsg(L, err, errlen, "");
     lua_settop(L, 0);
     return OM_EPOLICY;

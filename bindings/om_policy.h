@@ -161,6 +161,26 @@ int om_policy_route(om_policy_t *p, const om_policy_req_t *req, uint32_t *out,
                     size_t errlen);
 
 /*
+ * Why the last om_policy_route / om_policy_authorize call failed with
+ * OM_EPOLICY: the policy's code raised (RUNTIME), it overran a budget
+ * (BUDGET: instructions, wall clock or memory), or it answered something
+ * that is not an answer (ANSWER: a subset with a foreign or repeated
+ * peer, a key that is not a string, an authorize that is neither true nor
+ * false). The proxy counts and logs the three apart; callers see one
+ * public error either way.
+ */
+enum {
+  OM_POLICY_FAIL_NONE = 0,
+  OM_POLICY_FAIL_RUNTIME = 1,
+  OM_POLICY_FAIL_BUDGET = 2,
+  OM_POLICY_FAIL_ANSWER = 3
+};
+
+/* om_policy_last_failure: OM_POLICY_FAIL_* of the last route or
+ * authorize call (NONE when it succeeded or was refused). */
+int om_policy_last_failure(const om_policy_t *p);
+
+/*
  * om_policy_route_view: om_policy_route, and when all is not NULL and the
  * policy answered with the peer table it was given (`return peers`),
  * *all = 1 and out is left untouched (*n_out is the peer count): the

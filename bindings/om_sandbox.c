@@ -55,6 +55,8 @@ struct om_sandbox_s {
                             its instruction budget */
   int clock_fixed;       /* os.time()/os.clock() read clock_s, not the host */
   double clock_s;        /* the fixed reading, seconds since the epoch */
+  char where[96];        /* "chunk:line" of the frame a budget tripped in
+                            ("": unknown), reset when an outer call starts */
   char *lib_dir;
 };
 
@@ -130,6 +132,36 @@ static om_sandbox_t *sandbox_of(lua_State *L) {
   return ud;
 }
 
+/* Is the frame in ar library code (lib_dir), not the policy's? */
+static int in_lib(const om_sandbox_t *sb, const lua_Debug *ar) {
+  size_t n = sb->lib_dir != NULL ? strlen(sb->lib_dir) : 0;
+  return n > 0 && ar->source[0] == '@' &&
+         strncmp(ar->source + 1, sb->lib_dir, n) == 0;
+}
+
+/*
+ * Record where a budget tripped: the running Lua frame, or, when that is
+ * the openmesh.* library (validating what the policy returned), the
+ * nearest caller that is policy code, which is the line the author can
+ * change. Only called from the hook, where the frames are consistent;
+ * lua_getinfo with "Sl" does not allocate.
+ */
+static void note_where(om_sandbox_t *sb, lua_State *L, lua_Debug *ar) {
+  lua_Debug up;
+  const lua_Debug *at = ar;
+  if (!lua_getinfo(L, "Sl", ar))
+    return;
+  if (in_lib(sb, ar))
+    for (int level = 1; lua_getstack(L, level, &up); level++)
+      if (lua_getinfo(L, "Sl", &up) && up.currentline > 0 && !in_lib(sb, &up)) {
+        at = &up;
+        break;
+      }
+  if (at->currentline > 0)
+    snprintf(sb->where, sizeof sb->where, "%s:%d", at->short_src,
+             at->currentline);
+}
+
 static const char *trip_message(int tripped) {
   return tripped == TRIP_WALL ? "budget: wall-clock limit exceeded"
                               : "budget: instruction limit exceeded";
@@ -142,13 +174,17 @@ static const char *trip_message(int tripped) {
  */
 static void budget_hook(lua_State *L, lua_Debug *ar) {
   om_sandbox_t *sb = sandbox_of(L);
-  (void)ar;
   if (!sb->armed)
     return;
   if (!sb->tripped) {
     if (lua_gethookcount(L) != HOOK_EVERY) /* a coroutine tripped earlier */
       lua_sethook(L, budget_hook, LUA_MASKCOUNT, HOOK_EVERY);
     uint64_t now;
+    /* The memory cap refuses inside the allocator, where the frames may be
+     * half-built: past half the cap, note where the call runs at each
+     * tick instead, so a refusal can say near which line it came. */
+    if (sb->used > sb->limit / 2)
+      note_where(sb, L, ar);
     if (sb->ticks_left > 0)
       sb->ticks_left--;
     if (sb->ticks_left == 0) {
@@ -159,6 +195,8 @@ static void budget_hook(lua_State *L, lua_Debug *ar) {
         return;
       sb->tripped = TRIP_WALL;
     }
+    sb->where[0] = '\0';
+    note_where(sb, L, ar);
   }
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
   luaL_error(L, "%s", trip_message(sb->tripped));
@@ -537,6 +575,11 @@ static int push_budget_message(lua_State *L) {
   else
     lua_pushfstring(L, "budget: memory limit of %I bytes exceeded",
                     (lua_Integer)sb->limit);
+  if (sb->where[0] != '\0')
+    lua_pushfstring(L, " %s %s", sb->tripped ? "at" : "near", sb->where);
+  else
+    lua_pushliteral(L, "");
+  lua_concat(L, 2);
   return 1;
 }
 
@@ -555,6 +598,7 @@ int om_sandbox_call_limited(om_sandbox_t *sb, int nargs, int nresults,
     sb->grace_slices = 0;
     sb->cap_refused = 0;
     sb->tripped = TRIP_NONE;
+    sb->where[0] = '\0';
     sb->armed = 1;
     lua_sethook(L, budget_hook, LUA_MASKCOUNT, HOOK_EVERY);
   }

@@ -89,6 +89,26 @@ static void rejections_name_the_place(void **state) {
                   "{id = 'b'}}, expect = {'a'}}}}",
                   "example 1");
   expect_rejected("budget.lua", "while true do end", "budget");
+  expect_rejected("budget.lua", "local x = 0\nwhile true do x = x + 1 end",
+                  "budget.lua: budget: instruction limit exceeded at "
+                  "budget.lua:2");
+  /* A budget that trips in an example names the example and the line. */
+  expect_rejected(
+      "spin.lua",
+      "return {kind = 'traffic',\n"
+      "  subset = function(r, p)\n"
+      "    if r.path == '/spin' then\n"
+      "      while true do end\n"
+      "    end\n"
+      "    return p\n"
+      "  end,\n"
+      "  examples = {\n"
+      "    {req = {path = '/'}, peers = {{id = 'a'}}, expect = {'a'}},\n"
+      "    {req = {path = '/spin'}, peers = {{id = 'a'}},\n"
+      "     expect = {'a'}},\n"
+      "  }}",
+      "spin.lua: example 2: budget: instruction limit exceeded "
+      "at spin.lua:4");
   expect_rejected("memory.lua",
                   "local t = {} for i = 1, 1e9 do "
                   "t[i] = ('x'):rep(64) .. i end",

@@ -163,6 +163,62 @@ static void bad_edits_keep_the_last_good(void **state) {
   assert_int_equal(om_policy_watch_version(f->w), 2);
 }
 
+/*
+ * A rejection is kept with its time and the revision it refused; the next
+ * good version moves it to previous_error, and /status shows both.
+ */
+static void errors_carry_time_and_revision(void **state) {
+  fixture_t *f = *state;
+  const om_policy_watch_error_t *e;
+  char bad[256], good[768];
+  json_t *st = json_object();
+  uint64_t loaded = om_policy_watch_loaded_at_ms(f->w);
+  OM_ASSERT_CMP(loaded, >, 0);
+  assert_null(om_policy_watch_error(f->w, 0));
+  snprintf(bad, sizeof bad,
+           "while true do end\n" OM_POLICY_TRAILER
+           "control:orders revision 7\n");
+  write_by_rename(f->path, bad);
+  run_until_change(f);
+  e = om_policy_watch_error(f->w, 0);
+  assert_non_null(e);
+  OM_ASSERT_CMP(e->revision, ==, 7);
+  OM_ASSERT_CMP(e->at_ms, >=, loaded);
+  if (strstr(e->message, "budget: instruction limit exceeded at ") == NULL)
+    fail_msg("last error '%s', want a budget trip with its line", e->message);
+  assert_int_equal(om_policy_watch_status(f->w, st), 0);
+  OM_ASSERT_CMP(json_integer_value(json_object_get(st, "last_error_revision")),
+                ==, 7);
+  OM_ASSERT_CMP(json_integer_value(json_object_get(st, "revision")), ==, 0);
+  assert_true(json_is_string(json_object_get(st, "last_error_at")));
+  assert_true(json_is_null(json_object_get(st, "previous_error_at")));
+  snprintf(good, sizeof good,
+           "%s" OM_POLICY_TRAILER "control:orders revision 8\n",
+           version_src(2));
+  write_by_rename(f->path, good);
+  run_until_change(f);
+  assert_int_equal(om_policy_watch_version(f->w), 2);
+  assert_null(om_policy_watch_error(f->w, 0));
+  assert_string_equal(om_policy_watch_last_error(f->w), "");
+  e = om_policy_watch_error(f->w, 1);
+  assert_non_null(e);
+  OM_ASSERT_CMP(e->revision, ==, 7);
+  json_object_clear(st);
+  assert_int_equal(om_policy_watch_status(f->w, st), 0);
+  assert_string_equal(json_string_value(json_object_get(st, "source")),
+                      "control:orders");
+  OM_ASSERT_CMP(json_integer_value(json_object_get(st, "revision")), ==, 8);
+  assert_string_equal(json_string_value(json_object_get(st, "last_error")), "");
+  OM_ASSERT_CMP(
+      json_integer_value(json_object_get(st, "previous_error_revision")), ==,
+      7);
+  const char *at = json_string_value(json_object_get(st, "loaded_at"));
+  if (at == NULL || strlen(at) != 24 || at[10] != 'T' || at[23] != 'Z')
+    fail_msg("loaded_at '%s', want RFC 3339 like 2026-01-02T03:04:05.678Z",
+             at ? at : "(null)");
+  json_decref(st);
+}
+
 static void unchanged_content_is_not_a_version(void **state) {
   fixture_t *f = *state;
   assert_int_equal(om_policy_watch_reload(f->w), 1);
@@ -205,6 +261,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(valid_edits_swap, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_edits_keep_the_last_good, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(errors_carry_time_and_revision, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(unchanged_content_is_not_a_version, setup,
                                       teardown),

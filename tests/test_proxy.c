@@ -1941,6 +1941,38 @@ static void policy_error_never_widens(void **state) {
   assert_int_equal(r.status, 500);
   assert_string_equal(r.reason, "policy_error");
   assert_int_equal(a->requests, 0); /* never widened to the full set */
+  /* every error of the proxy's own carries an id: the caller's, echoed,
+   * else a fresh one */
+  get(&e, "orders", "x-boom: 1\r\nx-request-id: rid-boom-7\r\n", &r);
+  assert_int_equal(r.status, 500);
+  if (strstr(r.head, "x-request-id: rid-boom-7\r\n") == NULL)
+    fail_msg("want x-request-id: rid-boom-7 in the 500, head:\n%s", r.head);
+  get(&e, "orders", "x-fake: 1\r\n", &r);
+  if (strstr(r.head, "x-request-id: ") == NULL)
+    fail_msg("want an x-request-id in the 500, head:\n%s", r.head);
+  get(&e, "nowhere", NULL, &r);
+  assert_int_equal(r.status, 503);
+  if (strstr(r.head, "x-request-id: ") == NULL)
+    fail_msg("want an x-request-id in the 503, head:\n%s", r.head);
+  /* the outcome label tells the three apart: 2 raised, 2 wrong answers,
+   * 1 budget */
+  {
+    int st;
+    char *m = admin_get(&e, "/metrics", &st);
+    static const char *const want[] = {
+        "openmesh_proxy_requests_total{service=\"orders\",outcome=\""
+        "policy_runtime\"} 2",
+        "openmesh_proxy_requests_total{service=\"orders\",outcome=\""
+        "policy_answer\"} 2",
+        "openmesh_proxy_requests_total{service=\"orders\",outcome=\""
+        "policy_budget\"} 1",
+    };
+    assert_int_equal(st, 200);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+      if (strstr(m, want[i]) == NULL)
+        fail_msg("want '%s' in /metrics, got:\n%s", want[i], m);
+    free(m);
+  }
   get(&e, "orders", NULL, &r);
   assert_int_equal(r.status, 200);
   assert_int_equal(a->requests, 1);
@@ -1992,7 +2024,19 @@ static void policy_error_never_widens(void **state) {
       int held = sup != NULL ? atoi(sup + 14) : -1;
       OM_TEST_NOTE("the last line held back %d", held);
       OM_ASSERT_CMP(held, >=, 49);
-      OM_ASSERT_CMP(held, <=, 52); /* + the x-boom, x-fake, x-loop above */
+      OM_ASSERT_CMP(held, <=, 54); /* + the failing calls above */
+    }
+    /* the line finds the request and the policy that failed it */
+    {
+      static const char *const want[] = {"\"outcome\":\"policy_runtime\"",
+                                         "\"request_id\":\"",
+                                         "\"method\":\"GET\"",
+                                         "\"path\":\"/\"",
+                                         "\"policy_revision\":\"0\"",
+                                         "\"policy_source\":\"file:"};
+      for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (strstr(last, want[i]) == NULL)
+          fail_msg("want %s in the log line: %.400s", want[i], last);
     }
     free(text);
   }

@@ -78,6 +78,44 @@ static void cpu_budget(void **state) {
   om_sandbox_free(sb);
 }
 
+/* A trip names the chunk and line of the frame it stopped, the line the
+ * author has to change, also from inside a function and a coroutine. */
+static void trips_name_the_line(void **state) {
+  (void)state;
+  om_sandbox_t *sb = sandbox();
+  static const struct {
+    const char *src, *want;
+  } cases[] = {
+      {"local x = 0\nwhile true do\n  x = x + 1\nend",
+       "budget: instruction limit exceeded at policy:3"},
+      {"local function spin()\n  while true do end\nend\nspin()",
+       "budget: instruction limit exceeded at policy:2"},
+      {"local co = coroutine.wrap(function()\n\n  while true do end\n"
+       "end)\nco()",
+       "budget: instruction limit exceeded at policy:3"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *msg;
+    assert_int_equal(run(sb, cases[i].src), LUA_ERRRUN);
+    msg = lua_tostring(om_sandbox_state(sb), -1);
+    if (msg == NULL || strcmp(msg, cases[i].want) != 0)
+      fail_msg("%s\n  got:  %s\n  want: %s", cases[i].src, msg ? msg : "(none)",
+               cases[i].want);
+  }
+  /* memory: where the call ran at the last tick past half the cap */
+  assert_int_equal(run(sb, "local t = {}\nfor i = 1, 1e9 do\n"
+                           "  t[i] = ('x'):rep(64) .. i\nend"),
+                   LUA_ERRRUN);
+  const char *msg = lua_tostring(om_sandbox_state(sb), -1);
+  if (msg == NULL || strstr(msg, "budget: memory limit") == NULL ||
+      strstr(msg, " near policy:") == NULL)
+    fail_msg("memory trip: got %s, want 'budget: memory limit ... near "
+             "policy:LINE'",
+             msg ? msg : "(none)");
+  expect_usable(sb);
+  om_sandbox_free(sb);
+}
+
 static void wall_clock_budget(void **state) {
   (void)state;
   om_sandbox_opts_t opts = {.instr_limit = UINT64_MAX / 2,
@@ -114,13 +152,13 @@ static void per_call_limits(void **state) {
   assert_int_equal(call_limited(sb, loop, UINT64_MAX / 2, 2000000), LUA_ERRRUN);
   ms = (double)(uv_hrtime() - t0) / 1e6;
   assert_string_equal(lua_tostring(om_sandbox_state(sb), -1),
-                      "budget: wall-clock limit exceeded");
+                      "budget: wall-clock limit exceeded at policy:1");
   assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_WALL);
   OM_ASSERT_CMP(ms, >=, 2.0);
   OM_ASSERT_CMP(ms, <, 1000.0); /* not the state's 20 s */
   assert_int_equal(call_limited(sb, loop, 50000, 0), LUA_ERRRUN);
   assert_string_equal(lua_tostring(om_sandbox_state(sb), -1),
-                      "budget: instruction limit exceeded");
+                      "budget: instruction limit exceeded at policy:1");
   assert_int_equal(om_sandbox_last_trip(sb), OM_SANDBOX_TRIP_INSTR);
   assert_int_equal(
       call_limited(sb, "return function() return 7 end", 50000, 2000000),
@@ -339,6 +377,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(plain_code_runs),
       cmocka_unit_test(cpu_budget),
+      cmocka_unit_test(trips_name_the_line),
       cmocka_unit_test(wall_clock_budget),
       cmocka_unit_test(memory_budget),
       cmocka_unit_test(per_call_limits),

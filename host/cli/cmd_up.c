@@ -34,6 +34,7 @@
 #include "om_example_service.h"
 #include "om_log.h"
 #include "om_paths.h"
+#include "om_policy_source.h"
 #include "om_proxy.h"
 #include "om_store_memory.h"
 #include "om_store_redis.h"
@@ -65,6 +66,11 @@ typedef struct {
   size_t n_keepers, keepers_running;
   const char *policy; /* the proxy's traffic policy file */
   int policy_given;   /* from --policy or up.json, not the default */
+  /* policy control:NAME: the document followed, and the seeding of it */
+  om_policy_source_t *psrc;
+  const char *policy_spec; /* "control:NAME" as given */
+  int seeded;              /* 0 while the seed is in flight */
+  int seed_rc;
 } up_t;
 
 /* Flags that stand in for fields of up.json (-1, NULL: use the file's). */
@@ -92,6 +98,8 @@ static void usage(FILE *out) {
       "reloads the policy (and the --tls-* files), as for openmesh proxy.\n\n"
       "  --policy FILE      the proxy's traffic policy (default: up.json's\n"
       "                     proxy.policy, else policies/traffic.lua);\n"
+      "                     control:NAME follows the plane's document NAME\n"
+      "                     (seeded with the default policy when absent);\n"
       "                     hot-reloaded on save and on SIGHUP\n"
       "  --listen ADDR:PORT the control plane's address (up.json's\n"
       "                     control.host and port); the proxy and the\n"
@@ -171,7 +179,19 @@ static void close_watches(up_t *up) {
 
 /* Examples gone (deregistered first), then the proxy drains, then the
  * control plane ends its watch streams, then the store. */
+static void after_examples(up_t *up);
+
+static void on_psrc_closed(void *ud) {
+  up_t *up = ud;
+  up->psrc = NULL;
+  after_examples(up);
+}
+
 static void after_examples(up_t *up) {
+  if (up->psrc != NULL) { /* it holds the curl glue: it goes first */
+    om_policy_source_close(up->psrc, on_psrc_closed, up);
+    return;
+  }
   if (up->sub != NULL) {
     om_store_unsubscribe(up->store, up->sub);
     up->sub = NULL;
@@ -373,6 +393,96 @@ static int start_watches(up_t *up, json_t *services) {
   return OM_EXIT_OK;
 }
 
+static void on_policy_update(void *ud) {
+  up_t *up = ud;
+  if (up->proxy != NULL && !up->stopping)
+    (void)om_proxy_reload_policies(up->proxy); /* logged, counted, shown */
+}
+
+static void on_seed_put(void *ud, int status, om_store_change_t change,
+                        uint64_t revision) {
+  up_t *up = ud;
+  (void)change;
+  (void)revision;
+  up->seed_rc = status;
+  up->seeded = 1;
+}
+
+static void on_seed_get(void *ud, int status, om_config_doc_t *doc) {
+  up_t *up = ud;
+  const char *name = up->policy_spec + 8;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f;
+  if (status == 0 || status != OM_ENOTFOUND) { /* there, or cannot tell */
+    up->seed_rc = status;
+    up->seeded = 1;
+    return;
+  }
+  (void)doc;
+  f = fopen(om_default_policy(), "rb");
+  if (f != NULL && fseek(f, 0, SEEK_END) == 0) {
+    long n = ftell(f);
+    buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf != NULL && fseek(f, 0, SEEK_SET) == 0)
+      len = fread(buf, 1, (size_t)n, f);
+  }
+  if (f != NULL)
+    fclose(f);
+  if (buf == NULL || len == 0 ||
+      om_store_config_put(up->store, name, "text/x-lua", buf, len, on_seed_put,
+                          up) != 0) {
+    up->seed_rc = OM_EIO;
+    up->seeded = 1;
+  }
+  free(buf);
+}
+
+/*
+ * policy control:NAME with up's own plane: a fresh store has no document
+ * NAME, so it is seeded with the default policy (never over one that is
+ * there: a Redis store may hold it), then the proxy follows it as
+ * `openmesh proxy --policy control:NAME` does. Joined planes (--control)
+ * must hold it already.
+ */
+static int start_policy_source(up_t *up, const char *host, char *err,
+                               size_t errlen) {
+  char url[300];
+  const char *urls[1], *name = up->policy_spec + 8;
+  om_policy_source_opts_t so;
+  static char id[64];
+  if (up->ctl != NULL) {
+    if (om_store_config_get(up->store, name, on_seed_get, up) != 0) {
+      snprintf(err, errlen, "cannot read the document '%s'", name);
+      return OM_EIO;
+    }
+    while (!up->seeded && uv_run(&up->loop, UV_RUN_ONCE) != 0)
+      ;
+    if (up->seed_rc != 0) {
+      snprintf(err, errlen, "cannot seed the document '%s' with %s: %s", name,
+               om_default_policy(), om_strerror(up->seed_rc));
+      return up->seed_rc;
+    }
+    snprintf(url, sizeof url, "http://%s:%d", host, om_control_port(up->ctl));
+    urls[0] = url;
+  }
+  if (up->curl == NULL && om_curl_uv_new(&up->loop, &up->curl) != 0)
+    return OM_ENOMEM;
+  memset(&so, 0, sizeof so);
+  so.name = name;
+  so.control_urls = up->ctl != NULL ? urls : up->control.urls;
+  so.n_control_urls = up->ctl != NULL ? 1 : up->control.n;
+  so.tls = up->ctl != NULL ? NULL : &up->control_tls;
+  so.policy.lib_dir = om_lib_dir();
+  so.kind = OM_POLICY_TRAFFIC;
+  snprintf(id, sizeof id, "up:%d", (int)uv_os_getpid());
+  so.id = id;
+  so.on_update = on_policy_update;
+  so.ud = up;
+  return om_policy_source_start(&up->loop, up->curl, &so, &up->psrc, err,
+                                errlen);
+}
+
 static int start_proxy(up_t *up, json_t *conf, const char *host,
                        const char *file, const up_flags_t *fl) {
   json_t *px = json_object_get(conf, "proxy");
@@ -388,6 +498,19 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   if (o.policy_path == NULL)
     o.policy_path = om_default_policy();
   up->policy = o.policy_path;
+  if (om_policy_source_is_control(o.policy_path, &(const char *){NULL})) {
+    int rc;
+    up->policy_spec = o.policy_path;
+    rc = start_policy_source(up, host, err, sizeof err);
+    if (rc != 0) {
+      fprintf(stderr, "openmesh up: policy %s: %s\n", up->policy_spec,
+              rc == OM_ENOMEM ? "out of memory" : err);
+      return rc == OM_EPOLICY || rc == OM_EINVAL || rc == OM_ENOTFOUND
+                 ? OM_EXIT_USAGE
+                 : OM_EXIT_FAILURE;
+    }
+    o.policy_path = om_policy_source_path(up->psrc);
+  }
   if (fl->proxy_port >= 0)
     port = fl->proxy_port;
   if (fl->admin_port >= 0)
@@ -562,6 +685,21 @@ static void tour(up_t *up, const char *host, int port) {
          "proxy's metrics\n\n",
          host, pp, host, pp, cp, cp, host, ap);
   printf("  traffic policy  %s\n\n", up->policy);
+  if (up->psrc != NULL) { /* control:NAME: a PUT is the edit */
+    printf("The proxy follows the document %s on the control plane. To\n"
+           "change it, copy the default policy to a scratch file, edit the\n"
+           "copy and push it (a refused one is answered 422 with the reason):\n"
+           "  cp %s /tmp/traffic.lua\n"
+           "  curl -s -X PUT -H 'Content-Type: text/x-lua' "
+           "--data-binary @/tmp/traffic.lua %s/v1/config/%s\n"
+           "Check a policy first with\n"
+           "  %s check /tmp/traffic.lua\n\n"
+           "Ctrl-C stops everything.\n\n",
+           up->policy_spec + 8, om_default_policy(), cp, up->policy_spec + 8,
+           exe);
+    fflush(stdout);
+    return;
+  }
   if (!up->policy_given)
     printf("To write a policy of your own, copy this one to a scratch file\n"
            "and run up on the copy (the tracked file stays as the specs "

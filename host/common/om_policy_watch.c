@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include <jansson.h>
 #include <xxhash.h>
 
 #include "om_errno.h"
@@ -24,7 +26,17 @@ struct om_policy_watch_s {
   char last_error[ERRLEN];
   char source[320]; /* of the active version */
   uint64_t revision;
+  uint64_t loaded_at_ms; /* wall clock when the active version swapped in */
+  /* the latest rejection, and the one before a good reload cleared it */
+  om_policy_watch_error_t err_last, err_prev;
+  char prev_error[ERRLEN];
 };
+
+static uint64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 int om_policy_trailer_parse(const char *buf, size_t len, char *source,
                             size_t cap, uint64_t *revision) {
@@ -55,13 +67,14 @@ int om_policy_trailer_parse(const char *buf, size_t len, char *source,
   return 0;
 }
 
-/* The trailer of the file's last bytes, else "file:PATH", revision 0. */
-static void read_source(om_policy_watch_t *w) {
+/* The trailer of path's last bytes, else "file:PATH", revision 0. */
+static void trailer_of(const char *path, char *source, size_t cap,
+                       uint64_t *revision) {
   char buf[512];
   size_t n = 0;
-  FILE *f = fopen(w->path, "rb");
-  snprintf(w->source, sizeof w->source, "file:%s", w->path);
-  w->revision = 0;
+  FILE *f = fopen(path, "rb");
+  snprintf(source, cap, "file:%s", path);
+  *revision = 0;
   if (f == NULL)
     return;
   if (fseek(f, 0, SEEK_END) == 0) {
@@ -73,11 +86,14 @@ static void read_source(om_policy_watch_t *w) {
     n = fread(buf, 1, sizeof buf, f);
   }
   fclose(f);
-  if (om_policy_trailer_parse(buf, n, w->source, sizeof w->source,
-                              &w->revision) != 0) {
-    snprintf(w->source, sizeof w->source, "file:%s", w->path);
-    w->revision = 0;
+  if (om_policy_trailer_parse(buf, n, source, cap, revision) != 0) {
+    snprintf(source, cap, "file:%s", path);
+    *revision = 0;
   }
+}
+
+static void read_source(om_policy_watch_t *w) {
+  trailer_of(w->path, w->source, sizeof w->source, &w->revision);
 }
 
 /* XXH3 of the file's bytes; 0 when unreadable (treated as changed). */
@@ -133,10 +149,16 @@ int om_policy_watch_reload(om_policy_watch_t *w) {
     rc = OM_EPOLICY;
   }
   if (rc != 0) {
+    char src[sizeof w->source];
     w->failures++;
     snprintf(w->last_error, sizeof w->last_error, "%s", err);
-    om_log(OM_LOG_ERROR, "policy_reload_failed", "path", w->path, "error", err,
-           "kept_version",
+    w->err_last.message = w->last_error;
+    w->err_last.at_ms = wall_ms();
+    trailer_of(w->path, src, sizeof src, &w->err_last.revision);
+    char rev[24];
+    snprintf(rev, sizeof rev, "%llu", (unsigned long long)w->err_last.revision);
+    om_log(OM_LOG_ERROR, "policy_reload_failed", "path", w->path, "source", src,
+           "revision", rev, "error", err, "kept_version",
            (snprintf(version, sizeof version, "%llu",
                      (unsigned long long)w->version),
             version),
@@ -147,7 +169,15 @@ int om_policy_watch_reload(om_policy_watch_t *w) {
   w->current = next;
   w->version++;
   w->content_hash = h;
+  w->loaded_at_ms = wall_ms();
   read_source(w);
+  if (w->err_last.message != NULL) { /* fixed: history, not the state */
+    snprintf(w->prev_error, sizeof w->prev_error, "%s", w->last_error);
+    w->err_prev = w->err_last;
+    w->err_prev.message = w->prev_error;
+    w->err_last = (om_policy_watch_error_t){0};
+    w->last_error[0] = '\0';
+  }
   snprintf(version, sizeof version, "%llu", (unsigned long long)w->version);
   om_log(OM_LOG_INFO, "policy_reloaded", "path", w->path, "name",
          om_policy_name(next), "version", version, NULL);
@@ -230,6 +260,7 @@ int om_policy_watch_start(uv_loop_t *loop, const om_policy_watch_opts_t *opts,
     return rc;
   }
   w->version = 1;
+  w->loaded_at_ms = wall_ms();
   read_source(w);
   uv_timer_init(loop, &w->debounce);
   w->debounce.data = w;
@@ -277,6 +308,50 @@ const char *om_policy_watch_path(const om_policy_watch_t *w) {
 
 const char *om_policy_watch_source(const om_policy_watch_t *w) {
   return w->source;
+}
+
+uint64_t om_policy_watch_loaded_at_ms(const om_policy_watch_t *w) {
+  return w->loaded_at_ms;
+}
+
+const om_policy_watch_error_t *om_policy_watch_error(const om_policy_watch_t *w,
+                                                     int previous) {
+  const om_policy_watch_error_t *e = previous ? &w->err_prev : &w->err_last;
+  return e->message != NULL ? e : NULL;
+}
+
+/* ms since the epoch -> "2026-01-02T03:04:05.678Z"; null for 0. */
+static json_t *rfc3339(uint64_t ms) {
+  char buf[40];
+  struct tm tm;
+  time_t t = (time_t)(ms / 1000u);
+  if (ms == 0 || gmtime_r(&t, &tm) == NULL)
+    return json_null();
+  size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf + n, sizeof buf - n, ".%03uZ", (unsigned)(ms % 1000u));
+  return json_string(buf);
+}
+
+static int set_error(json_t *o, const char *key,
+                     const om_policy_watch_error_t *e) {
+  char k[48];
+  int rc = json_object_set_new(o, key, json_string(e ? e->message : ""));
+  snprintf(k, sizeof k, "%s_at", key);
+  rc |= json_object_set_new(o, k, e ? rfc3339(e->at_ms) : json_null());
+  snprintf(k, sizeof k, "%s_revision", key);
+  rc |= json_object_set_new(
+      o, k, e ? json_integer((json_int_t)e->revision) : json_null());
+  return rc;
+}
+
+int om_policy_watch_status(const om_policy_watch_t *w, json_t *o) {
+  int rc = json_object_set_new(o, "source", json_string(w->source));
+  rc |=
+      json_object_set_new(o, "revision", json_integer((json_int_t)w->revision));
+  rc |= json_object_set_new(o, "loaded_at", rfc3339(w->loaded_at_ms));
+  rc |= set_error(o, "last_error", om_policy_watch_error(w, 0));
+  rc |= set_error(o, "previous_error", om_policy_watch_error(w, 1));
+  return rc != 0 ? -1 : 0;
 }
 
 uint64_t om_policy_watch_revision(const om_policy_watch_t *w) {

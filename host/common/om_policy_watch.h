@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
 #include <uv.h>
 
 #include "om_policy.h"
@@ -78,8 +79,40 @@ om_policy_t *om_policy_watch_current(const om_policy_watch_t *w);
 uint64_t om_policy_watch_version(const om_policy_watch_t *w);
 /* Rejected reloads so far. */
 uint64_t om_policy_watch_failures(const om_policy_watch_t *w);
-/* The last rejection's message, "" if none. */
+/* The last rejection's message since the active version loaded, "" if
+ * none (a good reload clears it into the previous error). */
 const char *om_policy_watch_last_error(const om_policy_watch_t *w);
+
+/* A rejected reload: its message, when (wall clock, ms since the epoch),
+ * and the revision of the version it refused (its trailer's; 0 for a
+ * plain file). */
+typedef struct om_policy_watch_error_s {
+  const char *message;
+  uint64_t at_ms;
+  uint64_t revision;
+} om_policy_watch_error_t;
+
+/*
+ * om_policy_watch_error: the latest rejection since the active version
+ * loaded (previous 0), or the one a good reload moved aside (previous 1);
+ * NULL when there is none. Valid until the next reload. /status shows
+ * both: an operator sees what broke, and that a later push fixed it.
+ */
+const om_policy_watch_error_t *om_policy_watch_error(const om_policy_watch_t *w,
+                                                     int previous);
+
+/* When the active version swapped in: wall clock, ms since the epoch. */
+uint64_t om_policy_watch_loaded_at_ms(const om_policy_watch_t *w);
+
+/*
+ * om_policy_watch_status: set the /status fields of the watch on object
+ * o, the same for every process that shows a policy: source ("file:PATH"
+ * or "control:NAME"), revision, loaded_at (RFC 3339, UTC), last_error
+ * with last_error_at and last_error_revision, and the same three for
+ * previous_error ("" and nulls when there is none). 0, or -1 when out of
+ * memory (o may then hold some of them).
+ */
+int om_policy_watch_status(const om_policy_watch_t *w, json_t *o);
 const char *om_policy_watch_path(const om_policy_watch_t *w);
 /* Where the active version came from: "file:PATH", or the trailer's
  * source ("control:NAME"); and its revision there (0 for a plain file). */

@@ -632,21 +632,30 @@ static void handle_status(om_egress_t *g, om_http_request_t *req) {
             (json_int_t)(st->until_ns > now ? (st->until_ns - now) / MS : 0),
             "consecutive_failures", (int)st->consecutive));
   }
-  eg_respond_json(
-      req, 200,
-      json_pack("{s:{s:{s:s, s:I, s:I, s:s}, s:{s:s, s:I, s:I, s:s}}, s:o, "
-                "s:I, s:f}",
-                "policies", "fallback", "path",
-                om_policy_watch_path(g->fallback), "version",
-                (json_int_t)om_policy_watch_version(g->fallback), "failures",
-                (json_int_t)om_policy_watch_failures(g->fallback), "last_error",
-                om_policy_watch_last_error(g->fallback), "egress_heuristics",
-                "path", om_policy_watch_path(g->heuristics), "version",
-                (json_int_t)om_policy_watch_version(g->heuristics), "failures",
-                (json_int_t)om_policy_watch_failures(g->heuristics),
-                "last_error", om_policy_watch_last_error(g->heuristics),
-                "routes", routes, "active_turns", (json_int_t)active_turns(g),
-                "pending", pending_gauge(g)));
+  json_t *st = json_pack(
+      "{s:{s:{s:s, s:I, s:I, s:s}, s:{s:s, s:I, s:I, s:s}}, s:o, "
+      "s:I, s:f}",
+      "policies", "fallback", "path", om_policy_watch_path(g->fallback),
+      "version", (json_int_t)om_policy_watch_version(g->fallback), "failures",
+      (json_int_t)om_policy_watch_failures(g->fallback), "last_error",
+      om_policy_watch_last_error(g->fallback), "egress_heuristics", "path",
+      om_policy_watch_path(g->heuristics), "version",
+      (json_int_t)om_policy_watch_version(g->heuristics), "failures",
+      (json_int_t)om_policy_watch_failures(g->heuristics), "last_error",
+      om_policy_watch_last_error(g->heuristics), "routes", routes,
+      "active_turns", (json_int_t)active_turns(g), "pending", pending_gauge(g));
+  /* each policy's source, revision, load time and errors, as the proxy
+   * shows its own */
+  json_t *pols = json_object_get(st, "policies");
+  if (st != NULL &&
+      (om_policy_watch_status(g->fallback, json_object_get(pols, "fallback")) !=
+           0 ||
+       om_policy_watch_status(
+           g->heuristics, json_object_get(pols, "egress_heuristics")) != 0)) {
+    json_decref(st);
+    st = NULL;
+  }
+  eg_respond_json(req, 200, st);
 }
 
 /*

@@ -55,19 +55,29 @@
 #define POOL_MAX_REQUESTS 1.0e18
 
 static const char *const OUTCOME_NAMES[] = {
-#define OM__PROXY_OUTCOME_STR(name, status, str) str,
+#define OM__PROXY_OUTCOME_STR(name, status, label, reason) label,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
 #undef OM__PROXY_OUTCOME_STR
 };
 
+static const char *const OUTCOME_REASONS[] = {
+#define OM__PROXY_OUTCOME_REASON(name, status, label, reason) reason,
+    OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_REASON)
+#undef OM__PROXY_OUTCOME_REASON
+};
+
 static const int OUTCOME_STATUS[] = {
-#define OM__PROXY_OUTCOME_STATUS(name, status, str) status,
+#define OM__PROXY_OUTCOME_STATUS(name, status, label, reason) status,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STATUS)
 #undef OM__PROXY_OUTCOME_STATUS
 };
 
 const char *om__proxy_outcome_name(om__proxy_outcome_t o) {
   return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_NAMES[o] : "unknown";
+}
+
+const char *om__proxy_outcome_reason(om__proxy_outcome_t o) {
+  return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_REASONS[o] : "unknown";
 }
 
 int om__proxy_outcome_status(om__proxy_outcome_t o) {
@@ -357,8 +367,10 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
     s->outcomes[o] = om_metrics_counter(
         p->metrics, "openmesh_proxy_requests_total",
         "Calls by service and outcome (ok: relayed to the end; aborted: "
-        "relayed and cut; client_closed; else the reason of the proxy's "
-        "error).",
+        "relayed and cut; client_closed; policy_runtime, policy_budget, "
+        "policy_answer: the policy raised, overran a budget or answered "
+        "no subset, all answered as policy_error; else the reason of the "
+        "proxy's error).",
         labels);
   }
   snprintf(labels, sizeof labels, "service=\"%s\"", esc);

@@ -278,12 +278,10 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
   if (o != NULL && s->watch != NULL) {
     /* where the active policy came from: "file:PATH" or "control:NAME",
      * and its revision there (the control plane's; 0 for a file) */
-    json_t *pol = json_object_get(o, "policy");
-    json_object_set_new(pol, "source",
-                        json_string(om_policy_watch_source(s->watch)));
-    json_object_set_new(
-        pol, "revision",
-        json_integer((json_int_t)om_policy_watch_revision(s->watch)));
+    if (om_policy_watch_status(s->watch, json_object_get(o, "policy")) != 0) {
+      json_decref(o);
+      return NULL;
+    }
   }
   if (o != NULL &&
       json_object_set_new(o, "upgrades", om__proxy_tunnel_status(s)) != 0) {

@@ -82,7 +82,7 @@ static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
   int len;
   json_escape(esc, sizeof esc, message);
   len = snprintf(body, sizeof body, "{\"reason\":\"%s\",\"message\":\"%s\"}\n",
-                 om__proxy_outcome_name(o), esc);
+                 om__proxy_outcome_reason(o), esc);
   h[n++] = (om_http_header_t){"content-type", "application/json", 12, 16};
   if (attempts > 0) {
     snprintf(att, sizeof att, "%u", attempts);
@@ -877,6 +877,59 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
 }
 
 /*
+ * The id of a request the proxy answers itself before a call exists: the
+ * caller's X-Request-Id, else a fresh one in buf (32 hex digits), so every
+ * error the proxy produces can be found in its log by the id the caller
+ * holds. Drawn only on a refusal: the relayed path pays nothing.
+ */
+static const char *own_id(om_proxy_t *p, om_http_request_t *req, char buf[33]) {
+  static const char hex[] = "0123456789abcdef";
+  const char *id = om_http_request_header(req, "x-request-id", NULL);
+  if (id != NULL && id[0] != '\0')
+    return id;
+  uint64_t w[2] = {om_rng_next(&p->rng), om_rng_next(&p->rng)};
+  for (int i = 0; i < 32; i++)
+    buf[i] = hex[(w[i / 16] >> (60 - 4 * (i % 16))) & 0xf];
+  buf[32] = '\0';
+  return buf;
+}
+
+/*
+ * A route call failed: the outcome tells the operator which of the three
+ * it was (a shed policy is a budget outcome: it is shed for its trips).
+ * Logged at most once a second per service, with what finds the request
+ * (its id, method, path) and the policy revision that failed it.
+ */
+static om__proxy_outcome_t policy_failed(om__proxy_service_t *s,
+                                         om_http_request_t *req, int rc,
+                                         const char *id, const char *err,
+                                         uint64_t now) {
+  om_policy_t *pol = om__proxy_policy(s);
+  int why = rc == 1 || pol == NULL ? OM_POLICY_FAIL_BUDGET
+                                   : om_policy_last_failure(pol);
+  om__proxy_outcome_t o = why == OM_POLICY_FAIL_BUDGET ? OM__PROXY_POLICY_BUDGET
+                          : why == OM_POLICY_FAIL_ANSWER
+                              ? OM__PROXY_POLICY_ANSWER
+                              : OM__PROXY_POLICY_RUNTIME;
+  uint64_t held;
+  if (rc < 0 && om__proxy_log_limit(&s->policy_log, now, &held)) {
+    char sup[24], rev[24];
+    snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
+    snprintf(rev, sizeof rev, "%llu",
+             (unsigned long long)(s->watch != NULL
+                                      ? om_policy_watch_revision(s->watch)
+                                      : 0));
+    om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "outcome",
+           om__proxy_outcome_name(o), "request_id", id, "method",
+           req->method != NULL ? req->method : "", "path",
+           req->path != NULL ? req->path : "", "policy_source",
+           s->watch != NULL ? om_policy_watch_source(s->watch) : "",
+           "policy_revision", rev, "error", err, "suppressed", sup, NULL);
+  }
+  return o;
+}
+
+/*
  * The policy's authorize refused the call: 403 forbidden with its reason,
  * before admission and without reaching a peer. The caller's
  * X-Request-Id is echoed, else a fresh one (as the upstream would have
@@ -887,21 +940,13 @@ static int route(om__proxy_service_t *s, const om_policy_req_t *preq,
 static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
                  const char *reason, const om_policy_identity_t *who,
                  uint64_t now) {
-  static const char hex[] = "0123456789abcdef";
   char rid[33];
-  const char *id = om_http_request_header(req, "x-request-id", NULL);
+  const char *id = own_id(p, req, rid);
   const char *caller = "";
   uint64_t held;
   s->denied++;
   om_metric_inc(s->m_denied);
   om_metric_inc(s->outcomes[OM__PROXY_FORBIDDEN]);
-  if (id == NULL || id[0] == '\0') {
-    uint64_t w[2] = {om_rng_next(&p->rng), om_rng_next(&p->rng)};
-    for (int i = 0; i < 32; i++)
-      rid[i] = hex[(w[i / 16] >> (60 - 4 * (i % 16))) & 0xf];
-    rid[32] = '\0';
-    id = rid;
-  }
   if (who != NULL) { /* the SPIFFE ID when there is one, else the subject */
     caller = who->subject != NULL ? who->subject : "";
     for (size_t i = 0; i < who->n_uris; i++)
@@ -925,13 +970,13 @@ static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
 /* 413 at the head: the Content-Length passes max (the service's, or
  * the lower one of the policy's decision). */
 static void body_too_large(om__proxy_service_t *s, om_http_request_t *req,
-                           uint64_t max) {
+                           uint64_t max, const char *id) {
   char msg[128];
   snprintf(msg, sizeof msg,
            "the request body (Content-Length) passes max_body_bytes (%llu)",
            (unsigned long long)max);
   om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
-  respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
+  respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, id);
 }
 
 /*
@@ -999,7 +1044,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   uint64_t now = uv_hrtime(), budget_ms;
   om_deadline_t deadline;
   uint32_t limit, inflight, queued;
-  char err[1024], upg[sizeof((om__proxy_call_t *)0)->upgrade];
+  char err[1024], upg[sizeof((om__proxy_call_t *)0)->upgrade], rid[33];
   const char *v;
   om__proxy_call_t *c;
   int rc, upgrade;
@@ -1009,7 +1054,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     snprintf(msg, sizeof msg, "no service named '%.*s' (from Host)",
              (int)(host_len > 128 ? 128 : host_len), host);
     om_metric_inc(p->unknown_service);
-    respond_error(req, OM__PROXY_NO_PEERS, msg, 0, NULL);
+    respond_error(req, OM__PROXY_NO_PEERS, msg, 0, own_id(p, req, rid));
     return;
   }
   s->requests++;
@@ -1018,11 +1063,12 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (upgrade < 0) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
-    respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0, NULL);
+    respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0,
+                  own_id(p, req, rid));
     return;
   }
   if (om__proxy_body_too_large(s->set.max_body_bytes, req)) {
-    body_too_large(s, req, s->set.max_body_bytes); /* before a byte of it */
+    body_too_large(s, req, s->set.max_body_bytes, own_id(p, req, rid));
     return;
   }
   /* the policy narrows the peers: its answer is final, never widened */
@@ -1030,7 +1076,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     kv = malloc(req->n_headers * sizeof *kv);
     if (kv == NULL) {
       om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
-      respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
+      respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
+                    own_id(p, req, rid));
       return;
     }
   }
@@ -1061,15 +1108,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     return;
   }
   if (rc != 0) {
-    uint64_t held;
-    if (rc < 0 && om__proxy_log_limit(&s->policy_log, now, &held)) {
-      char sup[24];
-      snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
-      om_log(OM_LOG_WARN, "proxy_policy_error", "service", s->name, "error",
-             err, "suppressed", sup, NULL);
-    }
-    om_metric_inc(s->outcomes[OM__PROXY_POLICY_ERROR]);
-    respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
+    const char *id = own_id(p, req, rid);
+    om__proxy_outcome_t o = policy_failed(s, req, rc, id, err, now);
+    om_metric_inc(s->outcomes[o]);
+    respond_error(req, o, err, 0, id);
     return;
   }
   /* the service's settings, with what decide(req) said for this one */
@@ -1079,7 +1121,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (set.max_body_bytes != s->set.max_body_bytes &&
       om__proxy_body_too_large(set.max_body_bytes, req)) {
     om__proxy_subset_unref(rt.shared);
-    body_too_large(s, req, set.max_body_bytes);
+    body_too_large(s, req, set.max_body_bytes, own_id(p, req, rid));
     return;
   }
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
@@ -1099,7 +1141,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     respond_error(req, OM__PROXY_NO_PEERS,
                   s->view->n == 0 ? "the service has no peers"
                                   : "the traffic policy left no peer",
-                  0, NULL);
+                  0, own_id(p, req, rid));
     return;
   }
   /* the key: the policy's, else the caller's header */
@@ -1116,13 +1158,15 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
     respond_error(req, OM__PROXY_OVERLOADED,
-                  "the service's in-flight limit and queue are full", 0, NULL);
+                  "the service's in-flight limit and queue are full", 0,
+                  own_id(p, req, rid));
     return;
   }
   c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
-    respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
+    respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
+                  own_id(p, req, rid));
     return;
   }
   if (key !=

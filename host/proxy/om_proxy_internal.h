@@ -173,35 +173,43 @@ typedef struct om__proxy_settings_s {
 } om__proxy_settings_t;
 
 /*
- * How a call ended, for metrics: relayed, cut, client gone, or a reason.
- * Each row is (name, HTTP status of the proxy's own error response, the
- * reason string of its body and of the metric label). The first three are
- * not refusals: status 0, no response of the proxy's own.
+ * How a call ended, for metrics and logs: relayed, cut, client gone, or a
+ * reason. Each row is (name, HTTP status of the proxy's own error
+ * response, the outcome label of the metric and the logs, the public
+ * reason of the response body). The first three are not refusals: status
+ * 0, no response of the proxy's own. The three policy outcomes tell an
+ * operator what to fix (the code raised, a budget tripped, the answer was
+ * not one); callers see one stable reason, policy_error, for all three.
  */
 #define OM__PROXY_OUTCOME_MAP(XX)                                              \
-  XX(OK, 0, "ok")                                                              \
-  XX(ABORTED, 0, "aborted")                                                    \
-  XX(CLIENT_CLOSED, 0, "client_closed")                                        \
-  XX(NO_PEERS, 503, "no_peers")                                                \
-  XX(OVERLOADED, 503, "overloaded")                                            \
-  XX(DEADLINE, 504, "deadline_exceeded")                                       \
-  XX(POLICY_ERROR, 500, "policy_error")                                        \
-  XX(ALL_OPEN, 503, "all_circuits_open")                                       \
-  XX(UPSTREAM, 502, "upstream")                                                \
-  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed")                          \
-  XX(BODY_TOO_LARGE, 413, "body_too_large")                                    \
-  XX(BODY_TIMEOUT, 408, "request_timeout")                                     \
-  XX(LOCAL, 503, "local_resources")                                            \
-  XX(FORBIDDEN, 403, "forbidden")
+  XX(OK, 0, "ok", "ok")                                                        \
+  XX(ABORTED, 0, "aborted", "aborted")                                         \
+  XX(CLIENT_CLOSED, 0, "client_closed", "client_closed")                       \
+  XX(NO_PEERS, 503, "no_peers", "no_peers")                                    \
+  XX(OVERLOADED, 503, "overloaded", "overloaded")                              \
+  XX(DEADLINE, 504, "deadline_exceeded", "deadline_exceeded")                  \
+  XX(POLICY_RUNTIME, 500, "policy_runtime", "policy_error")                    \
+  XX(POLICY_BUDGET, 500, "policy_budget", "policy_error")                      \
+  XX(POLICY_ANSWER, 500, "policy_answer", "policy_error")                      \
+  XX(ALL_OPEN, 503, "all_circuits_open", "all_circuits_open")                  \
+  XX(UPSTREAM, 502, "upstream", "upstream")                                    \
+  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed", "upgrade_not_allowed")   \
+  XX(BODY_TOO_LARGE, 413, "body_too_large", "body_too_large")                  \
+  XX(BODY_TIMEOUT, 408, "request_timeout", "request_timeout")                  \
+  XX(LOCAL, 503, "local_resources", "local_resources")                         \
+  XX(FORBIDDEN, 403, "forbidden", "forbidden")
 
 typedef enum {
-#define OM__PROXY_OUTCOME_ENUM(name, status, str) OM__PROXY_##name,
+#define OM__PROXY_OUTCOME_ENUM(name, status, label, reason) OM__PROXY_##name,
   OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_ENUM)
 #undef OM__PROXY_OUTCOME_ENUM
       OM__PROXY_OUTCOME_COUNT
 } om__proxy_outcome_t;
 
 const char *om__proxy_outcome_name(om__proxy_outcome_t o);
+/* The reason of the body of the proxy's own response for o (the three
+ * policy outcomes share policy_error). */
+const char *om__proxy_outcome_reason(om__proxy_outcome_t o);
 
 /* The HTTP status of the proxy's own response for o; 0 when o is not a
  * refusal (ok, aborted, client_closed) or out of range. */

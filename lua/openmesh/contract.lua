@@ -67,11 +67,16 @@ function contract.validate(policy, _file)
   end
   local examples = rawget(policy, "examples") or {}
   for i = 1, #examples do
+    -- A budget that trips inside an example unwinds past this loop: the
+    -- host reads which example ran from here to name it in the message.
+    rawset(contract, "running_example", i)
     err = spec.run(policy, examples[i])
     if err then
+      rawset(contract, "running_example", nil)
       return nil, ("example %d: %s"):format(i, err)
     end
   end
+  rawset(contract, "running_example", nil)
   return true
 end
 

@@ -165,6 +165,18 @@ describe("--policy control:NAME", function()
     assert.are.equal(422, st, body)
     assert.are.equal("invalid_policy", H.json(body).error)
     assert.is_truthy(H.json(body).message:find("traffic:1:", 1, true), body)
+    -- a budget that trips in an example names the example and the line
+    st, body = put(table.concat({
+      "return { kind = 'traffic',",
+      "  subset = function(req, peers)",
+      "    while req.path == '/spin' do end",
+      "    return peers",
+      "  end,",
+      "  examples = { { req = { path = '/spin' }, peers = { { id = 'a' } }, expect = { 'a' } } } }",
+    }, "\n"))
+    assert.are.equal(422, st, body)
+    assert.is_truthy(H.json(body).message:find(
+      "traffic: example 1: budget: instruction limit exceeded at traffic:3", 1, true), body)
     assert.are.equal("b", served_by(pa))
     assert.are.equal("b", served_by(pb))
     -- the status routes: unknown documents and bad reports are refused

@@ -1129,6 +1129,15 @@ describe("openmesh egress, the real binary", function()
       assert.equals(200, st)
       local j = H.json(body)
       assert.equals(1, j.policies.fallback.version)
+      -- each policy says where it came from and when it loaded, as the
+      -- proxy's /status does
+      for _, name in ipairs({ "fallback", "egress_heuristics" }) do
+        local pol = j.policies[name]
+        assert.matches("^file:", pol.source)
+        assert.equals(0, pol.revision)
+        assert.matches("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d%.%d%d%dZ$", pol.loaded_at)
+        assert.equals("", pol.previous_error)
+      end
       assert.is_true(#j.routes > 2)
       st = H.request(dir, "GET", gw.url .. "/v1/pending")
       assert.equals(200, st)

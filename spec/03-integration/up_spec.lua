@@ -110,3 +110,86 @@ describe("openmesh up", function()
     up = nil
   end)
 end)
+
+-- proxy.policy "control:NAME": up seeds the document with the default
+-- policy on its own plane and the proxy follows it; a PUT is the edit, a
+-- broken one is refused with 422 and routing goes on.
+describe("openmesh up with policy control:NAME", function()
+  if not H.bin or H.bin == "" then
+    it("runs against OPENMESH_BIN", function()
+      pending("OPENMESH_BIN is not set (make check sets it to build/bin/openmesh)")
+    end)
+    return
+  end
+
+  local dir, up, urls
+
+  setup(function()
+    dir = H.tmpdir()
+    H.writefile(dir .. "/up.json", cjson.encode({
+      control = { host = "127.0.0.1", port = 0 },
+      proxy = { port = 0, admin_port = 0, policy = "control:traffic" },
+      services = {
+        { service = "orders", id = "v1", port = 0, behaviour = "fast", metadata = { version = "v1" } },
+        { service = "orders", id = "v2", port = 0, behaviour = "fast", metadata = { version = "v2" } },
+      },
+    }))
+    up = H.start_up(dir, "up-control", H.q(dir))
+    assert(up, "openmesh up did not start: " .. H.readfile(dir .. "/up-control.out"))
+    local out = H.readfile(up.out)
+    urls = {
+      control = out:match("control plane%s+(http://[%d%.]+:%d+)"),
+      proxy = out:match("proxy%s+(http://[%d%.]+:%d+)"),
+      admin = out:match("%(admin: (http://[%d%.]+:%d+)/status%)"),
+    }
+  end)
+
+  teardown(function()
+    if up and H.alive(up.pid) then H.kill(up.pid, "KILL") end
+    H.kill_all()
+  end)
+
+  local function served_by()
+    local st, body = H.request(dir, "GET", urls.proxy .. "/", { headers = { "Host: orders" } })
+    return st == 200 and H.json(body).id or st
+  end
+
+  it("seeds the document with the default policy and prints a PUT to change it", function()
+    local out = H.readfile(up.out)
+    assert.truthy(out:find("traffic policy  control:traffic", 1, true), out)
+    assert.truthy(out:find("--data-binary @/tmp/traffic.lua " .. urls.control .. "/v1/config/traffic", 1, true), out)
+    local st, body = H.request(dir, "GET", urls.control .. "/v1/config/traffic")
+    assert.equal(200, st, body)
+    assert.equal(H.readfile(here .. "../../policies/traffic.lua"), body)
+    assert.truthy(H.wait_for(function() return served_by() == "v1" or nil end, 5))
+  end)
+
+  it("follows a PUT, refuses a broken one with 422 and keeps routing", function()
+    local st, body = H.request(dir, "PUT", urls.control .. "/v1/config/traffic", {
+      headers = { "Content-Type: text/x-lua" },
+      body = "local p = require 'openmesh.policy'\n"
+        .. "return { kind = 'traffic', subset = function(_, peers)\n"
+        .. "  return p.match_metadata(peers, 'version', 'v2') end }\n",
+    })
+    assert.equal(200, st, body)
+    local rev = H.json(body).revision
+    assert.truthy(H.wait_for(function()
+      for _ = 1, 4 do if served_by() ~= "v2" then return nil end end
+      return true
+    end, 5), "every call reaches v2 after the PUT")
+    st, body = H.request(dir, "PUT", urls.control .. "/v1/config/traffic", {
+      headers = { "Content-Type: text/x-lua" }, body = "return { kind = 'traffic' }" })
+    assert.equal(422, st, body)
+    assert.equal("v2", served_by())
+    st, body = H.request(dir, "GET", urls.admin .. "/status")
+    local pol = H.json(body).services.orders.policy
+    assert.equal("control:traffic", pol.source)
+    assert.equal(H.rev(rev), H.rev(pol.revision))
+  end)
+
+  it("stops on SIGTERM and exits 0", function()
+    H.kill(up.pid, "TERM")
+    assert.equal(0, H.exit_status(up, 10))
+    up = nil
+  end)
+end)
