@@ -24,6 +24,9 @@ return {
   retries = 2,
   subset = function(_, peers) return peers end,
   decide = function(req)
+    if req.headers["x-bad"] then
+      return { retries = -1 }
+    end
     local d = { headers = { cookie = false, ["x-tenant"] = req.headers["x-org"] or "none" } }
     if req.method == "POST" then
       d.deadline_ms = 300
@@ -130,6 +133,16 @@ describe("openmesh proxy per-request decisions, end to end", function()
     assert.are.equal("2", rh["x-openmesh-attempts"], "a 503 retried on the other peer")
     _, _, rh = call("GET", "/status/503", { "X-Payment: 1" })
     assert.are.equal("1", rh["x-openmesh-attempts"], "a 503 for a payment (retries = 0)")
+  end)
+
+  it("answers a bad decision with 500, a request id and the policy_answer outcome", function()
+    local status, body, rh = call("GET", "/", { "X-Bad: 1" })
+    assert.are.equal(500, status, body)
+    assert.is_truthy(body:find("decide returned retries = -1", 1, true), body)
+    assert.is_truthy(rh["x-request-id"], "no x-request-id on the 500")
+    local _, metrics = H.request(dir, "GET", proxy.admin .. "/metrics")
+    assert.is_truthy(metrics:find('outcome="policy_answer"} 1', 1, true),
+      "no policy_answer count in:\n" .. (metrics:match("[^\n]*policy_answer[^\n]*") or metrics:sub(1, 400)))
   end)
 
   it("sets and removes the request headers the decision names", function()
