@@ -863,7 +863,7 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   first = pick_route(c, &later);
   if (first < 0) {
     eg_call_free(c);
-    return OM_ENOTFOUND;
+    return OM_ESTATE;
   }
   c->cur = (size_t)first;
   *out = c;

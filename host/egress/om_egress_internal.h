@@ -88,6 +88,10 @@ typedef struct eg_call_opts_s {
   const char *context; /* "interactive" | "async" */
   const char *channel;
   const char *only_route; /* the judge: this route only */
+  /* the caller's model: with the policy's models, the alias naming the
+   * chain (unknown: OM_ENOTFOUND); also ctx.model for order(ctx). May be
+   * NULL. */
+  const char *model;
   /* out: why the request cannot be translated for a route of the chain
    * (eg_call_start returns OM_EINVAL); may be NULL */
   char *why;
