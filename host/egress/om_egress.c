@@ -765,13 +765,18 @@ static void handle_status(om_egress_t *g, om_http_request_t *req) {
  */
 static void handle_models(om_egress_t *g, om_http_request_t *req) {
   json_t *data = json_array();
-  for (size_t i = 0; data != NULL && g->cfg != NULL && i < g->cfg->n; i++) {
-    const char *m = g->cfg->routes[i].model;
+  const eg_cfg_t *cfg = g->cfg;
+  /* with aliases, they are what a caller may name; else each route's
+   * model, once (the caller's model then selects nothing) */
+  size_t n = cfg == NULL ? 0 : cfg->s.n_models ? cfg->s.n_models : cfg->n;
+  for (size_t i = 0; data != NULL && i < n; i++) {
+    const char *m =
+        cfg->s.n_models ? cfg->s.models[i].name : cfg->routes[i].model;
     size_t k;
-    for (k = 0; k < i; k++)
-      if (strcmp(g->cfg->routes[k].model, m) == 0)
+    for (k = 0; !cfg->s.n_models && k < i; k++)
+      if (strcmp(cfg->routes[k].model, m) == 0)
         break;
-    if (k == i)
+    if (cfg->s.n_models || k == i)
       json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:s}", "id", m,
                                             "object", "model", "created", 0,
                                             "owned_by", "openmesh"));

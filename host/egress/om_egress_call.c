@@ -64,6 +64,25 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
 
 /* ---- routes -------------------------------------------------------------- */
 
+int eg_cfg_alias(const eg_cfg_t *cfg, const char *model) {
+  for (size_t i = 0; model != NULL && i < cfg->s.n_models; i++)
+    if (strcmp(cfg->s.models[i].name, model) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* Whether route i is in the call's chain (its alias's routes, or all). */
+static int in_chain(const eg_call_t *c, uint32_t i) {
+  const om_model_alias_t *a;
+  if (c->alias < 0)
+    return 1;
+  a = &c->cfg->s.models[c->alias];
+  for (size_t k = 0; k < a->n; k++)
+    if (a->routes[k] == i)
+      return 1;
+  return 0;
+}
+
 static int route_index(const eg_cfg_t *cfg, const char *name) {
   for (size_t i = 0; i < cfg->n; i++)
     if (strcmp(cfg->routes[i].name, name) == 0)
@@ -82,8 +101,8 @@ static int pick_route(eg_call_t *c, int *has_later) {
   uint32_t order[64];
   size_t n = cfg->n < 64 ? cfg->n : 64, k;
   om_failed_attempt_t failed[EG_MAX_ATTEMPTS];
-  om_fallback_ctx_t ctx = {c->agent, c->context, c->channel, failed,
-                           c->n_attempts};
+  om_fallback_ctx_t ctx = {c->agent, c->context,    c->channel,
+                           failed,   c->n_attempts, c->model};
   char err[256];
   int first = -1, first_cool = -1, later = 0;
   uint64_t now = eg_now_ns();
@@ -99,16 +118,23 @@ static int pick_route(eg_call_t *c, int *has_later) {
   }
   /* order() indexes the current policy's routes; a call started under an
    * older version walks its own list as given. */
-  if (g->cfg != cfg ||
-      om_fallback_order(om_policy_watch_current(g->fallback), &ctx, order, &n,
-                        err, sizeof err) != 0) {
+  if (c->alias >= 0 && !cfg->s.has_order) {
+    /* the alias's chain, in its own order */
+    const om_model_alias_t *a = &cfg->s.models[c->alias];
+    n = a->n < 64 ? a->n : 64;
+    for (k = 0; k < n; k++)
+      order[k] = a->routes[k];
+  } else if (g->cfg != cfg ||
+             om_fallback_order(om_policy_watch_current(g->fallback), &ctx,
+                               order, &n, err, sizeof err) != 0) {
     n = cfg->n < 64 ? cfg->n : 64;
     for (k = 0; k < n; k++)
       order[k] = (uint32_t)k;
   }
   for (k = 0; k < n; k++) {
     uint32_t i = order[k];
-    if (i >= cfg->n || c->done_route[i])
+    /* order(ctx) orders; the alias bounds what it may pick */
+    if (i >= cfg->n || c->done_route[i] || !in_chain(c, i))
       continue;
     /* Without order(ctx) the listed order would include the judge: a
      * judge answers the gate, not the user. */
@@ -750,6 +776,7 @@ static void timer_closed(uv_handle_t *h) {
   free(c->context);
   free(c->channel);
   free(c->only_route);
+  free(c->model);
   free(c->done_route);
   free(c->text);
   free(c->body);
@@ -841,6 +868,8 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   c->context = dup_or_null(o->context ? o->context : "interactive");
   c->channel = dup_or_null(o->channel);
   c->only_route = dup_or_null(o->only_route);
+  c->model = dup_or_null(o->model);
+  c->alias = eg_cfg_alias(c->cfg, o->model);
   c->done_route = calloc(c->cfg->n, 1);
   c->max_attempts = o->max_attempts ? o->max_attempts : c->cfg->s.max_attempts;
   if (c->max_attempts == 0)
@@ -856,6 +885,11 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   }
   c->include_usage = json_is_true(json_object_get(
       json_object_get(c->request, "stream_options"), "include_usage"));
+  if (c->cfg->s.n_models > 0 && o->only_route == NULL && o->model != NULL &&
+      c->alias < 0) {
+    eg_call_free(c);
+    return OM_ENOTFOUND; /* a model the policy does not declare */
+  }
   if (check_translatable(c, o->why, o->why_len) != 0) {
     eg_call_free(c);
     return OM_EINVAL;

@@ -19,8 +19,8 @@
 #define EG_IN_MAX_BLOCKS 256u    /* content blocks of one message */
 #define EG_IN_MAX_TOOLS 128u
 #define EG_IN_MAX_STOP 16u
-#define EG_IN_MAX_NAME 256u    /* model, tool names, stop sequences */
-#define EG_IN_MAX_ID 256u      /* tool-call ids, user ids */
+#define EG_IN_MAX_NAME 256u     /* model, tool names, stop sequences */
+#define EG_IN_MAX_ID 256u       /* tool-call ids, user ids */
 #define EG_IN_MAX_TEXT 4194304u /* one text */
 
 /*

@@ -108,7 +108,8 @@ struct eg_call_s {
   json_t *request;
   int stream;
   int include_usage; /* the caller asked for the final usage chunk */
-  char *agent, *context, *channel, *only_route;
+  char *agent, *context, *channel, *only_route, *model;
+  int alias; /* the model alias in cfg->s.models choosing the chain; -1 */
   uint32_t max_attempts;
   om_deadline_t deadline;
   uint64_t started_ns;
@@ -173,6 +174,8 @@ void eg_call_cancel(eg_call_t *c);
 void eg_call_free(eg_call_t *c);
 
 void eg_cfg_unref(eg_cfg_t *cfg);
+/* The index of model in cfg's aliases, -1 when it names none. */
+int eg_cfg_alias(const eg_cfg_t *cfg, const char *model);
 /* Build the config of the current fallback policy (keeps cooldown state of
  * routes with the same name from prev). */
 int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,

@@ -128,8 +128,7 @@ static int text_content(json_t *c, const char *field, in_err_t *e,
 }
 
 /* An image block -> an image_url part (base64 source: a data: URL). */
-static int image_part(json_t *b, const char *field, in_err_t *e,
-                      json_t **out) {
+static int image_part(json_t *b, const char *field, in_err_t *e, json_t **out) {
   static const char *const keys[] = {"type", "source", NULL};
   json_t *src = json_object_get(b, "source");
   const char *st = json_string_value(json_object_get(src, "type"));
@@ -262,8 +261,8 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
                                "text") == 0
                     ? json_incref(json_object_get(only, "text"))
                     : json_incref(parts);
-    if (json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user",
-                                              "content", c)) != 0)
+    if (json_array_append_new(
+            msgs, json_pack("{s:s, s:o}", "role", "user", "content", c)) != 0)
       rc = OM_ENOMEM;
   }
   json_decref(parts);
@@ -279,10 +278,9 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
   int rc = 0;
   if (json_is_string(content))
     return text_content(content, field, e, &text) ||
-                   json_array_append_new(msgs,
-                                         json_pack("{s:s, s:o}", "role",
-                                                   "assistant", "content",
-                                                   text))
+                   json_array_append_new(msgs, json_pack("{s:s, s:o}", "role",
+                                                         "assistant", "content",
+                                                         text))
                ? OM_ENOMEM
                : 0;
   if (!json_is_array(content))
@@ -319,7 +317,8 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
         }
       } else if (strcmp(type, "tool_use") == 0) {
         static const char *const keys[] = {"type", "id", "name", "input", NULL};
-        json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
+        json_t *id = json_object_get(b, "id"),
+               *name = json_object_get(b, "name");
         json_t *input = json_object_get(b, "input");
         char *args;
         if ((rc = only_keys(b, keys, f, e)) != 0)
@@ -342,10 +341,10 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
         }
         args = json_dumps(input, JSON_COMPACT);
         if (args == NULL ||
-            json_array_append_new(
-                calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type",
-                                 "function", "function", "name", name,
-                                 "arguments", args)) != 0)
+            json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}",
+                                                   "id", id, "type", "function",
+                                                   "function", "name", name,
+                                                   "arguments", args)) != 0)
           rc = OM_ENOMEM;
         free(args);
       } else {
@@ -415,9 +414,9 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
     fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
     if (fn != NULL && desc != NULL)
       json_object_set(fn, "description", desc);
-    if (fn == NULL || json_array_append_new(arr, json_pack("{s:s, s:o}", "type",
-                                                           "function",
-                                                           "function", fn)))
+    if (fn == NULL ||
+        json_array_append_new(
+            arr, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
       return OM_ENOMEM;
   }
   return 0;
@@ -518,9 +517,9 @@ static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
 
 int eg_messages_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
   static const char *const keys[] = {
-      "model",  "messages",    "system",         "max_tokens", "temperature",
-      "top_p",  "stop_sequences", "stream",      "metadata",   "tools",
-      "tool_choice", NULL};
+      "model",       "messages", "system",         "max_tokens",
+      "temperature", "top_p",    "stop_sequences", "stream",
+      "metadata",    "tools",    "tool_choice",    NULL};
   in_err_t e = {why, whylen};
   json_t *o, *msgs, *m, *sys = json_object_get(in, "system");
   size_t i;
@@ -622,8 +621,8 @@ json_t *eg_chat_to_message(json_t *comp, const char *id, const char *model) {
   if (content == NULL)
     return NULL;
   if (text != NULL && *text)
-    json_array_append_new(content,
-                          json_pack("{s:s, s:s}", "type", "text", "text", text));
+    json_array_append_new(
+        content, json_pack("{s:s, s:s}", "type", "text", "text", text));
   json_array_foreach(json_object_get(msg, "tool_calls"), i, tc) {
     json_t *fn = json_object_get(tc, "function");
     const char *args = json_string_value(json_object_get(fn, "arguments"));
@@ -638,9 +637,9 @@ json_t *eg_chat_to_message(json_t *comp, const char *id, const char *model) {
                            json_object_get(fn, "name"), "input", input));
   }
   eg_usage_from_openai(json_object_get(comp, "usage"), &u);
-  return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:n, s:o}", "id", id,
-                   "type", "message", "role", "assistant", "model", model,
-                   "content", content, "stop_reason", eg_stop_reason(finish),
+  return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:n, s:o}", "id", id, "type",
+                   "message", "role", "assistant", "model", model, "content",
+                   content, "stop_reason", eg_stop_reason(finish),
                    "stop_sequence", "usage", anthropic_usage(&u));
 }
 
@@ -658,10 +657,10 @@ typedef struct {
 static void block_stop(chat_t *ch, msg_stream_t *s) {
   if (s->open < 0)
     return;
-  eg_sse_write(ch->req,
-               json_pack("{s:s, s:i}", "type", "content_block_stop", "index",
-                         s->open),
-               "content_block_stop");
+  eg_sse_write(
+      ch->req,
+      json_pack("{s:s, s:i}", "type", "content_block_stop", "index", s->open),
+      "content_block_stop");
   s->open = -1;
 }
 
@@ -681,14 +680,13 @@ static void msg_commit(void *ud, eg_call_t *c) {
   if (ch->req == NULL)
     return;
   eg_sse_start(ch);
-  eg_sse_write(
-      ch->req,
-      json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}}", "type",
-                "message_start", "message", "id", ch->id, "type", "message",
-                "role", "assistant", "model", c->route_model, "content",
-                "stop_reason", "stop_sequence", "usage",
-                anthropic_usage(&c->usage)),
-      "message_start");
+  eg_sse_write(ch->req,
+               json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}}",
+                         "type", "message_start", "message", "id", ch->id,
+                         "type", "message", "role", "assistant", "model",
+                         c->route_model, "content", "stop_reason",
+                         "stop_sequence", "usage", anthropic_usage(&c->usage)),
+               "message_start");
 }
 
 static void msg_delta(void *ud, eg_call_t *c, const char *text, size_t len) {
@@ -723,12 +721,12 @@ static void msg_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
         json_object_get(fn, "name") != NULL) {
       if (s->n_tools == EG_MAX_STREAM_TOOLS || idx < 0)
         continue;
-      block = block_start(ch, s,
-                          json_pack("{s:s, s:O?, s:O?, s:{}}", "type",
-                                    "tool_use", "id", json_object_get(t, "id"),
-                                    "name", json_object_get(fn, "name"),
-                                    "input"),
-                          0);
+      block =
+          block_start(ch, s,
+                      json_pack("{s:s, s:O?, s:O?, s:{}}", "type", "tool_use",
+                                "id", json_object_get(t, "id"), "name",
+                                json_object_get(fn, "name"), "input"),
+                      0);
       s->tool_block[s->n_tools++] = block;
     } else if (idx >= 0 && (size_t)idx < s->n_tools) {
       block = s->tool_block[idx];

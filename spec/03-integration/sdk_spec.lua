@@ -16,8 +16,9 @@ local cjson = require "cjson"
 local SDK_DIR = here .. "../../tests/sdk"
 
 local function policy(fake)
-  local routes = {}
+  local routes, names = {}, {}
   for i = 0, 19 do
+    names[#names + 1] = string.format("%q, %q", "s" .. i .. "_a", "s" .. i .. "_b")
     routes[#routes + 1] = string.format([[
     { name = "s%d_a", provider = "openai", base_url = "%s/s%d_a/v1", model = "gpt-fake", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },
     { name = "s%d_b", provider = "anthropic", base_url = "%s/s%d_b/v1", model = "claude-fake", api_key_env = "OM_SPEC_ANTHROPIC_KEY", attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },]],
@@ -29,14 +30,20 @@ return {
   routes = {
 %s
   },
+  -- "any" (what drive.mjs names by default) may use every route; an
+  -- alias bounds what order(ctx) picks, and order sees it as ctx.model
+  models = { any = { %s }, ["claude-only"] = { "s10_b" }, ["prefer-claude"] = { "s11_a", "s11_b" } },
   order = function(ctx)
     local n = (ctx.agent or "s0"):match("^s(%%d+)$") or "0"
+    if ctx.model == "prefer-claude" then
+      return { "s" .. n .. "_b", "s" .. n .. "_a" }
+    end
     return { "s" .. n .. "_a", "s" .. n .. "_b" }
   end,
   max_attempts = 3, per_wait_ceiling_ms = 300, deadline_ms = 4000,
   backoff_base_ms = 20, backoff_cap_ms = 100,
 }
-]], table.concat(routes, "\n"))
+]], table.concat(routes, "\n"), table.concat(names, ", "))
 end
 
 describe("real SDKs through openmesh egress", function()
@@ -214,14 +221,45 @@ describe("real SDKs through openmesh egress", function()
     assert.same({ { status = 502, should_retry = "false" } }, r.answers)
   end)
 
-  it("GET /v1/models lists each route model once, in OpenAI's list shape", function()
-    local st, body, hdrs = H.request(dir, "GET", gw.url .. "/v1/models")
+  it("GET /v1/models lists the policy's model aliases, in OpenAI's list shape", function()
+    local st, body = H.request(dir, "GET", gw.url .. "/v1/models")
     assert.equals(200, st)
     local j = H.json(body)
     assert.equals("list", j.object)
     local ids = {}
-    for _, m in ipairs(j.data) do ids[#ids + 1] = m.id end
+    for _, m in ipairs(j.data) do
+      ids[#ids + 1] = m.id
+      assert.equals("model", m.object)
+    end
     table.sort(ids)
-    assert.same({ "claude-fake", "gpt-fake" }, ids)
+    assert.same({ "any", "claude-only", "prefer-claude" }, ids)
   end)
+
+  it("a model alias bounds the chain: order(ctx) names s10_a first, the alias only has s10_b", function()
+    local r = drive("openai", "s10", nil, "claude-only")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s10_b", r.text)
+    assert.is_nil(counts().s10_a)
+    -- the provider got the route's model, not the caller's alias
+    local _, body = H.request(dir, "GET", fake.url .. "/_last")
+    assert.equals("claude-fake", H.json(body).body.model)
+  end)
+
+  it("order(ctx) sees the caller's alias as ctx.model", function()
+    local r = drive("anthropic", "s11", nil, "prefer-claude")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s11_b", r.text)
+  end)
+
+  for _, sdk in ipairs({ "openai", "anthropic" }) do
+    it(sdk .. ": an unknown model is 404 model_not_found, the SDK's NotFoundError, nothing sent", function()
+      local before = counts()
+      local r = drive(sdk, "s12", nil, "gpt-nonexistent")
+      assert.is_false(r.ok)
+      assert.equals("NotFoundError", r.error)
+      assert.equals(404, r.status)
+      assert.same({ { status = 404, should_retry = "false" } }, r.answers)
+      assert.same(before, counts())
+    end)
+  end
 end)
