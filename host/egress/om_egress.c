@@ -807,6 +807,11 @@ static void on_request(om_http_request_t *req, void *ud) {
     else
       eg_respond_api_error(req, EG_API_MESSAGES, 405, "method_not_allowed",
                            "POST only", 0, NULL);
+  } else if (PATH_IS("/v1/responses")) {
+    if (post)
+      eg_handle_responses(g, req);
+    else
+      eg_respond_error(req, 405, "method_not_allowed", "POST only");
   } else if (PATH_IS("/v1/turns")) {
     if (post)
       eg_handle_turn(g, req);

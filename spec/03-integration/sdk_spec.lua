@@ -91,8 +91,8 @@ describe("real SDKs through openmesh egress", function()
     if dir then os.execute("rm -rf " .. H.q(dir)) end
   end)
 
-  for _, sdk in ipairs({ "openai", "vercel" }) do
-    it(sdk .. ": a chat call and a streamed one go through", function()
+  for _, sdk in ipairs({ "openai", "vercel", "vercel-default" }) do
+    it(sdk .. ": a call and a streamed one go through", function()
       local r = drive(sdk, "s0")
       assert.is_true(r.ok, cjson.encode(r))
       assert.matches("from s0_a", r.text)
@@ -174,6 +174,20 @@ describe("real SDKs through openmesh egress", function()
     assert.is_true(r.ok, cjson.encode(r))
     assert.matches("from s9_b", r.text)
     assert.is_true(r.usage.input_tokens > 0, cjson.encode(r.usage))
+  end)
+
+  it("vercel-default: generateText and streamText over /v1/responses, from an Anthropic route too", function()
+    script("s13_a", { "500", "500", "500" })
+    local r = drive("vercel-default", "s13")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s13_b", r.text)
+    assert.is_true(r.usage.outputTokens > 0, cjson.encode(r.usage))
+    local _, body = H.request(dir, "GET", fake.url .. "/_last")
+    assert.equals("/s13_b/v1/messages", H.json(body).path)
+    script("s13_a", { "500", "500", "500" })
+    r = drive("vercel-default", "s13", "stream")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s13_b", r.text)
   end)
 
   it("anthropic: a tool over two turns: tool_use out, tool_result back in", function()
