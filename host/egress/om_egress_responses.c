@@ -89,8 +89,8 @@ static int item_content(json_t *c, const char *role, const char *field,
       static const char *const tk[] = {"type", "text", "annotations", NULL};
       static const char *const ik[] = {"type", "text", NULL};
       int rc = only_keys(p, type[0] == 'o' ? tk : ik, f, e);
-      if (rc == 0 && (!json_is_string(text) ||
-                      json_string_length(text) > EG_IN_MAX_TEXT))
+      if (rc == 0 &&
+          (!json_is_string(text) || json_string_length(text) > EG_IN_MAX_TEXT))
         rc = refuse(e, "field '%s.text': a string", f);
       if (rc == 0 && json_array_size(json_object_get(p, "annotations")) > 0)
         rc = refuse(e, "field '%s.annotations': not supported", f);
@@ -98,8 +98,8 @@ static int item_content(json_t *c, const char *role, const char *field,
         json_decref(parts);
         return rc;
       }
-      json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text",
-                                             "text", text));
+      json_array_append_new(
+          parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
     } else if (type != NULL && strcmp(type, "input_image") == 0 &&
                strcmp(role, "user") == 0) {
       static const char *const k[] = {"type", "image_url", "detail", NULL};
@@ -108,8 +108,9 @@ static int item_content(json_t *c, const char *role, const char *field,
       json_t *iu;
       int rc = only_keys(p, k, f, e);
       if (rc == 0 && !json_is_string(url))
-        rc = refuse(e, "field '%s.image_url': a URL string (file_id is not "
-                       "supported)",
+        rc = refuse(e,
+                    "field '%s.image_url': a URL string (file_id is not "
+                    "supported)",
                     f);
       if (rc == 0 && detail != NULL && !json_is_string(detail))
         rc = refuse(e, "field '%s.detail': a string", f);
@@ -179,8 +180,8 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
     if (json_string_length(input) > EG_IN_MAX_TEXT)
       return refuse(e, "field 'input': longer than %u bytes",
                     (unsigned)EG_IN_MAX_TEXT);
-    return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user",
-                                                 "content", input))
+    return json_array_append_new(
+               msgs, json_pack("{s:s, s:O}", "role", "user", "content", input))
                ? OM_ENOMEM
                : 0;
   }
@@ -197,8 +198,8 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
     if (!json_is_object(it))
       return refuse(e, "field '%s': an object", f);
     if (type == NULL || strcmp(type, "message") == 0) {
-      static const char *const k[] = {"type", "role", "content", "id",
-                                      "status", NULL};
+      static const char *const k[] = {"type", "role",   "content",
+                                      "id",   "status", NULL};
       json_t *content;
       char cf[80];
       if ((rc = only_keys(it, k, f, e)) != 0)
@@ -235,16 +236,16 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
       if (!json_is_string(args) || json_string_length(args) > EG_IN_MAX_TEXT)
         return refuse(e, "field '%s.arguments': a string", f);
       if ((m = assistant_for_calls(msgs)) == NULL ||
-          json_array_append_new(
-              json_object_get(m, "tool_calls"),
-              json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
-                        json_object_get(it, "call_id"), "type", "function",
-                        "function", "name", json_object_get(it, "name"),
-                        "arguments", args)) != 0)
+          json_array_append_new(json_object_get(m, "tool_calls"),
+                                json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
+                                          json_object_get(it, "call_id"),
+                                          "type", "function", "function",
+                                          "name", json_object_get(it, "name"),
+                                          "arguments", args)) != 0)
         return OM_ENOMEM;
     } else if (strcmp(type, "function_call_output") == 0) {
-      static const char *const k[] = {"type", "call_id", "output", "id",
-                                      "status", NULL};
+      static const char *const k[] = {"type", "call_id", "output",
+                                      "id",   "status",  NULL};
       json_t *out = json_object_get(it, "output");
       char cf[80];
       if ((rc = only_keys(it, k, f, e)) != 0)
@@ -313,8 +314,8 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
         json_object_set(fn, "parameters", params);
       if (json_is_boolean(strict))
         json_object_set(fn, "strict", strict);
-      if (json_array_append_new(arr, json_pack("{s:s, s:o}", "type", "function",
-                                               "function", fn)))
+      if (json_array_append_new(
+              arr, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
         return OM_ENOMEM;
     }
   }
@@ -368,16 +369,16 @@ static int tr_text(json_t *in, json_t *out, in_err_t *e) {
   }
   if (type != NULL && strcmp(type, "json_schema") == 0 &&
       json_is_object(json_object_get(fmt, "schema"))) {
-    json_t *js = json_pack("{s:O, s:s}", "schema", json_object_get(fmt, "schema"),
-                           "name",
+    json_t *js = json_pack("{s:O, s:s}", "schema",
+                           json_object_get(fmt, "schema"), "name",
                            json_string_value(json_object_get(fmt, "name"))
                                ? json_string_value(json_object_get(fmt, "name"))
                                : "response");
     if (js != NULL && json_is_boolean(json_object_get(fmt, "strict")))
       json_object_set(js, "strict", json_object_get(fmt, "strict"));
-    json_object_set_new(out, "response_format",
-                        json_pack("{s:s, s:o}", "type", "json_schema",
-                                  "json_schema", js));
+    json_object_set_new(
+        out, "response_format",
+        json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
     return 0;
   }
   return refuse(e, "field 'text.format.type': \"text\", \"json_object\" or "
@@ -386,10 +387,11 @@ static int tr_text(json_t *in, json_t *out, in_err_t *e) {
 
 int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
   static const char *const keys[] = {
-      "model",  "input",       "instructions", "tools",
-      "tool_choice", "parallel_tool_calls", "temperature",
-      "top_p",  "max_output_tokens", "stream", "user",
-      "store",  "text", NULL};
+      "model",       "input",       "instructions",
+      "tools",       "tool_choice", "parallel_tool_calls",
+      "temperature", "top_p",       "max_output_tokens",
+      "stream",      "user",        "store",
+      "text",        NULL};
   in_err_t e = {why, whylen};
   json_t *o, *msgs, *v;
   const char *num[] = {"temperature", "top_p"};
@@ -413,8 +415,8 @@ int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
     if (!json_is_string(v) || json_string_length(v) > EG_IN_MAX_TEXT)
       rc = refuse(&e, "field 'instructions': a string");
     else if (json_string_length(v) > 0)
-      json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system",
-                                            "content", v));
+      json_array_append_new(
+          msgs, json_pack("{s:s, s:O}", "role", "system", "content", v));
   }
   if (rc == 0)
     rc = tr_input(in, msgs, &e);
@@ -511,12 +513,11 @@ static json_t *chat_to_response(json_t *comp, const char *id,
     json_t *fn = json_object_get(tc, "function");
     snprintf(iid, sizeof iid, "fc_%s_%zu", id, i);
     json_array_append_new(
-        output,
-        json_pack("{s:s, s:s, s:s, s:O?, s:O?, s:O?}", "type", "function_call",
-                  "id", iid, "status", "completed", "call_id",
-                  json_object_get(tc, "id"), "name",
-                  json_object_get(fn, "name"), "arguments",
-                  json_object_get(fn, "arguments")));
+        output, json_pack("{s:s, s:s, s:s, s:O?, s:O?, s:O?}", "type",
+                          "function_call", "id", iid, "status", "completed",
+                          "call_id", json_object_get(tc, "id"), "name",
+                          json_object_get(fn, "name"), "arguments",
+                          json_object_get(fn, "arguments")));
   }
   eg_usage_from_openai(json_object_get(comp, "usage"), &u);
   return response_object(
@@ -577,9 +578,8 @@ static void item_close(chat_t *ch, resp_stream_t *s) {
   id = json_string_value(json_object_get(item, "id"));
   json_object_set_new(item, "status", json_string("completed"));
   if (strcmp(type, "message") == 0) {
-    json_t *part = json_pack("{s:s, s:s%, s:[]}", "type", "output_text",
-                             "text", s->buf ? s->buf : "", s->len,
-                             "annotations");
+    json_t *part = json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text",
+                             s->buf ? s->buf : "", s->len, "annotations");
     event(ch, s, "response.output_text.done",
           json_pack("{s:s, s:i, s:i, s:s%}", "item_id", id, "output_index",
                     s->open, "content_index", 0, "text", s->buf ? s->buf : "",
@@ -619,8 +619,8 @@ static void resp_commit(void *ud, eg_call_t *c) {
   if (ch->req == NULL)
     return;
   eg_sse_start(ch);
-  r = response_object(ch->id, c->route_model, "in_progress", json_array(),
-                      NULL, NULL);
+  r = response_object(ch->id, c->route_model, "in_progress", json_array(), NULL,
+                      NULL);
   event(ch, s, "response.created", json_pack("{s:O}", "response", r));
   event(ch, s, "response.in_progress", json_pack("{s:o}", "response", r));
 }
@@ -646,15 +646,14 @@ static void resp_delta(void *ud, eg_call_t *c, const char *text, size_t len) {
     item = json_array_get(s->output, (size_t)s->open);
     event(ch, s, "response.content_part.added",
           json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", iid,
-                    "output_index", s->open, "content_index", 0, "part",
-                    "type", "output_text", "text", "", "annotations"));
+                    "output_index", s->open, "content_index", 0, "part", "type",
+                    "output_text", "text", "", "annotations"));
   }
   id = json_string_value(json_object_get(item, "id"));
   buf_add(s, text, len);
   event(ch, s, "response.output_text.delta",
         json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", id, "output_index",
-                  s->open, "content_index", 0, "delta", text, len,
-                  "logprobs"));
+                  s->open, "content_index", 0, "delta", text, len, "logprobs"));
 }
 
 static void resp_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
