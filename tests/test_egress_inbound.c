@@ -161,8 +161,9 @@ static void messages_bad_input_names_the_field(void **state) {
   len += (size_t)sprintf(huge, "{\"model\":\"m\",\"max_tokens\":8,"
                                "\"messages\":[");
   for (size_t i = 0; i < n; i++)
-    len += (size_t)sprintf(huge + len, "%s{\"role\":\"user\",\"content\":"
-                                       "\"x\"}",
+    len += (size_t)sprintf(huge + len,
+                           "%s{\"role\":\"user\",\"content\":"
+                           "\"x\"}",
                            i ? "," : "");
   sprintf(huge + len, "]}");
   refused(eg_messages_to_chat, huge, "field 'messages': more than 2048");
@@ -199,7 +200,8 @@ static void responses_carry_items_and_tools(void **state) {
   (void)state;
   out = translate(
       eg_responses_to_chat,
-      "{\"model\":\"fast\",\"instructions\":\"Be brief.\",\"max_output_tokens\":"
+      "{\"model\":\"fast\",\"instructions\":\"Be "
+      "brief.\",\"max_output_tokens\":"
       "32,\"store\":false,\"input\":[{\"role\":\"user\",\"content\":[{"
       "\"type\":\"input_text\",\"text\":\"Look\"},{\"type\":\"input_image\","
       "\"image_url\":\"https://x/i.png\",\"detail\":\"low\"}]},{\"type\":"
@@ -233,11 +235,13 @@ static void responses_carry_items_and_tools(void **state) {
 
 static void responses_bad_input_names_the_field(void **state) {
   (void)state;
-  refused(eg_responses_to_chat, "{\"model\":\"m\",\"input\":\"hi\","
-                                "\"previous_response_id\":\"r\"}",
+  refused(eg_responses_to_chat,
+          "{\"model\":\"m\",\"input\":\"hi\","
+          "\"previous_response_id\":\"r\"}",
           "field 'previous_response_id'");
-  refused(eg_responses_to_chat, "{\"model\":\"m\",\"input\":\"hi\","
-                                "\"store\":true}",
+  refused(eg_responses_to_chat,
+          "{\"model\":\"m\",\"input\":\"hi\","
+          "\"store\":true}",
           "field 'store'");
   refused(eg_responses_to_chat, "{\"model\":\"m\",\"input\":5}",
           "field 'input'");
