@@ -933,6 +933,11 @@ static void register_metrics(om_egress_t *g) {
   g->m_cooldown_skips =
       om_metrics_counter(m, "openmesh_egress_cooldown_skips_total",
                          "Routes skipped while cooling down.", "");
+  g->m_route_series_dropped = om_metrics_counter(
+      m, "openmesh_egress_route_series_dropped_total",
+      "Attempts not counted by route because the route-attempt series "
+      "reached their limit (4096).",
+      "");
   g->m_stream_broken = om_metrics_counter(
       m, "openmesh_egress_stream_broken_total",
       "Streams that failed after the first delta (never replayed).", "");

@@ -30,6 +30,7 @@ void eg_cfg_unref(eg_cfg_t *cfg) {
   om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
   free(cfg->state);
   free(cfg->m_tokens);
+  free(cfg->m_latency);
   free(cfg);
 }
 
@@ -46,10 +47,12 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
   }
   c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
   c->m_tokens = calloc(c->n ? c->n : 1, sizeof *c->m_tokens);
-  if (c->state == NULL || c->m_tokens == NULL) {
+  c->m_latency = calloc(c->n ? c->n : 1, sizeof *c->m_latency);
+  if (c->state == NULL || c->m_tokens == NULL || c->m_latency == NULL) {
     om_fallback_config_free(c->routes, c->n, &c->s);
     free(c->state);
     free(c->m_tokens);
+    free(c->m_latency);
     free(c);
     return OM_ENOMEM;
   }
@@ -370,6 +373,49 @@ static void completion_facts(json_t *comp, om_egress_outcome_t *o,
   }
 }
 
+/*
+ * Per-route figures of one attempt: openmesh_egress_route_attempts_total
+ * {route,class,status} (status 0: no HTTP answer) and the attempt's
+ * duration in openmesh_egress_route_attempt_duration_seconds{route}.
+ * Series are registered on first use; past EG_MAX_ROUTE_SERIES attempt
+ * series the attempt is counted as dropped instead.
+ */
+static void route_metrics(eg_call_t *c, const om_egress_verdict_t *v,
+                          int status, uint64_t duration_ns) {
+  static const double bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  om_egress_t *g = c->g;
+  om_metric_t **lat = &c->cfg->m_latency[c->cur];
+  char route[128], labels[256];
+  om_metric_t *m;
+  om_metrics_escape(c->cfg->routes[c->cur].name, route, sizeof route);
+  if (*lat == NULL) {
+    snprintf(labels, sizeof labels, "route=\"%s\"", route);
+    *lat = om_metrics_histogram(
+        g->metrics, "openmesh_egress_route_attempt_duration_seconds",
+        "Model-call attempt durations by route (to the answer, the failure "
+        "or the end of a stream).",
+        labels, bounds, sizeof bounds / sizeof bounds[0]);
+  }
+  om_metric_observe(*lat, (double)duration_ns / 1e9);
+  snprintf(labels, sizeof labels, "route=\"%s\",class=\"%s\",status=\"%d\"",
+           route, v->name, status < 0 || status > 999 ? 0 : status);
+  m = NULL;
+  if (g->n_route_series < EG_MAX_ROUTE_SERIES) {
+    size_t before = g->n_route_series;
+    m = om_metrics_counter(g->metrics, "openmesh_egress_route_attempts_total",
+                           "Model-call attempts by route, class and HTTP "
+                           "status (0: no answer).",
+                           labels);
+    /* a new series only when the value is still 0 (never incremented) */
+    if (m != NULL && om_metric_value(m) == 0)
+      g->n_route_series = before + 1;
+  } else {
+    om_metric_inc(g->m_route_series_dropped);
+    return;
+  }
+  om_metric_inc(m);
+}
+
 static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                            int status) {
   eg_attempt_t *a;
@@ -383,6 +429,7 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
   cool.base_ns = c->cfg->s.cooldown_ms * MS;
   cool.max_ns = c->cfg->s.cooldown_max_ms * MS;
   om_egress_route_record(&c->cfg->state[c->cur], &cool, v, now);
+  route_metrics(c, v, status, now - c->attempt_start_ns);
   if (c->n_attempts == EG_MAX_ATTEMPTS)
     return;
   a = &c->attempts[c->n_attempts++];

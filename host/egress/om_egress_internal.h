@@ -36,7 +36,16 @@ typedef struct eg_cfg_s {
   /* per route: openmesh_egress_tokens_total{route,model,kind} for
    * kind prompt, completion, cached (registered on first use) */
   om_metric_t *(*m_tokens)[3];
+  /* per route: openmesh_egress_route_attempt_duration_seconds{route}
+   * (registered on first use) */
+  om_metric_t **m_latency;
 } eg_cfg_t;
+
+/* Series of openmesh_egress_route_attempts_total{route,class,status} a
+ * gateway registers at most (a provider inventing statuses must not
+ * grow /metrics without bound); attempts past it are counted in
+ * openmesh_egress_route_series_dropped_total. */
+#define EG_MAX_ROUTE_SERIES 4096
 
 /* Token usage of one call, in OpenAI terms (prompt includes cached). */
 typedef struct eg_usage_s {
@@ -158,6 +167,8 @@ struct om_egress_s {
   om_metrics_t *metrics;
   om_metric_t *m_attempts[OM_EGRESS_C__COUNT];
   om_metric_t *m_fallbacks, *m_cooldown_skips, *m_stream_broken;
+  om_metric_t *m_route_series_dropped;
+  size_t n_route_series;   /* registered route-attempt series */
   struct eg_server_s *srv; /* om_egress.c */
 };
 

@@ -115,4 +115,23 @@ return {
       assert.equals("gpt-fake", H.json(last).body.model)
     end
   end)
+
+  it("per-route metrics: attempts by route, class and status, durations by route", function()
+    local function metric(pattern)
+      local _, body = H.request(dir, "GET", gw.url .. "/metrics")
+      return tonumber(body:match(pattern)) or 0
+    end
+    local ok_before = metric('openmesh_egress_route_attempts_total{route="a",class="ok",status="200"} (%d+)')
+    local n_before = metric('openmesh_egress_route_attempt_duration_seconds_count{route="a"} (%d+)')
+    local fail_before = metric('openmesh_egress_route_attempts_total{route="a",class="server_error",status="500"} (%d+)')
+    assert.equals(200, H.request(dir, "POST", fake.url .. "/_script",
+      { body = cjson.encode({ route = "a", steps = { "500" } }) }))
+    local st, body = H.request(dir, "POST", gw.url .. "/v1/responses",
+      { body = cjson.encode({ model = "fast", input = "x" }) })
+    assert.equals(200, st, body)
+    assert.equals(ok_before + 1, metric('openmesh_egress_route_attempts_total{route="a",class="ok",status="200"} (%d+)'))
+    assert.equals(fail_before + 1, metric('openmesh_egress_route_attempts_total{route="a",class="server_error",status="500"} (%d+)'))
+    assert.equals(n_before + 2, metric('openmesh_egress_route_attempt_duration_seconds_count{route="a"} (%d+)'))
+    assert.equals(0, metric('openmesh_egress_route_series_dropped_total (%d+)'))
+  end)
 end)
