@@ -125,8 +125,9 @@ static int item_content(json_t *c, const char *role, const char *field,
           parts, json_pack("{s:s, s:o}", "type", "image_url", "image_url", iu));
     } else {
       json_decref(parts);
-      return refuse(e, "field '%s.type': '%s' is not accepted in a %s message",
-                    f, type ? type : "(none)", role);
+      return refuse(
+          e, "field '%s.type': '%s' is not accepted in a message of role %s", f,
+          type ? type : "(none)", role);
     }
   }
   /* the chat form of an assistant turn is text */
