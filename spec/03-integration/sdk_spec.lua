@@ -190,6 +190,26 @@ describe("real SDKs through openmesh egress", function()
     assert.matches("from s13_b", r.text)
   end)
 
+  it("vercel-default: a tool over two steps on /v1/responses, served by an Anthropic route", function()
+    script("s14_a", { "500", "500", "500", "500", "500", "500" })
+    script("s14_b", { "tool", "ok" })
+    local r = drive("vercel-default", "s14", "tool")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.equals(2, r.steps)
+    assert.equals("lookup_order", r.tool.name)
+    assert.same({ order_id = 12 }, r.tool.input)
+    assert.matches("from s14_b", r.text)
+    -- the second step reached the Anthropic route as tool_use and
+    -- tool_result blocks
+    local _, body = H.request(dir, "GET", fake.url .. "/_last")
+    local msgs = H.json(body).body.messages
+    local last = msgs[#msgs].content[1]
+    assert.equals("tool_result", last.type, cjson.encode(msgs))
+    assert.equals(r.tool.id, last.tool_use_id)
+    assert.equals("Order 12 shipped.", last.content)
+    assert.equals("tool_use", msgs[#msgs - 1].content[#msgs[#msgs - 1].content].type)
+  end)
+
   it("anthropic: a tool over two turns: tool_use out, tool_result back in", function()
     script("s6_a", { "tool", "ok" })
     local r = drive("anthropic", "s6", "tool")

@@ -14,7 +14,7 @@
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateText, streamText } from "ai";
+import { generateText, streamText, tool, jsonSchema, stepCountIs } from "ai";
 
 const [sdk, baseURL, agent, mode] = process.argv.slice(2);
 const headers = { "x-openmesh-agent": agent };
@@ -93,6 +93,18 @@ try {
       for await (const t of r.textStream) text += t;
       if (failure) throw failure;
       out({ ok: true, text });
+    } else if (mode === "tool") {
+      // two steps: the model's tool call, executed here, then its result
+      // sent back and the model's answer
+      const r = await generateText({
+        model, messages, stopWhen: stepCountIs(2),
+        tools: { lookup_order: tool({ description: lookupTool.description,
+          inputSchema: jsonSchema(lookupTool.input_schema),
+          execute: async ({ order_id }) => `Order ${order_id} shipped.` }) },
+      });
+      const call = r.steps[0]?.toolCalls?.[0] ?? null;
+      out({ ok: true, text: r.text, steps: r.steps.length,
+            tool: call && { id: call.toolCallId, name: call.toolName, input: call.input } });
     } else {
       const r = await generateText({ model, messages });
       out({ ok: true, text: r.text, usage: r.usage ?? null });
