@@ -5,7 +5,9 @@
  * fallback policy, attempts over libcurl (both provider kinds, JSON and
  * SSE), classification and the deadline rule from core/om_egress_rules.h, route
  * cooldown, the in-attempt tool-call repair, and the streaming hold.
- * om_egress.c is the server: /v1/chat/completions, /v1/turns (Layer C, the
+ * om_egress.c is the server: /v1/chat/completions (and the plumbing
+ * om_egress_messages.c and om_egress_responses.c share for /v1/messages
+ * and /v1/responses), /v1/turns (Layer C, the
  * quality gate, delivery through connectors), /v1/pending, /metrics,
  * /status, and the errors file.
  */
