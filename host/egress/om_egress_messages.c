@@ -1,6 +1,6 @@
 /*
  * om_egress_messages.c: POST /v1/messages, the Anthropic Messages API
- * inbound (docs/EGRESS.md "Anthropic Messages inbound"). The request is
+ * inbound (docs/EGRESS.md "Inbound APIs"). The request is
  * translated to the gateway's internal form (an OpenAI chat request, the
  * one om_egress_translate.c sends to either provider kind), runs the same
  * Layer A as /v1/chat/completions, and the answer comes back as an

@@ -1,6 +1,6 @@
 /*
  * om_egress_responses.c: POST /v1/responses, the OpenAI Responses API
- * inbound (docs/EGRESS.md "OpenAI Responses inbound"), enough for the
+ * inbound (docs/EGRESS.md "Inbound APIs"), enough for the
  * SDKs that default to it (the Vercel AI SDK's openai(model)). The
  * request (input as a string or items, instructions, function tools) is
  * translated to the internal chat form, runs the same Layer A, and the
