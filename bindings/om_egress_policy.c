@@ -187,6 +187,49 @@ static uint64_t ms_field(lua_State *L, int t, const char *name,
   return v;
 }
 
+/* models = {ALIAS = {"route", ...}}: each alias's chain as route
+ * indices (the contract checked the names; re-checked here, as a policy
+ * may mutate its table). [names, policy, ...] */
+static void read_models(lua_State *L, config_t *c, int t) {
+  size_t n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, t) != 0) {
+    n++;
+    lua_pop(L, 1);
+  }
+  if (n == 0)
+    return;
+  c->s.models = calloc(n, sizeof *c->s.models);
+  if (c->s.models == NULL) {
+    c->nomem = 1;
+    luaL_error(L, "out of memory");
+  }
+  lua_pushnil(L);
+  while (lua_next(L, t) != 0) { /* [..., alias, chain] */
+    om_model_alias_t *a = &c->s.models[c->s.n_models];
+    lua_Unsigned len = 0;
+    if (c->s.n_models == n || lua_type(L, -2) != LUA_TSTRING ||
+        lua_type(L, -1) != LUA_TTABLE || (len = lua_rawlen(L, -1)) == 0 ||
+        len > 1024)
+      luaL_error(L, "field 'models': a table of alias = {route names}");
+    c->s.n_models++;
+    a->name = copy_str(L, c, -2);
+    a->routes = calloc((size_t)len, sizeof *a->routes);
+    if (a->routes == NULL) {
+      c->nomem = 1;
+      luaL_error(L, "out of memory");
+    }
+    for (lua_Unsigned i = 1; i <= len; i++) {
+      if (lua_rawgeti(L, -1, (lua_Integer)i) != LUA_TSTRING ||
+          lua_rawget(L, 1) != LUA_TNUMBER)
+        luaL_error(L, "field 'models.%s[%d]': unknown route", a->name, (int)i);
+      a->routes[a->n++] = (uint32_t)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+}
+
 static int read_config(lua_State *L) {
   config_t *c = lua_touserdata(L, 1);
   int policy, routes, gate;
@@ -285,6 +328,9 @@ static int read_config(lua_State *L) {
   } else if (gate != LUA_TNIL) {
     return luaL_error(L, "field 'quality_gate': table expected");
   }
+  lua_settop(L, policy);
+  if (rawfield(L, policy, "models") == LUA_TTABLE)
+    read_models(L, c, lua_gettop(L));
   lua_settop(L, 0);
   return 0;
 }
@@ -333,6 +379,11 @@ void om_fallback_config_free(om_route_t *routes, size_t n,
       free(s->gate_agents[i]);
     free(s->gate_agents);
     free(s->judge_route);
+    for (size_t i = 0; i < s->n_models; i++) {
+      free(s->models[i].name);
+      free(s->models[i].routes);
+    }
+    free(s->models);
     memset(s, 0, sizeof *s);
   }
 }
@@ -374,11 +425,12 @@ static int call_order(lua_State *L) {
     return luaL_error(L, "openmesh.contract has no order()");
   lua_remove(L, 2);
   om_policy_push(a->p); /* [map, order, policy] */
-  lua_createtable(L, 0, 4);
+  lua_createtable(L, 0, 5);
   t = lua_gettop(L);
   set_str(L, t, "agent", ctx->agent);
   set_str(L, t, "context", ctx->context);
   set_str(L, t, "channel", ctx->channel);
+  set_str(L, t, "model", ctx->model);
   lua_createtable(L, (int)ctx->n_failed, 0);
   for (size_t i = 0; i < ctx->n_failed; i++) {
     const om_failed_attempt_t *f = &ctx->failed[i];

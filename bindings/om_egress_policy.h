@@ -38,6 +38,15 @@ typedef struct om_route_s {
   uint64_t context_tokens;        /* 0: not given */
 } om_route_t;
 
+/* A model alias (the fallback policy's `models`): the name a caller puts
+ * in `model`, and the chain of routes it selects (indices into the
+ * routes of om_fallback_config, in the listed order). */
+typedef struct om_model_alias_s {
+  char *name;
+  uint32_t *routes;
+  size_t n;
+} om_model_alias_t;
+
 typedef struct om_fallback_settings_s {
   uint32_t max_attempts;              /* per route; default 3 */
   uint64_t per_wait_ceiling_ms;       /* default 8000 */
@@ -59,6 +68,9 @@ typedef struct om_fallback_settings_s {
   uint32_t cooldown_after_failures; /* default 3 */
   uint64_t cooldown_ms;             /* default 2000 */
   uint64_t cooldown_max_ms;         /* default 60000 */
+  /* model aliases (none: the caller's model selects nothing) */
+  om_model_alias_t *models;
+  size_t n_models;
 } om_fallback_settings_t;
 
 /*
@@ -96,6 +108,7 @@ typedef struct om_fallback_ctx_s {
   const char *channel;
   const om_failed_attempt_t *failed;
   size_t n_failed;
+  const char *model; /* the caller's model (an alias, when declared) */
 } om_fallback_ctx_t;
 
 /*

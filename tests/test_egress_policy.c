@@ -135,6 +135,53 @@ static void fallback_cooldown_settings(void **state) {
   om_policy_free(p);
 }
 
+/* models: each alias's chain as route indices; order(ctx) sees the
+ * caller's model; an alias naming an unknown route does not load. */
+static void fallback_model_aliases(void **state) {
+  om_policy_t *p = load_src(
+      "return { kind = 'fallback', routes = {"
+      " { name = 'a', provider = 'openai', base_url = 'http://x/', model = "
+      "'m' },"
+      " { name = 'b', provider = 'anthropic', base_url = 'http://y/', model = "
+      "'c' } }, models = { fast = { 'b', 'a' } },"
+      " order = function(ctx) if ctx.model == 'fast' then return { 'b', 'a' }"
+      " end return { 'a', 'b' } end }");
+  om_route_t *routes = NULL;
+  om_fallback_settings_t s;
+  size_t n = 0;
+  uint32_t order[2];
+  om_fallback_ctx_t ctx = {.agent = "x", .context = "async", .model = "fast"};
+  char err[512] = "";
+  om_policy_t *bad = NULL;
+  const char *src =
+      "return { kind = 'fallback', routes = { { name = 'a', provider = "
+      "'openai', base_url = 'http://x/', model = 'm' } },"
+      " models = { fast = { 'a', 'zz' } } }";
+  (void)state;
+  assert_int_equal(om_fallback_config(p, &routes, &n, &s, NULL, 0), 0);
+  assert_int_equal(s.n_models, 1);
+  assert_string_equal(s.models[0].name, "fast");
+  assert_int_equal(s.models[0].n, 2);
+  assert_int_equal(s.models[0].routes[0], 1);
+  assert_int_equal(s.models[0].routes[1], 0);
+  n = 2;
+  assert_int_equal(om_fallback_order(p, &ctx, order, &n, NULL, 0), 0);
+  assert_int_equal(order[0], 1); /* ctx.model reached order() */
+  ctx.model = NULL;
+  n = 2;
+  assert_int_equal(om_fallback_order(p, &ctx, order, &n, NULL, 0), 0);
+  assert_int_equal(order[0], 0);
+  om_fallback_config_free(routes, 2, &s);
+  assert_null(s.models);
+  om_policy_free(p);
+  assert_int_not_equal(
+      om_policy_load(&opts, "bad.lua", src, strlen(src), &bad, err, sizeof err),
+      0);
+  assert_null(bad);
+  if (strstr(err, "models.fast[2]") == NULL)
+    fail_msg("error does not name the field: %s", err);
+}
+
 static void fallback_order_of_the_default(void **state) {
   om_policy_t *p = load_file(OM_SOURCE_DIR "/policies/fallback.lua");
   om_failed_attempt_t failed[] = {{"primary", 503, "server_error"}};
@@ -467,6 +514,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(fallback_config_of_the_default),
       cmocka_unit_test(fallback_cooldown_settings),
+      cmocka_unit_test(fallback_model_aliases),
       cmocka_unit_test(fallback_defaults_and_listed_order),
       cmocka_unit_test(fallback_order_of_the_default),
       cmocka_unit_test(fallback_hostile_order),

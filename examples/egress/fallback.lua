@@ -21,7 +21,17 @@ return {
       attempt_timeout_ms = 1500, first_byte_timeout_ms = 1000 },
   },
 
+  -- Model aliases: a caller's `model` names one and gets its chain
+  -- (GET /v1/models lists them; any other model is 404 model_not_found;
+  -- a request without a model gets the whole order). The provider always
+  -- receives the route's own `model`, never the alias.
+  models = {
+    default = { "primary", "backup" },
+    claude = { "backup" },
+  },
+
   -- The judge is only ever called by the gate: keep it out of the order.
+  -- ctx.model is the caller's alias; the alias bounds what order returns.
   order = function(ctx)
     return { "primary", "backup" }
   end,

@@ -50,7 +50,6 @@ void eg_outcome_metric(om_egress_t *g, const char *o) {
  * splitmix64, unique without a system call per answer). Every answer
  * carries one, so a caller's log line and the gateway's meet.
  */
-#define EG_REQUEST_ID_CAP 129
 static uint64_t splitmix(uint64_t *x) {
   uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
   z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
@@ -58,7 +57,7 @@ static uint64_t splitmix(uint64_t *x) {
   return z ^ (z >> 31);
 }
 
-static const char *request_id(const om_http_request_t *req, char *out) {
+const char *eg_request_id(const om_http_request_t *req, char *out) {
   static uint64_t state;
   static int seeded;
   size_t len = 0;
@@ -92,11 +91,11 @@ static const char *request_id(const om_http_request_t *req, char *out) {
  * (the gateway has already retried and fallen back as far as its policy
  * allows, so a blind retry would multiply the provider calls).
  */
-static void respond(om_http_request_t *req, int status, json_t *j,
-                    unsigned retry_after_s) {
+void eg_respond(om_http_request_t *req, int status, json_t *j,
+                unsigned retry_after_s) {
   char ra[16], rid[EG_REQUEST_ID_CAP];
   om_http_header_t h[4] = {{"Content-Type", "application/json", 0, 0},
-                           {"X-Request-Id", request_id(req, rid), 0, 0}};
+                           {"X-Request-Id", eg_request_id(req, rid), 0, 0}};
   size_t nh = 2;
   char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
   if (s == NULL) {
@@ -120,7 +119,7 @@ static void respond(om_http_request_t *req, int status, json_t *j,
 }
 
 void eg_respond_json(om_http_request_t *req, int status, json_t *j) {
-  respond(req, status, j, 0);
+  eg_respond(req, status, j, 0);
 }
 
 void eg_respond_error(om_http_request_t *req, int status, const char *type,
@@ -133,7 +132,7 @@ void eg_respond_error(om_http_request_t *req, int status, const char *type,
 void eg_respond_error_retry(om_http_request_t *req, int status,
                             const char *type, const char *message,
                             unsigned retry_after_s) {
-  respond(
+  eg_respond(
       req, status,
       json_pack("{s:{s:s, s:s}}", "error", "type", type, "message", message),
       retry_after_s);
@@ -283,10 +282,10 @@ void eg_track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
   om_egress_error_free(e);
 }
 
-/* ---- /v1/chat/completions -------------------------------------------------
+/* ---- inbound calls: what the three APIs share ----------------------------
  */
 
-static void sse_write(om_http_request_t *req, json_t *j, const char *event) {
+void eg_sse_write(om_http_request_t *req, json_t *j, const char *event) {
   char *s = json_dumps(j, JSON_COMPACT);
   if (s != NULL) {
     if (event) {
@@ -302,45 +301,175 @@ static void sse_write(om_http_request_t *req, json_t *j, const char *event) {
   json_decref(j);
 }
 
-static json_t *chunk(chat_t *ch, eg_call_t *c, json_t *delta,
-                     const char *finish) {
-  return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}", "id", ch->id,
-                   "object", "chat.completion.chunk", "created",
-                   (json_int_t)time(NULL), "model", c->route_model, "choices",
-                   "index", 0, "delta", delta, "finish_reason", finish);
-}
-
-static void chat_commit(void *ud, eg_call_t *c) {
-  chat_t *ch = ud;
+void eg_sse_start(chat_t *ch) {
   char rid[EG_REQUEST_ID_CAP];
   om_http_header_t h[] = {{"Content-Type", "text/event-stream", 0, 0},
                           {"Cache-Control", "no-cache", 0, 0},
                           {"X-Request-Id", NULL, 0, 0}};
-  if (ch->req == NULL)
-    return;
   ch->started = 1;
-  h[2].value = request_id(ch->req, rid);
+  h[2].value = eg_request_id(ch->req, rid);
   om_http_response_start(ch->req, 200, h, 3);
-  sse_write(ch->req,
-            chunk(ch, c, json_pack("{s:s}", "role", "assistant"), NULL), NULL);
 }
 
-static void chat_delta(void *ud, eg_call_t *c, const char *text, size_t len) {
-  chat_t *ch = ud;
-  if (ch->req == NULL)
-    return;
-  sse_write(ch->req,
-            chunk(ch, c, json_pack("{s:s%}", "content", text, len), NULL),
-            NULL);
+/* Anthropic's error type for a status (Messages API, "Errors"). */
+static const char *anthropic_error_type(int status) {
+  switch (status) {
+  case 400:
+  case 405:
+    return "invalid_request_error";
+  case 401:
+    return "authentication_error";
+  case 403:
+    return "permission_error";
+  case 404:
+    return "not_found_error";
+  case 413:
+    return "request_too_large";
+  case 429:
+    return "rate_limit_error";
+  case 503:
+  case 529:
+    return "overloaded_error";
+  default:
+    return "api_error";
+  }
 }
 
-static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
-  chat_t *ch = ud;
-  if (ch->req == NULL)
-    return;
-  sse_write(ch->req,
-            chunk(ch, c, json_pack("{s:O}", "tool_calls", tool_calls), NULL),
-            NULL);
+void eg_respond_api_error(om_http_request_t *req, eg_api_t api, int status,
+                          const char *type, const char *message,
+                          unsigned retry_after_s, json_t *attempts) {
+  json_t *e = json_pack("{s:s, s:s}", "type", type, "message", message);
+  json_t *body;
+  if (e != NULL && attempts != NULL)
+    json_object_set(e, "attempts", attempts);
+  if (e != NULL && strcmp(type, "model_not_found") == 0)
+    json_object_set_new(e, "code", json_string(type));
+  if (api == EG_API_MESSAGES && e != NULL) {
+    /* Anthropic's shape: its own type names the class of error (what
+     * the SDK maps to an exception), reason the gateway's stable type */
+    json_object_set_new(e, "reason", json_string(type));
+    json_object_set_new(e, "type", json_string(anthropic_error_type(status)));
+    body = json_pack("{s:s, s:o}", "type", "error", "error", e);
+  } else {
+    body = e ? json_pack("{s:o}", "error", e) : NULL;
+  }
+  json_decref(attempts);
+  eg_respond(req, status, body, retry_after_s);
+}
+
+json_t *eg_parse_body(om_http_request_t *req, const char **why) {
+  json_error_t jerr;
+  json_t *j =
+      json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
+  if (j == NULL) {
+    *why = "body: not valid JSON";
+    return NULL;
+  }
+  if (!json_is_object(j)) {
+    *why = "body: a JSON object";
+    json_decref(j);
+    return NULL;
+  }
+  return j;
+}
+
+static void chat_release(chat_t *ch, eg_call_t *c) {
+  om_list_remove(&ch->link);
+  eg_call_free(c);
+  if (ch->st_free != NULL)
+    ch->st_free(ch->st);
+  free(ch);
+}
+
+static void chat_client_gone(om_http_request_t *req) {
+  chat_t *ch = req->user;
+  ch->req = NULL;
+  chat_release(ch, ch->call);
+}
+
+int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
+                json_t *request, const char *model, const eg_hooks_t *hooks,
+                void *st, void (*st_free)(void *)) {
+  chat_t *ch = calloc(1, sizeof *ch);
+  eg_call_opts_t o;
+  char refused[256] = "";
+  int rc;
+  if (ch == NULL) {
+    if (st_free != NULL)
+      st_free(st);
+    eg_respond_api_error(req, api, 503, "overloaded", "out of memory", 0, NULL);
+    return OM_ENOMEM;
+  }
+  om_list_init(&ch->link);
+  ch->g = g;
+  ch->req = req;
+  ch->api = api;
+  ch->st = st;
+  ch->st_free = st_free;
+  snprintf(ch->id, sizeof ch->id, "%s%" PRIu64,
+           api == EG_API_MESSAGES    ? "msg_om"
+           : api == EG_API_RESPONSES ? "resp_om"
+                                     : "chatcmpl-om",
+           ++g->srv->seq);
+  om_list_push_front(&g->srv->chats, &ch->link);
+  req->user = ch;
+  om_http_request_on_close(req, chat_client_gone);
+  memset(&o, 0, sizeof o);
+  o.request = request;
+  o.model = model;
+  o.stream = json_is_true(json_object_get(request, "stream"));
+  o.agent = om_http_request_header(req, "x-openmesh-agent", NULL);
+  o.context = "interactive";
+  o.why = refused;
+  o.why_len = sizeof refused;
+  rc = eg_call_start(g, &o, hooks, ch, &ch->call);
+  if (rc != 0) {
+    char msg[320];
+    om_http_request_on_close(req, NULL);
+    ch->call = NULL;
+    chat_release(ch, NULL);
+    if (rc == OM_EINVAL) {
+      om_metric_inc(g->srv->m_refused[api]);
+      eg_respond_api_error(req, api, 400, "invalid_request", refused, 0, NULL);
+    } else if (rc == OM_ENOTFOUND) {
+      snprintf(msg, sizeof msg,
+               "field 'model': '%.200s' is not a model of this gateway (GET "
+               "/v1/models lists them)",
+               model ? model : "");
+      eg_respond_api_error(req, api, 404, "model_not_found", msg, 0, NULL);
+    } else {
+      eg_respond_api_error(req, api, 503, "no_routes",
+                           "No model route is configured.", 0, NULL);
+    }
+  }
+  return rc;
+}
+
+void eg_chat_track(chat_t *ch, eg_call_t *c) {
+  om_egress_t *g = ch->g;
+  if (ch->req != NULL)
+    om_http_request_on_close(ch->req, NULL);
+  if (!c->ok)
+    eg_track_error(g, NULL, c,
+                   c->last.is_timeout ||
+                           c->last.cls == OM_EGRESS_C_CONNECTION_RESET ||
+                           c->last.cls == OM_EGRESS_C_CONNECTION_REFUSED ||
+                           c->last.cls == OM_EGRESS_C_SERVER_ERROR
+                       ? OM_EGRESS_TRANSPORT
+                       : OM_EGRESS_SEMANTIC,
+                   c->last.retryable, c->cause, "chat");
+  om_metric_inc(g->srv->m_chat[c->ok ? 0 : ch->started ? 2 : 1]);
+}
+
+void eg_chat_fail(chat_t *ch, eg_call_t *c) {
+  eg_final_t f;
+  eg_final_outcome(c, eg_now_ns(), &f);
+  eg_respond_api_error(ch->req, ch->api, f.status, f.type, f.message,
+                       f.retry_after_s, eg_attempts_json(c));
+}
+
+void eg_chat_done(chat_t *ch, eg_call_t *c) {
+  chat_release(ch, c);
 }
 
 /*
@@ -361,53 +490,49 @@ static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
  *   - anything else: 502 all_routes_failed, not retried (a blind retry
  *     would run the whole chain again).
  */
-typedef struct {
-  int status;
-  const char *type, *message;
-  unsigned retry_after_s; /* 0: x-should-retry: false */
-} final_t;
-
 #define MAX_CALLER_WAIT_NS (UINT64_C(60) * 1000000000u)
 
-static int caller_fault(const eg_attempt_t *a, final_t *f) {
+static int caller_fault(const eg_attempt_t *a, eg_final_t *f) {
   switch (a->cls_id) {
   case OM_EGRESS_C_BAD_REQUEST:
   case OM_EGRESS_C_CLIENT_ERROR:
-    *f = (final_t){400, "request_rejected",
-                   "The model provider rejected the request.", 0};
+    *f = (eg_final_t){400, "request_rejected",
+                      "The model provider rejected the request.", 0};
     return 1;
   case OM_EGRESS_C_CONTEXT_LENGTH:
-    *f = (final_t){400, "context_length_exceeded",
-                   "The request is longer than every model route accepts.", 0};
+    *f = (eg_final_t){400, "context_length_exceeded",
+                      "The request is longer than every model route accepts.",
+                      0};
     return 1;
   case OM_EGRESS_C_AUTH:
     *f = a->status == 403
-             ? (final_t){403, "permission_denied",
-                         "The model provider refused the credentials.", 0}
-             : (final_t){401, "authentication_failed",
-                         "The model provider did not accept the key.", 0};
+             ? (eg_final_t){403, "permission_denied",
+                            "The model provider refused the credentials.", 0}
+             : (eg_final_t){401, "authentication_failed",
+                            "The model provider did not accept the key.", 0};
     return 1;
   case OM_EGRESS_C_QUOTA_EXHAUSTED:
-    *f = (final_t){429, "insufficient_quota",
-                   "The model provider's quota is spent.", 0};
+    *f = (eg_final_t){429, "insufficient_quota",
+                      "The model provider's quota is spent.", 0};
     return 1;
   default:
     return 0;
   }
 }
 
-static void final_outcome(const eg_call_t *c, uint64_t now, final_t *f) {
+void eg_final_outcome(const eg_call_t *c, uint64_t now, eg_final_t *f) {
   size_t n = c->n_attempts;
   int all_caller = n > 0, all_wait = n > 0;
   uint64_t earliest = UINT64_MAX;
-  final_t last = {0};
+  eg_final_t last = {0};
   if (c->stop_why && strcmp(c->stop_why, "deadline") == 0) {
-    *f = (final_t){504, "deadline_exceeded", "No model route could answer.", 0};
+    *f = (eg_final_t){504, "deadline_exceeded", "No model route could answer.",
+                      0};
     return;
   }
   for (size_t i = 0; i < n; i++) {
     const eg_attempt_t *a = &c->attempts[i];
-    final_t one;
+    eg_final_t one;
     if (caller_fault(a, &one))
       last = one;
     else
@@ -423,37 +548,64 @@ static void final_outcome(const eg_call_t *c, uint64_t now, final_t *f) {
   }
   if (all_wait && earliest < now + MAX_CALLER_WAIT_NS) {
     uint64_t left = earliest > now ? earliest - now : 0;
-    *f = (final_t){429, "rate_limited",
-                   "Every model route asked to be called again later.",
-                   (unsigned)((left + 999999999u) / 1000000000u)};
+    *f = (eg_final_t){429, "rate_limited",
+                      "Every model route asked to be called again later.",
+                      (unsigned)((left + 999999999u) / 1000000000u)};
     if (f->retry_after_s == 0)
       f->retry_after_s = 1;
     return;
   }
-  *f = (final_t){502, "all_routes_failed", "No model route could answer.", 0};
+  *f =
+      (eg_final_t){502, "all_routes_failed", "No model route could answer.", 0};
+}
+
+/* ---- /v1/chat/completions -------------------------------------------------
+ */
+
+static json_t *chunk(chat_t *ch, eg_call_t *c, json_t *delta,
+                     const char *finish) {
+  return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}", "id", ch->id,
+                   "object", "chat.completion.chunk", "created",
+                   (json_int_t)time(NULL), "model", c->route_model, "choices",
+                   "index", 0, "delta", delta, "finish_reason", finish);
+}
+
+static void chat_commit(void *ud, eg_call_t *c) {
+  chat_t *ch = ud;
+  if (ch->req == NULL)
+    return;
+  eg_sse_start(ch);
+  eg_sse_write(ch->req,
+               chunk(ch, c, json_pack("{s:s}", "role", "assistant"), NULL),
+               NULL);
+}
+
+static void chat_delta(void *ud, eg_call_t *c, const char *text, size_t len) {
+  chat_t *ch = ud;
+  if (ch->req == NULL)
+    return;
+  eg_sse_write(ch->req,
+               chunk(ch, c, json_pack("{s:s%}", "content", text, len), NULL),
+               NULL);
+}
+
+static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
+  chat_t *ch = ud;
+  if (ch->req == NULL)
+    return;
+  eg_sse_write(ch->req,
+               chunk(ch, c, json_pack("{s:O}", "tool_calls", tool_calls), NULL),
+               NULL);
 }
 
 static void chat_done(void *ud, eg_call_t *c) {
   chat_t *ch = ud;
-  om_egress_t *g = ch->g;
   om_http_request_t *req = ch->req;
-  ch->req = NULL;
-  if (req != NULL)
-    om_http_request_on_close(req, NULL);
-  if (!c->ok)
-    eg_track_error(g, NULL, c,
-                   c->last.is_timeout ||
-                           c->last.cls == OM_EGRESS_C_CONNECTION_RESET ||
-                           c->last.cls == OM_EGRESS_C_CONNECTION_REFUSED ||
-                           c->last.cls == OM_EGRESS_C_SERVER_ERROR
-                       ? OM_EGRESS_TRANSPORT
-                       : OM_EGRESS_SEMANTIC,
-                   c->last.retryable, c->cause, "chat");
-  om_metric_inc(g->srv->m_chat[c->ok ? 0 : ch->started ? 2 : 1]);
+  eg_chat_track(ch, c);
   if (req != NULL) {
     if (ch->started) {
       if (c->ok) {
-        sse_write(
+        eg_sse_write(
             req, chunk(ch, c, json_object(), c->finish[0] ? c->finish : "stop"),
             NULL);
         if (c->include_usage) {
@@ -462,56 +614,37 @@ static void chat_done(void *ud, eg_call_t *c) {
           json_t *u = chunk(ch, c, json_object(), NULL);
           json_object_set_new(u, "choices", json_array());
           json_object_set_new(u, "usage", eg_usage_json(&c->usage));
-          sse_write(req, u, NULL);
+          eg_sse_write(req, u, NULL);
         }
         om_http_response_write(req, "data: [DONE]\n\n", 14);
       } else {
         /* committed: never replayed; the stream ends with an error event */
-        sse_write(req,
-                  json_pack("{s:{s:s, s:s}}", "error", "type",
-                            "stream_interrupted", "message",
-                            "The response was interrupted."),
-                  "error");
+        eg_sse_write(req,
+                     json_pack("{s:{s:s, s:s}}", "error", "type",
+                               "stream_interrupted", "message",
+                               "The response was interrupted."),
+                     "error");
       }
       om_http_response_end(req);
     } else if (c->ok) {
       eg_respond_json(req, 200, json_incref(c->result));
     } else {
-      final_t f;
-      final_outcome(c, eg_now_ns(), &f);
-      respond(req, f.status,
-              json_pack("{s:{s:s, s:s, s:o}}", "error", "type", f.type,
-                        "message", f.message, "attempts", eg_attempts_json(c)),
-              f.retry_after_s);
+      eg_chat_fail(ch, c);
     }
   }
-  om_list_remove(&ch->link);
-  eg_call_free(c);
-  free(ch);
-}
-
-static void chat_client_gone(om_http_request_t *req) {
-  chat_t *ch = req->user;
   ch->req = NULL;
-  om_list_remove(&ch->link);
-  eg_call_cancel(ch->call);
-  free(ch);
+  eg_chat_done(ch, c);
 }
 
 static json_t *parse_request(om_http_request_t *req, const char **why) {
-  json_error_t jerr;
-  json_t *j =
-      json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr);
+  json_t *j = eg_parse_body(req, why);
   json_t *msgs;
   size_t i;
   json_t *m;
-  if (j == NULL) {
-    *why = "body: not valid JSON";
+  if (j == NULL)
     return NULL;
-  }
   msgs = json_object_get(j, "messages");
-  if (!json_is_object(j) || !json_is_array(msgs) ||
-      json_array_size(msgs) == 0) {
+  if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
     *why = "field 'messages': a non-empty array is required";
     json_decref(j);
     return NULL;
@@ -529,55 +662,31 @@ static json_t *parse_request(om_http_request_t *req, const char **why) {
     json_decref(j);
     return NULL;
   }
+  if (json_object_get(j, "model") != NULL &&
+      !json_is_string(json_object_get(j, "model"))) {
+    *why = "field 'model': a string";
+    json_decref(j);
+    return NULL;
+  }
   return j;
 }
 
 static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   const char *why = NULL;
   json_t *body = parse_request(req, &why);
-  chat_t *ch;
-  eg_call_opts_t o;
-  char refused[256] = "";
   eg_hooks_t hooks = {.commit = chat_commit,
                       .delta = chat_delta,
                       .done = chat_done,
                       .tool_delta = chat_tool_delta};
-  int rc;
   if (body == NULL) {
+    om_metric_inc(g->srv->m_refused[EG_API_CHAT]);
     eg_respond_error(req, 400, "invalid_request", why);
     return;
   }
-  ch = calloc(1, sizeof *ch);
-  if (ch == NULL) {
-    json_decref(body);
-    eg_respond_error(req, 503, "overloaded", "out of memory");
-    return;
-  }
-  om_list_init(&ch->link);
-  ch->g = g;
-  ch->req = req;
-  snprintf(ch->id, sizeof ch->id, "chatcmpl-om%" PRIu64, ++g->srv->seq);
-  om_list_push_front(&g->srv->chats, &ch->link);
-  req->user = ch;
-  om_http_request_on_close(req, chat_client_gone);
-  memset(&o, 0, sizeof o);
-  o.request = body;
-  o.stream = json_is_true(json_object_get(body, "stream"));
-  o.agent = om_http_request_header(req, "x-openmesh-agent", NULL);
-  o.context = "interactive";
-  o.why = refused;
-  o.why_len = sizeof refused;
-  rc = eg_call_start(g, &o, &hooks, ch, &ch->call);
+  eg_chat_run(g, req, EG_API_CHAT, body,
+              json_string_value(json_object_get(body, "model")), &hooks, NULL,
+              NULL);
   json_decref(body);
-  if (rc != 0) {
-    om_http_request_on_close(req, NULL);
-    om_list_remove(&ch->link);
-    free(ch);
-    if (rc == OM_EINVAL)
-      eg_respond_error(req, 400, "invalid_request", refused);
-    else
-      eg_respond_error(req, 503, "no_routes", "No model route is configured.");
-  }
 }
 
 /* ---- admin ------------------------------------------------------------------
@@ -597,7 +706,7 @@ static void handle_metrics(om_egress_t *g, om_http_request_t *req) {
   char rid[EG_REQUEST_ID_CAP];
   const om_http_header_t h[] = {
       {"Content-Type", "text/plain; version=0.0.4", 0, 0},
-      {"X-Request-Id", request_id(req, rid), 0, 0}};
+      {"X-Request-Id", eg_request_id(req, rid), 0, 0}};
   size_t len = 0;
   char *text = om_metrics_render(g->metrics, &len);
   if (text == NULL) {
@@ -665,13 +774,18 @@ static void handle_status(om_egress_t *g, om_http_request_t *req) {
  */
 static void handle_models(om_egress_t *g, om_http_request_t *req) {
   json_t *data = json_array();
-  for (size_t i = 0; data != NULL && g->cfg != NULL && i < g->cfg->n; i++) {
-    const char *m = g->cfg->routes[i].model;
+  const eg_cfg_t *cfg = g->cfg;
+  /* with aliases, they are what a caller may name; else each route's
+   * model, once (the caller's model then selects nothing) */
+  size_t n = cfg == NULL ? 0 : cfg->s.n_models ? cfg->s.n_models : cfg->n;
+  for (size_t i = 0; data != NULL && i < n; i++) {
+    const char *m =
+        cfg->s.n_models ? cfg->s.models[i].name : cfg->routes[i].model;
     size_t k;
-    for (k = 0; k < i; k++)
-      if (strcmp(g->cfg->routes[k].model, m) == 0)
+    for (k = 0; !cfg->s.n_models && k < i; k++)
+      if (strcmp(cfg->routes[k].model, m) == 0)
         break;
-    if (k == i)
+    if (cfg->s.n_models || k == i)
       json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:s}", "id", m,
                                             "object", "model", "created", 0,
                                             "owned_by", "openmesh"));
@@ -688,11 +802,23 @@ static void on_request(om_http_request_t *req, void *ud) {
 #define PATH_IS(p)                                                             \
   (req->path_len == sizeof(p) - 1 && memcmp(req->path, p, sizeof(p) - 1) == 0)
   if (g->srv->closing) {
-    eg_respond_error_retry(req, 503, "draining",
-                           "The gateway is shutting down.", 1);
+    eg_respond_api_error(
+        req, PATH_IS("/v1/messages") ? EG_API_MESSAGES : EG_API_CHAT, 503,
+        "draining", "The gateway is shutting down.", 1, NULL);
   } else if (PATH_IS("/v1/chat/completions")) {
     if (post)
       handle_chat(g, req);
+    else
+      eg_respond_error(req, 405, "method_not_allowed", "POST only");
+  } else if (PATH_IS("/v1/messages")) {
+    if (post)
+      eg_handle_messages(g, req);
+    else
+      eg_respond_api_error(req, EG_API_MESSAGES, 405, "method_not_allowed",
+                           "POST only", 0, NULL);
+  } else if (PATH_IS("/v1/responses")) {
+    if (post)
+      eg_handle_responses(g, req);
     else
       eg_respond_error(req, 405, "method_not_allowed", "POST only");
   } else if (PATH_IS("/v1/turns")) {
@@ -816,6 +942,11 @@ static void register_metrics(om_egress_t *g) {
   g->m_cooldown_skips =
       om_metrics_counter(m, "openmesh_egress_cooldown_skips_total",
                          "Routes skipped while cooling down.", "");
+  g->m_route_series_dropped = om_metrics_counter(
+      m, "openmesh_egress_route_series_dropped_total",
+      "Attempts not counted by route because the route-attempt series "
+      "reached their limit (4096).",
+      "");
   g->m_stream_broken = om_metrics_counter(
       m, "openmesh_egress_stream_broken_total",
       "Streams that failed after the first delta (never replayed).", "");
@@ -857,6 +988,17 @@ static void register_metrics(om_egress_t *g) {
                                    "Replies sent and marked for offline "
                                    "review.",
                                    "");
+  {
+    static const char *apis[3] = {"chat", "messages", "responses"};
+    for (int i = 0; i < 3; i++) {
+      snprintf(labels, sizeof labels, "api=\"%s\"", apis[i]);
+      s->m_refused[i] = om_metrics_counter(
+          m, "openmesh_egress_requests_refused_total",
+          "Inbound requests refused as invalid (a field of the wrong type, "
+          "unknown, or over its limit), by API.",
+          labels);
+    }
+  }
   if (s->errors != NULL) {
     s->errors->m_fail[0] = om_metrics_counter(
         m, "openmesh_egress_errors_file_failures_total",
@@ -1016,10 +1158,12 @@ void om_egress_close(om_egress_t *g, void (*cb)(void *ud), void *ud) {
       if (ch->started)
         om_http_response_abort(ch->req);
       else
-        eg_respond_error_retry(ch->req, 503, "draining",
-                               "The gateway is shutting down.", 1);
+        eg_respond_api_error(ch->req, ch->api, 503, "draining",
+                             "The gateway is shutting down.", 1, NULL);
     }
     eg_call_cancel(ch->call);
+    if (ch->st_free != NULL)
+      ch->st_free(ch->st);
     free(ch);
   }
   /* connectors first: their cancelled callbacks still find the turns */

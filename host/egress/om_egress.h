@@ -13,6 +13,9 @@
  *
  * HTTP:
  *   POST /v1/chat/completions   OpenAI-compatible, JSON and stream:true
+ *   POST /v1/messages           Anthropic Messages, JSON and stream:true
+ *   POST /v1/responses          OpenAI Responses, JSON and stream:true
+ *   GET  /v1/models             the model aliases (or the routes' models)
  *   POST /v1/turns              {agent, conversation, run_id?, context,
  *                                channel, request}
  *   GET  /v1/pending            async turns waiting for the next cycle

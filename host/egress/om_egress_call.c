@@ -30,6 +30,7 @@ void eg_cfg_unref(eg_cfg_t *cfg) {
   om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
   free(cfg->state);
   free(cfg->m_tokens);
+  free(cfg->m_latency);
   free(cfg);
 }
 
@@ -46,10 +47,12 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
   }
   c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
   c->m_tokens = calloc(c->n ? c->n : 1, sizeof *c->m_tokens);
-  if (c->state == NULL || c->m_tokens == NULL) {
+  c->m_latency = calloc(c->n ? c->n : 1, sizeof *c->m_latency);
+  if (c->state == NULL || c->m_tokens == NULL || c->m_latency == NULL) {
     om_fallback_config_free(c->routes, c->n, &c->s);
     free(c->state);
     free(c->m_tokens);
+    free(c->m_latency);
     free(c);
     return OM_ENOMEM;
   }
@@ -63,6 +66,25 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
 }
 
 /* ---- routes -------------------------------------------------------------- */
+
+int eg_cfg_alias(const eg_cfg_t *cfg, const char *model) {
+  for (size_t i = 0; model != NULL && i < cfg->s.n_models; i++)
+    if (strcmp(cfg->s.models[i].name, model) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* Whether route i is in the call's chain (its alias's routes, or all). */
+static int in_chain(const eg_call_t *c, uint32_t i) {
+  const om_model_alias_t *a;
+  if (c->alias < 0)
+    return 1;
+  a = &c->cfg->s.models[c->alias];
+  for (size_t k = 0; k < a->n; k++)
+    if (a->routes[k] == i)
+      return 1;
+  return 0;
+}
 
 static int route_index(const eg_cfg_t *cfg, const char *name) {
   for (size_t i = 0; i < cfg->n; i++)
@@ -82,8 +104,8 @@ static int pick_route(eg_call_t *c, int *has_later) {
   uint32_t order[64];
   size_t n = cfg->n < 64 ? cfg->n : 64, k;
   om_failed_attempt_t failed[EG_MAX_ATTEMPTS];
-  om_fallback_ctx_t ctx = {c->agent, c->context, c->channel, failed,
-                           c->n_attempts};
+  om_fallback_ctx_t ctx = {c->agent, c->context,    c->channel,
+                           failed,   c->n_attempts, c->model};
   char err[256];
   int first = -1, first_cool = -1, later = 0;
   uint64_t now = eg_now_ns();
@@ -99,16 +121,23 @@ static int pick_route(eg_call_t *c, int *has_later) {
   }
   /* order() indexes the current policy's routes; a call started under an
    * older version walks its own list as given. */
-  if (g->cfg != cfg ||
-      om_fallback_order(om_policy_watch_current(g->fallback), &ctx, order, &n,
-                        err, sizeof err) != 0) {
+  if (c->alias >= 0 && !cfg->s.has_order) {
+    /* the alias's chain, in its own order */
+    const om_model_alias_t *a = &cfg->s.models[c->alias];
+    n = a->n < 64 ? a->n : 64;
+    for (k = 0; k < n; k++)
+      order[k] = a->routes[k];
+  } else if (g->cfg != cfg ||
+             om_fallback_order(om_policy_watch_current(g->fallback), &ctx,
+                               order, &n, err, sizeof err) != 0) {
     n = cfg->n < 64 ? cfg->n : 64;
     for (k = 0; k < n; k++)
       order[k] = (uint32_t)k;
   }
   for (k = 0; k < n; k++) {
     uint32_t i = order[k];
-    if (i >= cfg->n || c->done_route[i])
+    /* order(ctx) orders; the alias bounds what it may pick */
+    if (i >= cfg->n || c->done_route[i] || !in_chain(c, i))
       continue;
     /* Without order(ctx) the listed order would include the judge: a
      * judge answers the gate, not the user. */
@@ -344,6 +373,49 @@ static void completion_facts(json_t *comp, om_egress_outcome_t *o,
   }
 }
 
+/*
+ * Per-route figures of one attempt: openmesh_egress_route_attempts_total
+ * {route,class,status} (status 0: no HTTP answer) and the attempt's
+ * duration in openmesh_egress_route_attempt_duration_seconds{route}.
+ * Series are registered on first use; past EG_MAX_ROUTE_SERIES attempt
+ * series the attempt is counted as dropped instead.
+ */
+static void route_metrics(eg_call_t *c, const om_egress_verdict_t *v,
+                          int status, uint64_t duration_ns) {
+  static const double bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  om_egress_t *g = c->g;
+  om_metric_t **lat = &c->cfg->m_latency[c->cur];
+  char route[128], labels[256];
+  om_metric_t *m;
+  om_metrics_escape(c->cfg->routes[c->cur].name, route, sizeof route);
+  if (*lat == NULL) {
+    snprintf(labels, sizeof labels, "route=\"%s\"", route);
+    *lat = om_metrics_histogram(
+        g->metrics, "openmesh_egress_route_attempt_duration_seconds",
+        "Model-call attempt durations by route (to the answer, the failure "
+        "or the end of a stream).",
+        labels, bounds, sizeof bounds / sizeof bounds[0]);
+  }
+  om_metric_observe(*lat, (double)duration_ns / 1e9);
+  snprintf(labels, sizeof labels, "route=\"%s\",class=\"%s\",status=\"%d\"",
+           route, v->name, status < 0 || status > 999 ? 0 : status);
+  m = NULL;
+  if (g->n_route_series < EG_MAX_ROUTE_SERIES) {
+    size_t before = g->n_route_series;
+    m = om_metrics_counter(g->metrics, "openmesh_egress_route_attempts_total",
+                           "Model-call attempts by route, class and HTTP "
+                           "status (0: no answer).",
+                           labels);
+    /* a new series only when the value is still 0 (never incremented) */
+    if (m != NULL && om_metric_value(m) == 0)
+      g->n_route_series = before + 1;
+  } else {
+    om_metric_inc(g->m_route_series_dropped);
+    return;
+  }
+  om_metric_inc(m);
+}
+
 static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                            int status) {
   eg_attempt_t *a;
@@ -357,6 +429,7 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
   cool.base_ns = c->cfg->s.cooldown_ms * MS;
   cool.max_ns = c->cfg->s.cooldown_max_ms * MS;
   om_egress_route_record(&c->cfg->state[c->cur], &cool, v, now);
+  route_metrics(c, v, status, now - c->attempt_start_ns);
   if (c->n_attempts == EG_MAX_ATTEMPTS)
     return;
   a = &c->attempts[c->n_attempts++];
@@ -750,6 +823,7 @@ static void timer_closed(uv_handle_t *h) {
   free(c->context);
   free(c->channel);
   free(c->only_route);
+  free(c->model);
   free(c->done_route);
   free(c->text);
   free(c->body);
@@ -841,6 +915,8 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   c->context = dup_or_null(o->context ? o->context : "interactive");
   c->channel = dup_or_null(o->channel);
   c->only_route = dup_or_null(o->only_route);
+  c->model = dup_or_null(o->model);
+  c->alias = eg_cfg_alias(c->cfg, o->model);
   c->done_route = calloc(c->cfg->n, 1);
   c->max_attempts = o->max_attempts ? o->max_attempts : c->cfg->s.max_attempts;
   if (c->max_attempts == 0)
@@ -856,6 +932,11 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   }
   c->include_usage = json_is_true(json_object_get(
       json_object_get(c->request, "stream_options"), "include_usage"));
+  if (c->cfg->s.n_models > 0 && o->only_route == NULL && o->model != NULL &&
+      c->alias < 0) {
+    eg_call_free(c);
+    return OM_ENOTFOUND; /* a model the policy does not declare */
+  }
   if (check_translatable(c, o->why, o->why_len) != 0) {
     eg_call_free(c);
     return OM_EINVAL;
@@ -863,7 +944,7 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   first = pick_route(c, &later);
   if (first < 0) {
     eg_call_free(c);
-    return OM_ENOTFOUND;
+    return OM_ESTATE;
   }
   c->cur = (size_t)first;
   *out = c;

@@ -5,7 +5,9 @@
  * fallback policy, attempts over libcurl (both provider kinds, JSON and
  * SSE), classification and the deadline rule from core/om_egress_rules.h, route
  * cooldown, the in-attempt tool-call repair, and the streaming hold.
- * om_egress.c is the server: /v1/chat/completions, /v1/turns (Layer C, the
+ * om_egress.c is the server: /v1/chat/completions (and the plumbing
+ * om_egress_messages.c and om_egress_responses.c share for /v1/messages
+ * and /v1/responses), /v1/turns (Layer C, the
  * quality gate, delivery through connectors), /v1/pending, /metrics,
  * /status, and the errors file.
  */
@@ -36,7 +38,16 @@ typedef struct eg_cfg_s {
   /* per route: openmesh_egress_tokens_total{route,model,kind} for
    * kind prompt, completion, cached (registered on first use) */
   om_metric_t *(*m_tokens)[3];
+  /* per route: openmesh_egress_route_attempt_duration_seconds{route}
+   * (registered on first use) */
+  om_metric_t **m_latency;
 } eg_cfg_t;
+
+/* Series of openmesh_egress_route_attempts_total{route,class,status} a
+ * gateway registers at most (a provider inventing statuses must not
+ * grow /metrics without bound); attempts past it are counted in
+ * openmesh_egress_route_series_dropped_total. */
+#define EG_MAX_ROUTE_SERIES 4096
 
 /* Token usage of one call, in OpenAI terms (prompt includes cached). */
 typedef struct eg_usage_s {
@@ -88,6 +99,10 @@ typedef struct eg_call_opts_s {
   const char *context; /* "interactive" | "async" */
   const char *channel;
   const char *only_route; /* the judge: this route only */
+  /* the caller's model: with the policy's models, the alias naming the
+   * chain (unknown: OM_ENOTFOUND); also ctx.model for order(ctx). May be
+   * NULL. */
+  const char *model;
   /* out: why the request cannot be translated for a route of the chain
    * (eg_call_start returns OM_EINVAL); may be NULL */
   char *why;
@@ -104,7 +119,8 @@ struct eg_call_s {
   json_t *request;
   int stream;
   int include_usage; /* the caller asked for the final usage chunk */
-  char *agent, *context, *channel, *only_route;
+  char *agent, *context, *channel, *only_route, *model;
+  int alias; /* the model alias in cfg->s.models choosing the chain; -1 */
   uint32_t max_attempts;
   om_deadline_t deadline;
   uint64_t started_ns;
@@ -153,6 +169,8 @@ struct om_egress_s {
   om_metrics_t *metrics;
   om_metric_t *m_attempts[OM_EGRESS_C__COUNT];
   om_metric_t *m_fallbacks, *m_cooldown_skips, *m_stream_broken;
+  om_metric_t *m_route_series_dropped;
+  size_t n_route_series;   /* registered route-attempt series */
   struct eg_server_s *srv; /* om_egress.c */
 };
 
@@ -169,6 +187,8 @@ void eg_call_cancel(eg_call_t *c);
 void eg_call_free(eg_call_t *c);
 
 void eg_cfg_unref(eg_cfg_t *cfg);
+/* The index of model in cfg's aliases, -1 when it names none. */
+int eg_cfg_alias(const eg_cfg_t *cfg, const char *model);
 /* Build the config of the current fallback policy (keeps cooldown state of
  * routes with the same name from prev). */
 int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,

@@ -50,13 +50,20 @@ typedef struct turn_s {
   om_list_t link; /* on the server's turns */
 } turn_t;
 
+/* The inbound API a call came in by: its request and answer shapes,
+ * errors included (docs/EGRESS.md "Endpoints"). */
+typedef enum { EG_API_CHAT, EG_API_MESSAGES, EG_API_RESPONSES } eg_api_t;
+
 typedef struct chat_s {
   struct om_egress_s *g;
-  om_http_request_t *req;
+  om_http_request_t *req; /* the caller, until answered */
   eg_call_t *call;
-  int started;
-  char id[32];
-  om_list_t link; /* on the server's chats */
+  int started; /* the SSE answer has begun */
+  eg_api_t api;
+  char id[40];
+  void *st;                /* the API's stream state (owned) */
+  void (*st_free)(void *); /* releases st; may be NULL */
+  om_list_t link;          /* on the server's chats */
 } chat_t;
 
 /*
@@ -88,9 +95,62 @@ typedef struct eg_server_s {
   int closing, open_parts;
   om_metric_t *m_turns[4], *m_errors[2], *m_gate[6], *m_chat[3], *m_duplicates,
       *m_reload_failed, *m_deliver_failed, *m_review;
+  /* openmesh_egress_requests_refused_total{api}: by eg_api_t */
+  om_metric_t *m_refused[3];
 } eg_server_t;
 
-/* ---- om_egress.c, for the turns ---- */
+/* ---- om_egress.c, for the turns and the inbound APIs ---- */
+
+#define EG_REQUEST_ID_CAP 129
+/* The X-Request-Id of req's answer into out (EG_REQUEST_ID_CAP bytes):
+ * the caller's when it is 1..128 visible ASCII characters, else a new
+ * one. */
+const char *eg_request_id(const om_http_request_t *req, char *out);
+/* Answer j (taken) with status; an error (>= 400) says x-should-retry:
+ * true with Retry-After when retry_after_s > 0, else false. */
+void eg_respond(om_http_request_t *req, int status, json_t *j,
+                unsigned retry_after_s);
+/* An error of the gateway's own in api's shape: OpenAI's {"error":
+ * {type, message}} (chat, responses), Anthropic's {"type": "error",
+ * "error": {type, message, reason}} (messages: type Anthropic's class
+ * for the status, reason the gateway's stable type). attempts (taken,
+ * may be NULL) goes into the error object. */
+void eg_respond_api_error(om_http_request_t *req, eg_api_t api, int status,
+                          const char *type, const char *message,
+                          unsigned retry_after_s, json_t *attempts);
+/* The body of req as a JSON object (duplicate keys refused); NULL with
+ * why naming the problem. */
+json_t *eg_parse_body(om_http_request_t *req, const char **why);
+/* One SSE event (j taken; event NULL: a data-only event). */
+void eg_sse_write(om_http_request_t *req, json_t *j, const char *event);
+/* Start ch's 200 text/event-stream answer. */
+void eg_sse_start(chat_t *ch);
+/*
+ * eg_chat_run: run request (an OpenAI chat request, borrowed) through
+ * Layer A for the caller req with hooks (their ud is the chat_t). model
+ * is the caller's model (an alias when the policy declares models). st
+ * (released by st_free) is the API's state, owned by the chat from here
+ * whatever happens. When the call cannot start the answer (400
+ * invalid_request naming the field, 404 model_not_found, 503) is sent in
+ * api's shape and the error code returned.
+ */
+int eg_chat_run(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
+                json_t *request, const char *model, const eg_hooks_t *hooks,
+                void *st, void (*st_free)(void *));
+/* In a done hook, first: count the call and track a failure. */
+void eg_chat_track(chat_t *ch, eg_call_t *c);
+/* A call that failed before commit: its final error in ch's shape. */
+void eg_chat_fail(chat_t *ch, eg_call_t *c);
+/* In a done hook, last: release the chat, its call and state. */
+void eg_chat_done(chat_t *ch, eg_call_t *c);
+
+/* What a failed call answers (docs/EGRESS.md "Final errors"). */
+typedef struct {
+  int status;
+  const char *type, *message;
+  unsigned retry_after_s; /* 0: x-should-retry: false */
+} eg_final_t;
+void eg_final_outcome(const eg_call_t *c, uint64_t now, eg_final_t *f);
 
 char *eg_strdup(const char *s); /* strdup(NULL) is NULL */
 /* Count a finished turn under its outcome (delivered, held, ...). */
@@ -114,6 +174,13 @@ void eg_track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
                     const char *cause, const char *kind);
 
 /* ---- om_egress_turns.c, for the server ---- */
+
+/* ---- om_egress_messages.c, om_egress_responses.c ---- */
+
+/* POST /v1/messages (Anthropic Messages API). */
+void eg_handle_messages(struct om_egress_s *g, om_http_request_t *req);
+/* POST /v1/responses (OpenAI Responses API). */
+void eg_handle_responses(struct om_egress_s *g, om_http_request_t *req);
 
 /* POST /v1/turns and GET /v1/pending. */
 void eg_handle_turn(om_egress_t *g, om_http_request_t *req);

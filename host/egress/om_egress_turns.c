@@ -413,6 +413,7 @@ static void turn_cycle(turn_t *t) {
   t->state = T_RUNNING;
   memset(&o, 0, sizeof o);
   o.request = t->request;
+  o.model = json_string_value(json_object_get(t->request, "model"));
   o.agent = t->agent;
   o.context = t->context;
   o.channel = t->channel;

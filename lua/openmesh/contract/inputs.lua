@@ -65,6 +65,8 @@ local ctx_shape = record {
   { "agent", text },
   { "context", one_of { "interactive", "async" } },
   { "channel", text },
+  -- the caller's model: an alias of the policy's `models`, when it has them
+  { "model", text },
   { "failed", array_of(failure_shape) },
   -- what a heuristics check may compare the reply with
   { "system_prompt", text },
@@ -132,6 +134,7 @@ function M.default_ctx(t)
     agent = t.agent or "example",
     context = t.context or "interactive",
     channel = t.channel or "example",
+    model = t.model, -- nil: the caller named none
     failed = failed,
     system_prompt = t.system_prompt, -- nil: checks that need it pass
     question = t.question,

@@ -375,8 +375,30 @@ local function max_deadline_covers_deadline(policy, _path)
   return nil
 end
 
+-- Every route an alias names is one of the policy's routes.
+local function aliases_name_routes(policy, _path)
+  local models = rawget(policy, "models")
+  if type(models) ~= "table" then
+    return nil
+  end
+  local names, known = route_names(policy), {}
+  for i = 1, #names do
+    known[names[i]] = true
+  end
+  for alias, chain in next, models do
+    for i = 1, #chain do
+      if not known[chain[i]] then
+        return field_error(("models.%s[%d]"):format(alias, i),
+          ("unknown route %s (routes: %s)"):format(quote(chain[i]), show_list(names)))
+      end
+    end
+  end
+  return nil
+end
+
 local function fallback_rule(policy, path)
   return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
+    or aliases_name_routes(policy, path)
 end
 
 -- `upgrades`: the protocols a request may switch to through the proxy
@@ -529,6 +551,9 @@ local KIND_SPECS = {
     { "cooldown_ms", number_above(0) },
     { "cooldown_max_ms", number_above(0) },
     { "quality_gate", quality_gate },
+    -- Model aliases: the caller's `model` names one, and its routes are
+    -- the call's chain (order(ctx) sees it as ctx.model).
+    { "models", map_of(array_of(nonempty, { min = 1 })) },
   }, fallback_rule),
   egress_heuristics = kind_spec(egress_example, run_egress_example, {
     { "checks", array_of(check, { unique = "name", what = "check name" }), required = true },
