@@ -779,32 +779,43 @@ static void msg_done(void *ud, eg_call_t *c) {
   eg_chat_done(ch, c);
 }
 
-void eg_handle_messages(om_egress_t *g, om_http_request_t *req) {
+int eg_inbound_chat(om_egress_t *g, om_http_request_t *req, eg_api_t api,
+                    int (*to_chat)(json_t *, json_t **, char *, size_t),
+                    json_t **body, json_t **chat) {
   const char *why = NULL;
   char refused[256];
-  json_t *body = eg_parse_body(req, &why), *chat = NULL;
+  int rc;
+  *chat = NULL;
+  *body = eg_parse_body(req, &why);
+  if (*body == NULL) {
+    om_metric_inc(g->srv->m_refused[api]);
+    eg_respond_api_error(req, api, 400, "invalid_request", why, 0, NULL);
+    return -1;
+  }
+  rc = to_chat(*body, chat, refused, sizeof refused);
+  if (rc != 0) {
+    json_decref(*body);
+    *body = NULL;
+    if (rc == OM_EINVAL)
+      om_metric_inc(g->srv->m_refused[api]);
+    eg_respond_api_error(req, api, rc == OM_EINVAL ? 400 : 503,
+                         rc == OM_EINVAL ? "invalid_request" : "overloaded",
+                         rc == OM_EINVAL ? refused : "out of memory", 0, NULL);
+    return -1;
+  }
+  return 0;
+}
+
+void eg_handle_messages(om_egress_t *g, om_http_request_t *req) {
+  json_t *body, *chat;
   msg_stream_t *s;
   eg_hooks_t hooks = {.commit = msg_commit,
                       .delta = msg_delta,
                       .done = msg_done,
                       .tool_delta = msg_tool_delta};
-  int rc;
-  if (body == NULL) {
-    om_metric_inc(g->srv->m_refused[EG_API_MESSAGES]);
-    eg_respond_api_error(req, EG_API_MESSAGES, 400, "invalid_request", why, 0,
-                         NULL);
+  if (eg_inbound_chat(g, req, EG_API_MESSAGES, eg_messages_to_chat, &body,
+                      &chat) != 0)
     return;
-  }
-  rc = eg_messages_to_chat(body, &chat, refused, sizeof refused);
-  if (rc != 0) {
-    json_decref(body);
-    if (rc == OM_EINVAL)
-      om_metric_inc(g->srv->m_refused[EG_API_MESSAGES]);
-    eg_respond_api_error(req, EG_API_MESSAGES, rc == OM_EINVAL ? 400 : 503,
-                         rc == OM_EINVAL ? "invalid_request" : "overloaded",
-                         rc == OM_EINVAL ? refused : "out of memory", 0, NULL);
-    return;
-  }
   s = calloc(1, sizeof *s);
   if (s == NULL) {
     json_decref(body);

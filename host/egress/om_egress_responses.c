@@ -737,31 +737,15 @@ static void resp_done(void *ud, eg_call_t *c) {
 }
 
 void eg_handle_responses(om_egress_t *g, om_http_request_t *req) {
-  const char *why = NULL;
-  char refused[256];
-  json_t *body = eg_parse_body(req, &why), *chat = NULL;
+  json_t *body, *chat;
   resp_stream_t *s;
   eg_hooks_t hooks = {.commit = resp_commit,
                       .delta = resp_delta,
                       .done = resp_done,
                       .tool_delta = resp_tool_delta};
-  int rc;
-  if (body == NULL) {
-    om_metric_inc(g->srv->m_refused[EG_API_RESPONSES]);
-    eg_respond_api_error(req, EG_API_RESPONSES, 400, "invalid_request", why, 0,
-                         NULL);
+  if (eg_inbound_chat(g, req, EG_API_RESPONSES, eg_responses_to_chat, &body,
+                      &chat) != 0)
     return;
-  }
-  rc = eg_responses_to_chat(body, &chat, refused, sizeof refused);
-  if (rc != 0) {
-    json_decref(body);
-    if (rc == OM_EINVAL)
-      om_metric_inc(g->srv->m_refused[EG_API_RESPONSES]);
-    eg_respond_api_error(req, EG_API_RESPONSES, rc == OM_EINVAL ? 400 : 503,
-                         rc == OM_EINVAL ? "invalid_request" : "overloaded",
-                         rc == OM_EINVAL ? refused : "out of memory", 0, NULL);
-    return;
-  }
   s = calloc(1, sizeof *s);
   if (s == NULL || (s->output = json_array()) == NULL) {
     free(s);

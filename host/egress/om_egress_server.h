@@ -121,6 +121,17 @@ void eg_respond_api_error(om_http_request_t *req, eg_api_t api, int status,
 /* The body of req as a JSON object (duplicate keys refused); NULL with
  * why naming the problem. */
 json_t *eg_parse_body(om_http_request_t *req, const char **why);
+
+/*
+ * eg_inbound_chat: the body of an inbound API request (api: messages or
+ * responses) and its internal chat form by to_chat (eg_messages_to_chat,
+ * eg_responses_to_chat): 0 with new references in *body and *chat, or -1
+ * once req was answered in the API's error shape (400 naming the field,
+ * counted as refused; 503 without memory). In om_egress_messages.c.
+ */
+int eg_inbound_chat(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
+                    int (*to_chat)(json_t *, json_t **, char *, size_t),
+                    json_t **body, json_t **chat);
 /* One SSE event (j taken; event NULL: a data-only event). */
 void eg_sse_write(om_http_request_t *req, json_t *j, const char *event);
 /* Start ch's 200 text/event-stream answer. */
