@@ -23,6 +23,21 @@
 #define EG_IN_MAX_ID 256u       /* tool-call ids, user ids */
 #define EG_IN_MAX_TEXT 4194304u /* one text */
 
+/* Where a refusal's reason goes: why, cap bytes. */
+typedef struct {
+  char *why;
+  size_t cap;
+} eg_in_err_t;
+
+/* Write the reason into e; returns OM_EINVAL (om_egress_inbound.c). */
+int eg_in_refuse(eg_in_err_t *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Every key of obj is one of allowed (NULL-terminated): else refused,
+ * naming where.key ("field 'tools[0].x': not supported by this gateway"). */
+int eg_in_only_keys(json_t *obj, const char *const *allowed, const char *where,
+                    eg_in_err_t *e);
+
 /*
  * eg_messages_to_chat: an Anthropic Messages request (borrowed) as the
  * internal OpenAI chat request. 0 and a new reference in *out; OM_EINVAL

@@ -19,59 +19,27 @@
 
 /* ---- Anthropic request -> the internal (OpenAI chat) request ------------ */
 
-typedef struct {
-  char *why;
-  size_t cap;
-} in_err_t;
-
-static int refuse(in_err_t *e, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int refuse(in_err_t *e, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->why, e->cap, fmt, ap);
-  va_end(ap);
-  return OM_EINVAL;
-}
-
-/* Every key of obj is one of allowed (NULL-terminated): else refused,
- * naming where.key. */
-static int only_keys(json_t *obj, const char *const *allowed, const char *where,
-                     in_err_t *e) {
-  const char *k;
-  json_t *v;
-  json_object_foreach(obj, k, v) {
-    size_t i;
-    for (i = 0; allowed[i] != NULL; i++)
-      if (strcmp(k, allowed[i]) == 0)
-        break;
-    if (allowed[i] == NULL)
-      return refuse(e, "field '%s%s%s': not supported by this gateway", where,
-                    *where ? "." : "", k);
-  }
-  return 0;
-}
-
-static int check_text(json_t *v, const char *field, size_t max, in_err_t *e) {
+static int check_text(json_t *v, const char *field, size_t max,
+                      eg_in_err_t *e) {
   if (!json_is_string(v))
-    return refuse(e, "field '%s': a string", field);
+    return eg_in_refuse(e, "field '%s': a string", field);
   if (json_string_length(v) > max)
-    return refuse(e, "field '%s': longer than %zu bytes", field, max);
+    return eg_in_refuse(e, "field '%s': longer than %zu bytes", field, max);
   return 0;
 }
 
 /* A text block's text (cache_control and citations have no equivalent). */
-static int text_block(json_t *b, const char *field, in_err_t *e) {
+static int text_block(json_t *b, const char *field, eg_in_err_t *e) {
   static const char *const keys[] = {"type", "text", NULL};
   char f[160];
-  int rc = only_keys(b, keys, field, e);
+  int rc = eg_in_only_keys(b, keys, field, e);
   snprintf(f, sizeof f, "%s.text", field);
   return rc ? rc : check_text(json_object_get(b, "text"), f, EG_IN_MAX_TEXT, e);
 }
 
 /* The text of a content that may only hold text: a string or text blocks
  * (tool results, system), joined. A new string in *out. */
-static int text_content(json_t *c, const char *field, in_err_t *e,
+static int text_content(json_t *c, const char *field, eg_in_err_t *e,
                         json_t **out) {
   size_t i;
   json_t *b;
@@ -79,16 +47,17 @@ static int text_content(json_t *c, const char *field, in_err_t *e,
   *out = NULL;
   if (json_is_string(c)) {
     if (json_string_length(c) > EG_IN_MAX_TEXT)
-      return refuse(e, "field '%s': longer than %u bytes", field,
-                    (unsigned)EG_IN_MAX_TEXT);
+      return eg_in_refuse(e, "field '%s': longer than %u bytes", field,
+                          (unsigned)EG_IN_MAX_TEXT);
     *out = json_incref(c);
     return 0;
   }
   if (!json_is_array(c))
-    return refuse(e, "field '%s': a string or an array of text blocks", field);
+    return eg_in_refuse(e, "field '%s': a string or an array of text blocks",
+                        field);
   if (json_array_size(c) > EG_IN_MAX_BLOCKS)
-    return refuse(e, "field '%s': more than %u blocks", field,
-                  (unsigned)EG_IN_MAX_BLOCKS);
+    return eg_in_refuse(e, "field '%s': more than %u blocks", field,
+                        (unsigned)EG_IN_MAX_BLOCKS);
   {
     size_t len = 0;
     char *buf = calloc(1, 1);
@@ -103,8 +72,8 @@ static int text_content(json_t *c, const char *field, in_err_t *e,
       snprintf(f, sizeof f, "%s[%zu]", field, i);
       if (!json_is_object(b) || type == NULL || strcmp(type, "text") != 0) {
         free(buf);
-        return refuse(e, "field '%s.type': only text blocks are accepted here",
-                      f);
+        return eg_in_refuse(
+            e, "field '%s.type': only text blocks are accepted here", f);
       }
       if ((rc = text_block(b, f, e)) != 0) {
         free(buf);
@@ -128,11 +97,12 @@ static int text_content(json_t *c, const char *field, in_err_t *e,
 }
 
 /* An image block -> an image_url part (base64 source: a data: URL). */
-static int image_part(json_t *b, const char *field, in_err_t *e, json_t **out) {
+static int image_part(json_t *b, const char *field, eg_in_err_t *e,
+                      json_t **out) {
   static const char *const keys[] = {"type", "source", NULL};
   json_t *src = json_object_get(b, "source");
   const char *st = json_string_value(json_object_get(src, "type"));
-  int rc = only_keys(b, keys, field, e);
+  int rc = eg_in_only_keys(b, keys, field, e);
   *out = NULL;
   if (rc != 0)
     return rc;
@@ -142,10 +112,11 @@ static int image_part(json_t *b, const char *field, in_err_t *e, json_t **out) {
     char *url;
     size_t n;
     if (mt == NULL || data == NULL || strchr(mt, ';') || strchr(mt, ','))
-      return refuse(e,
-                    "field '%s.source': a base64 source needs media_type and "
-                    "data strings",
-                    field);
+      return eg_in_refuse(
+          e,
+          "field '%s.source': a base64 source needs media_type and "
+          "data strings",
+          field);
     n = strlen(mt) + strlen(data) + 14;
     if ((url = malloc(n)) == NULL)
       return OM_ENOMEM;
@@ -158,10 +129,11 @@ static int image_part(json_t *b, const char *field, in_err_t *e, json_t **out) {
     *out = json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url",
                      json_object_get(src, "url"));
   } else {
-    return refuse(e,
-                  "field '%s.source.type': \"base64\" or \"url\" (with its "
-                  "fields)",
-                  field);
+    return eg_in_refuse(
+        e,
+        "field '%s.source.type': \"base64\" or \"url\" (with its "
+        "fields)",
+        field);
   }
   return *out ? 0 : OM_ENOMEM;
 }
@@ -169,7 +141,7 @@ static int image_part(json_t *b, const char *field, in_err_t *e, json_t **out) {
 /* A user turn: tool_result blocks become tool messages (first, as OpenAI
  * wants them right after the assistant's tool calls), the other blocks
  * one user message. */
-static int user_turn(json_t *content, const char *field, in_err_t *e,
+static int user_turn(json_t *content, const char *field, eg_in_err_t *e,
                      json_t *msgs) {
   json_t *parts, *b;
   size_t i;
@@ -177,19 +149,19 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
   int rc = 0;
   if (json_is_string(content)) {
     if (json_string_length(content) > EG_IN_MAX_TEXT)
-      return refuse(e, "field '%s': longer than %u bytes", field,
-                    (unsigned)EG_IN_MAX_TEXT);
+      return eg_in_refuse(e, "field '%s': longer than %u bytes", field,
+                          (unsigned)EG_IN_MAX_TEXT);
     return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user",
                                                  "content", content))
                ? OM_ENOMEM
                : 0;
   }
   if (!json_is_array(content) || json_array_size(content) == 0)
-    return refuse(e, "field '%s': a string or a non-empty array of blocks",
-                  field);
+    return eg_in_refuse(
+        e, "field '%s': a string or a non-empty array of blocks", field);
   if (json_array_size(content) > EG_IN_MAX_BLOCKS)
-    return refuse(e, "field '%s': more than %u blocks", field,
-                  (unsigned)EG_IN_MAX_BLOCKS);
+    return eg_in_refuse(e, "field '%s': more than %u blocks", field,
+                        (unsigned)EG_IN_MAX_BLOCKS);
   if ((parts = json_array()) == NULL)
     return OM_ENOMEM;
   json_array_foreach(content, i, b) {
@@ -197,7 +169,8 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
     json_t *p = NULL;
     snprintf(f, sizeof f, "%s[%zu]", field, i);
     if (!json_is_object(b) || type == NULL) {
-      rc = refuse(e, "field '%s': a block object with a string 'type'", f);
+      rc =
+          eg_in_refuse(e, "field '%s': a block object with a string 'type'", f);
     } else if (strcmp(type, "text") == 0) {
       if ((rc = text_block(b, f, e)) == 0)
         p = json_pack("{s:s, s:O}", "type", "text", "text",
@@ -210,24 +183,25 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
       json_t *id = json_object_get(b, "tool_use_id"), *text = NULL;
       char cf[192];
       snprintf(cf, sizeof cf, "%s.content", f);
-      if ((rc = only_keys(b, keys, f, e)) != 0)
+      if ((rc = eg_in_only_keys(b, keys, f, e)) != 0)
         break;
       if (!json_is_string(id) || json_string_length(id) == 0 ||
           json_string_length(id) > EG_IN_MAX_ID) {
-        rc = refuse(e, "field '%s.tool_use_id': a string of 1 to %u bytes", f,
-                    (unsigned)EG_IN_MAX_ID);
+        rc =
+            eg_in_refuse(e, "field '%s.tool_use_id': a string of 1 to %u bytes",
+                         f, (unsigned)EG_IN_MAX_ID);
         break;
       }
       if (json_is_true(json_object_get(b, "is_error"))) {
-        rc = refuse(e,
-                    "field '%s.is_error': true has no equivalent in the "
-                    "gateway's chat form (say it in the content)",
-                    f);
+        rc = eg_in_refuse(e,
+                          "field '%s.is_error': true has no equivalent in the "
+                          "gateway's chat form (say it in the content)",
+                          f);
         break;
       }
       if (json_object_get(b, "is_error") != NULL &&
           !json_is_boolean(json_object_get(b, "is_error"))) {
-        rc = refuse(e, "field '%s.is_error': a boolean", f);
+        rc = eg_in_refuse(e, "field '%s.is_error': a boolean", f);
         break;
       }
       if (json_object_get(b, "content") == NULL)
@@ -242,10 +216,11 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
         rc = OM_ENOMEM;
       continue;
     } else {
-      rc = refuse(e,
-                  "field '%s.type': '%s' is not accepted (text, image and "
-                  "tool_result are)",
-                  f, type);
+      rc =
+          eg_in_refuse(e,
+                       "field '%s.type': '%s' is not accepted (text, image and "
+                       "tool_result are)",
+                       f, type);
     }
     if (rc != 0)
       break;
@@ -270,7 +245,7 @@ static int user_turn(json_t *content, const char *field, in_err_t *e,
 }
 
 /* An assistant turn: text blocks -> content, tool_use -> tool_calls. */
-static int assistant_turn(json_t *content, const char *field, in_err_t *e,
+static int assistant_turn(json_t *content, const char *field, eg_in_err_t *e,
                           json_t *msgs) {
   json_t *calls, *b, *text = NULL, *m;
   size_t i;
@@ -284,10 +259,10 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
                ? OM_ENOMEM
                : 0;
   if (!json_is_array(content))
-    return refuse(e, "field '%s': a string or an array of blocks", field);
+    return eg_in_refuse(e, "field '%s': a string or an array of blocks", field);
   if (json_array_size(content) > EG_IN_MAX_BLOCKS)
-    return refuse(e, "field '%s': more than %u blocks", field,
-                  (unsigned)EG_IN_MAX_BLOCKS);
+    return eg_in_refuse(e, "field '%s': more than %u blocks", field,
+                        (unsigned)EG_IN_MAX_BLOCKS);
   if ((calls = json_array()) == NULL)
     return OM_ENOMEM;
   {
@@ -301,7 +276,8 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
       const char *type = json_string_value(json_object_get(b, "type"));
       snprintf(f, sizeof f, "%s[%zu]", field, i);
       if (!json_is_object(b) || type == NULL) {
-        rc = refuse(e, "field '%s': a block object with a string 'type'", f);
+        rc = eg_in_refuse(e, "field '%s': a block object with a string 'type'",
+                          f);
       } else if (strcmp(type, "text") == 0) {
         if ((rc = text_block(b, f, e)) == 0) {
           const char *t = json_string_value(json_object_get(b, "text"));
@@ -321,22 +297,22 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
                *name = json_object_get(b, "name");
         json_t *input = json_object_get(b, "input");
         char *args;
-        if ((rc = only_keys(b, keys, f, e)) != 0)
+        if ((rc = eg_in_only_keys(b, keys, f, e)) != 0)
           break;
         if (!json_is_string(id) || json_string_length(id) == 0 ||
             json_string_length(id) > EG_IN_MAX_ID) {
-          rc = refuse(e, "field '%s.id': a string of 1 to %u bytes", f,
-                      (unsigned)EG_IN_MAX_ID);
+          rc = eg_in_refuse(e, "field '%s.id': a string of 1 to %u bytes", f,
+                            (unsigned)EG_IN_MAX_ID);
           break;
         }
         if (!json_is_string(name) || json_string_length(name) == 0 ||
             json_string_length(name) > EG_IN_MAX_NAME) {
-          rc = refuse(e, "field '%s.name': a string of 1 to %u bytes", f,
-                      (unsigned)EG_IN_MAX_NAME);
+          rc = eg_in_refuse(e, "field '%s.name': a string of 1 to %u bytes", f,
+                            (unsigned)EG_IN_MAX_NAME);
           break;
         }
         if (!json_is_object(input)) {
-          rc = refuse(e, "field '%s.input': an object", f);
+          rc = eg_in_refuse(e, "field '%s.input': an object", f);
           break;
         }
         args = json_dumps(input, JSON_COMPACT);
@@ -348,10 +324,11 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
           rc = OM_ENOMEM;
         free(args);
       } else {
-        rc = refuse(e,
-                    "field '%s.type': '%s' is not accepted in an assistant "
-                    "turn (text and tool_use are)",
-                    f, type);
+        rc = eg_in_refuse(
+            e,
+            "field '%s.type': '%s' is not accepted in an assistant "
+            "turn (text and tool_use are)",
+            f, type);
       }
       if (rc != 0)
         break;
@@ -371,7 +348,7 @@ static int assistant_turn(json_t *content, const char *field, in_err_t *e,
   return rc;
 }
 
-static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
+static int tr_tools(json_t *in, json_t *out, eg_in_err_t *e) {
   static const char *const keys[] = {"type", "name", "description",
                                      "input_schema", NULL};
   json_t *tools = json_object_get(in, "tools"), *t, *arr;
@@ -380,10 +357,10 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
   if (tools == NULL)
     return 0;
   if (!json_is_array(tools))
-    return refuse(e, "field 'tools': an array");
+    return eg_in_refuse(e, "field 'tools': an array");
   if (json_array_size(tools) > EG_IN_MAX_TOOLS)
-    return refuse(e, "field 'tools': more than %u tools",
-                  (unsigned)EG_IN_MAX_TOOLS);
+    return eg_in_refuse(e, "field 'tools': more than %u tools",
+                        (unsigned)EG_IN_MAX_TOOLS);
   if ((arr = json_array()) == NULL || json_object_set_new(out, "tools", arr))
     return OM_ENOMEM;
   json_array_foreach(tools, i, t) {
@@ -394,23 +371,24 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
     int rc;
     snprintf(f, sizeof f, "tools[%zu]", i);
     if (!json_is_object(t))
-      return refuse(e, "field '%s': an object", f);
+      return eg_in_refuse(e, "field '%s': an object", f);
     if (json_object_get(t, "type") != NULL &&
         (type == NULL || strcmp(type, "custom") != 0))
-      return refuse(e,
-                    "field '%s.type': only client tools (\"custom\" or no "
-                    "type) are accepted",
-                    f);
-    if ((rc = only_keys(t, keys, f, e)) != 0)
+      return eg_in_refuse(
+          e,
+          "field '%s.type': only client tools (\"custom\" or no "
+          "type) are accepted",
+          f);
+    if ((rc = eg_in_only_keys(t, keys, f, e)) != 0)
       return rc;
     if (!json_is_string(name) || json_string_length(name) == 0 ||
         json_string_length(name) > EG_IN_MAX_NAME)
-      return refuse(e, "field '%s.name': a string of 1 to %u bytes", f,
-                    (unsigned)EG_IN_MAX_NAME);
+      return eg_in_refuse(e, "field '%s.name': a string of 1 to %u bytes", f,
+                          (unsigned)EG_IN_MAX_NAME);
     if (desc != NULL && !json_is_string(desc))
-      return refuse(e, "field '%s.description': a string", f);
+      return eg_in_refuse(e, "field '%s.description': a string", f);
     if (!json_is_object(schema))
-      return refuse(e, "field '%s.input_schema': an object", f);
+      return eg_in_refuse(e, "field '%s.input_schema': an object", f);
     fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
     if (fn != NULL && desc != NULL)
       json_object_set(fn, "description", desc);
@@ -422,7 +400,7 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
   return 0;
 }
 
-static int tr_tool_choice(json_t *in, json_t *out, in_err_t *e) {
+static int tr_tool_choice(json_t *in, json_t *out, eg_in_err_t *e) {
   static const char *const keys[] = {"type", "name",
                                      "disable_parallel_tool_use", NULL};
   json_t *tc = json_object_get(in, "tool_choice"), *v = NULL;
@@ -432,12 +410,13 @@ static int tr_tool_choice(json_t *in, json_t *out, in_err_t *e) {
   if (tc == NULL)
     return 0;
   if (!json_is_object(tc) || type == NULL)
-    return refuse(e, "field 'tool_choice': an object with a string 'type'");
-  if ((rc = only_keys(tc, keys, "tool_choice", e)) != 0)
+    return eg_in_refuse(e,
+                        "field 'tool_choice': an object with a string 'type'");
+  if ((rc = eg_in_only_keys(tc, keys, "tool_choice", e)) != 0)
     return rc;
   if (dp != NULL && !json_is_boolean(dp))
-    return refuse(e, "field 'tool_choice.disable_parallel_tool_use': a "
-                     "boolean");
+    return eg_in_refuse(e, "field 'tool_choice.disable_parallel_tool_use': a "
+                           "boolean");
   if (strcmp(type, "auto") == 0)
     v = json_string("auto");
   else if (strcmp(type, "any") == 0)
@@ -449,8 +428,9 @@ static int tr_tool_choice(json_t *in, json_t *out, in_err_t *e) {
     v = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
                   json_object_get(tc, "name"));
   else
-    return refuse(e, "field 'tool_choice.type': \"auto\", \"any\", \"none\" "
-                     "or \"tool\" with a name");
+    return eg_in_refuse(e,
+                        "field 'tool_choice.type': \"auto\", \"any\", \"none\" "
+                        "or \"tool\" with a name");
   if (v == NULL || json_object_set_new(out, "tool_choice", v) != 0)
     return OM_ENOMEM;
   if (json_is_true(dp) &&
@@ -459,12 +439,13 @@ static int tr_tool_choice(json_t *in, json_t *out, in_err_t *e) {
   return 0;
 }
 
-static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
+static int tr_scalars(json_t *in, json_t *out, eg_in_err_t *e) {
   json_t *v;
   const char *num[] = {"temperature", "top_p"};
   v = json_object_get(in, "max_tokens");
   if (!json_is_integer(v) || json_integer_value(v) < 1)
-    return refuse(e, "field 'max_tokens': a positive integer is required");
+    return eg_in_refuse(e,
+                        "field 'max_tokens': a positive integer is required");
   json_object_set(out, "max_tokens", v);
   for (size_t i = 0; i < 2; i++) {
     v = json_object_get(in, num[i]);
@@ -472,7 +453,7 @@ static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
       continue;
     if (!json_is_number(v) || json_number_value(v) < 0 ||
         json_number_value(v) > 1)
-      return refuse(e, "field '%s': a number from 0 to 1", num[i]);
+      return eg_in_refuse(e, "field '%s': a number from 0 to 1", num[i]);
     json_object_set(out, num[i], v);
   }
   v = json_object_get(in, "stop_sequences");
@@ -480,8 +461,9 @@ static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
     size_t i;
     json_t *s;
     if (!json_is_array(v) || json_array_size(v) > EG_IN_MAX_STOP)
-      return refuse(e, "field 'stop_sequences': an array of at most %u strings",
-                    (unsigned)EG_IN_MAX_STOP);
+      return eg_in_refuse(
+          e, "field 'stop_sequences': an array of at most %u strings",
+          (unsigned)EG_IN_MAX_STOP);
     json_array_foreach(v, i, s) {
       char f[48];
       int rc;
@@ -494,7 +476,7 @@ static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
   }
   v = json_object_get(in, "stream");
   if (v != NULL && !json_is_boolean(v))
-    return refuse(e, "field 'stream': a boolean");
+    return eg_in_refuse(e, "field 'stream': a boolean");
   if (json_is_true(v))
     json_object_set_new(out, "stream", json_true());
   v = json_object_get(in, "metadata");
@@ -502,8 +484,8 @@ static int tr_scalars(json_t *in, json_t *out, in_err_t *e) {
     static const char *const keys[] = {"user_id", NULL};
     int rc;
     if (!json_is_object(v))
-      return refuse(e, "field 'metadata': an object");
-    if ((rc = only_keys(v, keys, "metadata", e)) != 0)
+      return eg_in_refuse(e, "field 'metadata': an object");
+    if ((rc = eg_in_only_keys(v, keys, "metadata", e)) != 0)
       return rc;
     if (json_object_get(v, "user_id") != NULL) {
       if ((rc = check_text(json_object_get(v, "user_id"), "metadata.user_id",
@@ -520,23 +502,23 @@ int eg_messages_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
       "model",       "messages", "system",         "max_tokens",
       "temperature", "top_p",    "stop_sequences", "stream",
       "metadata",    "tools",    "tool_choice",    NULL};
-  in_err_t e = {why, whylen};
+  eg_in_err_t e = {why, whylen};
   json_t *o, *msgs, *m, *sys = json_object_get(in, "system");
   size_t i;
   int rc;
   char f[48];
   *out = NULL;
-  if ((rc = only_keys(in, keys, "", &e)) != 0)
+  if ((rc = eg_in_only_keys(in, keys, "", &e)) != 0)
     return rc;
   if ((rc = check_text(json_object_get(in, "model"), "model", EG_IN_MAX_NAME,
                        &e)) != 0)
     return rc;
   m = json_object_get(in, "messages");
   if (!json_is_array(m) || json_array_size(m) == 0)
-    return refuse(&e, "field 'messages': a non-empty array is required");
+    return eg_in_refuse(&e, "field 'messages': a non-empty array is required");
   if (json_array_size(m) > EG_IN_MAX_MESSAGES)
-    return refuse(&e, "field 'messages': more than %u messages",
-                  (unsigned)EG_IN_MAX_MESSAGES);
+    return eg_in_refuse(&e, "field 'messages': more than %u messages",
+                        (unsigned)EG_IN_MAX_MESSAGES);
   if ((o = json_object()) == NULL || (msgs = json_array()) == NULL) {
     json_decref(o);
     return OM_ENOMEM;
@@ -559,10 +541,10 @@ int eg_messages_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
       break;
     snprintf(f, sizeof f, "messages[%zu]", i);
     if (!json_is_object(m)) {
-      rc = refuse(&e, "field '%s': an object", f);
+      rc = eg_in_refuse(&e, "field '%s': an object", f);
       break;
     }
-    if ((rc = only_keys(m, mkeys, f, &e)) != 0)
+    if ((rc = eg_in_only_keys(m, mkeys, f, &e)) != 0)
       break;
     snprintf(f, sizeof f, "messages[%zu].content", i);
     if (role != NULL && strcmp(role, "user") == 0)
@@ -570,8 +552,8 @@ int eg_messages_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
     else if (role != NULL && strcmp(role, "assistant") == 0)
       rc = assistant_turn(json_object_get(m, "content"), f, &e, msgs);
     else
-      rc = refuse(&e, "field 'messages[%zu].role': \"user\" or \"assistant\"",
-                  i);
+      rc = eg_in_refuse(
+          &e, "field 'messages[%zu].role': \"user\" or \"assistant\"", i);
   }
   if (rc == 0)
     rc = tr_scalars(in, o, &e);
@@ -777,33 +759,6 @@ static void msg_done(void *ud, eg_call_t *c) {
   }
   ch->req = NULL;
   eg_chat_done(ch, c);
-}
-
-int eg_inbound_chat(om_egress_t *g, om_http_request_t *req, eg_api_t api,
-                    int (*to_chat)(json_t *, json_t **, char *, size_t),
-                    json_t **body, json_t **chat) {
-  const char *why = NULL;
-  char refused[256];
-  int rc;
-  *chat = NULL;
-  *body = eg_parse_body(req, &why);
-  if (*body == NULL) {
-    om_metric_inc(g->srv->m_refused[api]);
-    eg_respond_api_error(req, api, 400, "invalid_request", why, 0, NULL);
-    return -1;
-  }
-  rc = to_chat(*body, chat, refused, sizeof refused);
-  if (rc != 0) {
-    json_decref(*body);
-    *body = NULL;
-    if (rc == OM_EINVAL)
-      om_metric_inc(g->srv->m_refused[api]);
-    eg_respond_api_error(req, api, rc == OM_EINVAL ? 400 : 503,
-                         rc == OM_EINVAL ? "invalid_request" : "overloaded",
-                         rc == OM_EINVAL ? refused : "out of memory", 0, NULL);
-    return -1;
-  }
-  return 0;
 }
 
 void eg_handle_messages(om_egress_t *g, om_http_request_t *req) {

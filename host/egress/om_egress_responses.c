@@ -21,63 +21,34 @@
 
 /* ---- Responses request -> the internal (OpenAI chat) request ----------- */
 
-typedef struct {
-  char *why;
-  size_t cap;
-} in_err_t;
-
-static int refuse(in_err_t *e, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int refuse(in_err_t *e, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->why, e->cap, fmt, ap);
-  va_end(ap);
-  return OM_EINVAL;
-}
-
-static int only_keys(json_t *obj, const char *const *allowed, const char *where,
-                     in_err_t *e) {
-  const char *k;
-  json_t *v;
-  json_object_foreach(obj, k, v) {
-    size_t i;
-    for (i = 0; allowed[i] != NULL; i++)
-      if (strcmp(k, allowed[i]) == 0)
-        break;
-    if (allowed[i] == NULL)
-      return refuse(e, "field '%s%s%s': not supported by this gateway", where,
-                    *where ? "." : "", k);
-  }
-  return 0;
-}
-
-static int short_text(json_t *v, const char *field, size_t max, in_err_t *e) {
+static int short_text(json_t *v, const char *field, size_t max,
+                      eg_in_err_t *e) {
   if (!json_is_string(v) || json_string_length(v) == 0 ||
       json_string_length(v) > max)
-    return refuse(e, "field '%s': a string of 1 to %zu bytes", field, max);
+    return eg_in_refuse(e, "field '%s': a string of 1 to %zu bytes", field,
+                        max);
   return 0;
 }
 
 /* A message item's content -> chat content (a string, or parts). */
 static int item_content(json_t *c, const char *role, const char *field,
-                        in_err_t *e, json_t **out) {
+                        eg_in_err_t *e, json_t **out) {
   json_t *parts, *p;
   size_t i;
   char f[160];
   *out = NULL;
   if (json_is_string(c)) {
     if (json_string_length(c) > EG_IN_MAX_TEXT)
-      return refuse(e, "field '%s': longer than %u bytes", field,
-                    (unsigned)EG_IN_MAX_TEXT);
+      return eg_in_refuse(e, "field '%s': longer than %u bytes", field,
+                          (unsigned)EG_IN_MAX_TEXT);
     *out = json_incref(c);
     return 0;
   }
   if (!json_is_array(c))
-    return refuse(e, "field '%s': a string or an array of parts", field);
+    return eg_in_refuse(e, "field '%s': a string or an array of parts", field);
   if (json_array_size(c) > EG_IN_MAX_BLOCKS)
-    return refuse(e, "field '%s': more than %u parts", field,
-                  (unsigned)EG_IN_MAX_BLOCKS);
+    return eg_in_refuse(e, "field '%s': more than %u parts", field,
+                        (unsigned)EG_IN_MAX_BLOCKS);
   if ((parts = json_array()) == NULL)
     return OM_ENOMEM;
   json_array_foreach(c, i, p) {
@@ -88,12 +59,12 @@ static int item_content(json_t *c, const char *role, const char *field,
         (strcmp(type, "input_text") == 0 || strcmp(type, "output_text") == 0)) {
       static const char *const tk[] = {"type", "text", "annotations", NULL};
       static const char *const ik[] = {"type", "text", NULL};
-      int rc = only_keys(p, type[0] == 'o' ? tk : ik, f, e);
+      int rc = eg_in_only_keys(p, type[0] == 'o' ? tk : ik, f, e);
       if (rc == 0 &&
           (!json_is_string(text) || json_string_length(text) > EG_IN_MAX_TEXT))
-        rc = refuse(e, "field '%s.text': a string", f);
+        rc = eg_in_refuse(e, "field '%s.text': a string", f);
       if (rc == 0 && json_array_size(json_object_get(p, "annotations")) > 0)
-        rc = refuse(e, "field '%s.annotations': not supported", f);
+        rc = eg_in_refuse(e, "field '%s.annotations': not supported", f);
       if (rc != 0) {
         json_decref(parts);
         return rc;
@@ -106,14 +77,14 @@ static int item_content(json_t *c, const char *role, const char *field,
       json_t *url = json_object_get(p, "image_url");
       json_t *detail = json_object_get(p, "detail");
       json_t *iu;
-      int rc = only_keys(p, k, f, e);
+      int rc = eg_in_only_keys(p, k, f, e);
       if (rc == 0 && !json_is_string(url))
-        rc = refuse(e,
-                    "field '%s.image_url': a URL string (file_id is not "
-                    "supported)",
-                    f);
+        rc = eg_in_refuse(e,
+                          "field '%s.image_url': a URL string (file_id is not "
+                          "supported)",
+                          f);
       if (rc == 0 && detail != NULL && !json_is_string(detail))
-        rc = refuse(e, "field '%s.detail': a string", f);
+        rc = eg_in_refuse(e, "field '%s.detail': a string", f);
       if (rc != 0) {
         json_decref(parts);
         return rc;
@@ -125,7 +96,7 @@ static int item_content(json_t *c, const char *role, const char *field,
           parts, json_pack("{s:s, s:o}", "type", "image_url", "image_url", iu));
     } else {
       json_decref(parts);
-      return refuse(
+      return eg_in_refuse(
           e, "field '%s.type': '%s' is not accepted in a message of role %s", f,
           type ? type : "(none)", role);
     }
@@ -173,45 +144,47 @@ static json_t *assistant_for_calls(json_t *msgs) {
   return m;
 }
 
-static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
+static int tr_input(json_t *in, json_t *msgs, eg_in_err_t *e) {
   json_t *input = json_object_get(in, "input"), *it;
   size_t i;
   char f[64];
   if (json_is_string(input)) {
     if (json_string_length(input) > EG_IN_MAX_TEXT)
-      return refuse(e, "field 'input': longer than %u bytes",
-                    (unsigned)EG_IN_MAX_TEXT);
+      return eg_in_refuse(e, "field 'input': longer than %u bytes",
+                          (unsigned)EG_IN_MAX_TEXT);
     return json_array_append_new(
                msgs, json_pack("{s:s, s:O}", "role", "user", "content", input))
                ? OM_ENOMEM
                : 0;
   }
   if (!json_is_array(input) || json_array_size(input) == 0)
-    return refuse(e, "field 'input': a string or a non-empty array of items");
+    return eg_in_refuse(
+        e, "field 'input': a string or a non-empty array of items");
   if (json_array_size(input) > EG_IN_MAX_MESSAGES)
-    return refuse(e, "field 'input': more than %u items",
-                  (unsigned)EG_IN_MAX_MESSAGES);
+    return eg_in_refuse(e, "field 'input': more than %u items",
+                        (unsigned)EG_IN_MAX_MESSAGES);
   json_array_foreach(input, i, it) {
     const char *type = json_string_value(json_object_get(it, "type"));
     const char *role = json_string_value(json_object_get(it, "role"));
     int rc;
     snprintf(f, sizeof f, "input[%zu]", i);
     if (!json_is_object(it))
-      return refuse(e, "field '%s': an object", f);
+      return eg_in_refuse(e, "field '%s': an object", f);
     if (type == NULL || strcmp(type, "message") == 0) {
       static const char *const k[] = {"type", "role",   "content",
                                       "id",   "status", NULL};
       json_t *content;
       char cf[80];
-      if ((rc = only_keys(it, k, f, e)) != 0)
+      if ((rc = eg_in_only_keys(it, k, f, e)) != 0)
         return rc;
       if (role == NULL ||
           (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0 &&
            strcmp(role, "system") != 0 && strcmp(role, "developer") != 0))
-        return refuse(e,
-                      "field '%s.role': \"user\", \"assistant\", \"system\" "
-                      "or \"developer\"",
-                      f);
+        return eg_in_refuse(
+            e,
+            "field '%s.role': \"user\", \"assistant\", \"system\" "
+            "or \"developer\"",
+            f);
       snprintf(cf, sizeof cf, "%s.content", f);
       if ((rc = item_content(json_object_get(it, "content"), role, cf, e,
                              &content)) != 0)
@@ -224,7 +197,7 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
                                       "arguments", "status",  NULL};
       json_t *m, *args = json_object_get(it, "arguments");
       char cf[80];
-      if ((rc = only_keys(it, k, f, e)) != 0)
+      if ((rc = eg_in_only_keys(it, k, f, e)) != 0)
         return rc;
       snprintf(cf, sizeof cf, "%s.call_id", f);
       if ((rc = short_text(json_object_get(it, "call_id"), cf, EG_IN_MAX_ID,
@@ -235,7 +208,7 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
                            e)) != 0)
         return rc;
       if (!json_is_string(args) || json_string_length(args) > EG_IN_MAX_TEXT)
-        return refuse(e, "field '%s.arguments': a string", f);
+        return eg_in_refuse(e, "field '%s.arguments': a string", f);
       if ((m = assistant_for_calls(msgs)) == NULL ||
           json_array_append_new(json_object_get(m, "tool_calls"),
                                 json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
@@ -249,30 +222,30 @@ static int tr_input(json_t *in, json_t *msgs, in_err_t *e) {
                                       "id",   "status",  NULL};
       json_t *out = json_object_get(it, "output");
       char cf[80];
-      if ((rc = only_keys(it, k, f, e)) != 0)
+      if ((rc = eg_in_only_keys(it, k, f, e)) != 0)
         return rc;
       snprintf(cf, sizeof cf, "%s.call_id", f);
       if ((rc = short_text(json_object_get(it, "call_id"), cf, EG_IN_MAX_ID,
                            e)) != 0)
         return rc;
       if (!json_is_string(out) || json_string_length(out) > EG_IN_MAX_TEXT)
-        return refuse(e, "field '%s.output': a string", f);
+        return eg_in_refuse(e, "field '%s.output': a string", f);
       if (json_array_append_new(msgs, json_pack("{s:s, s:O, s:O}", "role",
                                                 "tool", "tool_call_id",
                                                 json_object_get(it, "call_id"),
                                                 "content", out)) != 0)
         return OM_ENOMEM;
     } else {
-      return refuse(e,
-                    "field '%s.type': '%s' is not accepted (message, "
-                    "function_call and function_call_output are)",
-                    f, type);
+      return eg_in_refuse(e,
+                          "field '%s.type': '%s' is not accepted (message, "
+                          "function_call and function_call_output are)",
+                          f, type);
     }
   }
   return 0;
 }
 
-static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
+static int tr_tools(json_t *in, json_t *out, eg_in_err_t *e) {
   static const char *const k[] = {"type",       "name",   "description",
                                   "parameters", "strict", NULL};
   json_t *tools = json_object_get(in, "tools"), *t, *arr;
@@ -283,8 +256,8 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
   int rc;
   if (tools != NULL) {
     if (!json_is_array(tools) || json_array_size(tools) > EG_IN_MAX_TOOLS)
-      return refuse(e, "field 'tools': an array of at most %u tools",
-                    (unsigned)EG_IN_MAX_TOOLS);
+      return eg_in_refuse(e, "field 'tools': an array of at most %u tools",
+                          (unsigned)EG_IN_MAX_TOOLS);
     if ((arr = json_array()) == NULL || json_object_set_new(out, "tools", arr))
       return OM_ENOMEM;
     json_array_foreach(tools, i, t) {
@@ -294,18 +267,18 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
       json_t *strict = json_object_get(t, "strict");
       snprintf(f, sizeof f, "tools[%zu]", i);
       if (type == NULL || strcmp(type, "function") != 0)
-        return refuse(e, "field '%s.type': only \"function\" tools", f);
-      if ((rc = only_keys(t, k, f, e)) != 0)
+        return eg_in_refuse(e, "field '%s.type': only \"function\" tools", f);
+      if ((rc = eg_in_only_keys(t, k, f, e)) != 0)
         return rc;
       snprintf(f, sizeof f, "tools[%zu].name", i);
       if ((rc = short_text(json_object_get(t, "name"), f, EG_IN_MAX_NAME, e)))
         return rc;
       if (desc != NULL && !json_is_null(desc) && !json_is_string(desc))
-        return refuse(e, "field 'tools[%zu].description': a string", i);
+        return eg_in_refuse(e, "field 'tools[%zu].description': a string", i);
       if (params != NULL && !json_is_null(params) && !json_is_object(params))
-        return refuse(e, "field 'tools[%zu].parameters': an object", i);
+        return eg_in_refuse(e, "field 'tools[%zu].parameters': an object", i);
       if (strict != NULL && !json_is_null(strict) && !json_is_boolean(strict))
-        return refuse(e, "field 'tools[%zu].strict': a boolean", i);
+        return eg_in_refuse(e, "field 'tools[%zu].strict': a boolean", i);
       fn = json_pack("{s:O}", "name", json_object_get(t, "name"));
       if (fn == NULL)
         return OM_ENOMEM;
@@ -334,19 +307,20 @@ static int tr_tools(json_t *in, json_t *out, in_err_t *e) {
                                     "function", "name",
                                     json_object_get(tc, "name")));
     else
-      return refuse(e, "field 'tool_choice': \"auto\", \"none\", "
-                       "\"required\" or {\"type\":\"function\",\"name\":...}");
+      return eg_in_refuse(
+          e, "field 'tool_choice': \"auto\", \"none\", "
+             "\"required\" or {\"type\":\"function\",\"name\":...}");
   }
   if (par != NULL) {
     if (!json_is_boolean(par))
-      return refuse(e, "field 'parallel_tool_calls': a boolean");
+      return eg_in_refuse(e, "field 'parallel_tool_calls': a boolean");
     json_object_set(out, "parallel_tool_calls", par);
   }
   return 0;
 }
 
 /* text.format -> response_format (json_schema keeps name, schema, strict). */
-static int tr_text(json_t *in, json_t *out, in_err_t *e) {
+static int tr_text(json_t *in, json_t *out, eg_in_err_t *e) {
   static const char *const k[] = {"format", NULL};
   json_t *t = json_object_get(in, "text"), *fmt;
   const char *type;
@@ -354,8 +328,8 @@ static int tr_text(json_t *in, json_t *out, in_err_t *e) {
   if (t == NULL)
     return 0;
   if (!json_is_object(t))
-    return refuse(e, "field 'text': an object");
-  if ((rc = only_keys(t, k, "text", e)) != 0)
+    return eg_in_refuse(e, "field 'text': an object");
+  if ((rc = eg_in_only_keys(t, k, "text", e)) != 0)
     return rc;
   fmt = json_object_get(t, "format");
   if (fmt == NULL)
@@ -382,8 +356,9 @@ static int tr_text(json_t *in, json_t *out, in_err_t *e) {
         json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
     return 0;
   }
-  return refuse(e, "field 'text.format.type': \"text\", \"json_object\" or "
-                   "\"json_schema\" with a schema");
+  return eg_in_refuse(e,
+                      "field 'text.format.type': \"text\", \"json_object\" or "
+                      "\"json_schema\" with a schema");
 }
 
 int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
@@ -393,20 +368,21 @@ int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
       "temperature", "top_p",       "max_output_tokens",
       "stream",      "user",        "store",
       "text",        NULL};
-  in_err_t e = {why, whylen};
+  eg_in_err_t e = {why, whylen};
   json_t *o, *msgs, *v;
   const char *num[] = {"temperature", "top_p"};
   int rc;
   *out = NULL;
-  if ((rc = only_keys(in, keys, "", &e)) != 0)
+  if ((rc = eg_in_only_keys(in, keys, "", &e)) != 0)
     return rc;
   if ((rc = short_text(json_object_get(in, "model"), "model", EG_IN_MAX_NAME,
                        &e)) != 0)
     return rc;
   v = json_object_get(in, "store");
   if (v != NULL && !json_is_false(v))
-    return refuse(&e, "field 'store': the gateway keeps no responses (false "
-                      "or absent)");
+    return eg_in_refuse(&e,
+                        "field 'store': the gateway keeps no responses (false "
+                        "or absent)");
   if ((o = json_pack("{s:O, s:[]}", "model", json_object_get(in, "model"),
                      "messages")) == NULL)
     return OM_ENOMEM;
@@ -414,7 +390,7 @@ int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
   v = json_object_get(in, "instructions");
   if (v != NULL && !json_is_null(v)) {
     if (!json_is_string(v) || json_string_length(v) > EG_IN_MAX_TEXT)
-      rc = refuse(&e, "field 'instructions': a string");
+      rc = eg_in_refuse(&e, "field 'instructions': a string");
     else if (json_string_length(v) > 0)
       json_array_append_new(
           msgs, json_pack("{s:s, s:O}", "role", "system", "content", v));
@@ -427,21 +403,21 @@ int eg_responses_to_chat(json_t *in, json_t **out, char *why, size_t whylen) {
       continue;
     if (!json_is_number(v) || json_number_value(v) < 0 ||
         json_number_value(v) > 2)
-      rc = refuse(&e, "field '%s': a number from 0 to 2", num[i]);
+      rc = eg_in_refuse(&e, "field '%s': a number from 0 to 2", num[i]);
     else
       json_object_set(o, num[i], v);
   }
   v = json_object_get(in, "max_output_tokens");
   if (rc == 0 && v != NULL && !json_is_null(v)) {
     if (!json_is_integer(v) || json_integer_value(v) < 1)
-      rc = refuse(&e, "field 'max_output_tokens': a positive integer");
+      rc = eg_in_refuse(&e, "field 'max_output_tokens': a positive integer");
     else
       json_object_set(o, "max_tokens", v);
   }
   v = json_object_get(in, "stream");
   if (rc == 0 && v != NULL) {
     if (!json_is_boolean(v))
-      rc = refuse(&e, "field 'stream': a boolean");
+      rc = eg_in_refuse(&e, "field 'stream': a boolean");
     else if (json_is_true(v))
       json_object_set_new(o, "stream", json_true());
   }

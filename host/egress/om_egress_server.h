@@ -127,7 +127,7 @@ json_t *eg_parse_body(om_http_request_t *req, const char **why);
  * responses) and its internal chat form by to_chat (eg_messages_to_chat,
  * eg_responses_to_chat): 0 with new references in *body and *chat, or -1
  * once req was answered in the API's error shape (400 naming the field,
- * counted as refused; 503 without memory). In om_egress_messages.c.
+ * counted as refused; 503 without memory). In om_egress_inbound.c.
  */
 int eg_inbound_chat(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
                     int (*to_chat)(json_t *, json_t **, char *, size_t),
