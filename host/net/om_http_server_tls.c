@@ -196,11 +196,19 @@ void om_http_tls_close(om_http_tls_t *t) {
 const om_tls_identity_t *
 om_http_request_identity(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    const conn_t *c = om__http2_conn_of(req);
+    return c != NULL ? c->peer : NULL;
+  }
   return r != NULL && r->conn != NULL ? r->conn->peer : NULL;
 }
 
 int om_http_request_is_tls(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    const conn_t *c = om__http2_conn_of(req);
+    return c != NULL && c->tls != NULL;
+  }
   return r != NULL && r->conn != NULL && r->conn->tls != NULL;
 }
 

@@ -860,6 +860,7 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
    * each service's max_body_bytes (no limit of the server's own unless
    * the caller set one) */
   so.stream_bodies = 1;
+  so.http2 = 1; /* h2c prior knowledge, h2 by ALPN (docs/PROXY.md) */
   p->opts.server = so;
   p->own_metrics = opts->metrics == NULL;
   p->metrics = opts->metrics != NULL ? opts->metrics : om_metrics_new();
