@@ -370,8 +370,7 @@ static int cb_data_chunk(nghttp2_session *ss, uint8_t flags, int32_t id,
   h2s_t *st = nghttp2_session_get_stream_user_data(ss, id);
   (void)flags;
   (void)ud;
-  if (st == NULL || st->bad || st->too_large ||
-      (!st->held && st->started)) {
+  if (st == NULL || st->bad || st->too_large || (!st->held && st->started)) {
     /* nobody will read it: give the window back at once. After a
      * complete response RFC 9113 8.1 allows a reset of the rest of the
      * upload; it comes only past DISCARD_MAX because some clients (curl
@@ -468,10 +467,8 @@ int om__http2_take(conn_t *c) {
                                                           cb_begin_headers);
   nghttp2_session_callbacks_set_on_header_callback(cbs, cb_header);
   nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, cb_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs,
-                                                            cb_data_chunk);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cbs,
-                                                         cb_stream_close);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, cb_data_chunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, cb_stream_close);
   nghttp2_session_callbacks_set_on_frame_send_callback(cbs, cb_frame_send);
   if (nghttp2_option_new(&opt) != 0) {
     nghttp2_session_callbacks_del(cbs);
@@ -529,8 +526,8 @@ void om__http2_on_read(conn_t *c) {
     c->srv->m.h2_protocol_errors++;
     if (n == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS)
       c->srv->m.h2_continuation_flood++;
-    om_log(OM_LOG_INFO, "http2_protocol_error", "remote", c->remote_ip,
-           "error", nghttp2_strerror((int)n), NULL);
+    om_log(OM_LOG_INFO, "http2_protocol_error", "remote", c->remote_ip, "error",
+           nghttp2_strerror((int)n), NULL);
     /* nghttp2 queued a GOAWAY for a protocol error: send it, then close */
     h->dead = 1;
   }
@@ -666,8 +663,7 @@ static void h2_pump(h2_t *h) {
     return;
   if (!om_list_empty(&h->streams))
     c->t_idle = om__http_now_ms(c);
-  if (!nghttp2_session_want_read(h->ss) &&
-      !nghttp2_session_want_write(h->ss)) {
+  if (!nghttp2_session_want_read(h->ss) && !nghttp2_session_want_write(h->ss)) {
     om__http_conn_finish(c, 1); /* GOAWAY sent and every stream done */
     return;
   }
@@ -793,8 +789,8 @@ static int submit_head(h2s_t *st, int status, const om_http_header_t *hdrs,
       char ch = hdrs[i].name[j];
       names[off + j] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
     }
-    nv[k++] = (nghttp2_nv){(uint8_t *)names + off, (uint8_t *)hdrs[i].value,
-                           nl, vl, NGHTTP2_NV_FLAG_NONE};
+    nv[k++] = (nghttp2_nv){(uint8_t *)names + off, (uint8_t *)hdrs[i].value, nl,
+                           vl, NGHTTP2_NV_FLAG_NONE};
     off += nl;
   }
   if (!rh->has_date) {

@@ -55,13 +55,13 @@
 #define POOL_MAX_REQUESTS 1.0e18
 
 static const char *const OUTCOME_NAMES[] = {
-#define OM__PROXY_OUTCOME_STR(name, status, str) str,
+#define OM__PROXY_OUTCOME_STR(name, status, str, grpc) str,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
 #undef OM__PROXY_OUTCOME_STR
 };
 
 static const int OUTCOME_STATUS[] = {
-#define OM__PROXY_OUTCOME_STATUS(name, status, str) status,
+#define OM__PROXY_OUTCOME_STATUS(name, status, str, grpc) status,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STATUS)
 #undef OM__PROXY_OUTCOME_STATUS
 };
@@ -72,6 +72,16 @@ const char *om__proxy_outcome_name(om__proxy_outcome_t o) {
 
 int om__proxy_outcome_status(om__proxy_outcome_t o) {
   return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_STATUS[o] : 0;
+}
+
+static const int OUTCOME_GRPC[] = {
+#define OM__PROXY_OUTCOME_GRPC(name, status, str, grpc) grpc,
+    OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_GRPC)
+#undef OM__PROXY_OUTCOME_GRPC
+};
+
+int om__proxy_outcome_grpc(om__proxy_outcome_t o) {
+  return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_GRPC[o] : 0;
 }
 
 /* ------------------------------------------------------------------ */
