@@ -182,8 +182,8 @@ static void client_new(fx_t *fx) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, c_frame);
   assert_int_equal(nghttp2_session_client_new(&fx->cs, cb, fx), 0);
   nghttp2_session_callbacks_del(cb);
-  assert_int_equal(
-      nghttp2_submit_settings(fx->cs, NGHTTP2_FLAG_NONE, NULL, 0), 0);
+  assert_int_equal(nghttp2_submit_settings(fx->cs, NGHTTP2_FLAG_NONE, NULL, 0),
+                   0);
 }
 
 /* Send what the client session has, read what came, feed it. */
@@ -288,8 +288,8 @@ static uint8_t upload[300000];
 static size_t upload_off;
 
 static ssize_t up_read(nghttp2_session *s, int32_t id, uint8_t *buf,
-                       size_t length, uint32_t *flags,
-                       nghttp2_data_source *src, void *ud) {
+                       size_t length, uint32_t *flags, nghttp2_data_source *src,
+                       void *ud) {
   size_t n = sizeof upload - upload_off;
   (void)s;
   (void)id;

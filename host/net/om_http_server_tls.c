@@ -107,6 +107,7 @@ int om_http_tls_new(uv_loop_t *loop, const om_http_tls_opts_t *opts,
   o.key_file = opts->key_file;
   o.client_ca_file = opts->client_ca_file;
   o.client_cert_optional = opts->client_cert_optional;
+  o.alpn = opts->alpn;
   o.cert_label = opts->cert_label != NULL ? opts->cert_label : "--tls-cert";
   o.key_label = opts->key_label != NULL ? opts->key_label : "--tls-key";
   o.client_ca_label =

@@ -124,6 +124,28 @@ describe("HTTP/2 through the real openmesh proxy", function()
     assert.are.equal("200", out)
   end)
 
+  it("serves h2 over TLS when ALPN selects it, HTTP/1.1 otherwise", function()
+    local certs = dir .. "/certs"
+    assert.is_true(os.execute("bash " .. H.q(here .. "../../tests/fixtures/tls_certs.sh") ..
+      " " .. H.q(certs)) == true)
+    -- H.start_proxy waits for an http:// url: this one says https://
+    local tp = H.spawn(H.q(H.bin) .. " proxy --listen 127.0.0.1:0 --admin 127.0.0.1:0 " ..
+      "--workers 1 --policy " .. H.q(dir .. "/traffic.lua") .. " --static " ..
+      H.q(dir .. "/static.json") .. " --tls-cert " .. H.q(certs .. "/server.pem") ..
+      " --tls-key " .. H.q(certs .. "/server.key"), dir, "proxy-tls")
+    local port = H.wait_for(function()
+      return tonumber(H.readfile(tp.out):match('"url":"https://127%.0%.0%.1:(%d+)"'))
+    end, 10)
+    assert(port, "the TLS proxy did not start: " .. H.readfile(tp.out))
+    local url = "https://127.0.0.1:" .. port .. "/download/200000"
+    local out = H.sh(H.curl(10) .. " -s --cacert " .. H.q(certs .. "/ca.pem") ..
+      " --http2 -H 'Host: up' -o /dev/null -w '%{http_version} %{http_code} %{size_download}' " .. url)
+    assert.are.equal("2 200 200000", out)
+    out = H.sh(H.curl(10) .. " -s --cacert " .. H.q(certs .. "/ca.pem") ..
+      " --http1.1 -H 'Host: up' -o /dev/null -w '%{http_version} %{http_code}' " .. url)
+    assert.are.equal("1.1 200", out)
+  end)
+
   it("refuses a gRPC call to a service without peers with UNAVAILABLE", function()
     if os.execute(H.q(PY) .. " -c 'import grpc' 2>/dev/null") ~= true then
       pending("python3-grpcio is not installed")
