@@ -615,6 +615,7 @@ int om_cmd_proxy(int argc, char **argv) {
     om_proxy_static_free(snaps, n_snaps);
     return OM_EXIT_FAILURE;
   }
+  tls.alpn = "h2,http/1.1"; /* the listener serves HTTP/2 (docs/PROXY.md) */
   app->tls_flags = &tls;
   if (policy_doc != NULL) {
     /* the first revision (or the cache) before anything loads it */

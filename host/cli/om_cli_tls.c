@@ -46,6 +46,7 @@ int om_cli_tls_load(const char *cmd, uv_loop_t *loop, const om_cli_tls_t *t,
   o.key_file = t->key;
   o.client_ca_file = t->client_ca;
   o.client_cert_optional = client_optional;
+  o.alpn = t->alpn;
   o.watch = 1;
   if (om_http_tls_new(loop, &o, out, err, sizeof err) != 0) {
     fprintf(stderr, "openmesh %s: %s\n", cmd, err);

@@ -54,6 +54,9 @@ enum {
 
 typedef struct om_cli_tls_s {
   const char *cert, *key, *client_ca;
+  /* the ALPN protocols the listener offers (om_http_tls_opts_t.alpn):
+   * set by the command, not a flag; NULL: http/1.1 */
+  const char *alpn;
 } om_cli_tls_t;
 
 /* c is one of the TLS options: store arg and return 1; else 0. */

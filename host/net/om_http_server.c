@@ -369,6 +369,8 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
     o.max_connections = DEF_MAX_CONNECTIONS;
   if (o.max_pipelined == 0)
     o.max_pipelined = DEF_MAX_PIPELINED;
+  if (o.http2 && !o.stream_bodies)
+    return OM_EINVAL;
   s = calloc(1, sizeof *s);
   if (s == NULL)
     return OM_ENOMEM;
@@ -581,6 +583,10 @@ int om_http_server_close(om_http_server_t *s, om_http_closed_fn on_closed) {
   }
   OM_LIST_FOREACH_SAFE(it, &s->conns) {
     conn_t *c = OM_LIST_ENTRY(it, conn_t, link);
+    if (c->phase == PH_H2) { /* its streams may finish */
+      om__http2_drain(c);
+      continue;
+    }
     /* a response in flight, or being flushed, may finish */
     if (c->phase >= PH_FAILED || c->active != NULL)
       continue;
@@ -622,6 +628,8 @@ const char *om_http_request_header(const om_http_request_t *req,
 
 int om_http_request_on_close(om_http_request_t *req, om_http_close_fn cb) {
   req_t *r = (req_t *)req;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_on_close(req, cb);
   if (r == NULL)
     return OM_EINVAL;
   if (r->conn == NULL)
@@ -669,6 +677,8 @@ int om_http_respond(om_http_request_t *req, int status,
   uv_buf_t bufs[2];
   rh_t rh;
   int rc, no_content, close, send_body;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_respond(req, status, headers, n, body, len);
   if (r == NULL || status < 200 || status > 599 || (len > 0 && body == NULL))
     return OM_EINVAL;
   if (r->rstate != RS_NONE || r->in_close_cb)
@@ -718,6 +728,8 @@ static int response_start(om_http_request_t *req, int status,
   uv_buf_t b;
   rh_t rh;
   int rc, no_body, close;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_start(req, status, headers, n, checked);
   if (r == NULL || status < 200 || status > 599)
     return OM_EINVAL;
   if (r->rstate != RS_NONE || r->in_close_cb)
@@ -769,6 +781,8 @@ int om_http_response_write(om_http_request_t *req, const char *data,
                            size_t len) {
   req_t *r = (req_t *)req;
   conn_t *c;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_write(req, data, len);
   if (r == NULL || (len > 0 && data == NULL))
     return OM_EINVAL;
   if (r->rstate != RS_STREAMING)
@@ -824,6 +838,8 @@ int om_http_response_end(om_http_request_t *req) {
   req_t *r = (req_t *)req;
   conn_t *c;
   int rc = 0;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_end(req);
   if (r == NULL)
     return OM_EINVAL;
   if (r->rstate != RS_STREAMING || r->in_close_cb)
@@ -851,6 +867,10 @@ int om_http_response_end(om_http_request_t *req) {
 
 void om_http_response_abort(om_http_request_t *req) {
   req_t *r = (req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    om__http2_response_abort(req);
+    return;
+  }
   if (r == NULL || r->in_close_cb)
     return;
   if (r->conn == NULL) {
@@ -864,6 +884,8 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
                               om_http_drain_fn cb) {
   req_t *r = (req_t *)req;
   conn_t *c;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_on_drain(req, low_water, cb);
   if (r == NULL)
     return OM_EINVAL;
   c = r->conn;
@@ -883,6 +905,12 @@ int om_http_response_on_drain(om_http_request_t *req, size_t low_water,
 int om_http_request_set_send_buffer(om_http_request_t *req, int bytes) {
   req_t *r = (req_t *)req;
   int v = bytes;
+  if (OM__HTTP_IS_H2(req)) { /* the connection's, shared by its streams */
+    conn_t *c = om__http2_conn_of(req);
+    if (c == NULL || c->phase == PH_CLOSING || bytes <= 0)
+      return OM_ESTATE;
+    return uv_send_buffer_size((uv_handle_t *)&c->tcp, &v) == 0 ? 0 : OM_EIO;
+  }
   if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING ||
       bytes <= 0)
     return OM_ESTATE;
@@ -892,6 +920,8 @@ int om_http_request_set_send_buffer(om_http_request_t *req, int bytes) {
 
 size_t om_http_response_pending(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_pending(req);
   if (r == NULL || r->conn == NULL || r->conn->phase == PH_CLOSING)
     return 0;
   return r->conn->ob_len +

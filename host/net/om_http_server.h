@@ -166,6 +166,21 @@ typedef struct om_http_server_metrics_s {
   /* accepted on the reserve descriptor while the process was out of
    * descriptors (EMFILE, ENFILE): 503 and closed */
   uint64_t connections_shed;
+  /* HTTP/2 (opts.http2): connections, streams (requests), streams refused
+   * over SETTINGS_MAX_CONCURRENT_STREAMS, RST_STREAM frames received,
+   * connections told ENHANCE_YOUR_CALM for too many of them in a second
+   * (rapid reset), header lists over max_header_bytes / max_headers
+   * (431), header blocks cut for too many CONTINUATION frames, sessions
+   * ended by a protocol error, GOAWAY sent because the server drains */
+  uint64_t h2_connections;
+  uint64_t h2_streams;
+  uint64_t h2_refused;
+  uint64_t h2_resets;
+  uint64_t h2_rapid_reset;
+  uint64_t h2_headers_too_large;
+  uint64_t h2_continuation_flood;
+  uint64_t h2_protocol_errors;
+  uint64_t h2_goaway_drain;
 } om_http_server_metrics_t;
 
 /*
@@ -217,6 +232,13 @@ typedef struct om_http_server_opts_s {
    * header_timeout_ms) with this listener TLS (om_http_tls.h: not owned,
    * it must outlive the server). NULL (the default): plaintext. */
   struct om_http_tls_s *tls;
+  /* Nonzero: HTTP/2 too (requires stream_bodies). A plaintext connection
+   * whose first bytes are the client preface (RFC 9113 3.3, prior
+   * knowledge) and a TLS connection that selected "h2" by ALPN become
+   * HTTP/2 connections (host/net/om_http2_server.c); each stream is a
+   * request with version_major 2, served through the same functions as
+   * an HTTP/1.1 request. Zero: such a preface is answered 505. */
+  int http2;
 } om_http_server_opts_t;
 
 /*

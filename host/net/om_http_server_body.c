@@ -130,6 +130,8 @@ void om__http_body_fail(conn_t *c, om_http_reject_t why) {
 om_http_body_ref_t *om_http_request_body_ref(om_http_request_t *req) {
   req_t *r = (req_t *)req;
   conn_t *c = r != NULL ? r->conn : NULL;
+  if (OM__HTTP_IS_H2(req))
+    return NULL; /* HTTP/2 spans are the stream's copy: not lent */
   if (c == NULL || !c->span_live || c->inb == NULL)
     return NULL;
   c->inb->refs++;
@@ -152,6 +154,8 @@ int om_http_request_body_start(om_http_request_t *req, om_http_body_fn on_data,
   conn_t *c;
   if (r == NULL || on_data == NULL || on_end == NULL)
     return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_body_start(req, on_data, on_end);
   c = r->conn;
   if (c == NULL || c->phase >= PH_FAILED || c->sbody != r || r->body_on ||
       r->in_close_cb)
@@ -169,6 +173,10 @@ int om_http_request_body_start(om_http_request_t *req, om_http_body_fn on_data,
 
 void om_http_request_body_pause(om_http_request_t *req) {
   req_t *r = (req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    om__http2_body_pause(req);
+    return;
+  }
   if (r == NULL || r->conn == NULL || r->conn->sbody != r || !r->body_on)
     return;
   r->body_paused = 1;
@@ -178,6 +186,10 @@ void om_http_request_body_pause(om_http_request_t *req) {
 
 void om_http_request_body_resume(om_http_request_t *req) {
   req_t *r = (req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    om__http2_body_resume(req);
+    return;
+  }
   if (r == NULL || r->conn == NULL || r->conn->sbody != r || !r->body_paused)
     return;
   r->body_paused = 0;
@@ -188,6 +200,8 @@ int om_http_request_body_idle_timeout(om_http_request_t *req, uint64_t ms) {
   req_t *r = (req_t *)req;
   if (r == NULL || ms > UINT32_MAX)
     return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req))
+    return 0; /* bounded by the stream window and the connection's idle */
   if (ms > 0) {
     r->body_idle_ms = ms;
     if (r->conn != NULL && r->conn->phase < PH_FAILED && !r->in_close_cb)

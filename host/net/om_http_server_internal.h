@@ -120,6 +120,7 @@ enum phase {
   PH_READING,   /* requests are parsed (ps) and dispatched in order */
   PH_LAST,      /* the last request is in ("close", HTTP/1.0): nothing
                    more is parsed, later bytes are read and dropped */
+  PH_H2,        /* HTTP/2: every byte read goes to the session (c->h2) */
   PH_ERRORING,  /* a request was refused: nothing more is parsed; the
                    answer goes out once the responses before it end */
   PH_SHUTTING,  /* queued bytes flushed, then our FIN (uv_shutdown) */
@@ -188,6 +189,7 @@ struct om_http_conn_s {
   om_tls_t *tls;
   om_tls_identity_t *peer;
   unsigned tls_counted : 1, tls_dead : 1, tls_in : 1;
+  struct om_http2_s *h2; /* PH_H2: the session (om_http2_server.c) */
 };
 
 struct om_http_server_s {
@@ -336,5 +338,56 @@ void om__http_tls_tunnel(conn_t *c, struct om_tunnel_s *t);
 /* The connection is freed: count an unfinished handshake, free the
  * engine and the identity. */
 void om__http_tls_free(conn_t *c);
+
+/* om_http2_server.c (connections of a server with o.http2) */
+
+/* c becomes an HTTP/2 connection (PH_H2); the bytes in its read buffer
+ * are the session's first. 0, or OM_ENOMEM with nothing changed. */
+int om__http2_take(conn_t *c);
+/* Feed what is in c's read buffer to the session and run it (loop
+ * callbacks only). */
+void om__http2_on_read(conn_t *c);
+/* Run the session: the holder's callbacks, then frames out (loop
+ * callbacks only). */
+void om__http2_pump(conn_t *c);
+/* The session wants bytes and output is under its bound. */
+int om__http2_want_read(const conn_t *c);
+/* No stream is open. */
+int om__http2_idle(const conn_t *c);
+/* The server drains: GOAWAY; the connection ends with its last stream. */
+void om__http2_drain(conn_t *c);
+/* c is closing: tell every holder (on_close) and free the session. */
+void om__http2_close(conn_t *c);
+/* The connection of an HTTP/2 request, NULL once it is gone. */
+conn_t *om__http2_conn_of(const om_http_request_t *req);
+int om__http2_respond(om_http_request_t *req, int status,
+                      const om_http_header_t *headers, size_t n,
+                      const char *body, size_t len);
+int om__http2_response_start(om_http_request_t *req, int status,
+                             const om_http_header_t *headers, size_t n,
+                             int checked);
+int om__http2_response_write(om_http_request_t *req, const char *data,
+                             size_t len);
+int om__http2_response_end(om_http_request_t *req);
+void om__http2_response_abort(om_http_request_t *req);
+size_t om__http2_response_pending(const om_http_request_t *req);
+int om__http2_response_on_drain(om_http_request_t *req, size_t low_water,
+                                om_http_drain_fn cb);
+int om__http2_on_close(om_http_request_t *req, om_http_close_fn cb);
+int om__http2_body_start(om_http_request_t *req, om_http_body_fn on_data,
+                         om_http_body_end_fn on_end);
+void om__http2_body_pause(om_http_request_t *req);
+void om__http2_body_resume(om_http_request_t *req);
+
+/* A request of an HTTP/2 stream: the om_http_* functions hand it to the
+ * om__http2_* ones. */
+#define OM__HTTP_IS_H2(req) ((req) != NULL && (req)->version_major == 2)
+
+/* om_http_server_write.c, for the HTTP/2 session */
+
+/* Send bytes as the HTTP layer's (encrypted on TLS), in order. */
+int om__http_conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb);
+/* Have c's session pumped at the end of this loop turn. */
+void om__http_conn_mark_dirty(conn_t *c);
 
 #endif /* OM_HTTP_SERVER_INTERNAL_H */

@@ -743,7 +743,9 @@ void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   if (c->sbody != NULL && maxcap < STREAM_READ_MAX)
     maxcap = STREAM_READ_MAX; /* a streamed body: fewer, larger reads */
-  if (c->phase != PH_READING) {
+  if (c->phase == PH_H2 && maxcap < STREAM_READ_MAX)
+    maxcap = STREAM_READ_MAX;
+  if (c->phase != PH_READING && c->phase != PH_H2) {
     *buf = uv_buf_init(s->scratch, sizeof s->scratch);
     return;
   }
@@ -787,6 +789,33 @@ void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
                      (unsigned)(c->in_cap - c->in_len));
 }
 
+/*
+ * A fresh connection of a server with http2: its first bytes are the
+ * client preface (RFC 9113 3.4), or TLS selected "h2" (RFC 9113 3.3):
+ * the connection becomes HTTP/2. Returns 1 while the bytes so far are a
+ * proper prefix of the preface (nothing is parsed until the rest
+ * comes), else 0 (c is HTTP/2 now, or stays HTTP/1).
+ */
+static int h2_detect(conn_t *c) {
+  static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  size_t avail = c->in_len - c->in_off, n = sizeof preface - 1;
+  int alpn_h2 = 0;
+  if (c->tls != NULL) {
+    char proto[16];
+    alpn_h2 = om_tls_alpn(c->tls, proto, sizeof proto) == 2 &&
+              memcmp(proto, "h2", 2) == 0;
+  }
+  if (!alpn_h2) {
+    if (memcmp(c->in + c->in_off, preface, avail < n ? avail : n) != 0)
+      return 0;
+    if (avail < n)
+      return 1;
+  }
+  if (om__http2_take(c) != 0)
+    om__http_conn_fail(c);
+  return 0;
+}
+
 void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = st->data;
   om_http_server_t *s = c->srv;
@@ -810,6 +839,14 @@ void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       return;
     }
     c->in_len += (size_t)nread;
+    if (c->phase == PH_READING && c->fresh && s->o.http2 && h2_detect(c) != 0) {
+      om__http_conn_update(c); /* a prefix of the preface: more, please */
+      return;
+    }
+    if (c->phase == PH_H2) {
+      om__http2_on_read(c);
+      return;
+    }
     if (om__http_body_wanted(c))
       om__http_body_pump(c);
     if (c->phase != PH_CLOSING)
@@ -831,7 +868,8 @@ void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   /* An EOF while a response is owed means the client went away (as
    * nginx and Go read it): close, so on_close tells the holder. */
-  if (nread != UV_EOF || c->phase == PH_LINGERING || c->active != NULL) {
+  if (nread != UV_EOF || c->phase == PH_LINGERING || c->active != NULL ||
+      c->phase == PH_H2) {
     om__http_conn_close(c, 0);
     return;
   }
@@ -903,6 +941,11 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
       kind = K_BODY;
     }
   }
+  if (c->phase == PH_H2 && c->reading && om__http2_idle(c) &&
+      uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) == 0) {
+    *dl = c->t_idle + o->idle_timeout_ms;
+    kind = K_IDLE;
+  }
   if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 &&
       c->t_write + o->idle_timeout_ms < *dl) {
     *dl = c->t_write + o->idle_timeout_ms;
@@ -968,6 +1011,8 @@ void om__http_conn_update(conn_t *c) {
     want = 0;
   else if (c->phase >= PH_ERRORING)
     want = 1; /* read and drop: see EOF, keep the peer from a reset */
+  else if (c->phase == PH_H2)
+    want = om__http2_want_read(c);
   else if (c->phase == PH_LAST) /* the same while the last response is on
                                    its way, */
     want = c->discarded <= DISCARD_MAX; /* up to a point */

@@ -107,6 +107,7 @@ int om_http_tls_new(uv_loop_t *loop, const om_http_tls_opts_t *opts,
   o.key_file = opts->key_file;
   o.client_ca_file = opts->client_ca_file;
   o.client_cert_optional = opts->client_cert_optional;
+  o.alpn = opts->alpn;
   o.cert_label = opts->cert_label != NULL ? opts->cert_label : "--tls-cert";
   o.key_label = opts->key_label != NULL ? opts->key_label : "--tls-key";
   o.client_ca_label =
@@ -196,11 +197,19 @@ void om_http_tls_close(om_http_tls_t *t) {
 const om_tls_identity_t *
 om_http_request_identity(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    const conn_t *c = om__http2_conn_of(req);
+    return c != NULL ? c->peer : NULL;
+  }
   return r != NULL && r->conn != NULL ? r->conn->peer : NULL;
 }
 
 int om_http_request_is_tls(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req)) {
+    const conn_t *c = om__http2_conn_of(req);
+    return c != NULL && c->tls != NULL;
+  }
   return r != NULL && r->conn != NULL && r->conn->tls != NULL;
 }
 

@@ -474,6 +474,8 @@ void om_tunnel_close(om_tunnel_t *t, int reset) {
 
 int om_http_request_is_upgrade(const om_http_request_t *req) {
   const req_t *r = (const req_t *)req;
+  if (OM__HTTP_IS_H2(req))
+    return 0; /* RFC 9113 8.6: no Upgrade in HTTP/2 */
   return r != NULL && r->upgrade;
 }
 
@@ -496,6 +498,8 @@ int om_http_response_upgrade(om_http_request_t *req,
   uv_buf_t b;
   om_tunnel_t *t;
   int rc;
+  if (OM__HTTP_IS_H2(req))
+    return OM_EINVAL;
   if (r == NULL || cb == NULL || cb->on_data == NULL || cb->on_close == NULL ||
       out == NULL || !r->upgrade || r->in_close_cb)
     return r != NULL && r->in_close_cb ? OM_ESTATE : OM_EINVAL;

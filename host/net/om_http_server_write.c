@@ -53,6 +53,8 @@ static void on_write(uv_write_t *wr, int status) {
   c->t_write = om__http_now_ms(c);
   om__http_conn_update(c);
   conn_check_drain(c);
+  if (c->h2 != NULL)
+    om__http2_pump(c); /* room for more frames */
 }
 
 /*
@@ -121,6 +123,10 @@ static int conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
   return om__http_conn_send_raw(c, bufs, nb);
 }
 
+int om__http_conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  return conn_send(c, bufs, nb);
+}
+
 /* Drop what is corked (sent or not) and lend the buffer back. */
 static void ob_release(conn_t *c) {
   om_http_server_t *s = c->srv;
@@ -155,8 +161,19 @@ static void on_flush_check(uv_check_t *h) {
     conn_t *c = OM_LIST_ENTRY(it, conn_t, dlink);
     conn_flush(c);
     conn_check_drain(c);
+    if (c->h2 != NULL)
+      om__http2_pump(c);
   }
   uv_check_stop(h);
+}
+
+void om__http_conn_mark_dirty(conn_t *c) {
+  om_http_server_t *s = c->srv;
+  if (c->phase >= PH_FAILED || om_list_linked(&c->dlink))
+    return;
+  if (om_list_empty(&s->dirty))
+    uv_check_start(&s->flush_check, on_flush_check);
+  om_list_push_front(&s->dirty, &c->dlink);
 }
 
 /*
@@ -387,6 +404,7 @@ void om__http_conn_close(conn_t *c, int reset) {
     c->tunnel = NULL;
   }
   c->sbody = NULL;
+  om__http2_close(c);
   om__http_conn_drop_requests(c);
   r = c->active;
   c->active = NULL;

@@ -51,6 +51,10 @@ typedef struct om_http_tls_opts_s {
    * watched; debounce_ms after the last event, default 200 ms) */
   int watch;
   uint64_t debounce_ms;
+  /* the ALPN protocols offered, in preference order, comma-separated
+   * ("h2,http/1.1" for a server with http2: a client that selects h2 is
+   * served HTTP/2, om_http_server.h); NULL: "http/1.1" */
+  const char *alpn;
 } om_http_tls_opts_t;
 
 /* Handshake results, as counted and labelled. */

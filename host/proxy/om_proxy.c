@@ -55,19 +55,19 @@
 #define POOL_MAX_REQUESTS 1.0e18
 
 static const char *const OUTCOME_NAMES[] = {
-#define OM__PROXY_OUTCOME_STR(name, status, label, reason) label,
+#define OM__PROXY_OUTCOME_STR(name, status, label, reason, grpc) label,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STR)
 #undef OM__PROXY_OUTCOME_STR
 };
 
 static const char *const OUTCOME_REASONS[] = {
-#define OM__PROXY_OUTCOME_REASON(name, status, label, reason) reason,
+#define OM__PROXY_OUTCOME_REASON(name, status, label, reason, grpc) reason,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_REASON)
 #undef OM__PROXY_OUTCOME_REASON
 };
 
 static const int OUTCOME_STATUS[] = {
-#define OM__PROXY_OUTCOME_STATUS(name, status, label, reason) status,
+#define OM__PROXY_OUTCOME_STATUS(name, status, label, reason, grpc) status,
     OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_STATUS)
 #undef OM__PROXY_OUTCOME_STATUS
 };
@@ -82,6 +82,16 @@ const char *om__proxy_outcome_reason(om__proxy_outcome_t o) {
 
 int om__proxy_outcome_status(om__proxy_outcome_t o) {
   return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_STATUS[o] : 0;
+}
+
+static const int OUTCOME_GRPC[] = {
+#define OM__PROXY_OUTCOME_GRPC(name, status, label, reason, grpc) grpc,
+    OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_GRPC)
+#undef OM__PROXY_OUTCOME_GRPC
+};
+
+int om__proxy_outcome_grpc(om__proxy_outcome_t o) {
+  return (unsigned)o < OM__PROXY_OUTCOME_COUNT ? OUTCOME_GRPC[o] : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -872,6 +882,7 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
    * each service's max_body_bytes (no limit of the server's own unless
    * the caller set one) */
   so.stream_bodies = 1;
+  so.http2 = 1; /* h2c prior knowledge, h2 by ALPN (docs/PROXY.md) */
   p->opts.server = so;
   p->own_metrics = opts->metrics == NULL;
   p->metrics = opts->metrics != NULL ? opts->metrics : om_metrics_new();

@@ -99,6 +99,41 @@ static uint64_t shed_of(const om_http_server_t *srv) {
   return m != NULL ? m->connections_shed : 0;
 }
 
+/* The HTTP/2 counters of the listener (docs/PROXY.md "HTTP/2"). */
+static void render_h2(const om_proxy_t *p, sbuf_t *b) {
+  const om_http_server_metrics_t *m = om_http_server_metrics(p->server);
+  if (m == NULL)
+    return;
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } rows[] = {
+      {"connections", "HTTP/2 connections accepted.", m->h2_connections},
+      {"streams", "HTTP/2 streams (requests) opened.", m->h2_streams},
+      {"streams_refused",
+       "Streams refused over SETTINGS_MAX_CONCURRENT_STREAMS.", m->h2_refused},
+      {"resets", "RST_STREAM frames received.", m->h2_resets},
+      {"rapid_reset",
+       "Connections told ENHANCE_YOUR_CALM for too many resets a second.",
+       m->h2_rapid_reset},
+      {"headers_too_large", "Header lists over the limit (431).",
+       m->h2_headers_too_large},
+      {"continuation_flood", "Header blocks with too many CONTINUATIONs.",
+       m->h2_continuation_flood},
+      {"protocol_errors", "Sessions ended by a protocol error.",
+       m->h2_protocol_errors},
+      {"goaway_drain", "GOAWAY sent because the proxy drains.",
+       m->h2_goaway_drain},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    sb_printf(b,
+              "# HELP openmesh_proxy_h2_%s_total %s\n"
+              "# TYPE openmesh_proxy_h2_%s_total counter\n"
+              "openmesh_proxy_h2_%s_total %llu\n",
+              rows[i].name, rows[i].help, rows[i].name, rows[i].name,
+              (unsigned long long)rows[i].v);
+}
+
 static void render_live(const om_proxy_t *p, sbuf_t *b) {
   static const struct {
     gauge_t g;
@@ -191,6 +226,7 @@ static void render_live(const om_proxy_t *p, sbuf_t *b) {
             "openmesh_proxy_accept_shed_total{listener=\"admin\"} %llu\n",
             (unsigned long long)shed_of(p->server),
             (unsigned long long)shed_of(p->admin));
+  render_h2(p, b);
 }
 
 static void metrics(const om_proxy_t *p, om_http_request_t *req) {

@@ -73,6 +73,58 @@ static size_t json_escape(char *out, size_t cap, const char *msg) {
  * The proxy's own error: {"reason": ..., "message": ...}. Releases req
  * (om_http_respond does, whatever it returns).
  */
+/* A gRPC caller: content-type application/grpc, alone or with a suffix
+ * ("+proto", ";charset") as the gRPC HTTP/2 protocol spells it. */
+static int is_grpc(const om_http_request_t *req) {
+  size_t len = 0;
+  const char *v = om_http_request_header(req, "content-type", &len);
+  return v != NULL && len >= 16 &&
+         strncasecmp(v, "application/grpc", 16) == 0 &&
+         (len == 16 || v[16] == '+' || v[16] == ';');
+}
+
+/* grpc-message: percent-encoded, every byte outside 0x20..0x7E and '%'
+ * (the gRPC HTTP/2 protocol), cut to fit. */
+static void grpc_message(char *out, size_t cap, const char *msg) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t k = 0;
+  for (const unsigned char *m = (const unsigned char *)msg; *m && k + 4 < cap;
+       m++) {
+    if (*m < 0x20 || *m > 0x7e || *m == '%') {
+      out[k++] = '%';
+      out[k++] = hex[*m >> 4];
+      out[k++] = hex[*m & 15];
+    } else {
+      out[k++] = (char)*m;
+    }
+  }
+  out[k] = '\0';
+}
+
+/*
+ * The proxy's own refusal to a gRPC caller: Trailers-Only (HTTP 200, one
+ * HEADERS frame with END_STREAM over HTTP/2: no body), grpc-status from
+ * the outcome's row, the message in grpc-message, the reason in
+ * x-openmesh-reason. Releases req.
+ */
+static void respond_grpc(om_http_request_t *req, om__proxy_outcome_t o,
+                         const char *message, const char *request_id) {
+  char code[8], gm[1024];
+  om_http_header_t h[5];
+  size_t n = 0;
+  snprintf(code, sizeof code, "%d", om__proxy_outcome_grpc(o));
+  grpc_message(gm, sizeof gm, message);
+  h[n++] = (om_http_header_t){"content-type", "application/grpc", 12, 16};
+  h[n++] = (om_http_header_t){"grpc-status", code, 11, 0};
+  h[n++] = (om_http_header_t){"grpc-message", gm, 12, 0};
+  h[n++] =
+      (om_http_header_t){"x-openmesh-reason", om__proxy_outcome_name(o), 17, 0};
+  if (request_id != NULL && request_id[0] != '\0')
+    h[n++] = (om_http_header_t){"x-request-id", request_id, 12, 0};
+  if (om_http_respond(req, 200, h, n, NULL, 0) == OM_EINVAL)
+    om_http_response_abort(req); /* not reached: the headers are ours */
+}
+
 static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
                           const char *message, unsigned attempts,
                           const char *request_id) {
@@ -80,6 +132,10 @@ static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
   om_http_header_t h[3];
   size_t n = 0;
   int len;
+  if (om__proxy_outcome_grpc(o) != 0 && is_grpc(req)) {
+    respond_grpc(req, o, message, request_id);
+    return;
+  }
   json_escape(esc, sizeof esc, message);
   len = snprintf(body, sizeof body, "{\"reason\":\"%s\",\"message\":\"%s\"}\n",
                  om__proxy_outcome_reason(o), esc);
@@ -108,6 +164,45 @@ static int parse_ms(const char *v, size_t len, uint64_t *out) {
   }
   *out = x;
   return 0;
+}
+
+/*
+ * grpc-timeout (the gRPC HTTP/2 protocol): 1 to 8 digits and a unit (H
+ * hours, M minutes, S seconds, m milliseconds, u microseconds, n
+ * nanoseconds), in ms rounded up; -1 when malformed (then ignored, as a
+ * malformed x-openmesh-deadline-ms is).
+ */
+static int parse_grpc_timeout(const char *v, size_t len, uint64_t *out) {
+  uint64_t x = 0;
+  if (v == NULL || len < 2 || len > 9)
+    return -1;
+  for (size_t i = 0; i + 1 < len; i++) {
+    if (v[i] < '0' || v[i] > '9')
+      return -1;
+    x = x * 10 + (uint64_t)(v[i] - '0');
+  }
+  switch (v[len - 1]) {
+  case 'H':
+    *out = x * 3600000u;
+    return 0;
+  case 'M':
+    *out = x * 60000u;
+    return 0;
+  case 'S':
+    *out = x * 1000u;
+    return 0;
+  case 'm':
+    *out = x;
+    return 0;
+  case 'u':
+    *out = (x + 999u) / 1000u;
+    return 0;
+  case 'n':
+    *out = (x + 999999u) / 1000000u;
+    return 0;
+  default:
+    return -1;
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1128,7 +1223,13 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   /* a malformed value is ignored, as Envoy ignores a malformed
    * x-envoy-upstream-rq-timeout-ms: the policy's deadline applies; a
    * valid one may shorten the deadline, never raise it past the cap */
-  if (v != NULL && parse_ms(v, vlen, &budget_ms) == 0)
+  if (v == NULL || parse_ms(v, vlen, &budget_ms) != 0) {
+    /* a gRPC caller's grpc-timeout, when it sent no deadline of ours */
+    v = om_http_request_header(req, "grpc-timeout", &vlen);
+    if (v != NULL && parse_grpc_timeout(v, vlen, &budget_ms) != 0)
+      v = NULL;
+  }
+  if (v != NULL)
     deadline =
         om_deadline_after(now, budget_ms >= set.max_deadline_ns / NS_PER_MS
                                    ? set.max_deadline_ns

@@ -176,31 +176,35 @@ typedef struct om__proxy_settings_s {
  * How a call ended, for metrics and logs: relayed, cut, client gone, or a
  * reason. Each row is (name, HTTP status of the proxy's own error
  * response, the outcome label of the metric and the logs, the public
- * reason of the response body). The first three are not refusals: status
- * 0, no response of the proxy's own. The three policy outcomes tell an
- * operator what to fix (the code raised, a budget tripped, the answer was
- * not one); callers see one stable reason, policy_error, for all three.
+ * reason of the response body, the gRPC status of the Trailers-Only
+ * answer a gRPC caller gets instead: docs/PROXY.md "gRPC"). The first
+ * three are not refusals: status 0, no response of the proxy's own. The
+ * three policy outcomes tell an operator what to fix (the code raised, a
+ * budget tripped, the answer was not one); callers see one stable
+ * reason, policy_error, for all three.
  */
 #define OM__PROXY_OUTCOME_MAP(XX)                                              \
-  XX(OK, 0, "ok", "ok")                                                        \
-  XX(ABORTED, 0, "aborted", "aborted")                                         \
-  XX(CLIENT_CLOSED, 0, "client_closed", "client_closed")                       \
-  XX(NO_PEERS, 503, "no_peers", "no_peers")                                    \
-  XX(OVERLOADED, 503, "overloaded", "overloaded")                              \
-  XX(DEADLINE, 504, "deadline_exceeded", "deadline_exceeded")                  \
-  XX(POLICY_RUNTIME, 500, "policy_runtime", "policy_error")                    \
-  XX(POLICY_BUDGET, 500, "policy_budget", "policy_error")                      \
-  XX(POLICY_ANSWER, 500, "policy_answer", "policy_error")                      \
-  XX(ALL_OPEN, 503, "all_circuits_open", "all_circuits_open")                  \
-  XX(UPSTREAM, 502, "upstream", "upstream")                                    \
-  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed", "upgrade_not_allowed")   \
-  XX(BODY_TOO_LARGE, 413, "body_too_large", "body_too_large")                  \
-  XX(BODY_TIMEOUT, 408, "request_timeout", "request_timeout")                  \
-  XX(LOCAL, 503, "local_resources", "local_resources")                         \
-  XX(FORBIDDEN, 403, "forbidden", "forbidden")
+  XX(OK, 0, "ok", "ok", 0)                                                     \
+  XX(ABORTED, 0, "aborted", "aborted", 0)                                      \
+  XX(CLIENT_CLOSED, 0, "client_closed", "client_closed", 0)                    \
+  XX(NO_PEERS, 503, "no_peers", "no_peers", 14)                                \
+  XX(OVERLOADED, 503, "overloaded", "overloaded", 14)                          \
+  XX(DEADLINE, 504, "deadline_exceeded", "deadline_exceeded", 4)               \
+  XX(POLICY_RUNTIME, 500, "policy_runtime", "policy_error", 13)                \
+  XX(POLICY_BUDGET, 500, "policy_budget", "policy_error", 13)                  \
+  XX(POLICY_ANSWER, 500, "policy_answer", "policy_error", 13)                  \
+  XX(ALL_OPEN, 503, "all_circuits_open", "all_circuits_open", 14)              \
+  XX(UPSTREAM, 502, "upstream", "upstream", 14)                                \
+  XX(UPGRADE_NOT_ALLOWED, 403, "upgrade_not_allowed", "upgrade_not_allowed",   \
+     7)                                                                        \
+  XX(BODY_TOO_LARGE, 413, "body_too_large", "body_too_large", 8)               \
+  XX(BODY_TIMEOUT, 408, "request_timeout", "request_timeout", 4)               \
+  XX(LOCAL, 503, "local_resources", "local_resources", 8)                      \
+  XX(FORBIDDEN, 403, "forbidden", "forbidden", 7)
 
 typedef enum {
-#define OM__PROXY_OUTCOME_ENUM(name, status, label, reason) OM__PROXY_##name,
+#define OM__PROXY_OUTCOME_ENUM(name, status, label, reason, grpc)              \
+  OM__PROXY_##name,
   OM__PROXY_OUTCOME_MAP(OM__PROXY_OUTCOME_ENUM)
 #undef OM__PROXY_OUTCOME_ENUM
       OM__PROXY_OUTCOME_COUNT
@@ -214,6 +218,10 @@ const char *om__proxy_outcome_reason(om__proxy_outcome_t o);
 /* The HTTP status of the proxy's own response for o; 0 when o is not a
  * refusal (ok, aborted, client_closed) or out of range. */
 int om__proxy_outcome_status(om__proxy_outcome_t o);
+
+/* The gRPC status code of the proxy's own answer for o to a gRPC caller
+ * (14 UNAVAILABLE, 4 DEADLINE_EXCEEDED, ...); 0 when o is no refusal. */
+int om__proxy_outcome_grpc(om__proxy_outcome_t o);
 
 struct om__proxy_service_s {
   om_proxy_t *proxy;
