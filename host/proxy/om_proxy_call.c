@@ -127,6 +127,7 @@ static void on_call_timer_closed(uv_handle_t *h) {
 static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   om__proxy_service_t *s = c->s;
   om_metric_inc(s->outcomes[o]);
+  om__proxy_access_log_end(c, o);
   if (c->queued) {
     om_admission_cancel(s->adm, &c->waiter);
     c->queued = 0;
@@ -847,6 +848,7 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   /* the forwarded set (om_proxy_headers.c); the retry rules read its
    * Idempotency-Key */
   om__proxy_headers_build(c, req, c->xff);
+  om__proxy_access_log_begin(c, req);
   p->calls++;
   return c;
 }
@@ -915,6 +917,7 @@ static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
     om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
            "caller", caller, "reason", reason, "suppressed", sup, NULL);
   }
+  om__proxy_access_log_refused(p, s, req, OM__PROXY_FORBIDDEN);
   respond_error(req, OM__PROXY_FORBIDDEN,
                 reason[0] != '\0' ? reason
                                   : "the traffic policy refused the call",
@@ -963,6 +966,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     snprintf(msg, sizeof msg, "no service named '%.*s' (from Host)",
              (int)(host_len > 128 ? 128 : host_len), host);
     om_metric_inc(p->unknown_service);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
     respond_error(req, OM__PROXY_NO_PEERS, msg, 0, NULL);
     return;
   }
@@ -972,6 +976,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (upgrade < 0) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_UPGRADE_NOT_ALLOWED);
     respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0, NULL);
     return;
   }
@@ -981,6 +986,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
              "the request body (Content-Length) passes max_body_bytes (%llu)",
              (unsigned long long)s->set.max_body_bytes);
     om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_BODY_TOO_LARGE);
     respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, NULL);
     return;
   }
@@ -1000,6 +1006,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     kv = malloc(req->n_headers * sizeof *kv);
     if (kv == NULL) {
       om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+      om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
       respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
       return;
     }
@@ -1039,12 +1046,14 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
              err, "suppressed", sup, NULL);
     }
     om_metric_inc(s->outcomes[OM__PROXY_POLICY_ERROR]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_POLICY_ERROR);
     respond_error(req, OM__PROXY_POLICY_ERROR, err, 0, NULL);
     return;
   }
   if (rt.n_subset == 0) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
     respond_error(req, OM__PROXY_NO_PEERS,
                   s->view->n == 0 ? "the service has no peers"
                                   : "the traffic policy left no peer",
@@ -1064,6 +1073,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if ((inflight >= limit || queued > 0) && queued >= s->set.max_queue) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
     respond_error(req, OM__PROXY_OVERLOADED,
                   "the service's in-flight limit and queue are full", 0, NULL);
     return;
@@ -1071,6 +1081,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
     respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0, NULL);
     return;
   }
