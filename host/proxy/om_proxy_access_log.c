@@ -149,12 +149,12 @@ void om_access_log_set_metrics(om_access_log_t *l, om_metrics_t *metrics) {
                      "or the file failed).";
   if (l == NULL || metrics == NULL)
     return;
-  l->m_written = om_metrics_counter(
-      metrics, "openmesh_proxy_access_log_lines_total", help,
-      "result=\"written\"");
-  l->m_dropped = om_metrics_counter(
-      metrics, "openmesh_proxy_access_log_lines_total", help,
-      "result=\"dropped\"");
+  l->m_written =
+      om_metrics_counter(metrics, "openmesh_proxy_access_log_lines_total", help,
+                         "result=\"written\"");
+  l->m_dropped =
+      om_metrics_counter(metrics, "openmesh_proxy_access_log_lines_total", help,
+                         "result=\"dropped\"");
 }
 
 void om_access_log_reopen(om_access_log_t *l) {
@@ -387,6 +387,10 @@ size_t om_access_log_format(const om_access_log_entry_t *e, char *out,
   } else {
     put(&ln, ",\"peer\":null");
   }
+  if (e->first_peer_id != NULL && e->peer_id != NULL &&
+      strcmp(e->first_peer_id, e->peer_id) != 0)
+    put_str(&ln, ",\"first_peer\":", e->first_peer_id, strlen(e->first_peer_id),
+            256);
   snprintf(num, sizeof num, ",\"attempts\":%u,\"duration_ms\":%.3f",
            e->attempts, e->duration_ms);
   put(&ln, num);
@@ -469,7 +473,8 @@ static void request_part(const om__proxy_service_t *s,
   size_t n = req->path_len < pq_cap - 1 ? req->path_len : pq_cap - 1;
   memcpy(pq, req->path, n);
   if (req->query != NULL && n + 1 < pq_cap - 1) {
-    size_t q = req->query_len < pq_cap - 2 - n ? req->query_len : pq_cap - 2 - n;
+    size_t q =
+        req->query_len < pq_cap - 2 - n ? req->query_len : pq_cap - 2 - n;
     pq[n++] = '?';
     memcpy(pq + n, req->query, q);
     n += q;
@@ -598,6 +603,8 @@ void om__proxy_access_log_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
     const om__proxy_peer_t *peer = peer_by_id(c->view, c->last_peer);
     r->e.peer_id = c->last_peer;
     r->e.peer_url = peer != NULL ? peer->url : "";
+    if (c->attempts > 1 && c->n_tried > 0 && c->tried_list[0] < c->view->n)
+      r->e.first_peer_id = c->view->peers[c->tried_list[0]]->id;
   }
   policy_of(c->s, &r->e);
   om_access_log_append(pr, line,

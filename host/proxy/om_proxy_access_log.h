@@ -78,6 +78,9 @@ typedef struct om_access_log_entry_s {
   int status;          /* sent to the caller; 0: none (client gone) */
   const char *peer_id; /* the peer of the last attempt; NULL: none */
   const char *peer_url;
+  /* the peer of the first attempt when a retry went elsewhere (the pick
+   * a replay of the policy compares with); NULL: the same */
+  const char *first_peer_id;
   unsigned attempts;
   double duration_ms;
   const char *policy; /* the policy's name */
