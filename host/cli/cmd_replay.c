@@ -185,9 +185,10 @@ static int load_peers(replay_t *r, const char *path) {
   }
   if (json_object_get(doc, "instances") != NULL) {
     json_t *m = json_object();
-    json_object_set(m, json_string_value(json_object_get(doc, "service"))
-                           ? json_string_value(json_object_get(doc, "service"))
-                           : "",
+    json_object_set(m,
+                    json_string_value(json_object_get(doc, "service"))
+                        ? json_string_value(json_object_get(doc, "service"))
+                        : "",
                     doc);
     json_decref(doc);
     doc = m;
@@ -253,8 +254,8 @@ static int prepare_svc(replay_t *r, svc_t *s, char *err, size_t errlen) {
   int rc;
   if (s->snap == NULL) {
     const char *field = NULL, *why = NULL;
-    rc = om_snapshot_new(s->name, 1, s->seen, s->n_seen, &s->snap, NULL,
-                         &field, &why);
+    rc = om_snapshot_new(s->name, 1, s->seen, s->n_seen, &s->snap, NULL, &field,
+                         &why);
     if (rc != 0) {
       snprintf(err, errlen, "service '%s': the log's peers: %s %s", s->name,
                field ? field : "", why ? why : om_strerror(rc));
@@ -277,17 +278,16 @@ static int prepare_svc(replay_t *r, svc_t *s, char *err, size_t errlen) {
   }
   for (size_t i = 0; i < n; i++) {
     const om_instance_t *in = om_snapshot_instance(s->snap, i);
-    s->pp[i] = (om_policy_peer_t){in->id,     in->url,         in->zone,
+    s->pp[i] = (om_policy_peer_t){in->id,     in->url,   in->zone,
                                   in->weight, s->kv + k, in->n_metadata};
     for (size_t m = 0; m < in->n_metadata; m++, k++)
-      s->kv[k] = (om_policy_kv_t){in->metadata[m].key,
-                                  strlen(in->metadata[m].key),
-                                  in->metadata[m].value,
-                                  strlen(in->metadata[m].value)};
+      s->kv[k] = (om_policy_kv_t){
+          in->metadata[m].key, strlen(in->metadata[m].key),
+          in->metadata[m].value, strlen(in->metadata[m].value)};
     rp[i] = (om_rendezvous_peer_t){in->id, 0, in->weight};
   }
-  rc = n > 0 ? om_rendezvous_new(&(om_rendezvous_opts_t){rp, n, 0}, &s->rdv)
-             : 0;
+  rc =
+      n > 0 ? om_rendezvous_new(&(om_rendezvous_opts_t){rp, n, 0}, &s->rdv) : 0;
   free(rp);
   if (rc != 0) {
     snprintf(err, errlen, "service '%s': %s", s->name, om_strerror(rc));
@@ -378,8 +378,8 @@ static void decide(const svc_t *s, om_policy_t *pol, uint32_t *scratch,
   }
   if (key != NULL && key_len > 0 && s->rdv != NULL) {
     uint64_t h = om_rendezvous_key_hash(s->rdv, key, key_len);
-    uint32_t i = om_rendezvous_best_hash(s->rdv, h, all ? NULL : scratch, n,
-                                         NULL, NULL);
+    uint32_t i =
+        om_rendezvous_best_hash(s->rdv, h, all ? NULL : scratch, n, NULL, NULL);
     if (i < om_snapshot_count(s->snap)) {
       d->peer = (int32_t)i;
       snprintf(d->label, sizeof d->label, "%s", s->pp[i].id);
@@ -500,8 +500,8 @@ typedef struct {
 } entry_t;
 
 /* Line no of file into e; 0, or -1 with a message naming file:line. */
-static int parse_line(const char *file, size_t no, const char *buf,
-                      size_t len, entry_t *e) {
+static int parse_line(const char *file, size_t no, const char *buf, size_t len,
+                      entry_t *e) {
   json_error_t je;
   json_t *f, *p;
   const char *k, *path;
@@ -679,16 +679,16 @@ static void report(replay_t *r, int as_json) {
     if (s->requests == 0)
       continue;
     if (as_json) {
-      json_object_set_new(
-          svcs, s->name,
-          json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}", "requests",
-                    (json_int_t)s->requests, "unchanged",
-                    (json_int_t)s->unchanged, "moved", (json_int_t)s->moved,
-                    "now_fail", (json_int_t)s->now_fail, "now_ok",
-                    (json_int_t)s->now_ok, "still_fail",
-                    (json_int_t)s->still_fail, "moves",
-                    buckets_json(&s->moves, "move"), "failures",
-                    buckets_json(&s->fails, "reason")));
+      json_object_set_new(svcs, s->name,
+                          json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
+                                    "requests", (json_int_t)s->requests,
+                                    "unchanged", (json_int_t)s->unchanged,
+                                    "moved", (json_int_t)s->moved, "now_fail",
+                                    (json_int_t)s->now_fail, "now_ok",
+                                    (json_int_t)s->now_ok, "still_fail",
+                                    (json_int_t)s->still_fail, "moves",
+                                    buckets_json(&s->moves, "move"), "failures",
+                                    buckets_json(&s->fails, "reason")));
       continue;
     }
     printf("service %s: %llu requests, %llu unchanged, %llu moved, %llu now "
