@@ -64,15 +64,15 @@ static void test_line_fields(void **state) {
   assert_string_equal(json_string_value(json_object_get(j, "request_id")),
                       "abc");
   assert_string_equal(json_string_value(json_object_get(j, "path")), "/a?b=1");
-  assert_string_equal(
-      json_string_value(json_object_get(json_object_get(j, "fields"), "x-user")),
-      "u-1");
+  assert_string_equal(json_string_value(json_object_get(
+                          json_object_get(j, "fields"), "x-user")),
+                      "u-1");
   OM_ASSERT_CMP(json_integer_value(json_object_get(j, "status")), ==, 200);
   assert_string_equal(
       json_string_value(json_object_get(json_object_get(j, "peer"), "address")),
       "http://127.0.0.1:9");
-  OM_ASSERT_CMP(json_integer_value(json_object_get(
-                    json_object_get(j, "policy"), "revision")),
+  OM_ASSERT_CMP(json_integer_value(
+                    json_object_get(json_object_get(j, "policy"), "revision")),
                 ==, 7);
   assert_string_equal(json_string_value(json_object_get(j, "outcome")), "ok");
   assert_null(json_object_get(j, "truncated"));
@@ -203,9 +203,8 @@ static void test_open_error(void **state) {
   char err[256];
   om_access_log_t *l = NULL;
   (void)state;
-  OM_ASSERT_CMP(om_access_log_open("/nonexistent-dir/x.log", &l, err,
-                                   sizeof err),
-                <, 0);
+  OM_ASSERT_CMP(
+      om_access_log_open("/nonexistent-dir/x.log", &l, err, sizeof err), <, 0);
   assert_null(l);
   assert_non_null(strstr(err, "/nonexistent-dir/x.log"));
 }

@@ -209,6 +209,15 @@ static int load_peers(replay_t *r, const char *path) {
       json_decref(doc);
       return OM_EXIT_USAGE;
     }
+    if (strcmp(k, om_snapshot_service(snap)) != 0) {
+      fprintf(stderr,
+              "openmesh replay: %s: key '%s' holds service '%s' (they must "
+              "be the same)\n",
+              path, k, om_snapshot_service(snap));
+      om_snapshot_unref(snap);
+      json_decref(doc);
+      return OM_EXIT_USAGE;
+    }
     s = find_svc(r, om_snapshot_service(snap));
     if (s == NULL)
       s = add_svc(r, om_snapshot_service(snap));
@@ -569,6 +578,7 @@ typedef struct {
   replay_t *r;
   const char *file;
   int need_peers;
+  uint64_t skipped; /* lines of no service with peers */
 } pass_t;
 
 /* First pass: the services, and their peers as the log saw them. */
@@ -598,8 +608,11 @@ static int replay_line(void *ud, size_t no, const char *buf, size_t len) {
     return OM_EXIT_USAGE;
   s = find_svc(ps->r, e.service);
   if (s == NULL || s->pol_new == NULL) {
+    /* a Host the proxy did not know (no policy ran), or a service that
+     * --peers does not list: counted as skipped */
+    ps->skipped++;
     json_decref(e.line);
-    return 0; /* a Host the proxy did not know: no policy ran */
+    return 0;
   }
   memset(&preq, 0, sizeof preq);
   preq.service = s->name;
@@ -795,8 +808,10 @@ int om_cmd_replay(int argc, char **argv) {
     free_replay(&r);
     return OM_EXIT_USAGE;
   }
-  ps = (pass_t){&r, log_path, peers == NULL};
-  rc = each_line(buf, len, scan_line, &ps);
+  ps = (pass_t){&r, log_path, peers == NULL, 0};
+  /* the peers from the log need a first pass; --peers names them all */
+  if (peers == NULL)
+    rc = each_line(buf, len, scan_line, &ps);
   for (size_t i = 0; rc == 0 && i < r.n; i++) {
     char err[4096];
     if (prepare_svc(&r, r.s[i], err, sizeof err) != 0) {
@@ -808,6 +823,11 @@ int om_cmd_replay(int argc, char **argv) {
     rc = each_line(buf, len, replay_line, &ps);
   free(buf);
   if (rc == 0) {
+    if (ps.skipped > 0)
+      fprintf(stderr,
+              "openmesh replay: %llu requests skipped: no service with peers "
+              "(unknown Host, or not in --peers)\n",
+              (unsigned long long)ps.skipped);
     report(&r, as_json);
     for (size_t i = 0; i < r.n; i++)
       now_fail += r.s[i]->now_fail;
