@@ -25,6 +25,7 @@
 #include "om_curl_uv.h"
 #include "om_watch.h"
 #include "om_proxy.h"
+#include "om_proxy_access_log.h"
 #include "om_proxy_workers.h"
 #include "om_policy_source.h"
 
@@ -43,7 +44,7 @@ static void usage(FILE *out) {
       "                      [--circuit-failures N] [--circuit-cooldown "
       "DURATION]\n"
       "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n"
-      "                      [--workers N]\n"
+      "                      [--workers N] [--access-log FILE]\n"
       "                      [--tls-cert FILE --tls-key FILE]\n"
       "                      [--tls-client-ca FILE]\n"
       "                      [--upstream-ca FILE]\n"
@@ -74,6 +75,11 @@ static void usage(FILE *out) {
       "                              DIR/NAME.lua; a start while no plane "
       "answers\n"
       "                              starts from it (default: no cache)\n"
+      "  --access-log FILE           one JSON line per request answered "
+      "(the\n"
+      "                              input of openmesh replay); SIGUSR1 "
+      "reopens\n"
+      "                              it, a rotated file is followed\n"
       "  --id ID                     this proxy in policy reports (default\n"
       "                              HOSTNAME:PID)\n"
       "  --service-policy S=FILE     service S uses FILE instead (repeatable)\n"
@@ -189,6 +195,9 @@ static int fail_usage(const char *fmt, const char *arg) {
 typedef struct app_s {
   uv_loop_t loop;
   om_cli_signals_t sigs;
+  uv_signal_t usr1; /* --access-log: reopen */
+  int usr1_open;
+  om_access_log_t *alog;    /* --access-log; NULL: off */
   om_proxy_group_t *proxy;  /* the workers */
   om_cli_tls_t *tls_flags;  /* --tls-*: each worker loads its own */
   om_curl_uv_t *curl;       /* --control: the watches' transport */
@@ -292,6 +301,10 @@ static void on_proxy_closed(void *ud) {
   app->proxy = NULL;
   close_psrc(app);
   om_cli_signals_close(&app->sigs);
+  if (app->usr1_open) {
+    app->usr1_open = 0;
+    uv_close((uv_handle_t *)&app->usr1, NULL);
+  }
   om_log(OM_LOG_INFO, "proxy_stopped", NULL);
 }
 
@@ -316,6 +329,12 @@ static void on_hup(uv_signal_t *h, int signum) {
   om_proxy_group_reload(app->proxy);
 }
 
+static void on_usr1(uv_signal_t *h, int signum) {
+  app_t *app = h->data;
+  (void)signum;
+  om_access_log_reopen(app->alog);
+}
+
 /* One worker's listener TLS (--tls-*), on its loop. */
 static int worker_tls(void *ud, uv_loop_t *loop, om_http_tls_t **out) {
   app_t *app = ud;
@@ -335,6 +354,8 @@ static void shutdown_loop(app_t *app) {
     close_psrc(app);
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
+  om_access_log_close(app->alog);
+  app->alog = NULL;
 }
 
 int om_cmd_proxy(int argc, char **argv) {
@@ -359,6 +380,7 @@ int om_cmd_proxy(int argc, char **argv) {
       {"workers", required_argument, NULL, 1004},
       {"policy-cache", required_argument, NULL, 1005},
       {"id", required_argument, NULL, 1006},
+      {"access-log", required_argument, NULL, 1007},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
       OM_CLI_CONTROL_TLS_LONGOPTS,
@@ -369,6 +391,7 @@ int om_cmd_proxy(int argc, char **argv) {
   om_curl_tls_t control_tls = {0};
   const char *policy = NULL, *static_file = NULL;
   const char *policy_cache = NULL, *proxy_id = NULL, *policy_doc = NULL;
+  const char *access_log = NULL;
   char default_id[320];
   int policy_only;
   om_cli_controls_t control = {.n = 0};
@@ -488,6 +511,9 @@ int om_cmd_proxy(int argc, char **argv) {
     }
     case 1005:
       policy_cache = optarg;
+      break;
+    case 1007:
+      access_log = optarg;
       break;
     case 1006:
       if (!visible_id(optarg))
@@ -617,6 +643,15 @@ int om_cmd_proxy(int argc, char **argv) {
   }
   tls.alpn = "h2,http/1.1"; /* the listener serves HTTP/2 (docs/PROXY.md) */
   app->tls_flags = &tls;
+  if (access_log != NULL &&
+      om_access_log_open(access_log, &app->alog, err, sizeof err) != 0) {
+    fprintf(stderr, "openmesh proxy: %s\n", err);
+    om_proxy_static_free(snaps, n_snaps);
+    uv_loop_close(&app->loop);
+    free(app);
+    return OM_EXIT_FAILURE;
+  }
+  o.access_log = app->alog;
   if (policy_doc != NULL) {
     /* the first revision (or the cache) before anything loads it */
     om_policy_source_opts_t so;
@@ -665,6 +700,7 @@ int om_cmd_proxy(int argc, char **argv) {
     free(app);
     return rc == OM_ENOMEM && !tls_failed ? OM_EXIT_FAILURE : OM_EXIT_USAGE;
   }
+  om_access_log_set_metrics(app->alog, om_proxy_group_metrics(app->proxy));
   for (size_t i = 0; i < n_snaps && exit_code == OM_EXIT_OK; i++) {
     rc = om_proxy_group_set_snapshot(app->proxy, snaps[i], err, sizeof err);
     if (rc != 0) {
@@ -744,8 +780,14 @@ int om_cmd_proxy(int argc, char **argv) {
          "policy_file", app->psrc != NULL ? o.policy_path : NULL, "topology",
          static_file ? static_file : control_list, "workers", nworkers, NULL);
   om_cli_signals_start(&app->loop, &app->sigs, on_stop, on_hup, app);
+  if (app->alog != NULL && uv_signal_init(&app->loop, &app->usr1) == 0) {
+    app->usr1.data = app;
+    app->usr1_open = 1;
+    uv_signal_start(&app->usr1, on_usr1, SIGUSR1);
+  }
   uv_run(&app->loop, UV_RUN_DEFAULT);
   uv_loop_close(&app->loop);
+  om_access_log_close(app->alog);
   free(app);
   return OM_EXIT_OK;
 }

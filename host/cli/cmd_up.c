@@ -38,6 +38,7 @@
 #include "om_proxy.h"
 #include "om_store_memory.h"
 #include "om_store_redis.h"
+#include "om_proxy_access_log.h"
 #include "om_watch.h"
 
 #define MAX_SERVICES 64
@@ -71,6 +72,9 @@ typedef struct {
   const char *policy_spec; /* "control:NAME" as given */
   int seeded;              /* 0 while the seed is in flight */
   int seed_rc;
+  /* proxy.access_log: the log and the registry the proxy and it share */
+  om_access_log_t *alog;
+  om_metrics_t *metrics;
 } up_t;
 
 /* Flags that stand in for fields of up.json (-1, NULL: use the file's). */
@@ -516,6 +520,20 @@ static int start_proxy(up_t *up, json_t *conf, const char *host,
   if (fl->admin_port >= 0)
     admin = fl->admin_port;
   o.server.tls = up->tls;
+  {
+    const char *alog = str(px, "access_log", NULL, &bad);
+    if (!bad && alog != NULL) {
+      if ((up->metrics = om_metrics_new()) == NULL ||
+          om_access_log_open(alog, &up->alog, err, sizeof err) != 0) {
+        fprintf(stderr, "openmesh up: %s: proxy.access_log: %s\n", file,
+                up->metrics == NULL ? "out of memory" : err);
+        return OM_EXIT_FAILURE;
+      }
+      om_access_log_set_metrics(up->alog, up->metrics);
+      o.metrics = up->metrics;
+      o.access_log = up->alog;
+    }
+  }
   if (bad) {
     fprintf(stderr,
             "openmesh up: %s: proxy needs port, admin_port and a "
@@ -909,6 +927,8 @@ int om_cmd_up(int argc, char **argv) {
   uv_run(&up->loop, UV_RUN_DEFAULT);
 done:
   uv_loop_close(&up->loop);
+  om_access_log_close(up->alog); /* the proxy is gone */
+  om_metrics_free(up->metrics);
   free(up);
   json_decref(conf);
   return rc;

@@ -28,6 +28,8 @@ static const om_cli_command_t commands[] = {
      om_cmd_proxy},
     {"register", "keep an instance's lease alive (and run it)",
      om_cmd_register},
+    {"replay", "what a policy change would move, from an access log",
+     om_cmd_replay},
     {"test", "run busted specs inside the embedded runtime", om_cmd_test},
     {"up", "run the mesh on its embedded default (examples/)", om_cmd_up},
     {"version", "print the version", cmd_version},

@@ -9,5 +9,6 @@ int om_cmd_proxy(int argc, char **argv);
 int om_cmd_test(int argc, char **argv);
 int om_cmd_up(int argc, char **argv);
 int om_cmd_register(int argc, char **argv);
+int om_cmd_replay(int argc, char **argv);
 
 #endif /* OM_CMDS_H */

@@ -141,6 +141,9 @@ typedef struct om_proxy_opts_s {
    * the workers share: a peer of the same service, id and URL has one
    * circuit whichever worker calls it. NULL: the proxy's own. */
   struct om_proxy_circuits_s *circuits;
+  /* The access log (borrowed; om_proxy_access_log.h), which the workers
+   * share, each with its own buffers; NULL: off. */
+  struct om_access_log_s *access_log;
 } om_proxy_opts_t;
 
 /*

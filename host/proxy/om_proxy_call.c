@@ -222,6 +222,7 @@ static void on_call_timer_closed(uv_handle_t *h) {
 static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   om__proxy_service_t *s = c->s;
   om_metric_inc(s->outcomes[o]);
+  om__proxy_access_log_end(c, o);
   if (c->queued) {
     om_admission_cancel(s->adm, &c->waiter);
     c->queued = 0;
@@ -942,6 +943,7 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   /* the forwarded set (om_proxy_headers.c); the retry rules read its
    * Idempotency-Key */
   om__proxy_headers_build(c, req, rt->decision, c->xff);
+  om__proxy_access_log_begin(c, req);
   p->calls++;
   return c;
 }
@@ -1056,6 +1058,7 @@ static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
     om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
            "caller", caller, "reason", reason, "suppressed", sup, NULL);
   }
+  om__proxy_access_log_refused(p, s, req, OM__PROXY_FORBIDDEN);
   respond_error(req, OM__PROXY_FORBIDDEN,
                 reason[0] != '\0' ? reason
                                   : "the traffic policy refused the call",
@@ -1071,6 +1074,7 @@ static void body_too_large(om__proxy_service_t *s, om_http_request_t *req,
            "the request body (Content-Length) passes max_body_bytes (%llu)",
            (unsigned long long)max);
   om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
+  om__proxy_access_log_refused(s->proxy, s, req, OM__PROXY_BODY_TOO_LARGE);
   respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, id);
 }
 
@@ -1149,6 +1153,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     snprintf(msg, sizeof msg, "no service named '%.*s' (from Host)",
              (int)(host_len > 128 ? 128 : host_len), host);
     om_metric_inc(p->unknown_service);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
     respond_error(req, OM__PROXY_NO_PEERS, msg, 0, own_id(p, req, rid));
     return;
   }
@@ -1158,6 +1163,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (upgrade < 0) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_UPGRADE_NOT_ALLOWED);
     respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0,
                   own_id(p, req, rid));
     return;
@@ -1171,6 +1177,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     kv = malloc(req->n_headers * sizeof *kv);
     if (kv == NULL) {
       om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+      om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
       respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
                     own_id(p, req, rid));
       return;
@@ -1206,6 +1213,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     const char *id = own_id(p, req, rid);
     om__proxy_outcome_t o = policy_failed(s, req, rc, id, err, now);
     om_metric_inc(s->outcomes[o]);
+    om__proxy_access_log_refused(p, s, req, o);
     respond_error(req, o, err, 0, id);
     return;
   }
@@ -1239,6 +1247,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (rt.n_subset == 0) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
     respond_error(req, OM__PROXY_NO_PEERS,
                   s->view->n == 0 ? "the service has no peers"
                                   : "the traffic policy left no peer",
@@ -1258,6 +1267,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if ((inflight >= limit || queued > 0) && queued >= s->set.max_queue) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
     respond_error(req, OM__PROXY_OVERLOADED,
                   "the service's in-flight limit and queue are full", 0,
                   own_id(p, req, rid));
@@ -1266,6 +1276,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
+    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
     respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
                   own_id(p, req, rid));
     return;

@@ -305,6 +305,7 @@ struct om_proxy_s {
   om_tls_ctx_t *tls_default;
   om_file_watch_t *tls_watch; /* the --upstream-* files; NULL: none */
   char *upstream_ca, *upstream_cert, *upstream_key;
+  struct om_access_log_producer_s *alog; /* this worker's; NULL until used */
 };
 
 /*
@@ -416,7 +417,22 @@ struct om__proxy_call_s {
   struct om__proxy_tunnel_s *tun;
   om__proxy_body_t body;
   int local_retried; /* an attempt after a local failure was made */
+  struct om__proxy_alog_req_s *alog; /* the access log's request part */
 };
+
+/*
+ * om_proxy_access_log.c: the access log's hooks, no-ops while it is off.
+ * _refused: the proxy answered req itself before a call existed (s NULL:
+ * no service by that Host). _begin: keep what the line needs of req
+ * (call_new; the request is released before the call ends). _end: the
+ * call ends with o: its line goes to the worker's buffer.
+ */
+void om__proxy_access_log_refused(om_proxy_t *p, om__proxy_service_t *s,
+                                  const om_http_request_t *req,
+                                  om__proxy_outcome_t o);
+void om__proxy_access_log_begin(om__proxy_call_t *c,
+                                const om_http_request_t *req);
+void om__proxy_access_log_end(om__proxy_call_t *c, om__proxy_outcome_t o);
 
 /* om_proxy_pool.c: the upstream keep-alive pool as each service sets it */
 
