@@ -1,7 +1,8 @@
--- checkout, a bad edit: meant to keep the canary's users off a v1 peer
--- being drained, it drops every stable peer for everyone else. It passes
--- `openmesh check` (its examples only cover the canary) but `openmesh
--- replay` shows the requests it would fail.
+-- checkout, a bad edit: meant to pin the users outside the canary to the
+-- v1 peers, it misspells the metadata key ("verison"), so they get no
+-- peer at all. It passes `openmesh check` (its one example covers the
+-- canary side only), but `openmesh replay` lists the requests it would
+-- fail and exits 1.
 local policy = require "openmesh.policy"
 
 local function user(req)
@@ -12,7 +13,10 @@ return {
   kind = "traffic",
   vary = { "x-user" },
   subset = function(req, peers)
-    return policy.by(peers, "version", "v2")
+    if policy.unit(user(req) or "") < 0.10 then
+      return policy.by(peers, "version", "v2")
+    end
+    return policy.by(peers, "verison", "v1")
   end,
   key = user,
   examples = {
