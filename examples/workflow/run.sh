@@ -70,7 +70,11 @@ until [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Host: checkout' "$proxy/")
 done
 n=1
 while [ $n -le 300 ]; do
-  curl -s -o /dev/null -H 'Host: checkout' -H "x-user: u-$n" "$proxy/"
+  if [ $((n % 10)) = 0 ]; then # every tenth a payment
+    curl -s -o /dev/null -X POST -d '{}' -H 'Host: checkout' -H "x-user: u-$n" "$proxy/payments/$n"
+  else
+    curl -s -o /dev/null -H 'Host: checkout' -H "x-user: u-$n" "$proxy/"
+  fi
   n=$((n + 1))
 done
 wait_for "$work/access.log" '"x-user":"u-300"'
@@ -79,6 +83,13 @@ echo "$(wc -l < "$work/access.log") requests logged"
 say "5. replay the 30% edit over the recorded traffic"
 "$om" replay --log "$work/access.log" --policy "$here/checkout_v2.lua" \
   --peers "$work/peers.json" || fail "the 30% edit fails requests"
+
+say "5b. replay a deadline edit against the policy in force: decisions move"
+sed 's/deadline_ms = 2000, retries = 0/deadline_ms = 1000, retries = 0/g' "$here/checkout.lua" > "$work/checkout_fast.lua"
+"$om" replay --log "$work/access.log" --policy "$work/checkout_fast.lua" \
+  --against "$here/checkout.lua" --peers "$work/peers.json" | tee "$work/decisions.txt"
+grep -q "30 requests would get another decision" "$work/decisions.txt" ||
+  fail "replay did not report the 30 payments' new deadline"
 
 say "6. replay a bad edit: it would fail requests, and replay exits 1"
 if "$om" replay --log "$work/access.log" --policy "$here/checkout_broken.lua" \

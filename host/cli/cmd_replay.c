@@ -51,6 +51,9 @@ typedef struct {
   const uint32_t *subset;
   size_t n_subset; /* into the caller's scratch */
   int all;
+  /* what decide(req) said, as text ("" when the log is OLD: it keeps
+   * none): "deadline_ms=2000 retries=0 set:x-tenant", or "-" */
+  char settings[LABEL_MAX];
 } decision_t;
 
 typedef struct {
@@ -75,7 +78,8 @@ typedef struct {
   om_policy_t *pol_new, *pol_old;
   uint32_t *scratch_new, *scratch_old;
   uint64_t requests, unchanged, moved, now_fail, now_ok, still_fail;
-  buckets_t moves, fails;
+  uint64_t decided_other; /* requests whose decide answer changed */
+  buckets_t moves, fails, decisions;
   /* peers seen in the log (without --peers) */
   om_instance_t *seen;
   size_t n_seen;
@@ -354,6 +358,65 @@ static void subset_label(const svc_t *s, const decision_t *d, char *out,
  * What pol decides for preq (fields: the logged ones, for the
  * x-openmesh-key fallback): the proxy's on_request up to its first pick.
  */
+/* A decision as the report shows it: the fields it set with their
+ * values, the headers it sets or removes by name (their values may be
+ * per request: by name they group); "-" for none. */
+static void describe_decision(const om_policy_decision_t *d, char *out,
+                              size_t cap) {
+  static const struct {
+    unsigned bit;
+    const char *name;
+  } fields[] = {{OM_DECIDE_DEADLINE, "deadline_ms"},
+                {OM_DECIDE_PER_TRY, "per_try_timeout_ms"},
+                {OM_DECIDE_RETRIES, "retries"},
+                {OM_DECIDE_RETRY_UNSAFE, "retry_non_idempotent"},
+                {OM_DECIDE_STREAM_IDLE, "stream_idle_timeout_ms"},
+                {OM_DECIDE_MAX_STREAM, "max_stream_ms"},
+                {OM_DECIDE_MAX_BODY, "max_body_bytes"}};
+  size_t k = 0;
+  out[0] = '\0';
+  if (d == NULL || (d->fields == 0 && d->n_headers == 0)) {
+    snprintf(out, cap, "-");
+    return;
+  }
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0] && k < cap; i++) {
+    unsigned long long v;
+    if (!(d->fields & fields[i].bit))
+      continue;
+    switch (fields[i].bit) {
+    case OM_DECIDE_DEADLINE:
+      v = d->deadline_ms;
+      break;
+    case OM_DECIDE_PER_TRY:
+      v = d->per_try_ms;
+      break;
+    case OM_DECIDE_RETRIES:
+      v = d->retries;
+      break;
+    case OM_DECIDE_RETRY_UNSAFE:
+      v = (unsigned)d->retry_non_idempotent;
+      break;
+    case OM_DECIDE_STREAM_IDLE:
+      v = d->stream_idle_ms;
+      break;
+    case OM_DECIDE_MAX_STREAM:
+      v = d->max_stream_ms;
+      break;
+    default:
+      v = d->max_body_bytes;
+      break;
+    }
+    k += (size_t)snprintf(out + k, cap - k, "%s%s=%llu", k ? " " : "",
+                          fields[i].name, v);
+  }
+  for (uint32_t i = 0; i < d->n_headers && k < cap; i++) {
+    const om_policy_header_edit_t *e = &d->headers[i];
+    k += (size_t)snprintf(out + k, cap - k, "%s%s:%.*s", k ? " " : "",
+                          e->value_len == OM_DECIDE_REMOVE ? "remove" : "set",
+                          (int)e->name_len, d->bytes + e->name);
+  }
+}
+
 static void decide(const svc_t *s, om_policy_t *pol, uint32_t *scratch,
                    const om_policy_req_t *preq, decision_t *d) {
   char err[512];
@@ -362,8 +425,12 @@ static void decide(const svc_t *s, om_policy_t *pol, uint32_t *scratch,
   int all = 0, rc;
   memset(d, 0, sizeof *d);
   d->peer = -1;
-  rc = om_policy_route_view(pol, preq, scratch, &n, &all, &key, &key_len, err,
-                            sizeof err);
+  static om_policy_decision_t dec;
+  int decided = 0;
+  rc = om_policy_route_decide(pol, preq, scratch, &n, &all, &key, &key_len,
+                              &dec, &decided, err, sizeof err);
+  if (rc == 0)
+    describe_decision(decided ? &dec : NULL, d->settings, sizeof d->settings);
   if (rc == OM_POLICY_DENIED || rc != 0) {
     d->fails = 1;
     snprintf(d->reason, sizeof d->reason, "%s",
@@ -626,6 +693,14 @@ static int replay_line(void *ud, size_t no, const char *buf, size_t len) {
     decide(s, s->pol_old, s->scratch_old, &preq, &old);
   else
     recorded(s, e.outcome, e.first, &old);
+  /* decide's answers, when both sides ran a policy and neither failed */
+  if (s->pol_old != NULL && !old.fails && !neu.fails &&
+      strcmp(old.settings, neu.settings) != 0) {
+    snprintf(what, sizeof what, "%.*s -> %.*s", LABEL_MAX - 1, old.settings,
+             LABEL_MAX - 1, neu.settings);
+    s->decided_other++;
+    count(&s->decisions, what, e.rid);
+  }
   switch (compare(&old, &neu, s->pol_old == NULL, what, sizeof what)) {
   case SAME:
     s->unchanged++;
@@ -692,16 +767,18 @@ static void report(replay_t *r, int as_json) {
     if (s->requests == 0)
       continue;
     if (as_json) {
-      json_object_set_new(svcs, s->name,
-                          json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
-                                    "requests", (json_int_t)s->requests,
-                                    "unchanged", (json_int_t)s->unchanged,
-                                    "moved", (json_int_t)s->moved, "now_fail",
-                                    (json_int_t)s->now_fail, "now_ok",
-                                    (json_int_t)s->now_ok, "still_fail",
-                                    (json_int_t)s->still_fail, "moves",
-                                    buckets_json(&s->moves, "move"), "failures",
-                                    buckets_json(&s->fails, "reason")));
+      json_object_set_new(
+          svcs, s->name,
+          json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "requests",
+                    (json_int_t)s->requests, "unchanged",
+                    (json_int_t)s->unchanged, "moved", (json_int_t)s->moved,
+                    "now_fail", (json_int_t)s->now_fail, "now_ok",
+                    (json_int_t)s->now_ok, "still_fail",
+                    (json_int_t)s->still_fail, "decision_changed",
+                    (json_int_t)s->decided_other, "moves",
+                    buckets_json(&s->moves, "move"), "failures",
+                    buckets_json(&s->fails, "reason"), "decisions",
+                    buckets_json(&s->decisions, "change")));
       continue;
     }
     printf("service %s: %llu requests, %llu unchanged, %llu moved, %llu now "
@@ -712,6 +789,11 @@ static void report(replay_t *r, int as_json) {
            (unsigned long long)s->still_fail);
     print_buckets(&s->moves, "move");
     print_buckets(&s->fails, "fail");
+    if (s->decided_other > 0) {
+      printf("  %llu requests would get another decision (decide):\n",
+             (unsigned long long)s->decided_other);
+      print_buckets(&s->decisions, "decide");
+    }
   }
   if (as_json) {
     char *out;
@@ -742,6 +824,7 @@ static void free_replay(replay_t *r) {
     free(s->scratch_old);
     free(s->moves.b);
     free(s->fails.b);
+    free(s->decisions.b);
     free(s->name);
     free(s);
   }

@@ -25,6 +25,7 @@ describe("examples/workflow/run.sh", function()
     -- the 30% edit moves users to v2 and fails none; the bad edit fails some
     assert.is_truthy(out:find("moved, 0 now fail", 1, true), out)
     assert.is_truthy(out:match("moved, [1-9]%d* now fail"), out)
+    assert.is_truthy(out:find("30 requests would get another decision", 1, true), out)
     assert.is_truthy(out:find('"id":"proxy-1"', 1, true) or out:find('"id": "proxy-1"', 1, true), out)
     assert.is_truthy(out:find("runs on every proxy", 1, true), out)
   end)
