@@ -425,7 +425,7 @@ static void decide(const svc_t *s, om_policy_t *pol, uint32_t *scratch,
   int all = 0, rc;
   memset(d, 0, sizeof *d);
   d->peer = -1;
-  static om_policy_decision_t dec;
+  om_policy_decision_t dec; /* on the stack: each half has a thread */
   int decided = 0;
   rc = om_policy_route_decide(pol, preq, scratch, &n, &all, &key, &key_len,
                               &dec, &decided, err, sizeof err);
@@ -624,11 +624,12 @@ static int parse_line(const char *file, size_t no, const char *buf, size_t len,
   return 0;
 }
 
-/* Call fn on each line of buf (no: 1-based); stops at fn's nonzero. */
-static int each_line(const char *buf, size_t len,
+/* Call fn on each line of buf (no: after first_no, 1-based for the
+ * file's first line); stops at fn's nonzero. */
+static int each_line(const char *buf, size_t len, size_t first_no,
                      int (*fn)(void *, size_t, const char *, size_t),
                      void *ud) {
-  size_t no = 0;
+  size_t no = first_no;
   for (const char *at = buf, *end = buf + len; at < end;) {
     const char *nl = memchr(at, '\n', (size_t)(end - at));
     size_t l = nl ? (size_t)(nl - at) : (size_t)(end - at);
@@ -830,6 +831,125 @@ static void free_replay(replay_t *r) {
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* two halves on two threads */
+
+/* Fold bs (another pass's buckets) into into: counts add up, examples
+ * fill up to EXAMPLES. */
+static void merge_buckets(buckets_t *into, const buckets_t *bs) {
+  into->other += bs->other;
+  for (size_t i = 0; i < bs->n; i++) {
+    const bucket_t *b = &bs->b[i];
+    bucket_t *t;
+    count(into, b->what, b->n_examples > 0 ? b->examples[0] : "");
+    t = NULL;
+    for (size_t k = 0; k < into->n; k++)
+      if (strcmp(into->b[k].what, b->what) == 0)
+        t = &into->b[k];
+    if (t == NULL) { /* past MAX_BUCKETS: counted in other */
+      into->other += b->count - 1;
+      continue;
+    }
+    t->count += b->count - 1; /* count() added one */
+    for (int e = 1; e < b->n_examples && t->n_examples < EXAMPLES; e++)
+      snprintf(t->examples[t->n_examples++], sizeof t->examples[0], "%s",
+               b->examples[e]);
+  }
+}
+
+typedef struct {
+  pass_t ps;
+  const char *buf;
+  size_t len, first_no;
+  int rc;
+} half_t;
+
+static void run_half(void *arg) {
+  half_t *h = arg;
+  h->rc = each_line(h->buf, h->len, h->first_no, replay_line, &h->ps);
+}
+
+/*
+ * The replay pass. A log of more than SPLIT_BYTES is cut at a line in
+ * two, and the second half runs on a thread of its own with its own
+ * copies of the services (their policies loaded again: a Lua state is
+ * one thread's), so a replay uses two cores; the second half's counts
+ * and buckets are then folded into r's. Smaller logs take one pass: a
+ * second load of every policy would cost more than it saves.
+ */
+#define SPLIT_BYTES (4u << 20)
+static int replay_all(replay_t *r, pass_t *ps, const char *buf, size_t len,
+                      const char *peers) {
+  replay_t r2;
+  half_t h2;
+  uv_thread_t t;
+  const char *mid;
+  size_t first_len, lines = 0;
+  int rc = 0;
+  mid = len > SPLIT_BYTES ? memchr(buf + len / 2, '\n', len - len / 2) : NULL;
+  if (mid == NULL)
+    return each_line(buf, len, 0, replay_line, ps);
+  first_len = (size_t)(mid - buf) + 1;
+  for (const char *at = buf;
+       (at = memchr(at, '\n', (size_t)(mid - at))) != NULL; at++)
+    lines++;
+  memset(&r2, 0, sizeof r2);
+  r2.new_path = r->new_path;
+  r2.old_path = r->old_path;
+  r2.popts = r->popts;
+  if (peers != NULL)
+    rc = load_peers(&r2, peers);
+  for (size_t i = 0; rc == 0 && i < r->n; i++) {
+    svc_t *s = r->s[i], *c = find_svc(&r2, s->name);
+    if (c == NULL && (c = add_svc(&r2, s->name)) == NULL)
+      rc = OM_EXIT_FAILURE;
+    for (size_t k = 0; rc == 0 && c->snap == NULL && k < s->n_seen; k++)
+      saw_peer(c, s->seen[k].id, s->seen[k].url);
+  }
+  for (size_t i = 0; rc == 0 && i < r2.n; i++) {
+    char err[4096];
+    if (prepare_svc(&r2, r2.s[i], err, sizeof err) != 0) {
+      fprintf(stderr, "openmesh replay: %s\n", err);
+      rc = OM_EXIT_USAGE;
+    }
+  }
+  if (rc != 0) {
+    free_replay(&r2);
+    return rc;
+  }
+  h2 = (half_t){{&r2, ps->file, ps->need_peers, 0},
+                mid + 1,
+                len - first_len,
+                lines + 1,
+                0};
+  if (uv_thread_create(&t, run_half, &h2) != 0) {
+    free_replay(&r2);
+    return each_line(buf, len, 0, replay_line, ps);
+  }
+  rc = each_line(buf, first_len, 0, replay_line, ps);
+  uv_thread_join(&t);
+  if (rc == 0)
+    rc = h2.rc;
+  ps->skipped += h2.ps.skipped;
+  for (size_t i = 0; rc == 0 && i < r2.n; i++) {
+    svc_t *c = r2.s[i], *s = find_svc(r, c->name);
+    if (s == NULL) /* named by --peers only: nothing of it in r */
+      continue;
+    s->requests += c->requests;
+    s->unchanged += c->unchanged;
+    s->moved += c->moved;
+    s->now_fail += c->now_fail;
+    s->now_ok += c->now_ok;
+    s->still_fail += c->still_fail;
+    s->decided_other += c->decided_other;
+    merge_buckets(&s->moves, &c->moves);
+    merge_buckets(&s->fails, &c->fails);
+    merge_buckets(&s->decisions, &c->decisions);
+  }
+  free_replay(&r2);
+  return rc;
+}
+
 int om_cmd_replay(int argc, char **argv) {
   static const struct option longopts[] = {
       {"log", required_argument, NULL, 'l'},
@@ -894,7 +1014,7 @@ int om_cmd_replay(int argc, char **argv) {
   ps = (pass_t){&r, log_path, peers == NULL, 0};
   /* the peers from the log need a first pass; --peers names them all */
   if (peers == NULL)
-    rc = each_line(buf, len, scan_line, &ps);
+    rc = each_line(buf, len, 0, scan_line, &ps);
   for (size_t i = 0; rc == 0 && i < r.n; i++) {
     char err[4096];
     if (prepare_svc(&r, r.s[i], err, sizeof err) != 0) {
@@ -903,7 +1023,7 @@ int om_cmd_replay(int argc, char **argv) {
     }
   }
   if (rc == 0)
-    rc = each_line(buf, len, replay_line, &ps);
+    rc = replay_all(&r, &ps, buf, len, peers);
   free(buf);
   if (rc == 0) {
     if (ps.skipped > 0)
