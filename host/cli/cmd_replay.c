@@ -90,6 +90,7 @@ typedef struct {
   size_t n;
   const char *new_path, *old_path;
   om_policy_opts_t popts;
+  int threads; /* 1: one pass whatever the size; else two halves */
 } replay_t;
 
 static int usage(FILE *f) {
@@ -111,6 +112,7 @@ static int usage(FILE *f) {
       "the\n"
       "                         peers the log saw (id and address only)\n"
       "  --json                 one JSON document instead of text\n"
+      "  --threads 1|2          cores a log over 4 MiB may use (default 2)\n"
       "  --lib DIR              the Lua library (default: the shipped one)\n\n"
       "Exit 0: nothing fails under NEW that did not before; 1: some would; "
       "2: usage\nor an unreadable or malformed file (file:line).\n");
@@ -886,7 +888,9 @@ static int replay_all(replay_t *r, pass_t *ps, const char *buf, size_t len,
   const char *mid;
   size_t first_len, lines = 0;
   int rc = 0;
-  mid = len > SPLIT_BYTES ? memchr(buf + len / 2, '\n', len - len / 2) : NULL;
+  mid = len > SPLIT_BYTES && r->threads != 1
+            ? memchr(buf + len / 2, '\n', len - len / 2)
+            : NULL;
   if (mid == NULL)
     return each_line(buf, len, 0, replay_line, ps);
   first_len = (size_t)(mid - buf) + 1;
@@ -957,6 +961,7 @@ int om_cmd_replay(int argc, char **argv) {
       {"against", required_argument, NULL, 'a'},
       {"peers", required_argument, NULL, 'P'},
       {"json", no_argument, NULL, 'j'},
+      {"threads", required_argument, NULL, 'T'},
       {"lib", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
@@ -986,6 +991,14 @@ int om_cmd_replay(int argc, char **argv) {
       break;
     case 'j':
       as_json = 1;
+      break;
+    case 'T':
+      if (strcmp(optarg, "1") != 0 && strcmp(optarg, "2") != 0) {
+        fprintf(stderr, "openmesh replay: --threads: 1 or 2, got '%s'\n",
+                optarg);
+        return usage(stderr);
+      }
+      r.threads = optarg[0] - '0';
       break;
     case 'L':
       r.popts.lib_dir = optarg;

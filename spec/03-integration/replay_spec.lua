@@ -179,6 +179,44 @@ describe("openmesh proxy --access-log and openmesh replay", function()
       assert.matches("-> v2-a", text, 1, true)
     end)
 
+    it("gives the same report on two cores as on one for a log over 4 MiB", function()
+      local huge = dir .. "/huge.log"
+      local text = H.readfile(big)
+      H.writefile(huge, text .. text) -- 20,000 lines, past the split size
+      assert(#text * 2 > 4 * 1024 * 1024, ("the log is %d bytes, not past 4 MiB"):format(#text * 2))
+      local function run(threads, log)
+        local out, rc = H.sh(bin .. " replay --log " .. H.q(log) .. " --policy " ..
+          H.q(dir .. "/new.lua") .. " --against " .. H.q(dir .. "/old.lua") ..
+          " --peers " .. H.q(dir .. "/peers.json") .. " --json --threads " .. threads ..
+          (log:find("bad") and " 2>&1" or ""))
+        return out, rc
+      end
+      local one, rc1 = run(1, huge)
+      local two, rc2 = run(2, huge)
+      assert.are.same({ 0, 0 }, { rc1, rc2 }, one .. two)
+      local a, b = cjson.decode(one).services.orders, cjson.decode(two).services.orders
+      assert.equal(20000, b.requests)
+      for _, k in ipairs { "requests", "unchanged", "moved", "now_fail", "now_ok", "still_fail" } do
+        assert.are.equal(a[k], b[k], k)
+      end
+      local function counts(r)
+        local m = {}
+        for _, x in ipairs(r.moves) do
+          m[x.move] = x.count
+        end
+        return m
+      end
+      assert.are.same(counts(a), counts(b))
+      -- a bad line in the second half is named by its line number
+      local bad = dir .. "/huge_bad.log"
+      H.writefile(bad, text .. text .. "not json\n")
+      for _, threads in ipairs { 1, 2 } do
+        local out, rc = run(threads, bad)
+        assert.are.equal(2, rc, out)
+        assert.matches("huge_bad.log:20001: ", out, 1, true)
+      end
+    end)
+
     it("exits 1 when an edit makes requests fail, with their reason", function()
       local out, rc = H.sh(bin .. " replay --log " .. H.q(big) .. " --policy " ..
         H.q(dir .. "/bad.lua") .. " --peers " .. H.q(dir .. "/peers.json") .. " --json")
