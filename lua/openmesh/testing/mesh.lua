@@ -20,8 +20,9 @@
 -- throttled (429 with Retry-After: retry_after seconds, default 1; "429"
 -- is an alias), dying (a 200 stream cut after its first chunk). Every
 -- upstream names itself in x-served-by, which is how r.peer is known.
--- Processes are driven through the shell (curl, kill), so the same code
--- runs under stock busted and under `openmesh test`.
+-- Processes are driven through the shell (kill; requests through one
+-- python3 client fed by FIFOs, else curl), so the same code runs under
+-- stock busted and under `openmesh test`.
 local M = {}
 
 local BEHAVIOURS = {
@@ -178,12 +179,100 @@ end
 local Mesh = {}
 Mesh.__index = Mesh
 
--- curl one request; { status, body, headers, peer }.
+-- The client a mesh keeps for its requests: one python3 process (a
+-- process start per request, curl's, was most of a spec's time), fed
+-- through two FIFOs. A request is lines: method, host:port, target, Host,
+-- timeout in s, the header count, "name: value" each, the body length,
+-- then the body; the answer the same way: status (0 when the call
+-- failed, the error as the body), the header count, the headers, the
+-- body length, the body.
+local CLIENT = [=[
+import http.client, sys
+req = open(sys.argv[1], "rb")
+resp = open(sys.argv[2], "wb", buffering=0)
+def line():
+    l = req.readline()
+    if not l:
+        sys.exit(0)
+    return l.rstrip(b"\n").decode("latin-1")
+while True:
+    method, hostport, target, host = line(), line(), line(), line()
+    timeout, n = float(line()), int(line())
+    headers = [line().split(": ", 1) for _ in range(n)]
+    blen = int(line())
+    body = req.read(blen) if blen >= 0 else None
+    try:
+        c = http.client.HTTPConnection(hostport, timeout=timeout)
+        c.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        c.putheader("Host", host)
+        for k, v in headers:
+            c.putheader(k, v)
+        if body is not None:
+            c.putheader("Content-Length", str(len(body)))
+        c.endheaders(body)
+        r = c.getresponse()
+        data, status, rh = r.read(), r.status, r.getheaders()
+        c.close()
+    except Exception as e:
+        status, rh, data = 0, [], repr(e).encode()
+    head = [str(status), str(len(rh))] + ["%s: %s" % kv for kv in rh] + [str(len(data))]
+    resp.write(("\n".join(head) + "\n").encode("latin-1") + data)
+]=]
+
+-- Start the client; false when python3 or mkfifo is missing (then each
+-- request runs curl).
+local function start_client(self)
+  local req, resp = self.dir .. "/client.req", self.dir .. "/client.resp"
+  writefile(self.dir .. "/client.py", CLIENT)
+  local _, rc = sh(("command -v python3 >/dev/null && mkfifo %s %s && " ..
+    "(python3 %s %s %s >%s 2>&1 </dev/null &)"):format(q(req), q(resp),
+    q(self.dir .. "/client.py"), q(req), q(resp), q(self.dir .. "/client.log")))
+  if rc ~= 0 then
+    return false
+  end
+  self.creq = assert(io.open(req, "wb")) -- both ends open in the same order
+  self.cresp = assert(io.open(resp, "rb"))
+  return true
+end
+
+local function client_request(self, method, service, path, headers, body, max_time)
+  local hostport = self.url:match("^http://([^/]+)")
+  local lines = { method, hostport, path, service, tostring(max_time) }
+  local hs = {}
+  for name, value in pairs(headers or {}) do
+    hs[#hs + 1] = name .. ": " .. value
+  end
+  lines[#lines + 1] = tostring(#hs)
+  for _, h in ipairs(hs) do
+    lines[#lines + 1] = h
+  end
+  lines[#lines + 1] = tostring(body and #body or -1)
+  self.creq:write(table.concat(lines, "\n") .. "\n" .. (body or ""))
+  self.creq:flush()
+  local f = self.cresp
+  local status = tonumber(f:read("l"))
+  if status == nil then
+    fail("the request client stopped: " .. readfile(self.dir .. "/client.log"))
+  end
+  local got = {}
+  for _ = 1, tonumber(f:read("l")) do
+    local name, value = f:read("l"):match("^([^:]+):%s*(.*)$")
+    got[name:lower()] = value
+  end
+  local n = tonumber(f:read("l"))
+  local data = n > 0 and f:read(n) or ""
+  return { status = status, body = data, headers = got, peer = got["x-served-by"] }
+end
+
+-- One request; { status, body, headers, peer }.
 function Mesh:request(method, service, path, opts)
   opts = opts or {}
   local headers = opts.headers
   if headers == nil and opts.body == nil and opts.max_time == nil then
     headers = opts -- mesh:get("orders", "/", { ["x-user"] = "u-7" })
+  end
+  if self.creq then
+    return client_request(self, method, service, path, headers, opts.body, opts.max_time or 5)
   end
   self.n = self.n + 1
   local bodyfile = ("%s/resp%d"):format(self.dir, self.n)
@@ -249,6 +338,11 @@ function Mesh:close()
     return
   end
   self.closed = true
+  if self.creq then -- the client exits at the end of its input
+    self.creq:close()
+    self.cresp:close()
+    self.creq, self.cresp = nil, nil
+  end
   -- One shell for the whole wait: a process start per poll would cost
   -- more than the shutdown itself. The mesh was orphaned at start, so its
   -- exit is seen in /proc (state Z: exited, waiting for whoever reaps
@@ -337,6 +431,7 @@ function M.start(opts)
       fail(("service '%s' did not register its %d instances:\n%s"):format(service, n, log))
     end
   end
+  start_client(self)
   return self
 end
 
