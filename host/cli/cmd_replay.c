@@ -738,7 +738,8 @@ static int by_count(const void *a, const void *b) {
 
 static json_t *buckets_json(buckets_t *bs, const char *name) {
   json_t *a = json_array();
-  qsort(bs->b, bs->n, sizeof *bs->b, by_count);
+  if (bs->n > 1) /* b is NULL while empty */
+    qsort(bs->b, bs->n, sizeof *bs->b, by_count);
   for (size_t i = 0; i < bs->n; i++) {
     json_t *ex = json_array();
     for (int k = 0; k < bs->b[i].n_examples; k++)
@@ -751,7 +752,8 @@ static json_t *buckets_json(buckets_t *bs, const char *name) {
 }
 
 static void print_buckets(buckets_t *bs, const char *title) {
-  qsort(bs->b, bs->n, sizeof *bs->b, by_count);
+  if (bs->n > 1) /* b is NULL while empty */
+    qsort(bs->b, bs->n, sizeof *bs->b, by_count);
   for (size_t i = 0; i < bs->n; i++) {
     printf("    %s %-40s %8llu  e.g.", title, bs->b[i].what,
            (unsigned long long)bs->b[i].count);
