@@ -73,9 +73,12 @@ describe("testing.mesh", function()
     end
   end)
 
-  it("starts in well under a second", function()
+  -- 0.2-0.4 s on a quiet machine; a sanitized build (CI=true) on a busy
+  -- one takes up to about 1.3 s, so the bound there is looser
+  it("starts within a second (two in a sanitized build)", function()
+    local bound = os.getenv("CI") == "true" and 2.0 or 1.0
     print(("\n  the mesh answered in %.3f s"):format(started_in))
-    assert.is_true(started_in < 1.0, ("started in %.3f s"):format(started_in))
+    assert.is_true(started_in < bound, ("started in %.3f s, bound %.1f s"):format(started_in, bound))
   end)
 
   it("routes a canary header to the canary peer only", function()
