@@ -39,7 +39,8 @@ typedef struct fx_s {
   nghttp2_session *cs;
   int status[MAXS * 8];
   char body[MAXS * 8][64];
-  size_t body_len[MAXS * 8];
+  size_t body_len[MAXS * 8], data_bytes[MAXS * 8];
+  int drained;
   int done[MAXS * 8], data_frames[MAXS * 8], headers_end[MAXS * 8];
   uint32_t goaway;
   int got_goaway;
@@ -145,6 +146,8 @@ static int c_data(nghttp2_session *s, uint8_t flags, int32_t id,
   fx_t *fx = ud;
   (void)s;
   (void)flags;
+  if (id < MAXS * 8)
+    fx->data_bytes[id] += len;
   if (id < MAXS * 8 && fx->body_len[id] + len < sizeof fx->body[0]) {
     memcpy(fx->body[id] + fx->body_len[id], data, len);
     fx->body_len[id] += len;
@@ -411,6 +414,46 @@ static void without_http2_the_preface_is_505(void **state) {
   fx_free(fx);
 }
 
+/* A producer waiting for its output to drain hears of it even when the
+ * socket takes every byte at once (no write is left to complete): the
+ * holder writes, asks for the drain, and writes the rest from there, as
+ * the proxy does with an upstream body. */
+static char chunk[20000];
+
+static void on_drained(om_http_request_t *req) {
+  F->drained++;
+  assert_int_equal(om_http_response_write(req, chunk, sizeof chunk), 0);
+  assert_int_equal(om_http_response_end(req), 0);
+}
+
+static void drain_fires_when_the_socket_took_everything(void **state) {
+  fx_t *fx = fx_new(1);
+  int32_t id;
+  uint64_t t0;
+  int i;
+  (void)state;
+  memset(chunk, 'x', sizeof chunk);
+  client_new(fx);
+  id = get(fx, "/hold");
+  t0 = htc_now_ms();
+  while (fx->n_held < 1 && htc_now_ms() - t0 < 3000)
+    client_step(fx, 1);
+  OM_ASSERT_CMP(fx->n_held, ==, 1);
+  /* the SETTINGS acknowledgement and all else the client owes, read now:
+   * nothing from the client may wake the server later */
+  for (i = 0; i < 5; i++)
+    client_step(fx, 10);
+  assert_int_equal(om_http_response_start(fx->held[0], 200, NULL, 0), 0);
+  assert_int_equal(om_http_response_write(fx->held[0], chunk, sizeof chunk), 0);
+  /* the bytes are still ours, not the socket's: the drain is owed */
+  assert_int_equal(om_http_response_on_drain(fx->held[0], 0, on_drained), 0);
+  run_until(fx, &fx->done[id], 3000);
+  OM_ASSERT_CMP(fx->drained, ==, 1);
+  OM_ASSERT_CMP(fx->done[id], ==, 1);
+  OM_ASSERT_CMP(fx->data_bytes[id], ==, 2 * sizeof chunk);
+  fx_free(fx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(preface_makes_a_stream_a_request),
@@ -420,6 +463,7 @@ int main(void) {
       cmocka_unit_test(bodiless_answer_is_one_headers_frame),
       cmocka_unit_test(rapid_reset_gets_enhance_your_calm),
       cmocka_unit_test(without_http2_the_preface_is_505),
+      cmocka_unit_test(drain_fires_when_the_socket_took_everything),
   };
   signal(SIGPIPE, SIG_IGN); /* libuv writes with writev */
   return cmocka_run_group_tests(tests, NULL, NULL);

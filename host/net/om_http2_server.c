@@ -651,11 +651,16 @@ static void h2_pump(h2_t *h) {
     if (c->phase != PH_H2)
       break;
     h2_send(h);
-    /* reap what neither side needs any more */
+    /* reap what neither side needs any more; a drain owed now (the
+     * socket may have taken every frame at once, so no write completes
+     * to pump again) runs on the next round */
     OM_LIST_FOREACH_SAFE(it, &h->streams) {
       h2s_t *st = OM_LIST_ENTRY(it, h2s_t, link);
       if (st->closed && !st->held)
         stream_free(st);
+      else if (st->held && st->on_drain != NULL && st->started &&
+               st->out_len - st->out_off + conn_pending(c) <= st->drain_low)
+        h->pump_again = 1;
     }
   } while (h->pump_again && c->phase == PH_H2);
   h->in_pump = 0;
