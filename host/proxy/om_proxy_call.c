@@ -50,107 +50,6 @@ static uint64_t ceil_ms(uint64_t ns) {
   return ns / NS_PER_MS + (ns % NS_PER_MS != 0);
 }
 
-/* A JSON string body for msg (escaped; non-ASCII bytes become '?', as a
- * message may quote bytes that are not UTF-8). */
-static size_t json_escape(char *out, size_t cap, const char *msg) {
-  size_t k = 0;
-  for (const unsigned char *m = (const unsigned char *)msg; *m && k + 7 < cap;
-       m++) {
-    if (*m == '"' || *m == '\\') {
-      out[k++] = '\\';
-      out[k++] = (char)*m;
-    } else if (*m < 0x20) {
-      k += (size_t)snprintf(out + k, cap - k, "\\u%04x", *m);
-    } else {
-      out[k++] = *m < 0x80 ? (char)*m : '?';
-    }
-  }
-  out[k] = '\0';
-  return k;
-}
-
-/*
- * The proxy's own error: {"reason": ..., "message": ...}. Releases req
- * (om_http_respond does, whatever it returns).
- */
-/* A gRPC caller: content-type application/grpc, alone or with a suffix
- * ("+proto", ";charset") as the gRPC HTTP/2 protocol spells it. */
-static int is_grpc(const om_http_request_t *req) {
-  size_t len = 0;
-  const char *v = om_http_request_header(req, "content-type", &len);
-  return v != NULL && len >= 16 &&
-         strncasecmp(v, "application/grpc", 16) == 0 &&
-         (len == 16 || v[16] == '+' || v[16] == ';');
-}
-
-/* grpc-message: percent-encoded, every byte outside 0x20..0x7E and '%'
- * (the gRPC HTTP/2 protocol), cut to fit. */
-static void grpc_message(char *out, size_t cap, const char *msg) {
-  static const char hex[] = "0123456789ABCDEF";
-  size_t k = 0;
-  for (const unsigned char *m = (const unsigned char *)msg; *m && k + 4 < cap;
-       m++) {
-    if (*m < 0x20 || *m > 0x7e || *m == '%') {
-      out[k++] = '%';
-      out[k++] = hex[*m >> 4];
-      out[k++] = hex[*m & 15];
-    } else {
-      out[k++] = (char)*m;
-    }
-  }
-  out[k] = '\0';
-}
-
-/*
- * The proxy's own refusal to a gRPC caller: Trailers-Only (HTTP 200, one
- * HEADERS frame with END_STREAM over HTTP/2: no body), grpc-status from
- * the outcome's row, the message in grpc-message, the reason in
- * x-openmesh-reason. Releases req.
- */
-static void respond_grpc(om_http_request_t *req, om__proxy_outcome_t o,
-                         const char *message, const char *request_id) {
-  char code[8], gm[1024];
-  om_http_header_t h[5];
-  size_t n = 0;
-  snprintf(code, sizeof code, "%d", om__proxy_outcome_grpc(o));
-  grpc_message(gm, sizeof gm, message);
-  h[n++] = (om_http_header_t){"content-type", "application/grpc", 12, 16};
-  h[n++] = (om_http_header_t){"grpc-status", code, 11, 0};
-  h[n++] = (om_http_header_t){"grpc-message", gm, 12, 0};
-  h[n++] =
-      (om_http_header_t){"x-openmesh-reason", om__proxy_outcome_name(o), 17, 0};
-  if (request_id != NULL && request_id[0] != '\0')
-    h[n++] = (om_http_header_t){"x-request-id", request_id, 12, 0};
-  if (om_http_respond(req, 200, h, n, NULL, 0) == OM_EINVAL)
-    om_http_response_abort(req); /* not reached: the headers are ours */
-}
-
-static void respond_error(om_http_request_t *req, om__proxy_outcome_t o,
-                          const char *message, unsigned attempts,
-                          const char *request_id) {
-  char body[1024], esc[768], att[16];
-  om_http_header_t h[3];
-  size_t n = 0;
-  int len;
-  if (om__proxy_outcome_grpc(o) != 0 && is_grpc(req)) {
-    respond_grpc(req, o, message, request_id);
-    return;
-  }
-  json_escape(esc, sizeof esc, message);
-  len = snprintf(body, sizeof body, "{\"reason\":\"%s\",\"message\":\"%s\"}\n",
-                 om__proxy_outcome_reason(o), esc);
-  h[n++] = (om_http_header_t){"content-type", "application/json", 12, 16};
-  if (attempts > 0) {
-    snprintf(att, sizeof att, "%u", attempts);
-    h[n++] = (om_http_header_t){"x-openmesh-attempts", att, 19, 0};
-  }
-  if (request_id != NULL && request_id[0] != '\0')
-    h[n++] = (om_http_header_t){"x-request-id", request_id, 12, 0};
-  if (om_http_respond(req, om__proxy_outcome_status(o), h, n, body,
-                      (size_t)len) == OM_EINVAL)
-    om_http_response_abort(req); /* not reached: the headers are ours */
-}
-
 /* "123" -> 123 ms: 1..15 digits, nothing else (RFC 9110 5.6.3 OWS is
  * already trimmed by the server). */
 static int parse_ms(const char *v, size_t len, uint64_t *out) {
@@ -262,7 +161,7 @@ static void fail(om__proxy_call_t *c, om__proxy_outcome_t o,
                           ? c->request_id
                           : om_http_request_header(req, "x-request-id", NULL);
     c->req = NULL;
-    respond_error(req, o, message, c->attempts, rid);
+    om__proxy_respond_error(req, o, message, c->attempts, rid);
   }
   call_end(c, o);
 }
@@ -1027,58 +926,6 @@ static om__proxy_outcome_t policy_failed(om__proxy_service_t *s,
 }
 
 /*
- * The policy's authorize refused the call: 403 forbidden with its reason,
- * before admission and without reaching a peer. The caller's
- * X-Request-Id is echoed, else a fresh one (as the upstream would have
- * got) names the refusal. Logged as proxy_denied with the caller's
- * identity, at most once a second per service (a refused caller that
- * retries in a loop must not flood the log; the metric counts each).
- */
-static void deny(om_proxy_t *p, om__proxy_service_t *s, om_http_request_t *req,
-                 const char *reason, const om_policy_identity_t *who,
-                 uint64_t now) {
-  char rid[33];
-  const char *id = own_id(p, req, rid);
-  const char *caller = "";
-  uint64_t held;
-  s->denied++;
-  om_metric_inc(s->m_denied);
-  om_metric_inc(s->outcomes[OM__PROXY_FORBIDDEN]);
-  if (who != NULL) { /* the SPIFFE ID when there is one, else the subject */
-    caller = who->subject != NULL ? who->subject : "";
-    for (size_t i = 0; i < who->n_uris; i++)
-      if (strncmp(who->uris[i], "spiffe://", 9) == 0) {
-        caller = who->uris[i];
-        break;
-      }
-  }
-  if (om__proxy_log_limit(&s->deny_log, now, &held)) {
-    char sup[24];
-    snprintf(sup, sizeof sup, "%llu", (unsigned long long)held);
-    om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
-           "caller", caller, "reason", reason, "suppressed", sup, NULL);
-  }
-  om__proxy_access_log_refused(p, s, req, OM__PROXY_FORBIDDEN);
-  respond_error(req, OM__PROXY_FORBIDDEN,
-                reason[0] != '\0' ? reason
-                                  : "the traffic policy refused the call",
-                0, id);
-}
-
-/* 413 at the head: the Content-Length passes max (the service's, or
- * the lower one of the policy's decision). */
-static void body_too_large(om__proxy_service_t *s, om_http_request_t *req,
-                           uint64_t max, const char *id) {
-  char msg[128];
-  snprintf(msg, sizeof msg,
-           "the request body (Content-Length) passes max_body_bytes (%llu)",
-           (unsigned long long)max);
-  om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
-  om__proxy_access_log_refused(s->proxy, s, req, OM__PROXY_BODY_TOO_LARGE);
-  respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, id);
-}
-
-/*
  * A per-request decision over the service's settings (docs/POLICIES.md
  * "Per-request decisions"). The service's fields are the defaults; its
  * max_deadline_ms caps the decision's deadline, which in turn caps what
@@ -1154,7 +1001,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
              (int)(host_len > 128 ? 128 : host_len), host);
     om_metric_inc(p->unknown_service);
     om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
-    respond_error(req, OM__PROXY_NO_PEERS, msg, 0, own_id(p, req, rid));
+    om__proxy_respond_error(req, OM__PROXY_NO_PEERS, msg, 0,
+                            own_id(p, req, rid));
     return;
   }
   s->requests++;
@@ -1164,12 +1012,12 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
     om__proxy_access_log_refused(p, s, req, OM__PROXY_UPGRADE_NOT_ALLOWED);
-    respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0,
-                  own_id(p, req, rid));
+    om__proxy_respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0,
+                            own_id(p, req, rid));
     return;
   }
   if (om__proxy_body_too_large(s->set.max_body_bytes, req)) {
-    body_too_large(s, req, s->set.max_body_bytes, own_id(p, req, rid));
+    om__proxy_refuse_body(s, req, s->set.max_body_bytes, own_id(p, req, rid));
     return;
   }
   /* the policy narrows the peers: its answer is final, never widened */
@@ -1178,8 +1026,8 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     if (kv == NULL) {
       om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
       om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
-      respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
-                    own_id(p, req, rid));
+      om__proxy_respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
+                              own_id(p, req, rid));
       return;
     }
   }
@@ -1206,7 +1054,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (kv != kv_stack)
     free(kv);
   if (rc == OM_POLICY_DENIED) {
-    deny(p, s, req, err, preq.identity, now);
+    om__proxy_deny(s, req, err, preq.identity, own_id(p, req, rid), now);
     return;
   }
   if (rc != 0) {
@@ -1214,7 +1062,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_outcome_t o = policy_failed(s, req, rc, id, err, now);
     om_metric_inc(s->outcomes[o]);
     om__proxy_access_log_refused(p, s, req, o);
-    respond_error(req, o, err, 0, id);
+    om__proxy_respond_error(req, o, err, 0, id);
     return;
   }
   /* the service's settings, with what decide(req) said for this one */
@@ -1224,7 +1072,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (set.max_body_bytes != s->set.max_body_bytes &&
       om__proxy_body_too_large(set.max_body_bytes, req)) {
     om__proxy_subset_unref(rt.shared);
-    body_too_large(s, req, set.max_body_bytes, own_id(p, req, rid));
+    om__proxy_refuse_body(s, req, set.max_body_bytes, own_id(p, req, rid));
     return;
   }
   v = om_http_request_header(req, "x-openmesh-deadline-ms", &vlen);
@@ -1248,10 +1096,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
     om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
-    respond_error(req, OM__PROXY_NO_PEERS,
-                  s->view->n == 0 ? "the service has no peers"
-                                  : "the traffic policy left no peer",
-                  0, own_id(p, req, rid));
+    om__proxy_respond_error(req, OM__PROXY_NO_PEERS,
+                            s->view->n == 0 ? "the service has no peers"
+                                            : "the traffic policy left no peer",
+                            0, own_id(p, req, rid));
     return;
   }
   /* the key: the policy's, else the caller's header */
@@ -1268,17 +1116,17 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
     om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
-    respond_error(req, OM__PROXY_OVERLOADED,
-                  "the service's in-flight limit and queue are full", 0,
-                  own_id(p, req, rid));
+    om__proxy_respond_error(req, OM__PROXY_OVERLOADED,
+                            "the service's in-flight limit and queue are full",
+                            0, own_id(p, req, rid));
     return;
   }
   c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
     om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
-    respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
-                  own_id(p, req, rid));
+    om__proxy_respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
+                            own_id(p, req, rid));
     return;
   }
   if (key !=

@@ -632,6 +632,29 @@ struct json_t *om__proxy_tunnel_status(const om__proxy_service_t *s);
 void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
                            const char *message);
 
+/*
+ * om_proxy_respond.c: the proxy's own answer for outcome o: {"reason",
+ * "message"} with X-Openmesh-Attempts when attempts > 0 and X-Request-Id
+ * when request_id is not NULL; to a gRPC caller (content-type
+ * application/grpc*) Trailers-Only with the outcome's grpc-status.
+ * Releases req (om_http_respond does, whatever it returns).
+ */
+void om__proxy_respond_error(om_http_request_t *req, om__proxy_outcome_t o,
+                             const char *message, unsigned attempts,
+                             const char *request_id);
+
+/* 403 forbidden for the policy's authorize refusal with its reason,
+ * counted, logged at most once a second per service (proxy_denied, with
+ * the caller's SPIFFE ID or subject), answered with request id id. */
+void om__proxy_deny(om__proxy_service_t *s, om_http_request_t *req,
+                    const char *reason, const om_policy_identity_t *who,
+                    const char *id, uint64_t now);
+
+/* 413 at the head: the Content-Length passes max (the service's, or the
+ * lower one of the policy's decision); counted, answered with id. */
+void om__proxy_refuse_body(om__proxy_service_t *s, om_http_request_t *req,
+                           uint64_t max, const char *id);
+
 /* om_proxy_body.c: streamed request bodies. */
 
 /* A Content-Length over max_body_bytes (0: no limit): 413 at the head. */
