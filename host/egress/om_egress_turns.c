@@ -368,6 +368,8 @@ static void turn_call_done(void *ud, eg_call_t *c) {
     /* the tokens of the attempt that answered (OpenAI usage shape) */
     if (a != NULL && c->attempts[i].usage.has)
       json_object_set_new(a, "usage", eg_usage_json(&c->attempts[i].usage));
+    if (a != NULL && c->attempts[i].usage.has && c->attempts[i].cost_usd >= 0)
+      json_object_set_new(a, "cost_usd", json_real(c->attempts[i].cost_usd));
     json_array_append_new(t->attempts, a);
   }
   if (c->ok && c->text != NULL && c->text_len > 0) {
