@@ -50,6 +50,8 @@ static void on_delivered(void *ud, int status, size_t parts) {
              t->channel, parts,
              t->ch && t->ch->conn ? om_connector_last_error(t->ch->conn) : "");
     eg_track_error(g, t, NULL, OM_EGRESS_TRANSPORT, 0, cause, "delivery");
+    if (t->delivering_final)
+      t->final_failed = 1;
     if (!t->answered) {
       t->outcome = "silent";
       turn_answer(t);
@@ -304,6 +306,8 @@ static void handoff(turn_t *t) {
     line = DEFAULT_HANDOFF;
   if (!t->answered)
     t->outcome = "handed_off";
+  if (!t->final_delivered)
+    t->final_handoff = 1;
   if (deliver(t, line, strlen(line), 1) != 0)
     turn_finish(t);
   if (!t->answered)
@@ -461,6 +465,26 @@ static void turn_answer(turn_t *t) {
   }
 }
 
+/* How the turn ended, once: openmesh_egress_turn_ends_total{first,end}
+ * and an egress_turn_end log line with the turn id, so a turn first held
+ * or silent and later delivered (or handed off, or never) is visible. */
+static void turn_end_record(turn_t *t) {
+  const char *first = t->outcome ? t->outcome : "silent";
+  const char *end = !t->final_delivered ? "expired"
+                    : t->final_failed   ? "undelivered"
+                    : t->final_handoff  ? "handed_off"
+                                        : "delivered";
+  char cycles[16], ms[24];
+  eg_turn_end_metric(t->g, first, end);
+  snprintf(cycles, sizeof cycles, "%d", t->cycles);
+  snprintf(ms, sizeof ms, "%.1f", (double)(eg_now_ns() - t->created_ns) / 1e6);
+  om_log(OM_LOG_INFO, "egress_turn_end", "turn_id", t->id, "agent", t->agent,
+         "conversation", t->conversation, "context",
+         t->interactive ? "interactive" : "async", "first", first, "end", end,
+         "cycles", cycles, "duration_ms", ms, "error_id",
+         t->error_id[0] ? t->error_id : "", NULL);
+}
+
 static void turn_finish(turn_t *t) {
   if (t->state == T_DONE)
     return;
@@ -469,6 +493,7 @@ static void turn_finish(turn_t *t) {
     uv_timer_stop(&t->timer);
   if (!t->answered)
     turn_answer(t);
+  turn_end_record(t);
   free(t->candidate);
   t->candidate = NULL;
 }

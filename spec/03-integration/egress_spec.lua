@@ -725,6 +725,22 @@ describe("openmesh egress, the real binary", function()
       assert.is_table(msgs)
       H.sleep(0.4)
       assert.equals(1, #for_conversation("conv-23"))
+      -- first silent, later delivered: the turn's end is in the log (with
+      -- its id) and in the metric
+      local ended = H.wait_for(function()
+        for l in H.readfile(gw.out):gmatch("[^\n]+") do
+          if l:find('"event":"egress_turn_end","turn_id":"' .. j.turn_id .. '"', 1, true) then
+            return cjson.decode(l)
+          end
+        end
+      end, 5)
+      assert.is_table(ended)
+      assert.equals("silent", ended.first)
+      assert.equals("delivered", ended["end"])
+      assert.equals("async", ended.context)
+      local _, metrics = H.request(dir, "GET", gw.url .. "/metrics")
+      local n = tonumber(metrics:match('openmesh_egress_turn_ends_total{first="silent",end="delivered"} (%d+)'))
+      assert.is_true((n or 0) >= 1, "silent->delivered turn ends: " .. tostring(n))
       -- the errors file has the cause, attributed, with every attempt
       local line
       for l in H.readfile(errfile):gmatch("[^\n]+") do
