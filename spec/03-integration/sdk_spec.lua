@@ -282,6 +282,22 @@ describe("real SDKs through openmesh egress", function()
     assert.is_true((r.usage.outputTokens or 0) > 0, cjson.encode(r.usage))
   end)
 
+  -- examples/egress/sdk/*.mjs, run as a user would (their imports resolve
+  -- from tests/sdk/node_modules, the same pinned versions): each exits 0
+  -- and prints answers the fake gave
+  for _, ex in ipairs({ "openai", "anthropic", "vercel" }) do
+    it("examples/egress/sdk/" .. ex .. ".mjs runs against the gateway", function()
+      local copy = SDK_DIR .. "/.example-" .. ex .. ".mjs"
+      H.writefile(copy, H.readfile(here .. "../../examples/egress/sdk/" .. ex .. ".mjs"))
+      local out, rc = H.sh(string.format("cd %s && OPENMESH_EGRESS_URL=%s OPENMESH_MODEL=any node %s 2>&1",
+        H.q(SDK_DIR), H.q(gw.url), H.q(".example-" .. ex .. ".mjs")))
+      os.remove(copy)
+      assert.equals(0, rc, out)
+      assert.matches("stream: [^\n]*from s0_", out)
+      assert.matches("tokens: [1-9]%d* %+ [1-9]%d*", out)
+    end)
+  end
+
   it("anthropic: a tool over two turns: tool_use out, tool_result back in", function()
     script("s6_a", { "tool", "ok" })
     local r = drive("anthropic", "s6", "tool")
