@@ -187,6 +187,81 @@ static uint64_t ms_field(lua_State *L, int t, const char *name,
   return v;
 }
 
+/* A number field within [lo, hi], or def when absent. */
+static double num_field(lua_State *L, int t, const char *name, const char *path,
+                        double lo, double hi, double def) {
+  double v = def;
+  int type = rawfield(L, t, name);
+  if (type == LUA_TNUMBER) {
+    v = lua_tonumber(L, -1);
+    if (!(v >= lo && v <= hi))
+      luaL_error(L, "field '%s%s': number in [%g, %g] expected", path, name, lo,
+                 hi);
+  } else if (type != LUA_TNIL) {
+    luaL_error(L, "field '%s%s': number expected", path, name);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* retry_budget = {unit, ratio, min_per_s, window_ms} at t (absent: *b
+ * untouched, so a route inherits the policy's). */
+static void read_budget(lua_State *L, int t, const char *path,
+                        om_budget_cfg_t *b) {
+  static const char *units[] = {"attempts", "tokens", "cost", NULL};
+  char p[64];
+  int type = rawfield(L, t, "retry_budget"), bt = lua_gettop(L);
+  if (type == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (type != LUA_TTABLE)
+    luaL_error(L, "field '%sretry_budget': table expected", path);
+  snprintf(p, sizeof p, "%sretry_budget.", path);
+  if (rawfield(L, bt, "unit") != LUA_TSTRING)
+    luaL_error(L,
+               "field '%sunit': \"attempts\", \"tokens\" or \"cost\" "
+               "expected",
+               p);
+  b->unit = OM_BUDGET_NONE;
+  for (int i = 0; units[i] != NULL; i++)
+    if (strcmp(lua_tostring(L, -1), units[i]) == 0)
+      b->unit = (om_budget_unit_t)(i + 1);
+  if (b->unit == OM_BUDGET_NONE)
+    luaL_error(L,
+               "field '%sunit': \"attempts\", \"tokens\" or \"cost\" "
+               "expected",
+               p);
+  lua_pop(L, 1);
+  b->ratio = num_field(L, bt, "ratio", p, 0, 100, 0.2);
+  b->min_per_s = num_field(L, bt, "min_per_s", p, 0, 1e6, 10);
+  b->window_ms =
+      (uint64_t)ceil(num_field(L, bt, "window_ms", p, 1, 3600000, 10000));
+  lua_pop(L, 1);
+}
+
+/* prices[model] = {input, output, cached_input} into every route of that
+ * model. [..., prices] at t. */
+static void read_prices(lua_State *L, config_t *c, int t) {
+  for (size_t i = 0; i < c->n; i++) {
+    om_route_t *r = &c->routes[i];
+    char p[160];
+    int pt;
+    if (rawfield(L, t, r->model) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      continue;
+    }
+    pt = lua_gettop(L);
+    snprintf(p, sizeof p, "prices.%.140s.", r->model);
+    r->price.has = 1;
+    r->price.input = num_field(L, pt, "input", p, 0, 1e6, 0);
+    r->price.output = num_field(L, pt, "output", p, 0, 1e6, 0);
+    r->price.cached_input =
+        num_field(L, pt, "cached_input", p, 0, 1e6, r->price.input);
+    lua_pop(L, 1);
+  }
+}
+
 /* models = {ALIAS = {"route", ...}}: each alias's chain as route
  * indices (the contract checked the names; re-checked here, as a policy
  * may mutate its table). [names, policy, ...] */
@@ -248,6 +323,7 @@ static int read_config(lua_State *L) {
     c->nomem = 1;
     return luaL_error(L, "out of memory");
   }
+  read_budget(L, policy, "", &c->s.budget);
   for (lua_Unsigned i = 1; i <= n; i++) {
     om_route_t *r = &c->routes[c->n];
     char path[48];
@@ -269,8 +345,19 @@ static int read_config(lua_State *L) {
     r->first_byte_timeout_ms =
         ms_field(L, -1, "first_byte_timeout_ms", path, 10000);
     r->context_tokens = ms_field(L, -1, "context_tokens", path, 0);
+    r->budget = c->s.budget;
+    read_budget(L, lua_gettop(L), path, &r->budget);
     lua_pop(L, 1);
   }
+  if (rawfield(L, policy, "prices") == LUA_TTABLE)
+    read_prices(L, c, lua_gettop(L));
+  lua_pop(L, 1);
+  for (size_t i = 0; i < c->n; i++)
+    if (c->routes[i].budget.unit == OM_BUDGET_COST && !c->routes[i].price.has)
+      return luaL_error(L,
+                        "field 'routes[%d].retry_budget.unit': \"cost\" "
+                        "needs prices[\"%s\"]",
+                        (int)i + 1, c->routes[i].model);
   {
     uint64_t attempts = ms_field(L, policy, "max_attempts", "", 3);
     c->s.max_attempts = attempts > 1000 ? 1000 : (uint32_t)attempts;

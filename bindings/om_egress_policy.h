@@ -27,6 +27,27 @@
 /* ------------------------------------------------------------------ */
 /* fallback                                                            */
 
+/* What a route's retry budget counts (docs/EGRESS.md "Retry budgets"). */
+typedef enum {
+  OM_BUDGET_NONE = 0, /* no budget: max_attempts and the deadline only */
+  OM_BUDGET_ATTEMPTS, /* retries <= ratio x calls + reserve */
+  OM_BUDGET_TOKENS,   /* retry tokens <= ratio x success tokens + reserve */
+  OM_BUDGET_COST,     /* the same in USD, by the route's price */
+} om_budget_unit_t;
+
+typedef struct om_budget_cfg_s {
+  om_budget_unit_t unit;
+  double ratio;       /* default 0.2 */
+  double min_per_s;   /* the reserve, in the unit per second; default 10 */
+  uint64_t window_ms; /* default 10000 */
+} om_budget_cfg_t;
+
+/* USD per million tokens (the providers' price lists are per million). */
+typedef struct om_price_s {
+  int has;
+  double input, output, cached_input; /* cached_input defaults to input */
+} om_price_t;
+
 typedef struct om_route_s {
   char *name;
   char *provider; /* "openai" | "anthropic" */
@@ -36,6 +57,8 @@ typedef struct om_route_s {
   uint64_t attempt_timeout_ms;    /* default 30000 */
   uint64_t first_byte_timeout_ms; /* default 10000 */
   uint64_t context_tokens;        /* 0: not given */
+  om_budget_cfg_t budget;         /* its own retry_budget, else the policy's */
+  om_price_t price;               /* prices[model]; has 0 when none */
 } om_route_t;
 
 /* A model alias (the fallback policy's `models`): the name a caller puts
@@ -68,6 +91,8 @@ typedef struct om_fallback_settings_s {
   uint32_t cooldown_after_failures; /* default 3 */
   uint64_t cooldown_ms;             /* default 2000 */
   uint64_t cooldown_max_ms;         /* default 60000 */
+  /* the policy-level retry_budget every route without its own takes */
+  om_budget_cfg_t budget;
   /* model aliases (none: the caller's model selects nothing) */
   om_model_alias_t *models;
   size_t n_models;

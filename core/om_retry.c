@@ -144,6 +144,10 @@ struct om_retry_budget_s {
   uint64_t head;              /* epoch of the newest bucket */
   uint64_t requests, retries; /* sums over the window */
   uint32_t req[OM_RETRY_BUDGET_BUCKETS], ret[OM_RETRY_BUDGET_BUCKETS];
+  /* the amount path (om_retry_budget_deposit / _try_spend): per bucket,
+   * summed on use (ten additions) so expiry never accumulates rounding */
+  double ratio, reserve; /* reserve: min_per_s x window, in the unit */
+  double dep[OM_RETRY_BUDGET_BUCKETS], spd[OM_RETRY_BUDGET_BUCKETS];
 };
 
 void om_retry_budget_opts_default(om_retry_budget_opts_t *opts) {
@@ -175,6 +179,8 @@ int om_retry_budget_new(const om_retry_budget_opts_t *opts,
   /* retries/s x window_ns x 1e-9 s/ns x 1e6 micro-retries */
   b->reserve_u =
       (uint64_t)llround(opts->min_per_s * (double)opts->window_ns / 1e3);
+  b->ratio = opts->ratio;
+  b->reserve = opts->min_per_s * (double)opts->window_ns / 1e9;
   *out = b;
   return 0;
 }
@@ -191,6 +197,8 @@ static int budget_slot(om_retry_budget_t *b, uint64_t now_ns) {
     if (epoch - b->head >= OM_RETRY_BUDGET_BUCKETS) {
       memset(b->req, 0, sizeof b->req);
       memset(b->ret, 0, sizeof b->ret);
+      memset(b->dep, 0, sizeof b->dep);
+      memset(b->spd, 0, sizeof b->spd);
       b->requests = b->retries = 0;
     } else {
       for (uint64_t e = b->head + 1; e <= epoch; e++) {
@@ -198,6 +206,7 @@ static int budget_slot(om_retry_budget_t *b, uint64_t now_ns) {
         b->requests -= b->req[i];
         b->retries -= b->ret[i];
         b->req[i] = b->ret[i] = 0;
+        b->dep[i] = b->spd[i] = 0.0;
       }
     }
     b->head = epoch;
@@ -236,4 +245,52 @@ uint64_t om_retry_budget_balance(om_retry_budget_t *b, uint64_t now_ns) {
   credit = budget_credit(b);
   spent = b->retries * MICRO;
   return credit > spent ? (credit - spent) / MICRO : 0;
+}
+
+/* ---- the budget in amounts ------------------------------------------------
+ */
+
+/* ratio x deposits + reserve - spent over the window, in the unit. */
+static double amount_left(const om_retry_budget_t *b) {
+  double dep = 0.0, spd = 0.0;
+  for (unsigned i = 0; i < OM_RETRY_BUDGET_BUCKETS; i++) {
+    dep += b->dep[i];
+    spd += b->spd[i];
+  }
+  return b->ratio * dep + b->reserve - spd;
+}
+
+/* A finite amount >= 0 and below 1e15 (a quadrillion tokens, or dollars:
+ * anything larger is a bug upstream, not a figure). */
+static int amount_ok(double amount) {
+  return amount >= 0.0 && amount < 1e15;
+}
+
+void om_retry_budget_deposit(om_retry_budget_t *b, uint64_t now_ns,
+                             double amount) {
+  int i;
+  if (b == NULL || !amount_ok(amount))
+    return;
+  if ((i = budget_slot(b, now_ns)) >= 0)
+    b->dep[i] += amount;
+}
+
+bool om_retry_budget_try_spend(om_retry_budget_t *b, uint64_t now_ns,
+                               double amount) {
+  int i;
+  if (b == NULL || !amount_ok(amount) || (i = budget_slot(b, now_ns)) < 0)
+    return false;
+  if (amount_left(b) < amount)
+    return false;
+  b->spd[i] += amount;
+  return true;
+}
+
+double om_retry_budget_amount_left(om_retry_budget_t *b, uint64_t now_ns) {
+  double left;
+  if (b == NULL)
+    return 0.0;
+  (void)budget_slot(b, now_ns);
+  left = amount_left(b);
+  return left > 0.0 ? left : 0.0;
 }

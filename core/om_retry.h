@@ -178,4 +178,25 @@ bool om_retry_budget_try_withdraw(om_retry_budget_t *b, uint64_t now_ns);
  * other than expiring old buckets). */
 uint64_t om_retry_budget_balance(om_retry_budget_t *b, uint64_t now_ns);
 
+/*
+ * The same budget in amounts rather than counts: tokens, or money. A
+ * successful call deposits what it spent (its tokens, its cost) and earns
+ * ratio x that; a retry spends an amount (its estimated cost); the reserve
+ * is min_per_s x window in the same unit. So a retry storm spends at most
+ * ratio of what the successes spent, plus the reserve. The amount path has
+ * its own sums beside the count path; a budget normally uses one of them.
+ * Amounts must be finite, >= 0 and < 1e15: others are ignored (deposit)
+ * or refused (try_spend). b NULL: no-op, false, 0.
+ */
+void om_retry_budget_deposit(om_retry_budget_t *b, uint64_t now_ns,
+                             double amount);
+
+/* om_retry_budget_try_spend: if the window leaves at least amount, count
+ * it and return true; otherwise change nothing and return false. */
+bool om_retry_budget_try_spend(om_retry_budget_t *b, uint64_t now_ns,
+                               double amount);
+
+/* om_retry_budget_amount_left: what the window leaves now, >= 0. */
+double om_retry_budget_amount_left(om_retry_budget_t *b, uint64_t now_ns);
+
 #endif /* OM_RETRY_H */

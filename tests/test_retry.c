@@ -447,6 +447,47 @@ static void budget_bounds_amplification(void **state) {
   }
 }
 
+/* Tokens as the unit: 10,000 tokens of successes at ratio 0.2 earn 2,000
+ * tokens of retries on top of the reserve (0 here); a retry that would go
+ * past it is refused and leaves the balance as it was; the window expires
+ * both sides. Bad amounts change nothing. */
+static void budget_amounts(void **state) {
+  (void)state;
+  om_retry_budget_t *b = budget(0.2, 10 * SEC, 0);
+  uint64_t t0 = 100 * SEC;
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0), 0, 0);
+  assert_false(om_retry_budget_try_spend(b, t0, 1));
+  om_retry_budget_deposit(b, t0, 10000);
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0), 2000, 1e-9);
+  assert_true(om_retry_budget_try_spend(b, t0, 1500));
+  assert_false(om_retry_budget_try_spend(b, t0, 501));
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0), 500, 1e-9);
+  assert_true(om_retry_budget_try_spend(b, t0 + SEC, 500));
+  assert_false(om_retry_budget_try_spend(b, t0 + SEC, 0.001));
+  /* hostile amounts: ignored or refused, balance unchanged */
+  om_retry_budget_deposit(b, t0, NAN);
+  om_retry_budget_deposit(b, t0, -5);
+  om_retry_budget_deposit(b, t0, INFINITY);
+  assert_false(om_retry_budget_try_spend(b, t0, NAN));
+  assert_false(om_retry_budget_try_spend(b, t0, -1));
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0 + SEC), 0, 1e-9);
+  /* a whole window later, everything has expired */
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0 + 11 * SEC), 0, 0);
+  om_retry_budget_deposit(b, t0 + 11 * SEC, 100);
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0 + 11 * SEC), 20, 1e-9);
+  om_retry_budget_free(b);
+  /* the reserve is min_per_s x window in the unit: 0.5 USD/s x 10 s */
+  b = budget(0.2, 10 * SEC, 0.5);
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(b, t0), 5, 1e-9);
+  assert_true(om_retry_budget_try_spend(b, t0, 4.99));
+  assert_false(om_retry_budget_try_spend(b, t0, 0.02));
+  om_retry_budget_free(b);
+  /* NULL is harmless */
+  om_retry_budget_deposit(NULL, t0, 1);
+  assert_false(om_retry_budget_try_spend(NULL, t0, 1));
+  OM_ASSERT_NEAR(om_retry_budget_amount_left(NULL, t0), 0, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(idempotent_methods),
@@ -461,6 +502,7 @@ int main(void) {
       cmocka_unit_test(budget_ratio_is_exact),
       cmocka_unit_test(budget_window_slides),
       cmocka_unit_test(budget_bounds_amplification),
+      cmocka_unit_test(budget_amounts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

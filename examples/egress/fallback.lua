@@ -36,6 +36,15 @@ return {
     return { "primary", "backup" }
   end,
 
+  -- Retries spend at most 20% of the tokens the successful calls spent
+  -- (plus 50 tokens/s), per route; fallbacks are never charged. The
+  -- prices (USD per million tokens) feed openmesh_egress_cost_usd_total.
+  retry_budget = { unit = "tokens", ratio = 0.2, min_per_s = 50 },
+  prices = {
+    ["gpt-4o-mini"] = { input = 0.15, output = 0.60, cached_input = 0.075 },
+    ["claude-3-5-haiku-latest"] = { input = 0.80, output = 4.00 },
+  },
+
   max_attempts = 3,
   per_wait_ceiling_ms = 2000,
   deadline_ms = 15000,

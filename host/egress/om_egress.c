@@ -28,6 +28,8 @@
 #include "om_paths.h"
 
 static const char *OUTCOMES[4] = {"delivered", "held", "silent", "handed_off"};
+static const char *ENDS[4] = {"delivered", "handed_off", "undelivered",
+                              "expired"};
 static const char *GATE[6] = {"clean",        "judge_send", "judge_block",
                               "judge_failed", "sanitized",  "blocked"};
 
@@ -41,6 +43,13 @@ void eg_outcome_metric(om_egress_t *g, const char *o) {
   for (int i = 0; i < 4; i++)
     if (strcmp(OUTCOMES[i], o) == 0)
       om_metric_inc(g->srv->m_turns[i]);
+}
+
+void eg_turn_end_metric(om_egress_t *g, const char *first, const char *end) {
+  for (int i = 0; i < 4; i++)
+    for (int k = 0; k < 4; k++)
+      if (strcmp(OUTCOMES[i], first) == 0 && strcmp(ENDS[k], end) == 0)
+        om_metric_inc(g->srv->m_turn_ends[i][k]);
 }
 
 /*
@@ -954,6 +963,15 @@ static void register_metrics(om_egress_t *g) {
     snprintf(labels, sizeof labels, "outcome=\"%s\"", OUTCOMES[i]);
     s->m_turns[i] = om_metrics_counter(m, "openmesh_egress_turns_total",
                                        "Turns by first answer.", labels);
+    for (int k = 0; k < 4; k++) {
+      snprintf(labels, sizeof labels, "first=\"%s\",end=\"%s\"", OUTCOMES[i],
+               ENDS[k]);
+      s->m_turn_ends[i][k] = om_metrics_counter(
+          m, "openmesh_egress_turn_ends_total",
+          "Turns by first answer and by how they ended (a held or silent "
+          "turn later delivered: end delivered).",
+          labels);
+    }
   }
   s->m_errors[0] =
       om_metrics_counter(m, "openmesh_egress_errors_total",

@@ -24,19 +24,73 @@ uint64_t eg_now_ns(void) {
 
 /* ---- config ------------------------------------------------------------ */
 
+static void budget_unref(eg_budget_t *b) {
+  if (b == NULL || --b->refs > 0)
+    return;
+  om_retry_budget_free(b->b);
+  free(b);
+}
+
+static int budget_same(const om_budget_cfg_t *a, const om_budget_cfg_t *b) {
+  return a->unit == b->unit && a->ratio == b->ratio &&
+         a->min_per_s == b->min_per_s && a->window_ms == b->window_ms;
+}
+
+/* Route i's budget: the one prev gave a route of the same name with the
+ * same settings (its balance carries over), else a new one. 0, or
+ * OM_ENOMEM. */
+static int budget_for(eg_cfg_t *c, size_t i, const eg_cfg_t *prev) {
+  const om_route_t *r = &c->routes[i];
+  om_retry_budget_opts_t o;
+  eg_budget_t *b;
+  if (r->budget.unit == OM_BUDGET_NONE)
+    return 0;
+  for (size_t k = 0; prev != NULL && prev->budget != NULL && k < prev->n; k++)
+    if (prev->budget[k] != NULL && strcmp(prev->routes[k].name, r->name) == 0 &&
+        budget_same(&prev->budget[k]->cfg, &r->budget)) {
+      c->budget[i] = prev->budget[k];
+      c->budget[i]->refs++;
+      return 0;
+    }
+  if ((b = calloc(1, sizeof *b)) == NULL)
+    return OM_ENOMEM;
+  o.ratio = r->budget.ratio;
+  o.min_per_s = r->budget.min_per_s;
+  o.window_ns = r->budget.window_ms * MS;
+  if (om_retry_budget_new(&o, &b->b) != 0) {
+    free(b);
+    return OM_ENOMEM; /* the contract bounded the options */
+  }
+  b->refs = 1;
+  b->cfg = r->budget;
+  snprintf(b->route, sizeof b->route, "%s", r->name);
+  c->budget[i] = b;
+  return 0;
+}
+
+static void cfg_arrays_free(eg_cfg_t *c) {
+  free(c->state);
+  free(c->m_tokens);
+  free(c->m_latency);
+  free(c->budget);
+  free(c->m_cost);
+  free(c->m_budget_out);
+}
+
 void eg_cfg_unref(eg_cfg_t *cfg) {
   if (cfg == NULL || --cfg->refs > 0)
     return;
+  for (size_t i = 0; cfg->budget != NULL && i < cfg->n; i++)
+    budget_unref(cfg->budget[i]);
   om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
-  free(cfg->state);
-  free(cfg->m_tokens);
-  free(cfg->m_latency);
+  cfg_arrays_free(cfg);
   free(cfg);
 }
 
 int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
                  char *err, size_t errlen) {
   eg_cfg_t *c = calloc(1, sizeof *c);
+  size_t n;
   int rc;
   if (c == NULL)
     return OM_ENOMEM;
@@ -45,16 +99,26 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
     free(c);
     return rc;
   }
-  c->state = calloc(c->n ? c->n : 1, sizeof *c->state);
-  c->m_tokens = calloc(c->n ? c->n : 1, sizeof *c->m_tokens);
-  c->m_latency = calloc(c->n ? c->n : 1, sizeof *c->m_latency);
-  if (c->state == NULL || c->m_tokens == NULL || c->m_latency == NULL) {
+  n = c->n ? c->n : 1;
+  c->state = calloc(n, sizeof *c->state);
+  c->m_tokens = calloc(n, sizeof *c->m_tokens);
+  c->m_latency = calloc(n, sizeof *c->m_latency);
+  c->budget = calloc(n, sizeof *c->budget);
+  c->m_cost = calloc(n, sizeof *c->m_cost);
+  c->m_budget_out = calloc(n, sizeof *c->m_budget_out);
+  rc = c->state == NULL || c->m_tokens == NULL || c->m_latency == NULL ||
+               c->budget == NULL || c->m_cost == NULL || c->m_budget_out == NULL
+           ? OM_ENOMEM
+           : 0;
+  for (size_t i = 0; rc == 0 && i < c->n; i++)
+    rc = budget_for(c, i, prev);
+  if (rc != 0) {
+    for (size_t i = 0; c->budget != NULL && i < c->n; i++)
+      budget_unref(c->budget[i]);
     om_fallback_config_free(c->routes, c->n, &c->s);
-    free(c->state);
-    free(c->m_tokens);
-    free(c->m_latency);
+    cfg_arrays_free(c);
     free(c);
-    return OM_ENOMEM;
+    return rc;
   }
   for (size_t i = 0; prev != NULL && i < c->n; i++)
     for (size_t k = 0; k < prev->n; k++)
@@ -445,6 +509,99 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
                        : 0;
 }
 
+/* USD by the route's price (per million tokens; cached prompt tokens at
+ * the cached price); 0 when the route has none or nothing was reported. */
+static double usage_cost(const om_route_t *r, const eg_usage_t *u) {
+  int64_t cached, fresh;
+  if (!r->price.has || !u->has)
+    return 0.0;
+  cached = u->cached > 0 ? u->cached : 0;
+  fresh = u->prompt > cached ? u->prompt - cached : 0;
+  return ((double)fresh * r->price.input +
+          (double)cached * r->price.cached_input +
+          (double)(u->completion > 0 ? u->completion : 0) * r->price.output) /
+         1e6;
+}
+
+/* What a retry on route r would spend, in its budget's unit: one attempt,
+ * or its prompt re-sent. A failed attempt reports no usage, so the prompt
+ * is estimated from the request's size (about four bytes per token, the
+ * providers' own rule of thumb); the completion it may earn is paid by the
+ * deposit of its success. */
+static double retry_amount(const eg_call_t *c, const om_route_t *r) {
+  double tokens = (double)(c->req_bytes / 4 + 1);
+  switch (r->budget.unit) {
+  case OM_BUDGET_TOKENS:
+    return tokens;
+  case OM_BUDGET_COST:
+    return tokens * r->price.input / 1e6;
+  default:
+    return 1.0;
+  }
+}
+
+/* A success's deposit into its route's budget (tokens or cost; an
+ * attempts budget earned its share when the call reached the route) and
+ * its cost in openmesh_egress_cost_usd_total{route,model}. Usage not
+ * reported is estimated from the sizes (as retry_amount does), so a route
+ * whose provider omits it still earns retries. */
+static void record_spend(eg_call_t *c, const om_route_t *r,
+                         const eg_usage_t *u) {
+  eg_budget_t *b = c->cfg->budget[c->cur];
+  eg_usage_t est = *u;
+  om_metric_t **m = &c->cfg->m_cost[c->cur];
+  if (r->price.has && c->cost_usd > 0) {
+    if (*m == NULL) {
+      char route[128], model[192], labels[400];
+      om_metrics_escape(r->name, route, sizeof route);
+      om_metrics_escape(r->model, model, sizeof model);
+      snprintf(labels, sizeof labels, "route=\"%s\",model=\"%s\"", route,
+               model);
+      *m = om_metrics_counter(c->g->metrics, "openmesh_egress_cost_usd_total",
+                              "Cost of successful model calls in USD by route "
+                              "and model (the policy's prices).",
+                              labels);
+    }
+    om_metric_add(*m, c->cost_usd);
+  }
+  if (b == NULL || r->budget.unit == OM_BUDGET_ATTEMPTS)
+    return;
+  if (!est.has) {
+    est.has = 1;
+    est.prompt = (int64_t)(c->req_bytes / 4 + 1);
+    est.completion = (int64_t)(c->text_len / 4 + 1);
+    est.cached = 0;
+  }
+  om_retry_budget_deposit(b->b, eg_now_ns(),
+                          r->budget.unit == OM_BUDGET_TOKENS
+                              ? (double)(est.prompt + est.completion)
+                              : usage_cost(r, &est));
+}
+
+/* Whether route i's budget affords one more retry of the call (no budget:
+ * yes). A refusal is counted in
+ * openmesh_egress_retry_budget_exhausted_total{route}. */
+static int budget_allows_retry(eg_call_t *c) {
+  eg_budget_t *b = c->cfg->budget[c->cur];
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  om_metric_t **m = &c->cfg->m_budget_out[c->cur];
+  if (b == NULL ||
+      om_retry_budget_try_spend(b->b, eg_now_ns(), retry_amount(c, r)))
+    return 1;
+  if (*m == NULL) {
+    char route[128], labels[160];
+    om_metrics_escape(r->name, route, sizeof route);
+    snprintf(labels, sizeof labels, "route=\"%s\"", route);
+    *m = om_metrics_counter(
+        c->g->metrics, "openmesh_egress_retry_budget_exhausted_total",
+        "Retries not made because the route's retry budget was spent (the "
+        "call fell back or stopped instead).",
+        labels);
+  }
+  om_metric_inc(*m);
+  return 0;
+}
+
 /* The tokens of the successful attempt: on its attempt record (the turn
  * record shows them), openmesh_egress_tokens_total{route,model,kind} and
  * the call's log line. */
@@ -454,12 +611,16 @@ static void record_usage(eg_call_t *c) {
   om_metric_t **m = c->cfg->m_tokens[c->cur];
   eg_usage_t u = c->usage;
   int64_t v[3];
-  char pt[24], ct[24], cat[24];
+  char pt[24], ct[24], cat[24], cost[32];
   if (!c->stream)
     eg_usage_from_openai(json_object_get(c->result, "usage"), &u);
   if (c->n_attempts > 0)
     c->attempts[c->n_attempts - 1].usage = u;
   c->usage = u;
+  c->cost_usd = usage_cost(r, &u);
+  if (c->n_attempts > 0)
+    c->attempts[c->n_attempts - 1].cost_usd = r->price.has ? c->cost_usd : -1;
+  record_spend(c, r, &u);
   if (u.has) {
     v[0] = u.prompt, v[1] = u.completion, v[2] = u.cached;
     for (int k = 0; k < 3; k++) {
@@ -482,10 +643,12 @@ static void record_usage(eg_call_t *c) {
   snprintf(pt, sizeof pt, "%lld", (long long)u.prompt);
   snprintf(ct, sizeof ct, "%lld", (long long)u.completion);
   snprintf(cat, sizeof cat, "%lld", (long long)u.cached);
+  snprintf(cost, sizeof cost, "%.6f", c->cost_usd);
   om_log(OM_LOG_INFO, "egress_call", "route", r->name, "model", r->model,
          "stream", c->stream ? "true" : "false", "usage",
          u.has ? "reported" : "none", "prompt_tokens", pt, "completion_tokens",
-         ct, "cached_tokens", cat, NULL);
+         ct, "cached_tokens", cat, "cost_usd", r->price.has ? cost : "unpriced",
+         NULL);
 }
 
 static void on_wait_done(uv_timer_t *t) {
@@ -520,6 +683,11 @@ static void after_failure(eg_call_t *c, const om_egress_verdict_t *v) {
   om_egress_next(&lim, v, c->attempts_on_route, nxt >= 0, c->deadline, now,
                  &c->g->rng, &st);
   c->stop_why = st.why;
+  /* A spent budget stops retries, never fallbacks. */
+  if (st.action == OM_EGRESS_RETRY_SAME && !budget_allows_retry(c)) {
+    c->stop_why = "retry_budget";
+    st.action = nxt >= 0 ? OM_EGRESS_NEXT_ROUTE : OM_EGRESS_STOP;
+  }
   if (st.action == OM_EGRESS_STOP) {
     finish(c, 0);
   } else if (st.action == OM_EGRESS_NEXT_ROUTE) {
@@ -703,6 +871,7 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
   c->req_body = json_dumps(provider_req, JSON_COMPACT);
   if (c->req_body == NULL)
     return OM_ENOMEM;
+  c->req_bytes = strlen(c->req_body);
   snprintf(url, sizeof url, "%s%s", r->base_url,
            eg_route_is_anthropic(r) ? "/messages" : "/chat/completions");
   c->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
@@ -759,6 +928,10 @@ static void start_attempt(eg_call_t *c) {
     return;
   }
   r = &c->cfg->routes[c->cur];
+  /* a call reaching a route earns an attempts budget its share */
+  if (c->attempts_on_route == 0 && c->cfg->budget[c->cur] != NULL &&
+      r->budget.unit == OM_BUDGET_ATTEMPTS)
+    om_retry_budget_deposit(c->cfg->budget[c->cur]->b, eg_now_ns(), 1.0);
   c->attempts_on_route++;
   c->attempt_start_ns = eg_now_ns();
   c->repaired = 0;

@@ -25,7 +25,18 @@
 #include "om_egress_policy.h"
 #include "om_metrics.h"
 #include "om_policy_watch.h"
+#include "om_retry.h"
 #include "om_rng.h"
+
+/* A route's retry budget (core/om_retry.h, in the route's unit): shared
+ * by the configs of every policy version that gives the route the same
+ * budget, so a reload does not hand a retry storm a fresh one. */
+typedef struct eg_budget_s {
+  int refs;
+  char route[64];
+  om_budget_cfg_t cfg;
+  om_retry_budget_t *b;
+} eg_budget_t;
 
 /* One version of the fallback policy's routes and settings, shared by the
  * calls that started under it (a reload never frees a route in use). */
@@ -41,6 +52,11 @@ typedef struct eg_cfg_s {
   /* per route: openmesh_egress_route_attempt_duration_seconds{route}
    * (registered on first use) */
   om_metric_t **m_latency;
+  /* per route: its retry budget (NULL: none) and, registered on first
+   * use, openmesh_egress_cost_usd_total{route,model} and
+   * openmesh_egress_retry_budget_exhausted_total{route} */
+  eg_budget_t **budget;
+  om_metric_t **m_cost, **m_budget_out;
 } eg_cfg_t;
 
 /* Series of openmesh_egress_route_attempts_total{route,class,status} a
@@ -65,6 +81,7 @@ typedef struct eg_attempt_s {
    * retry-after-ms), in eg_now_ns time; 0: it did not say */
   uint64_t retry_at_ns;
   eg_usage_t usage; /* a successful attempt's tokens */
+  double cost_usd;  /* and their cost; < 0: the route has no price */
 } eg_attempt_t;
 
 #define EG_MAX_ATTEMPTS 64
@@ -132,6 +149,7 @@ struct eg_call_s {
   CURL *easy;
   struct curl_slist *hdrs;
   char *req_body;
+  size_t req_bytes; /* of the last attempt's body: a retry's estimate */
   uv_timer_t timer; /* first-byte timeout, then backoff waits */
   int timer_active, closing;
   uint64_t attempt_start_ns;
@@ -147,6 +165,7 @@ struct eg_call_s {
   int tool_block[EG_MAX_STREAM_TOOLS];
   size_t n_tools;
   eg_usage_t usage; /* the attempt in flight's (a stream's, as it comes) */
+  double cost_usd;  /* of the successful attempt, by the route's price */
   /* results */
   int ok, committed;
   json_t *result; /* OpenAI chat.completion (non-stream) */

@@ -38,6 +38,8 @@ typedef struct turn_s {
   int holding_delivered; /* the holding line went out */
   int review;            /* sent after a judge failure: offline review */
   int delivering_final;  /* what the delivery in flight is */
+  int final_handoff;     /* the final message is the handoff line */
+  int final_failed;      /* the channel refused the final message */
   const char *outcome;
   json_t *attempts; /* every attempt over every cycle */
   json_t *answer;   /* the stored answer (idempotent replay) */
@@ -93,6 +95,8 @@ typedef struct eg_server_s {
   void (*closed_cb)(void *);
   void *closed_ud;
   int closing, open_parts;
+  /* openmesh_egress_turn_ends_total{first,end}: [first][end] */
+  om_metric_t *m_turn_ends[4][4];
   om_metric_t *m_turns[4], *m_errors[2], *m_gate[6], *m_chat[3], *m_duplicates,
       *m_reload_failed, *m_deliver_failed, *m_review;
   /* openmesh_egress_requests_refused_total{api}: by eg_api_t */
@@ -166,6 +170,10 @@ void eg_final_outcome(const eg_call_t *c, uint64_t now, eg_final_t *f);
 char *eg_strdup(const char *s); /* strdup(NULL) is NULL */
 /* Count a finished turn under its outcome (delivered, held, ...). */
 void eg_outcome_metric(om_egress_t *g, const char *outcome);
+/* How a turn ended, after its first answer (first: an outcome above; end:
+ * "delivered", "handed_off", "undelivered" or "expired"):
+ * openmesh_egress_turn_ends_total{first,end}. */
+void eg_turn_end_metric(om_egress_t *g, const char *first, const char *end);
 /* Answer with j (taken), or a 500 when j is NULL or cannot be encoded. */
 void eg_respond_json(om_http_request_t *req, int status, json_t *j);
 void eg_respond_error(om_http_request_t *req, int status, const char *type,

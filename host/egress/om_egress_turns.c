@@ -50,6 +50,8 @@ static void on_delivered(void *ud, int status, size_t parts) {
              t->channel, parts,
              t->ch && t->ch->conn ? om_connector_last_error(t->ch->conn) : "");
     eg_track_error(g, t, NULL, OM_EGRESS_TRANSPORT, 0, cause, "delivery");
+    if (t->delivering_final)
+      t->final_failed = 1;
     if (!t->answered) {
       t->outcome = "silent";
       turn_answer(t);
@@ -304,6 +306,8 @@ static void handoff(turn_t *t) {
     line = DEFAULT_HANDOFF;
   if (!t->answered)
     t->outcome = "handed_off";
+  if (!t->final_delivered)
+    t->final_handoff = 1;
   if (deliver(t, line, strlen(line), 1) != 0)
     turn_finish(t);
   if (!t->answered)
@@ -368,6 +372,8 @@ static void turn_call_done(void *ud, eg_call_t *c) {
     /* the tokens of the attempt that answered (OpenAI usage shape) */
     if (a != NULL && c->attempts[i].usage.has)
       json_object_set_new(a, "usage", eg_usage_json(&c->attempts[i].usage));
+    if (a != NULL && c->attempts[i].usage.has && c->attempts[i].cost_usd >= 0)
+      json_object_set_new(a, "cost_usd", json_real(c->attempts[i].cost_usd));
     json_array_append_new(t->attempts, a);
   }
   if (c->ok && c->text != NULL && c->text_len > 0) {
@@ -459,6 +465,26 @@ static void turn_answer(turn_t *t) {
   }
 }
 
+/* How the turn ended, once: openmesh_egress_turn_ends_total{first,end}
+ * and an egress_turn_end log line with the turn id, so a turn first held
+ * or silent and later delivered (or handed off, or never) is visible. */
+static void turn_end_record(turn_t *t) {
+  const char *first = t->outcome ? t->outcome : "silent";
+  const char *end = !t->final_delivered ? "expired"
+                    : t->final_failed   ? "undelivered"
+                    : t->final_handoff  ? "handed_off"
+                                        : "delivered";
+  char cycles[16], ms[24];
+  eg_turn_end_metric(t->g, first, end);
+  snprintf(cycles, sizeof cycles, "%d", t->cycles);
+  snprintf(ms, sizeof ms, "%.1f", (double)(eg_now_ns() - t->created_ns) / 1e6);
+  om_log(OM_LOG_INFO, "egress_turn_end", "turn_id", t->id, "agent", t->agent,
+         "conversation", t->conversation, "context",
+         t->interactive ? "interactive" : "async", "first", first, "end", end,
+         "cycles", cycles, "duration_ms", ms, "error_id",
+         t->error_id[0] ? t->error_id : "", NULL);
+}
+
 static void turn_finish(turn_t *t) {
   if (t->state == T_DONE)
     return;
@@ -467,6 +493,7 @@ static void turn_finish(turn_t *t) {
     uv_timer_stop(&t->timer);
   if (!t->answered)
     turn_answer(t);
+  turn_end_record(t);
   free(t->candidate);
   t->candidate = NULL;
 }

@@ -59,6 +59,26 @@ describe("policies/fallback.lua", function()
       assert.is_true(contract.validate(policy {
         cooldown_after_failures = 1, cooldown_ms = 50, cooldown_max_ms = 50 }))
       assert.is_true(contract.validate(policy { cooldown_ms = 100 }))
+      assert.is_true(contract.validate(policy {
+        retry_budget = { unit = "tokens", ratio = 0.2, min_per_s = 100, window_ms = 10000 } }))
+      assert.is_true(contract.validate(policy {
+        retry_budget = { unit = "cost", ratio = 0 },
+        prices = { m = { input = 0.15, output = 0.6, cached_input = 0.075 } } }))
+      assert.is_true(contract.validate(policy { retry_budget = { unit = "attempts" } }))
+    end)
+
+    it("refuses a route's cost budget without a price for its model", function()
+      local ok, err = contract.validate {
+        kind = "fallback",
+        routes = {
+          { name = "a", provider = "openai", base_url = "http://x/", model = "m" },
+          { name = "b", provider = "openai", base_url = "http://x/", model = "n",
+            retry_budget = { unit = "cost" } },
+        },
+        prices = { m = { input = 1, output = 1 } },
+      }
+      assert.is_nil(ok)
+      assert.matches("field 'routes[2].retry_budget.unit': \"cost\" needs a price for model 'n'", err, 1, true)
     end)
 
     it("refuses bad values, naming the field", function()
@@ -83,6 +103,20 @@ describe("policies/fallback.lua", function()
         { { cooldown_ms = 5000, cooldown_max_ms = 1000 }, "field 'cooldown_max_ms': 1000 is below cooldown_ms (5000)" },
         { { cooldown_max_ms = 1000 }, "field 'cooldown_max_ms': 1000 is below cooldown_ms (2000)" },
         { { cooldown = 5 }, "unknown field 'cooldown'" },
+        { { retry_budget = {} }, "field 'retry_budget.unit': one of 'attempts', 'tokens', 'cost' expected, got nil" },
+        { { retry_budget = { unit = "coins" } }, "field 'retry_budget.unit': one of 'attempts', 'tokens', 'cost' expected, got 'coins'" },
+        { { retry_budget = { unit = "tokens", ratio = -0.1 } }, "field 'retry_budget.ratio': number >= 0 and <= 100 expected, got -0.1" },
+        { { retry_budget = { unit = "tokens", ratio = 0 / 0 } }, "field 'retry_budget.ratio': number >= 0 and <= 100 expected" },
+        { { retry_budget = { unit = "tokens", min_per_s = 1e7 } }, "field 'retry_budget.min_per_s'" },
+        { { retry_budget = { unit = "tokens", window_ms = 0 } }, "field 'retry_budget.window_ms': number > 0 and <= 3600000 expected, got 0" },
+        { { retry_budget = { unit = "tokens", windows = 1 } }, "unknown field 'retry_budget.windows'" },
+        { { retry_budget = "20%" }, "field 'retry_budget': table expected" },
+        { { retry_budget = { unit = "cost" } }, "field 'retry_budget.unit': \"cost\" needs a price for model 'm' (prices.m)" },
+        { { prices = { gpt9 = { input = 1, output = 2 } } }, "field 'prices.gpt9': no route has model 'gpt9' (models: {m})" },
+        { { prices = { m = { input = 1 } } }, "field 'prices.m.output': number >= 0 and <= 1000000 expected, got nil" },
+        { { prices = { m = { input = -1, output = 1 } } }, "field 'prices.m.input': number >= 0 and <= 1000000 expected, got -1" },
+        { { prices = { m = { input = 1, output = 1, cache = 1 } } }, "unknown field 'prices.m.cache'" },
+        { { prices = 3 }, "field 'prices'" },
       }
       for _, c in ipairs(cases) do
         local ok, err = contract.validate(policy(c[1]))

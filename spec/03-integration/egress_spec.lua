@@ -725,6 +725,22 @@ describe("openmesh egress, the real binary", function()
       assert.is_table(msgs)
       H.sleep(0.4)
       assert.equals(1, #for_conversation("conv-23"))
+      -- first silent, later delivered: the turn's end is in the log (with
+      -- its id) and in the metric
+      local ended = H.wait_for(function()
+        for l in H.readfile(gw.out):gmatch("[^\n]+") do
+          if l:find('"event":"egress_turn_end","turn_id":"' .. j.turn_id .. '"', 1, true) then
+            return cjson.decode(l)
+          end
+        end
+      end, 5)
+      assert.is_table(ended)
+      assert.equals("silent", ended.first)
+      assert.equals("delivered", ended["end"])
+      assert.equals("async", ended.context)
+      local _, metrics = H.request(dir, "GET", gw.url .. "/metrics")
+      local n = tonumber(metrics:match('openmesh_egress_turn_ends_total{first="silent",end="delivered"} (%d+)'))
+      assert.is_true((n or 0) >= 1, "silent->delivered turn ends: " .. tostring(n))
       -- the errors file has the cause, attributed, with every attempt
       local line
       for l in H.readfile(errfile):gmatch("[^\n]+") do
@@ -1116,6 +1132,128 @@ describe("openmesh egress, the real binary", function()
       assert.equals(p0 + 12, value(after, "t47_b", "prompt"))
       assert.equals(c0 + 5, value(after, "t47_b", "completion"))
       assert.matches('"event":"egress_call","route":"t47_b"', H.readfile(gw.out), 1, true)
+    end)
+  end)
+
+  describe("retry budgets in tokens and cost", function()
+    local bgw
+    local function budget_policy()
+      return string.format([[
+return {
+  kind = "fallback",
+  routes = {
+    { name = "bud_a", provider = "openai", base_url = "%s/bud_a/v1", model = "gpt-fake",
+      attempt_timeout_ms = 1500, first_byte_timeout_ms = 400,
+      retry_budget = { unit = "tokens", ratio = 0.5, min_per_s = 0, window_ms = 60000 } },
+    { name = "bud_b", provider = "anthropic", base_url = "%s/bud_b/v1", model = "claude-fake",
+      attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },
+    { name = "cost_a", provider = "openai", base_url = "%s/cost_a/v1", model = "gpt-cost",
+      attempt_timeout_ms = 1500, first_byte_timeout_ms = 400,
+      retry_budget = { unit = "cost", ratio = 1, min_per_s = 0, window_ms = 60000 } },
+    { name = "solo", provider = "openai", base_url = "%s/solo/v1", model = "gpt-fake",
+      attempt_timeout_ms = 1500, first_byte_timeout_ms = 400 },
+  },
+  -- every route without its own: an attempts budget with no reserve and
+  -- no share, so it never affords a retry
+  retry_budget = { unit = "attempts", ratio = 0, min_per_s = 0 },
+  prices = { ["gpt-cost"] = { input = 1000, output = 3000 } },
+  order = function(ctx)
+    if ctx.agent == "tok" then return { "bud_a", "bud_b" } end
+    if ctx.agent == "cost" then return { "cost_a", "bud_b" } end
+    return { "solo" }
+  end,
+  max_attempts = 3, per_wait_ceiling_ms = 100, deadline_ms = 4000,
+  backoff_base_ms = 10, backoff_cap_ms = 20,
+}
+]], fake.url, fake.url, fake.url, fake.url)
+    end
+    local function metric(name, labels)
+      local _, text = H.request(dir, "GET", bgw.url .. "/metrics")
+      local v = text:match(name .. "{" .. labels:gsub("%p", "%%%0") .. "} ([%d.e+-]+)")
+      return tonumber(v) or 0
+    end
+    local function call(agent)
+      local st, body, headers = H.request(dir, "POST", bgw.url .. "/v1/chat/completions",
+        { body = cjson.encode({ model = "x", messages = { { role = "user", content = "Where is my order?" } } }),
+          headers = { "x-openmesh-agent: " .. agent }, max_time = 10 })
+      return st, body, headers
+    end
+    setup(function()
+      bgw = start_gateway(budget_policy())
+    end)
+    teardown(function()
+      if bgw then H.stop(bgw) end
+    end)
+
+    it("an empty tokens budget skips the retry and still falls back", function()
+      local before = counts()
+      script("bud_a", { "503", "503" })
+      local st, body = call("tok")
+      assert.equals(200, st, body)
+      assert.matches("from bud_b", H.json(body).choices[1].message.content)
+      local after = counts()
+      assert.equals((before.bud_a or 0) + 1, after.bud_a) -- no retry on bud_a
+      assert.equals((before.bud_b or 0) + 1, after.bud_b)
+      assert.equals(1, metric("openmesh_egress_retry_budget_exhausted_total", 'route="bud_a"'))
+    end)
+
+    it("successful calls earn tokens for retries: then the same route is retried", function()
+      script("bud_a", {})
+      for _ = 1, 4 do -- 4 x (12 + completion) tokens x 0.5 covers one ~21-token retry
+        local st, body = call("tok")
+        assert.equals(200, st, body)
+        assert.matches("from bud_a", H.json(body).choices[1].message.content)
+      end
+      local before = counts()
+      script("bud_a", { "503" })
+      local st, body = call("tok")
+      assert.equals(200, st, body)
+      assert.matches("from bud_a", H.json(body).choices[1].message.content)
+      local after = counts()
+      assert.equals(before.bud_a + 2, after.bud_a)
+      assert.equals(before.bud_b, after.bud_b)
+      assert.equals(1, metric("openmesh_egress_retry_budget_exhausted_total", 'route="bud_a"'))
+    end)
+
+    it("counts cost by the policy's prices and spends it on retries", function()
+      local before = counts()
+      script("cost_a", { "503" })
+      local st, body = call("cost")
+      assert.equals(200, st, body) -- nothing earned yet: fell back
+      assert.equals((before.cost_a or 0) + 1, counts().cost_a)
+      assert.equals(1, metric("openmesh_egress_retry_budget_exhausted_total", 'route="cost_a"'))
+      st, body = call("cost")
+      assert.equals(200, st, body)
+      local u = H.json(body).usage
+      local want = (u.prompt_tokens * 1000 + u.completion_tokens * 3000) / 1e6
+      local got = metric("openmesh_egress_cost_usd_total", 'route="cost_a",model="gpt-cost"')
+      assert.is_true(math.abs(got - want) < 1e-9, ("cost metric %s, usage says %s"):format(got, want))
+      local logged
+      for line in H.readfile(bgw.out):gmatch("[^\n]+") do
+        if line:find('"route":"cost_a","model":"gpt-cost"', 1, true) then
+          logged = line:match('"cost_usd":"([^"]*)"')
+        end
+      end
+      assert.equals(("%.6f"):format(want), logged)
+      -- one success (about 0.024 USD at ratio 1) covers a retry of about
+      -- 21 prompt tokens (0.021 USD)
+      before = counts()
+      script("cost_a", { "503" })
+      st, body = call("cost")
+      assert.equals(200, st, body)
+      assert.matches("from cost_a", H.json(body).choices[1].message.content)
+      assert.equals(before.cost_a + 2, counts().cost_a)
+    end)
+
+    it("a spent budget on the last route stops: the caller is told not to retry", function()
+      local before = counts()
+      script("solo", { "503", "503", "503" })
+      local st, body, headers = call("solo")
+      assert.equals(502, st, body)
+      assert.equals("all_routes_failed", H.json(body).error.type)
+      assert.equals("false", headers["x-should-retry"])
+      assert.equals((before.solo or 0) + 1, counts().solo)
+      assert.equals(1, metric("openmesh_egress_retry_budget_exhausted_total", 'route="solo"'))
     end)
   end)
 

@@ -210,6 +210,94 @@ describe("real SDKs through openmesh egress", function()
     assert.equals("tool_use", msgs[#msgs - 1].content[#msgs[#msgs - 1].content].type)
   end)
 
+  it("openai: a tool over two turns, falling back from an OpenAI route to an Anthropic one in the middle", function()
+    -- turn 1: s15_a answers with a tool call; turn 2: s15_a is down, so
+    -- the tool history must reach s15_b (Anthropic) as tool_use and
+    -- tool_result blocks, which the fake checks as the real API does
+    script("s15_a", { "tool", "503", "503", "503" })
+    script("s15_b", { "ok" })
+    local r = drive("openai", "s15", "tool")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.equals("tool_calls", r.stop_reason)
+    assert.equals("lookup_order", r.tool.name)
+    assert.same({ order_id = 12 }, r.tool.input)
+    assert.matches("from s15_b", r.text)
+    local c = counts()
+    assert.equals(4, c.s15_a)
+    assert.equals(1, c.s15_b)
+    local _, body = H.request(dir, "GET", fake.url .. "/_last")
+    local last = H.json(body)
+    assert.equals("s15_b", last.route)
+    local msgs = last.body.messages
+    assert.equals("assistant", msgs[#msgs - 1].role, cjson.encode(msgs))
+    local use = msgs[#msgs - 1].content[#msgs[#msgs - 1].content]
+    assert.equals("tool_use", use.type, cjson.encode(msgs))
+    assert.equals(r.tool.id, use.id)
+    assert.same({ order_id = 12 }, use.input)
+    local result = msgs[#msgs].content[1]
+    assert.equals("tool_result", result.type, cjson.encode(msgs))
+    assert.equals(r.tool.id, result.tool_use_id)
+    assert.equals("Order 12 shipped.", result.content)
+    assert.equals("Find an order", last.body.tools[1].description)
+  end)
+
+  it("openai: image parts reach an Anthropic route as image blocks, inline and by URL", function()
+    script("s16_a", { "503", "503", "503" })
+    local r = drive("openai", "s16", "image")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("from s16_b", r.text)
+    local _, body = H.request(dir, "GET", fake.url .. "/_last")
+    local parts = H.json(body).body.messages[1].content
+    assert.equals(3, #parts, cjson.encode(parts))
+    assert.equals("text", parts[1].type)
+    assert.equals("image", parts[2].type)
+    assert.equals("base64", parts[2].source.type)
+    assert.equals("image/png", parts[2].source.media_type)
+    assert.matches("^iVBORw0KGgo", parts[2].source.data)
+    assert.equals("image", parts[3].type)
+    assert.equals("url", parts[3].source.type)
+    assert.equals("https://example.com/cat.png", parts[3].source.url)
+  end)
+
+  it("openai: a stream with include_usage ends with the usage, from either route kind", function()
+    local r = drive("openai", "s17", "stream_usage")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("s17_a", r.text)
+    assert.is_table(r.usage, cjson.encode(r))
+    assert.equals(12, r.usage.prompt_tokens)
+    assert.is_true(r.usage.completion_tokens > 0, cjson.encode(r.usage))
+    script("s17_a", { "401" })
+    r = drive("openai", "s17", "stream_usage")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.matches("s17_b", r.text)
+    assert.is_table(r.usage, cjson.encode(r))
+    assert.is_true(r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0, cjson.encode(r.usage))
+  end)
+
+  it("vercel: streamText reports the stream's usage", function()
+    local r = drive("vercel", "s18", "stream")
+    assert.is_true(r.ok, cjson.encode(r))
+    assert.is_table(r.usage, cjson.encode(r))
+    assert.equals(12, r.usage.inputTokens, cjson.encode(r.usage))
+    assert.is_true((r.usage.outputTokens or 0) > 0, cjson.encode(r.usage))
+  end)
+
+  -- examples/egress/sdk/*.mjs, run as a user would (their imports resolve
+  -- from tests/sdk/node_modules, the same pinned versions): each exits 0
+  -- and prints answers the fake gave
+  for _, ex in ipairs({ "openai", "anthropic", "vercel" }) do
+    it("examples/egress/sdk/" .. ex .. ".mjs runs against the gateway", function()
+      local copy = SDK_DIR .. "/.example-" .. ex .. ".mjs"
+      H.writefile(copy, H.readfile(here .. "../../examples/egress/sdk/" .. ex .. ".mjs"))
+      local out, rc = H.sh(string.format("cd %s && OPENMESH_EGRESS_URL=%s OPENMESH_MODEL=any node %s 2>&1",
+        H.q(SDK_DIR), H.q(gw.url), H.q(".example-" .. ex .. ".mjs")))
+      os.remove(copy)
+      assert.equals(0, rc, out)
+      assert.matches("stream: [^\n]*from s0_", out)
+      assert.matches("tokens: [1-9]%d* %+ [1-9]%d*", out)
+    end)
+  end
+
   it("anthropic: a tool over two turns: tool_use out, tool_result back in", function()
     script("s6_a", { "tool", "ok" })
     local r = drive("anthropic", "s6", "tool")

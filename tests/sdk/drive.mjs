@@ -5,8 +5,10 @@
 // "anthropic" (@anthropic-ai/sdk, /v1/messages), "vercel" (the Vercel AI
 // SDK's generateText/streamText over @ai-sdk/openai's .chat()) or
 // "vercel-default" (the same over the provider's default model,
-// /v1/responses). MODE: "" (one call), "stream", "tool" (a tool call,
-// then its result in a second turn). Prints one JSON line: {"ok": true,
+// /v1/responses). MODE: "" (one call), "stream", "stream_usage" (openai:
+// with stream_options.include_usage), "tool" (a tool call, then its
+// result in a second turn), "image" (openai: image parts, inline and by
+// URL). Prints one JSON line: {"ok": true,
 // "text", "usage", "answers"} or {"ok": false, "error" (the SDK's error
 // class name), "status", "type" (the gateway's error.type), "answers"};
 // answers lists each HTTP answer the SDK got: {status, retry_after,
@@ -50,11 +52,37 @@ function errorType(e) {
 try {
   if (sdk === "openai") {
     const client = new OpenAI({ baseURL: baseURL + "/v1", apiKey: "sk-gateway", defaultHeaders: headers, fetch: recordingFetch });
-    if (mode === "stream") {
-      const stream = await client.chat.completions.create({ model: modelName, messages, stream: true });
-      let text = "";
-      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? "";
-      out({ ok: true, text });
+    if (mode === "stream" || mode === "stream_usage") {
+      const usageOpt = mode === "stream_usage" ? { stream_options: { include_usage: true } } : {};
+      const stream = await client.chat.completions.create({ model: modelName, messages, stream: true, ...usageOpt });
+      let text = "", usage = null;
+      for await (const chunk of stream) {
+        text += chunk.choices[0]?.delta?.content ?? "";
+        if (chunk.usage) usage = chunk.usage;
+      }
+      out({ ok: true, text, usage });
+    } else if (mode === "tool") {
+      // the model's tool call, executed here, then its result in a second turn
+      const tools = [{ type: "function", function: { name: lookupTool.name, description: lookupTool.description,
+        parameters: lookupTool.input_schema } }];
+      const first = await client.chat.completions.create({ model: modelName, messages, tools });
+      const calls = first.choices[0].message.tool_calls ?? [];
+      if (calls.length === 0) throw new Error("no tool_calls: " + JSON.stringify(first));
+      const second = await client.chat.completions.create({
+        model: modelName, tools,
+        messages: [...messages, first.choices[0].message,
+          ...calls.map((c) => ({ role: "tool", tool_call_id: c.id, content: "Order 12 shipped." }))],
+      });
+      out({ ok: true, text: second.choices[0].message.content, stop_reason: first.choices[0].finish_reason,
+            tool: { id: calls[0].id, name: calls[0].function.name, input: JSON.parse(calls[0].function.arguments) } });
+    } else if (mode === "image") {
+      // a 1x1 PNG, inline, and one by URL
+      const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+      const r = await client.chat.completions.create({ model: modelName, messages: [{ role: "user", content: [
+        { type: "text", text: "What is in these images?" },
+        { type: "image_url", image_url: { url: "data:image/png;base64," + png } },
+        { type: "image_url", image_url: { url: "https://example.com/cat.png" } }] }] });
+      out({ ok: true, text: r.choices[0].message.content });
     } else {
       const r = await client.chat.completions.create({ model: modelName, messages });
       out({ ok: true, text: r.choices[0].message.content, usage: r.usage ?? null });
@@ -92,7 +120,7 @@ try {
       let text = "";
       for await (const t of r.textStream) text += t;
       if (failure) throw failure;
-      out({ ok: true, text });
+      out({ ok: true, text, usage: (await r.usage) ?? null });
     } else if (mode === "tool") {
       // two steps: the model's tool call, executed here, then its result
       // sent back and the model's answer
@@ -110,7 +138,7 @@ try {
       out({ ok: true, text: r.text, usage: r.usage ?? null });
     }
   } else {
-    process.stderr.write("usage: drive.mjs openai|anthropic|vercel|vercel-default BASE_URL AGENT [stream|tool]\n");
+    process.stderr.write("usage: drive.mjs openai|anthropic|vercel|vercel-default BASE_URL AGENT [stream|stream_usage|tool|image]\n");
     process.exit(2);
   }
 } catch (e) {

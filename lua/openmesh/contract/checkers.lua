@@ -59,6 +59,13 @@ local function number_within(min, max)
   end)
 end
 
+-- A closed range: min <= v <= max (a share or a price that may be 0).
+local function number_from(min, max)
+  return expect(("number >= %s and <= %s"):format(show(min), show(max)), function(v)
+    return is_finite(v) and v >= min and v <= max
+  end)
+end
+
 local boolean = expect("boolean", function(v)
   return type(v) == "boolean"
 end)
@@ -247,6 +254,7 @@ end
 M.integer_at_least = integer_at_least
 M.number_above = number_above
 M.number_within = number_within
+M.number_from = number_from
 M.boolean = boolean
 M.func = func
 M.text = text

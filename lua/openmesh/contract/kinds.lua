@@ -20,6 +20,7 @@ local same_list = messages.same_list
 local integer_at_least = checkers.integer_at_least
 local number_above = checkers.number_above
 local number_within = checkers.number_within
+local number_from = checkers.number_from
 local boolean = checkers.boolean
 local func = checkers.func
 local text = checkers.text
@@ -269,6 +270,24 @@ local egress_example = record {
   }, required = true },
 }
 
+-- A retry budget (Finagle's, in the unit chosen): retries spend at most
+-- `ratio` of what the successful calls spent over `window_ms`, plus a
+-- reserve of `min_per_s` units per second. Tokens and cost make a retry
+-- storm bounded in what it costs, not only in how many calls it makes.
+local retry_budget = record {
+  { "unit", one_of { "attempts", "tokens", "cost" }, required = true },
+  { "ratio", number_from(0, 100) },
+  { "min_per_s", number_from(0, 1000000) },
+  { "window_ms", number_within(0, 3600000) },
+}
+
+-- USD per million tokens, as the providers publish them.
+local price = record {
+  { "input", number_from(0, 1000000), required = true },
+  { "output", number_from(0, 1000000), required = true },
+  { "cached_input", number_from(0, 1000000) },
+}
+
 local route = record {
   { "name", nonempty, required = true },
   { "provider", one_of { "openai", "anthropic" }, required = true },
@@ -278,6 +297,7 @@ local route = record {
   { "attempt_timeout_ms", number_above(0) },
   { "first_byte_timeout_ms", number_above(0) },
   { "context_tokens", integer_at_least(1) },
+  { "retry_budget", retry_budget },
 }
 
 local MATCHERS = { "pattern", "substrings", "check" }
@@ -396,9 +416,44 @@ local function aliases_name_routes(policy, _path)
   return nil
 end
 
+-- Every priced model is some route's model (a typo would price nothing),
+-- and a route budgeted in cost has a price for its model.
+local function prices_cover_cost_budgets(policy, _path)
+  local prices, routes = rawget(policy, "prices"), rawget(policy, "routes")
+  local models, list = {}, {}
+  for i = 1, #routes do
+    local m = rawget(routes[i], "model")
+    if not models[m] then
+      models[m] = true
+      list[#list + 1] = m
+    end
+  end
+  if type(prices) == "table" then
+    for model in next, prices do
+      if not models[model] then
+        return field_error("prices." .. tostring(model),
+          ("no route has model %s (models: %s)"):format(quote(model), show_list(list)))
+      end
+    end
+  end
+  local default = rawget(policy, "retry_budget")
+  for i = 1, #routes do
+    local b = rawget(routes[i], "retry_budget") or default
+    local m = rawget(routes[i], "model")
+    if b ~= nil and rawget(b, "unit") == "cost"
+      and (type(prices) ~= "table" or rawget(prices, m) == nil) then
+      local where = rawget(routes[i], "retry_budget") and ("routes[%d].retry_budget.unit"):format(i)
+        or "retry_budget.unit"
+      return field_error(where, ("\"cost\" needs a price for model %s (prices.%s)")
+        :format(quote(m), m))
+    end
+  end
+  return nil
+end
+
 local function fallback_rule(policy, path)
   return gate_names_a_route(policy, path) or cooldown_cap_covers_period(policy, path)
-    or aliases_name_routes(policy, path)
+    or aliases_name_routes(policy, path) or prices_cover_cost_budgets(policy, path)
 end
 
 -- `upgrades`: the protocols a request may switch to through the proxy
@@ -554,6 +609,11 @@ local KIND_SPECS = {
     -- Model aliases: the caller's `model` names one, and its routes are
     -- the call's chain (order(ctx) sees it as ctx.model).
     { "models", map_of(array_of(nonempty, { min = 1 })) },
+    -- Retry budgets: the policy's, for every route without its own.
+    { "retry_budget", retry_budget },
+    -- Prices per model (USD per million tokens): cost metrics, and the
+    -- unit of a "cost" budget.
+    { "prices", map_of(price) },
   }, fallback_rule),
   egress_heuristics = kind_spec(egress_example, run_egress_example, {
     { "checks", array_of(check, { unique = "name", what = "check name" }), required = true },
