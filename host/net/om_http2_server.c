@@ -934,8 +934,17 @@ int om__http2_response_write(om_http_request_t *req, const char *data,
 int om__http2_response_end(om_http_request_t *req) {
   h2s_t *st = stream_of(req);
   int short_body;
-  if (!st->started || st->in_close_cb)
+  if (st->in_close_cb)
     return OM_ESTATE;
+  if (!st->started) {
+    /* Nothing was started (the stream closed under a response_start that
+     * failed, say): the holder is done with req all the same (the
+     * lifetime rule of om_http_server.h), so the stream is reset and
+     * released; keeping it held would leave on_close pointing at a holder
+     * that is gone. */
+    om__http2_response_abort(req);
+    return OM_ESTATE;
+  }
   if (st->h == NULL || st->closed || st->h->c->phase != PH_H2) {
     release(st);
     return OM_ESTATE;
