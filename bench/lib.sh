@@ -17,6 +17,9 @@
 # which is taken and which variable (HINT) moves the bench, and exit 1.
 # om_nginx_temp_paths PREFIX: nginx's five temp-path directives under
 # PREFIX, so that an nginx started by a bench never writes outside $tmp.
+# om_bench_tree PID: PID and its descendants (nginx's master and workers).
+# om_bench_cpu_ticks PID: utime+stime of om_bench_tree PID, in clock ticks
+# (getconf CLK_TCK per second).
 
 # om_bench_reap PID: after a TERM, up to 2 s to drain, then KILL, reaped
 om_bench_reap() {
@@ -99,4 +102,22 @@ om_nginx_temp_paths() {
   for d in client_body proxy fastcgi uwsgi scgi; do
     printf '  %s_temp_path %s%s;\n' "$d" "$1" "${d#client_}"
   done
+}
+
+om_bench_tree() {
+  local p
+  echo "$1"
+  for p in $(pgrep -P "$1" || true); do om_bench_tree "$p"; done
+}
+
+# /proc/PID/stat fields 14 and 15, after the parenthesized comm; a
+# process's line covers all its threads
+om_bench_cpu_ticks() {
+  local p total=0 t
+  for p in $(om_bench_tree "$1"); do
+    t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" \
+      2>/dev/null) || continue
+    total=$((total + t))
+  done
+  echo "$total"
 }

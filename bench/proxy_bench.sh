@@ -370,25 +370,6 @@ sanity() {
 
 clk_tck=$(getconf CLK_TCK)
 
-# the pid and its children (nginx's master and workers)
-tree() {
-  local p
-  echo "$1"
-  for p in $(pgrep -P "$1" || true); do tree "$p"; done
-}
-
-# utime+stime of a process tree, in clock ticks (/proc/PID/stat fields 14,
-# 15, after the parenthesized comm; a process's line covers all its threads)
-cpu_ticks() {
-  local p total=0 t
-  for p in $(tree "$1"); do
-    t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" \
-      2>/dev/null) || continue
-    total=$((total + t))
-  done
-  echo "$total"
-}
-
 # to_us VALUE: wrk's "82.00us", "1.23ms", "1.01s" in microseconds
 to_us() {
   awk -v v="$1" 'BEGIN {
@@ -468,7 +449,7 @@ run() {
   [ -z "$wrk_script" ] || script=(-s "$wrk_script")
   [ -z "$qfile" ] || script=(-s "$tmp/quantiles.lua")
   [ "$c" -ge "$t" ] || t=$c
-  [ "$name" = direct ] || c0=$(cpu_ticks "${pid_of[$name]}")
+  [ "$name" = direct ] || c0=$(om_bench_cpu_ticks "${pid_of[$name]}")
   a0=$(upstream_accepts)
   local tool=wrk
   [ -z "$qfile" ] || tool=$lat_client
@@ -483,7 +464,7 @@ run() {
     cat "$out" >&2
     exit 1
   }
-  [ "$name" = direct ] || c1=$(cpu_ticks "${pid_of[$name]}")
+  [ "$name" = direct ] || c1=$(om_bench_cpu_ticks "${pid_of[$name]}")
   a1=$(upstream_accepts)
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")
   errs=$(awk '/Socket errors:/ {sub(/.*Socket errors: /, ""); print}' "$out")
