@@ -110,6 +110,7 @@ struct om_watch_s {
    * still carries from before are those of carry, NULL: none */
   int warming;
   om_snapshot_t *carry;
+  uint64_t plane_rev; /* the plane's revision current stands for */
 
   /* a config watch (opts.config): the last document taken */
   int is_config;
@@ -206,7 +207,7 @@ static const char *name_key(const om_watch_t *w) {
 static uint64_t held_revision(const om_watch_t *w) {
   if (w->is_config)
     return w->doc_rev;
-  return w->current != NULL ? om_snapshot_revision(w->current) : 0;
+  return w->plane_rev;
 }
 
 /*
@@ -315,9 +316,21 @@ static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
  * carry, so its later removal by that plane (a deregistration, an expiry)
  * is honoured. Returns 0 with *out (a new reference: snap itself when
  * nothing is kept) and *kept, or OM_ENOMEM (nothing changed).
+ *
+ * A merged topology is no revision the plane issued, and the consumer
+ * takes a revision once (om_proxy_set_snapshot: the same revision is a
+ * no-op): it is delivered as the plane's revision minus one, so that the
+ * plane's own snapshot of that revision, resent without "warming" when
+ * its window ends, replaces it. The plane's next revisions are above it
+ * anyway. Only when that would not be newer than what was delivered last
+ * (a plane whose store bumped the revision by exactly one) is it
+ * delivered at the plane's revision; the end of the window then shows
+ * with the plane's next change.
  */
 static int merge_warming(om_watch_t *w, om_snapshot_t *snap,
                          om_snapshot_t **out, size_t *kept) {
+  uint64_t rev = om_snapshot_revision(snap), below = rev - 1;
+  uint64_t had = w->current != NULL ? om_snapshot_revision(w->current) : 0;
   size_t nc = w->carry != NULL ? om_snapshot_count(w->carry) : 0, k = 0, r = 0;
   const om_instance_t *in;
   om_instance_t *put = NULL;
@@ -342,13 +355,19 @@ static int merge_warming(om_watch_t *w, om_snapshot_t *snap,
     else
       gone[r++] = in->id;
   }
-  rc = om_snapshot_edit(snap, om_snapshot_revision(snap), put, k, NULL, 0,
-                        &merged, NULL, NULL, NULL);
+  if (k == 0) { /* nothing kept: the plane's snapshot as it is */
+    *out = om_snapshot_ref(snap);
+  } else {
+    rc = om_snapshot_edit(snap, below > had ? below : rev, put, k, NULL, 0,
+                          &merged, NULL, NULL, NULL);
+    *out = merged;
+  }
   if (rc == 0 && r > 0)
     rc = om_snapshot_edit(w->carry, om_snapshot_revision(w->carry), NULL, 0,
                           gone, r, &rest, NULL, NULL, NULL);
   if (rc != 0) {
-    om_snapshot_unref(merged);
+    om_snapshot_unref(*out);
+    *out = NULL;
     goto done;
   }
   if (r > 0) {
@@ -357,7 +376,6 @@ static int merge_warming(om_watch_t *w, om_snapshot_t *snap,
     if (w->carry == NULL)
       om_snapshot_unref(rest);
   }
-  *out = merged;
   *kept = k;
 done:
   free(put);
@@ -396,7 +414,7 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     return 0;
   }
   rev = om_snapshot_revision(snap);
-  cur = w->current != NULL ? om_snapshot_revision(w->current) : 0;
+  cur = w->plane_rev;
   warming = (flags & OM_SNAPSHOT_JSON_WARMING) != 0;
   if (strcmp(om_snapshot_service(snap), w->service) != 0) {
     snprintf(msg, sizeof msg, "snapshot of service '%s' on the watch of '%s'",
@@ -434,6 +452,7 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     }
     snap = NULL;
     w->warming = warming;
+    w->plane_rev = rev;
     om_snapshot_unref(w->current);
     w->current = next;
     w->st.snapshots++;
