@@ -9,6 +9,7 @@ local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 package.path = here .. "../support/?.lua;" .. package.path
 
 local H = require "control_helper"
+local R = require "redis_helper"
 
 local N = 30
 
@@ -26,6 +27,7 @@ describe("control plane warm-up", function()
   end)
   teardown(function()
     H.kill_all()
+    R.stop_all()
     os.execute("rm -rf " .. H.q(dir))
   end)
 
@@ -82,6 +84,70 @@ describe("control plane warm-up", function()
         H.readfile(p.out), 1, true)
       H.kill(p.pid, "KILL")
     end)
+  end)
+
+  describe("a Redis store", function()
+    if not R.available then
+      it("runs with a real redis-server", function()
+        pending("redis-server is not installed (scripts/deps installs it)")
+      end)
+      return
+    end
+
+    local function ready(c)
+      local st, body = H.request(dir, "GET", c.url .. "/readyz")
+      return st, H.json(body)
+    end
+
+    it("warms up when Redis was empty or came back empty, not when it kept its data",
+      function()
+        local redis = R.start()
+        finally(function()
+          H.kill_all()
+          R.stop(redis)
+        end)
+        local args = string.format("--store %s --store-prefix warm: --warmup 2s", redis.url)
+        -- an empty Redis at start (the epoch key is created): warming
+        local a = H.start_control(dir, args)
+        local st, body = ready(a)
+        assert.same({ 503, { "warming" } }, { st, body.reasons })
+        H.register(dir, a.url, "svc", "x", { url = "http://127.0.0.1:9", ttl_ms = 60000 })
+        local s2, snap = H.request(dir, "GET", a.url .. "/v1/services/svc")
+        assert.equal(200, s2, snap)
+        assert.equal(true, H.json(snap).warming)
+        assert.truthy(H.wait_for(function() return (ready(a)) == 200 end, 5))
+        -- a second plane on the same, non-empty Redis: warm from the start
+        local b = H.start_control(dir, args)
+        st, body = ready(b)
+        assert.same({ 200, true }, { st, body.ready })
+        assert.is_nil(H.readfile(b.out):find('"event":"control_warming"', 1, true),
+          H.readfile(b.out))
+        local w = H.watch(dir, a.url .. "/v1/watch/services/svc", nil, 20)
+        assert.equal(nil, H.json(H.wait_events(w, 1)[1].data).warming)
+        -- Redis restarts without persistence: it lost everything, both
+        -- planes warm up again, and their snapshots say so
+        R.stop(redis)
+        R.restart(redis)
+        for _, c in ipairs { a, b } do
+          assert.truthy(H.wait_for(function()
+            local s3, b3 = ready(c)
+            return s3 == 503 and b3.reasons[#b3.reasons] == "warming"
+          end, 10), H.readfile(c.out))
+          assert.matches('"event":"control_warming","store":"redis"', H.readfile(c.out), 1, true)
+        end
+        local evs = H.wait_for(function()
+          local e = H.events(w)
+          return #e >= 2 and H.json(e[#e].data).warming == true and e
+        end, 5)
+        assert.truthy(evs, H.readfile(w.file))
+        -- and warm again after the window, with a resend
+        assert.truthy(H.wait_for(function() return (ready(a)) == 200 end, 5))
+        evs = H.wait_for(function()
+          local e = H.events(w)
+          return H.json(e[#e].data).warming == nil and e
+        end, 5)
+        assert.truthy(evs, H.readfile(w.file))
+      end)
   end)
 
   describe("a plane restarted on an empty store", function()
