@@ -272,7 +272,9 @@ describe("control plane warm-up", function()
     end
 
     it("keeps the proxy's fleet whole while the plane warms up", function()
-      local m = restart_scenario("8s")
+      -- the window covers the proxy's reconnect (its retry floor is the
+      -- plane's 2 s) and the keepers' return, with room for a sanitized build
+      local m = restart_scenario("12s")
       local proxy, b = m.proxy, m.plane
       -- the plane did serve a partial fleet, marked warming
       local evs = H.wait_events(m.watch, 1)
@@ -318,7 +320,7 @@ describe("control plane warm-up", function()
       -- the window ends: ready, snapshots without warming, pushed to watchers
       assert.truthy(H.wait_for(function()
         return (H.request(dir, "GET", b.url .. "/readyz")) == 200
-      end, 10))
+      end, 15))
       assert.matches('"event":"control_warm"', H.readfile(b.out), 1, true)
       local code, snap = H.request(dir, "GET", b.url .. "/v1/services/web")
       assert.equal(200, code, snap)
