@@ -425,6 +425,9 @@ static void new_rejects_bad_arguments(void **state) {
   assert_int_equal(om_control_new(&loop, &o, &c), OM_EINVAL);
   o.cors_origin = "";
   assert_int_equal(om_control_new(&loop, &o, &c), OM_EINVAL);
+  o.cors_origin = NULL;
+  o.warmup_ms = OM_CONTROL_MAX_WARMUP_MS + 1;
+  assert_int_equal(om_control_new(&loop, &o, &c), OM_EINVAL);
   assert_null(c);
   assert_int_equal(om_control_close(NULL, NULL, NULL), OM_EINVAL);
   assert_int_equal(om_control_port(NULL), OM_ESTATE);
@@ -1007,6 +1010,76 @@ static void watch_last_event_id(void **state) {
   fx_free(fx);
 }
 
+/*
+ * A memory store starts empty: with warmup_ms the plane warms up from its
+ * start. Every snapshot it serves (GET whole and paged, watch events of
+ * one service and of all) carries "warming": true and /readyz is 503 with
+ * the reason; at the window's end /readyz is 200, GET carries no member
+ * and every watcher gets its snapshot again at the same revision without
+ * it. Without warmup_ms there is no window.
+ */
+static void warmup_window(void **state) {
+  om_control_opts_t o;
+  fx_t *fx;
+  sse_t *one, *all;
+  uint64_t r1;
+  json_t *j;
+  char want[64];
+  (void)state;
+  memset(&o, 0, sizeof o);
+  o.warmup_ms = 300;
+  fx = fx_new(&o);
+  assert_true(stats(fx).warming);
+  r1 = register_one(fx, "web", "a", INST("http://10.0.0.1"), "created");
+  assert_int_equal(GET(fx, "/v1/services/web"), 200);
+  snprintf(want, sizeof want, "\"revision\":%" PRIu64 ",\"warming\":true,", r1);
+  if (strstr(RESP.body, want) == NULL)
+    fail_msg("no %s in %.300s", want, RESP.body);
+  assert_int_equal(GET(fx, "/v1/services/web?page_size=1"), 200);
+  assert_non_null(strstr(RESP.body, want));
+  assert_int_equal(GET(fx, "/readyz"), 503);
+  j = body_json();
+  assert_string_equal(
+      json_string_value(json_array_get(json_object_get(j, "reasons"), 0)),
+      "warming");
+  OM_ASSERT_CMP(jint(j, "warming_remaining_ms"), <=, 300);
+  OM_ASSERT_CMP(jint(j, "warming_remaining_ms"), >, 0);
+  json_decref(j);
+  assert_int_equal(GET(fx, "/healthz"), 200);
+  one = sse_open(fx, "/v1/watch/services/web", NULL);
+  all = sse_open(fx, "/v1/watch/services", NULL);
+  assert_int_equal(sse_wait(one, 1, 2000), 1);
+  assert_int_equal(sse_wait(all, 1, 2000), 1);
+  assert_non_null(strstr(one->data, want));
+  assert_non_null(strstr(all->data, want));
+  /* the window ends: both get the same revision again, warm */
+  assert_int_equal(sse_wait(one, 2, 3000), 2);
+  assert_int_equal(sse_wait(all, 2, 3000), 2);
+  assert_true(sse_rev(one) == r1);
+  assert_true(sse_rev(all) == r1);
+  assert_null(strstr(one->data, "warming"));
+  assert_null(strstr(all->data, "warming"));
+  assert_false(stats(fx).warming);
+  assert_int_equal(GET(fx, "/readyz"), 200);
+  assert_int_equal(GET(fx, "/v1/services/web"), 200);
+  assert_null(strstr(RESP.body, "warming"));
+  assert_int_equal(GET(fx, "/metrics"), 200);
+  assert_non_null(strstr(RESP.body, "openmesh_control_warming 0\n"));
+  assert_non_null(strstr(RESP.body, "openmesh_control_warmups_total 1\n"));
+  /* nothing more: the window does not come back */
+  spin(fx, 100);
+  assert_int_equal(one->n, 2);
+  fx_free(fx);
+  /* no warmup_ms: no window */
+  fx = fx_new(NULL);
+  assert_false(stats(fx).warming);
+  register_one(fx, "web", "a", INST("http://10.0.0.1"), "created");
+  assert_int_equal(GET(fx, "/v1/services/web"), 200);
+  assert_null(strstr(RESP.body, "warming"));
+  assert_int_equal(GET(fx, "/readyz"), 200);
+  fx_free(fx);
+}
+
 static void watch_unknown_service_then_all_services(void **state) {
   fx_t *fx = fx_new(NULL);
   uint64_t ra, rb, rb2;
@@ -1491,6 +1564,7 @@ int main(void) {
       cmocka_unit_test(watch_first_snapshot_then_changes),
       cmocka_unit_test(watch_last_event_id),
       cmocka_unit_test(watch_unknown_service_then_all_services),
+      cmocka_unit_test(warmup_window),
       cmocka_unit_test(lease_expiry_pushes_a_snapshot),
       cmocka_unit_test(backlog_limit_cuts_a_slow_all_services_watcher),
       cmocka_unit_test(pings_keep_streams_alive),

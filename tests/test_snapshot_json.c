@@ -243,6 +243,97 @@ static void cached_encodings_are_shared(void **state) {
   om_snapshot_unref(s); /* frees both slots: ASan would report a leak */
 }
 
+/* ---- the warming member ---- */
+
+/*
+ * A warming plane's encodings carry "warming": true after "revision" and
+ * live in their own slots beside the plain ones (both served from one
+ * snapshot while a plane warms up); the decoder reports the member, and
+ * refuses one that is not a boolean, naming it.
+ */
+static void warming_member(void **state) {
+  om_instance_t in[1] = {inst("a", "http://a:80")};
+  om_snapshot_t *s = snap_of("api", 9, in, 1), *back = NULL;
+  const char *plain, *warm, *ev;
+  size_t lp, lw, le;
+  char *page = NULL;
+  size_t plen;
+  unsigned flags = 99;
+  om_json_error_t err;
+  (void)state;
+  assert_int_equal(
+      om_snapshot_json_cached_flags(s, OM_SNAPSHOT_JSON_WARMING, &warm, &lw),
+      0);
+  assert_string_equal(warm, "{\"service\":\"api\",\"revision\":9,"
+                            "\"warming\":true,\"instances\":[{\"id\":"
+                            "\"a\",\"url\":\"http://a:80\",\"weight\":1,"
+                            "\"ttl_ms\":10000,\"metadata\":{}}]}");
+  assert_int_equal(om_snapshot_json_cached(s, &plain, &lp), 0);
+  assert_null(strstr(plain, "warming"));
+  OM_ASSERT_CMP(lw, ==, lp + strlen(",\"warming\":true"));
+  assert_non_null(om_snapshot_cache(s, OM_SNAPSHOT_SLOT_JSON_WARMING));
+  assert_ptr_not_equal(om_snapshot_cache(s, OM_SNAPSHOT_SLOT_JSON_WARMING),
+                       om_snapshot_cache(s, OM_SNAPSHOT_SLOT_JSON));
+  /* cached: the same bytes again, no allocation */
+  om_test_fail_alloc_after(0);
+  assert_int_equal(
+      om_snapshot_json_cached_flags(s, OM_SNAPSHOT_JSON_WARMING, &ev, &le), 0);
+  om_test_alloc_reset();
+  assert_ptr_equal(ev, warm);
+  assert_int_equal(
+      om_snapshot_sse_cached_flags(s, OM_SNAPSHOT_JSON_WARMING, &ev, &le), 0);
+  assert_non_null(strstr(ev, "\"warming\":true"));
+  assert_non_null(strstr(ev, "id: 9\n"));
+  assert_int_equal(om_snapshot_sse_cached_flags(s, 2, &ev, &le), OM_EINVAL);
+  assert_int_equal(om_snapshot_json_cached_flags(s, 4, &ev, &le), OM_EINVAL);
+  assert_int_equal(om_snapshot_page_json_flags(s, OM_SNAPSHOT_JSON_WARMING,
+                                               NULL, 0, 1, &page, &plen, &err),
+                   0);
+  assert_non_null(strstr(page, "\"warming\":true"));
+  assert_non_null(strstr(page, "\"next_page_token\":null"));
+  free(page);
+  /* decoding: the flag, its absence, false, and a wrong type */
+  assert_int_equal(om_snapshot_from_json_flags(warm, lw, &back, &flags, &err),
+                   0);
+  assert_int_equal(flags, OM_SNAPSHOT_JSON_WARMING);
+  assert_int_equal(om_snapshot_count(back), 1);
+  om_snapshot_unref(back);
+  assert_int_equal(om_snapshot_from_json_flags(plain, lp, &back, &flags, &err),
+                   0);
+  assert_int_equal(flags, 0);
+  om_snapshot_unref(back);
+  {
+    static const char *const bad[] = {
+        "{\"service\":\"a\",\"revision\":1,\"warming\":1,"
+        "\"instances\":[]}",
+        "{\"service\":\"a\",\"revision\":1,\"warming\":\"true\","
+        "\"instances\":[]}",
+        "{\"service\":\"a\",\"revision\":1,\"warming\":null,"
+        "\"instances\":[]}",
+    };
+    const char *f = "{\"service\":\"a\",\"revision\":1,\"warming\":false,"
+                    "\"instances\":[]}";
+    flags = 99;
+    assert_int_equal(
+        om_snapshot_from_json_flags(f, strlen(f), &back, &flags, &err), 0);
+    assert_int_equal(flags, 0);
+    om_snapshot_unref(back);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      back = NULL;
+      assert_int_equal(om_snapshot_from_json_flags(bad[i], strlen(bad[i]),
+                                                   &back, &flags, &err),
+                       OM_EINVAL);
+      assert_null(back);
+      assert_string_equal(err.field, "warming");
+      /* the plain decoder applies the same rule */
+      assert_int_equal(
+          om_snapshot_from_json(bad[i], strlen(bad[i]), &back, &err),
+          OM_EINVAL);
+    }
+  }
+  om_snapshot_unref(s); /* frees all four slots: ASan would see a leak */
+}
+
 /* ---- pages ---- */
 
 static void collect_page(const char *json, char *ids, uint64_t rev, char *token,
@@ -790,6 +881,7 @@ int main(void) {
       cmocka_unit_test(encode_round_trip),
       cmocka_unit_test(encode_fault_injection),
       cmocka_unit_test(cached_encodings_are_shared),
+      cmocka_unit_test(warming_member),
       cmocka_unit_test(pages),
       cmocka_unit_test(page_tokens),
       cmocka_unit_test(decode_snapshot_errors),

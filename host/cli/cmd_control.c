@@ -31,7 +31,7 @@ static void usage(FILE *out) {
       "                        [--store-prefix PREFIX] [--store-wait "
       "DURATION]\n"
       "                        [--tokens FILE] [--insecure]\n"
-      "                        [--ping-interval DURATION]\n"
+      "                        [--ping-interval DURATION] [--warmup DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
       "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n"
       "                        [--tls-cert FILE --tls-key FILE]\n"
@@ -61,6 +61,15 @@ static void usage(FILE *out) {
       "(default 1MiB)\n"
       "  --min-revision N          issue revisions above N (a persisted "
       "high-water mark)\n"
+      "  --warmup DURATION         after the store lost its state (memory: "
+      "at start;\n"
+      "                            Redis: came back empty), snapshots carry\n"
+      "                            \"warming\": true and /readyz is 503 for "
+      "this long;\n"
+      "                            proxies merge instead of dropping peers "
+      "(default\n"
+      "                            1h, the longest lease TTL; 0: off; at "
+      "most 24h)\n"
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
       "  --log-level LEVEL         debug, info (default), warn, "
@@ -177,6 +186,7 @@ int om_cmd_control(int argc, char **argv) {
       {"ping-interval", required_argument, NULL, 'p'},
       {"max-watch-backlog", required_argument, NULL, 'b'},
       {"min-revision", required_argument, NULL, 'r'},
+      {"warmup", required_argument, NULL, 'w'},
       {"cors-origin", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
@@ -197,6 +207,7 @@ int om_cmd_control(int argc, char **argv) {
   memset(&co, 0, sizeof co);
   memset(&so, 0, sizeof so);
   memset(&ro, 0, sizeof ro);
+  co.warmup_ms = OM_CONTROL_DEFAULT_WARMUP_MS;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -241,6 +252,13 @@ int om_cmd_control(int argc, char **argv) {
         return fail_usage("--min-revision: '%s' is not a number", optarg);
       break;
     }
+    case 'w':
+      if (om_parse_duration_ms(optarg, &co.warmup_ms) != 0 ||
+          co.warmup_ms > OM_CONTROL_MAX_WARMUP_MS)
+        return fail_usage("--warmup: '%s' is not a duration from 0 to 24h "
+                          "like 15s or 1h",
+                          optarg);
+      break;
     case 'c':
       co.cors_origin = optarg;
       break;

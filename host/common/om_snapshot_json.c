@@ -182,13 +182,16 @@ static size_t estimate(const om_snapshot_t *s, size_t from, size_t to) {
 }
 
 /* The document for instances [from, to); page: with next_page_token. */
-static void enc_snapshot(jw_t *w, const om_snapshot_t *s, size_t from,
-                         size_t to, int page, const char *next_token) {
+static void enc_snapshot(jw_t *w, const om_snapshot_t *s, unsigned flags,
+                         size_t from, size_t to, int page,
+                         const char *next_token) {
   jw_reserve(w, estimate(s, from, to));
   jw_lit(w, "{\"service\":");
   jw_str(w, om_snapshot_service(s));
   jw_lit(w, ",\"revision\":");
   jw_u64(w, om_snapshot_revision(s));
+  if (flags & OM_SNAPSHOT_JSON_WARMING)
+    jw_lit(w, ",\"warming\":true");
   jw_lit(w, ",\"instances\":[");
   for (size_t i = from; i < to; i++) {
     if (i > from)
@@ -222,7 +225,7 @@ int om_snapshot_to_json(const om_snapshot_t *s, char **out, size_t *len) {
   jw_t w = {0};
   if (s == NULL || out == NULL || len == NULL)
     return OM_EINVAL;
-  enc_snapshot(&w, s, 0, om_snapshot_count(s), 0, NULL);
+  enc_snapshot(&w, s, 0, 0, om_snapshot_count(s), 0, NULL);
   return jw_finish(&w, out, len);
 }
 
@@ -255,17 +258,30 @@ typedef struct blob_s {
   char data[]; /* NUL-terminated */
 } blob_t;
 
-int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len) {
+/* The cache slots of one encoding: the plain one, or the warming one. */
+static int slot_json(unsigned flags) {
+  return flags & OM_SNAPSHOT_JSON_WARMING ? OM_SNAPSHOT_SLOT_JSON_WARMING
+                                          : OM_SNAPSHOT_SLOT_JSON;
+}
+
+static int slot_sse(unsigned flags) {
+  return flags & OM_SNAPSHOT_JSON_WARMING ? OM_SNAPSHOT_SLOT_SSE_WARMING
+                                          : OM_SNAPSHOT_SLOT_SSE;
+}
+
+int om_snapshot_json_cached_flags(om_snapshot_t *s, unsigned flags,
+                                  const char **data, size_t *len) {
   blob_t *b;
   jw_t w = {0};
-  if (s == NULL || data == NULL || len == NULL)
+  if (s == NULL || data == NULL || len == NULL ||
+      (flags & ~OM_SNAPSHOT_JSON_WARMING) != 0)
     return OM_EINVAL;
-  b = om_snapshot_cache(s, OM_SNAPSHOT_SLOT_JSON);
+  b = om_snapshot_cache(s, slot_json(flags));
   if (b == NULL) {
     /* Write after a blob header, so the buffer becomes the blob. */
     jw_reserve(&w, sizeof(blob_t));
     w.len = w.oom ? 0 : sizeof(blob_t);
-    enc_snapshot(&w, s, 0, om_snapshot_count(s), 0, NULL);
+    enc_snapshot(&w, s, flags, 0, om_snapshot_count(s), 0, NULL);
     jw_raw(&w, "", 1);
     if (w.oom) {
       free(w.p);
@@ -273,7 +289,7 @@ int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len) {
     }
     b = (blob_t *)(void *)w.p;
     b->len = w.len - sizeof(blob_t) - 1;
-    if (om_snapshot_set_cache(s, OM_SNAPSHOT_SLOT_JSON, b, free) != 0) {
+    if (om_snapshot_set_cache(s, slot_json(flags), b, free) != 0) {
       free(b);
       return OM_ESTATE; /* cannot happen: the slot was empty */
     }
@@ -283,18 +299,24 @@ int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len) {
   return 0;
 }
 
-int om_snapshot_sse_cached(om_snapshot_t *s, const char **data, size_t *len) {
+int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len) {
+  return om_snapshot_json_cached_flags(s, 0, data, len);
+}
+
+int om_snapshot_sse_cached_flags(om_snapshot_t *s, unsigned flags,
+                                 const char **data, size_t *len) {
   blob_t *b;
   const char *json;
   size_t json_len, need = 0;
   char id[24];
   om_sse_event_t ev;
   int rc;
-  if (s == NULL || data == NULL || len == NULL)
+  if (s == NULL || data == NULL || len == NULL ||
+      (flags & ~OM_SNAPSHOT_JSON_WARMING) != 0)
     return OM_EINVAL;
-  b = om_snapshot_cache(s, OM_SNAPSHOT_SLOT_SSE);
+  b = om_snapshot_cache(s, slot_sse(flags));
   if (b == NULL) {
-    rc = om_snapshot_json_cached(s, &json, &json_len);
+    rc = om_snapshot_json_cached_flags(s, flags, &json, &json_len);
     if (rc != 0)
       return rc;
     snprintf(id, sizeof id, "%llu",
@@ -320,7 +342,7 @@ int om_snapshot_sse_cached(om_snapshot_t *s, const char **data, size_t *len) {
     }
     b->data[need] = '\0';
     b->len = need;
-    if (om_snapshot_set_cache(s, OM_SNAPSHOT_SLOT_SSE, b, free) != 0) {
+    if (om_snapshot_set_cache(s, slot_sse(flags), b, free) != 0) {
       free(b);
       return OM_ESTATE;
     }
@@ -328,6 +350,10 @@ int om_snapshot_sse_cached(om_snapshot_t *s, const char **data, size_t *len) {
   *data = b->data;
   *len = b->len;
   return 0;
+}
+
+int om_snapshot_sse_cached(om_snapshot_t *s, const char **data, size_t *len) {
+  return om_snapshot_sse_cached_flags(s, 0, data, len);
 }
 
 /* ---- page tokens ---- */
@@ -420,6 +446,14 @@ static int err_set(om_json_error_t *err, int code, const char *field,
 int om_snapshot_page_json(const om_snapshot_t *s, const char *token,
                           size_t token_len, size_t limit, char **out,
                           size_t *len, om_json_error_t *err) {
+  return om_snapshot_page_json_flags(s, 0, token, token_len, limit, out, len,
+                                     err);
+}
+
+int om_snapshot_page_json_flags(const om_snapshot_t *s, unsigned flags,
+                                const char *token, size_t token_len,
+                                size_t limit, char **out, size_t *len,
+                                om_json_error_t *err) {
   uint64_t rev = 0, off = 0;
   size_t n, end;
   char next[OM_PAGE_TOKEN_LEN + 1];
@@ -428,6 +462,8 @@ int om_snapshot_page_json(const om_snapshot_t *s, const char *token,
     return err_set(err, OM_EINVAL, "", "no snapshot or output");
   if (limit == 0)
     return err_set(err, OM_EINVAL, "page_size", "must be at least 1");
+  if ((flags & ~OM_SNAPSHOT_JSON_WARMING) != 0)
+    return err_set(err, OM_EINVAL, "", "unknown flags");
   n = om_snapshot_count(s);
   if (token != NULL) {
     if (om_page_token_decode(token, token_len, &rev, &off) != 0)
@@ -447,7 +483,7 @@ int om_snapshot_page_json(const om_snapshot_t *s, const char *token,
   end = (size_t)off + (limit < n - (size_t)off ? limit : n - (size_t)off);
   if (end < n)
     om_page_token_encode(om_snapshot_revision(s), end, next);
-  enc_snapshot(&w, s, (size_t)off, end, 1, end < n ? next : NULL);
+  enc_snapshot(&w, s, flags, (size_t)off, end, 1, end < n ? next : NULL);
   if (jw_finish(&w, out, len) != 0)
     return err_set(err, OM_ENOMEM, "", "out of memory");
   return 0;
@@ -594,8 +630,15 @@ not_string:
 
 int om_snapshot_from_json(const char *buf, size_t len, om_snapshot_t **out,
                           om_json_error_t *err) {
+  return om_snapshot_from_json_flags(buf, len, out, NULL, err);
+}
+
+int om_snapshot_from_json_flags(const char *buf, size_t len,
+                                om_snapshot_t **out, unsigned *flags,
+                                om_json_error_t *err) {
   json_error_t je;
-  json_t *root, *jservice, *jrev, *jinst;
+  json_t *root, *jservice, *jrev, *jinst, *jwarm;
+  unsigned fl = 0;
   om_instance_t *ins = NULL;
   om_kv_t *kv = NULL;
   size_t n, nkv = 0, used = 0, idx = 0;
@@ -637,6 +680,13 @@ int om_snapshot_from_json(const char *buf, size_t len, om_snapshot_t **out,
                  jinst == NULL ? "is required" : "must be an array");
     goto done;
   }
+  jwarm = json_object_get(root, "warming");
+  if (jwarm != NULL && !json_is_boolean(jwarm)) {
+    rc = err_set(err, OM_EINVAL, "warming", "must be true or false");
+    goto done;
+  }
+  if (json_is_true(jwarm))
+    fl |= OM_SNAPSHOT_JSON_WARMING;
   n = json_array_size(jinst);
   for (size_t i = 0; i < n; i++) {
     json_t *m = json_object_get(json_array_get(jinst, i), "metadata");
@@ -660,6 +710,8 @@ int om_snapshot_from_json(const char *buf, size_t len, om_snapshot_t **out,
   }
   rc = om_snapshot_new(json_string_value(jservice), (uint64_t)rev, ins, n, out,
                        &idx, &field, &why);
+  if (rc == 0 && flags != NULL)
+    *flags = fl;
   if (rc == OM_EDUPLICATE) {
     snprintf(path, sizeof path, "instances[%zu].id", idx);
     rc = err_set(err, rc, path, "duplicate id \"%s\"", ins[idx].id);

@@ -14,7 +14,8 @@
  * every GET and every watcher of one revision share one buffer.
  *
  * Snapshot document:
- *   {"service": s, "revision": R, "instances": [
+ *   {"service": s, "revision": R, "warming": true (only while the plane
+ *    warms up), "instances": [
  *     {"id", "url", "weight", "zone" (omitted when none), "ttl_ms",
  *      "metadata": {k: v, ...}}, ...]}
  * in id order; a page adds "next_page_token": string or null.
@@ -28,8 +29,20 @@
 #include "om_snapshot.h"
 
 /* Cache slots on a snapshot (om_snapshot_cache). */
-#define OM_SNAPSHOT_SLOT_JSON 0 /* the full snapshot document */
-#define OM_SNAPSHOT_SLOT_SSE 1  /* its SSE event block */
+#define OM_SNAPSHOT_SLOT_JSON 0         /* the full snapshot document */
+#define OM_SNAPSHOT_SLOT_SSE 1          /* its SSE event block */
+#define OM_SNAPSHOT_SLOT_JSON_WARMING 2 /* the document with "warming" */
+#define OM_SNAPSHOT_SLOT_SSE_WARMING 3  /* its SSE event block */
+
+/*
+ * What a snapshot document says besides the topology (the _flags
+ * variants below). OM_SNAPSHOT_JSON_WARMING: the member "warming": true,
+ * after "revision": the control plane that served it lost its store's
+ * state recently and may not know every live instance yet (its warm-up
+ * window, docs/CONTROL.md); a client keeps instances it knew that the
+ * document does not mention. A plane that is warm omits the member.
+ */
+#define OM_SNAPSHOT_JSON_WARMING 1u
 
 /* Largest instance registration body om_instance_from_json accepts. */
 #define OM_INSTANCE_JSON_MAX ((size_t)256 * 1024)
@@ -76,6 +89,16 @@ int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len);
 int om_snapshot_sse_cached(om_snapshot_t *s, const char **data, size_t *len);
 
 /*
+ * The same with flags (OM_SNAPSHOT_JSON_WARMING or 0; anything else is
+ * OM_EINVAL): each variant has its own cache slots, so a plane that
+ * serves both while it warms up encodes each once.
+ */
+int om_snapshot_json_cached_flags(om_snapshot_t *s, unsigned flags,
+                                  const char **data, size_t *len);
+int om_snapshot_sse_cached_flags(om_snapshot_t *s, unsigned flags,
+                                 const char **data, size_t *len);
+
+/*
  * om_page_token_encode: the opaque token for "the page of revision R that
  * starts at offset": base64url (RFC 4648 section 5, no padding) of
  * revision, offset (64-bit big-endian each) and an XXH3 checksum of both,
@@ -112,6 +135,12 @@ int om_snapshot_page_json(const om_snapshot_t *s, const char *token,
                           size_t token_len, size_t limit, char **out,
                           size_t *len, om_json_error_t *err);
 
+/* om_snapshot_page_json with flags, as om_snapshot_json_cached_flags. */
+int om_snapshot_page_json_flags(const om_snapshot_t *s, unsigned flags,
+                                const char *token, size_t token_len,
+                                size_t limit, char **out, size_t *len,
+                                om_json_error_t *err);
+
 /*
  * om_snapshot_from_json: decode and validate a snapshot document (what a
  * watch client receives) into a new snapshot with one reference (*out).
@@ -128,6 +157,17 @@ int om_snapshot_page_json(const om_snapshot_t *s, const char *token,
  */
 int om_snapshot_from_json(const char *buf, size_t len, om_snapshot_t **out,
                           om_json_error_t *err);
+
+/*
+ * om_snapshot_from_json_flags: the same, and on success *flags (may be
+ * NULL) holds what the document says besides the topology:
+ * OM_SNAPSHOT_JSON_WARMING for "warming": true. "warming" must be a
+ * boolean when present (OM_EINVAL, field "warming"); false and absent
+ * mean the same.
+ */
+int om_snapshot_from_json_flags(const char *buf, size_t len,
+                                om_snapshot_t **out, unsigned *flags,
+                                om_json_error_t *err);
 
 /*
  * om_instance_from_json: decode a registration body

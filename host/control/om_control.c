@@ -693,6 +693,84 @@ static void on_request(om_http_request_t *req, void *ud) {
 }
 
 /* ------------------------------------------------------------------ */
+/* the warm-up window */
+
+static void on_warm_kick(uv_timer_t *timer) {
+  (void)timer;
+}
+
+static void on_warm_timer(uv_timer_t *timer) {
+  om_control_t *c = timer->data;
+  char n[24];
+  if (c->closing || c->warm_until == 0)
+    return;
+  c->warm_until = 0;
+  om_metric_set(c->m.warming, 0);
+  snprintf(n, sizeof n, "%zu", c->n_mirror);
+  om_log(OM_LOG_INFO, "control_warm", "services", n, "note",
+         "snapshots no longer carry warming; every watcher gets its "
+         "snapshot again",
+         NULL);
+  om__fanout_warm(c);
+  /* The HTTP server sends what a timer wrote from its check phase, right
+   * after the loop's next poll; with nothing due that poll would block
+   * until the next ping. A timer due in 1 ms makes it return then (one of
+   * 0 ms would run in this same pass of the timers, libuv 1.44). */
+  uv_timer_start(&c->warm_timer, on_warm_kick, 1, 0);
+}
+
+/*
+ * Whether the plane is inside its warm-up window, opening one when the
+ * store says it lost its state since the last look. A store that came
+ * back empty knows none of the leases its keepers still renew: until each
+ * keeper has renewed once (a lease's TTL at most), its snapshots are
+ * partial, and a client that replaced its topology by them would drop
+ * live instances. The window says so on every snapshot ("warming": true)
+ * so that clients merge instead of replacing (docs/CONTROL.md "Warm-up").
+ * Polled where a snapshot is served or a store change arrives: a Redis
+ * epoch change is seen before the changes it causes are delivered.
+ */
+int om__warming(om_control_t *c) {
+  om_store_status_t st;
+  uint64_t now;
+  if (c->warmup_ns == 0)
+    return 0;
+  memset(&st, 0, sizeof st);
+  om_store_status(c->store, &st);
+  now = om__now_ns();
+  if (st.state_lost != c->seen_lost && !c->closing) {
+    char ms[24];
+    c->seen_lost = st.state_lost;
+    c->warm_until = now + c->warmup_ns;
+    if (c->warm_until == 0)
+      c->warm_until = 1;
+    uv_timer_start(&c->warm_timer, on_warm_timer,
+                   (c->warmup_ns + 999999) / 1000000, 0);
+    om_metric_set(c->m.warming, 1);
+    om_metric_inc(c->m.warmups);
+    snprintf(ms, sizeof ms, "%" PRIu64, c->warmup_ns / 1000000);
+    om_log(OM_LOG_WARN, "control_warming", "store", om_store_name(c->store),
+           "window_ms", ms, "note",
+           "the store holds none of its previous leases: snapshots carry "
+           "warming until every keeper renewed",
+           NULL);
+  }
+  return c->warm_until != 0;
+}
+
+unsigned om__snapshot_flags(om_control_t *c) {
+  return om__warming(c) ? OM_SNAPSHOT_JSON_WARMING : 0;
+}
+
+/* What is left of the window, rounded up (0: warm). */
+uint64_t om__warm_remaining_ms(const om_control_t *c) {
+  uint64_t now = om__now_ns();
+  if (c->warm_until == 0)
+    return 0;
+  return c->warm_until > now ? (c->warm_until - now + 999999) / 1000000 : 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* metrics registry */
 
 #define P "openmesh_control_"
@@ -802,6 +880,16 @@ static int metrics_init(om_control_t *c) {
               labels));
     }
   }
+  CHK(m->warming = om_metrics_gauge(
+          r, P "warming",
+          "1 inside the warm-up window after the store lost its state "
+          "(snapshots carry \"warming\": true, /readyz answers 503)",
+          ""));
+  CHK(m->warmups = om_metrics_counter(
+          r, P "warmups_total",
+          "Warm-up windows started (the store started empty or lost its "
+          "state)",
+          ""));
   for (int i = 0; i < L__COUNT; i++) {
     snprintf(labels, sizeof labels, "route=\"%s\"", label_names[i]);
     CHK(m->latency[i] = om_metrics_histogram(
@@ -855,6 +943,8 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
     return OM_EINVAL;
   if (opts->cors_origin != NULL && !valid_header_value(opts->cors_origin))
     return OM_EINVAL;
+  if (opts->warmup_ms > OM_CONTROL_MAX_WARMUP_MS)
+    return OM_EINVAL;
   st = opts->store;
   c = calloc(1, sizeof *c);
   if (c == NULL)
@@ -870,6 +960,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
       c->retry_block, sizeof c->retry_block, "retry: %" PRIu64 "\n\n",
       opts->retry_ms ? opts->retry_ms : (uint64_t)OM_CONTROL_DEFAULT_RETRY_MS);
   c->t_start = om__now_ns();
+  c->warmup_ns = opts->warmup_ms * 1000000u;
   rc = OM_ENOMEM;
   if ((opts->cors_origin != NULL &&
        (c->cors = om__dup_str(opts->cors_origin)) == NULL) ||
@@ -890,6 +981,9 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   uv_timer_init(loop, &c->ping); /* cannot fail */
   c->ping.data = c;
   uv_timer_start(&c->ping, om__on_ping, c->ping_ms, c->ping_ms);
+  uv_timer_init(loop, &c->warm_timer); /* cannot fail */
+  c->warm_timer.data = c;
+  (void)om__warming(c); /* a store that starts empty: from now */
   c->auth = opts->auth;
   *out = c;
   return 0;
@@ -962,12 +1056,14 @@ void om_control_stats(const om_control_t *c, om_control_stats_t *out) {
   out->events_sent = c->events_sent;
   out->watchers_dropped = c->dropped;
   out->revision = c->rev_max;
+  out->warming = c->warm_until != 0;
 }
 
 static void maybe_finish(om_control_t *c) {
   void (*done)(void *);
   void *ud;
-  if (!c->closing || !c->srv_closed || !c->timer_closed || c->pending_ops != 0)
+  if (!c->closing || !c->srv_closed || !c->timer_closed ||
+      !c->warm_timer_closed || c->pending_ops != 0)
     return;
   done = c->done;
   ud = c->done_ud;
@@ -990,6 +1086,12 @@ static void on_timer_closed(uv_handle_t *h) {
   maybe_finish(c);
 }
 
+static void on_warm_timer_closed(uv_handle_t *h) {
+  om_control_t *c = h->data;
+  c->warm_timer_closed = 1;
+  maybe_finish(c);
+}
+
 int om_control_close(om_control_t *c, void (*done)(void *ud), void *ud) {
   if (c == NULL)
     return OM_EINVAL;
@@ -1000,6 +1102,8 @@ int om_control_close(om_control_t *c, void (*done)(void *ud), void *ud) {
   c->done_ud = ud;
   uv_timer_stop(&c->ping);
   uv_close((uv_handle_t *)&c->ping, on_timer_closed);
+  uv_timer_stop(&c->warm_timer);
+  uv_close((uv_handle_t *)&c->warm_timer, on_warm_timer_closed);
   /* end every stream cleanly: the client sees a complete response */
   while (c->n_topics > 0) {
     topic_t *t = c->topics[0];

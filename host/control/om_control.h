@@ -44,6 +44,10 @@ typedef struct om_control_s om_control_t;
 #define OM_CONTROL_DEFAULT_BACKLOG ((size_t)1 << 20)
 #define OM_CONTROL_DEFAULT_RETRY_MS 2000u
 #define OM_CONTROL_MAX_PAGE_SIZE 1000u
+/* A lease renewed at the longest TTL a registration may ask for
+ * (OM_TTL_MAX_MS) has been renewed at least once within this. */
+#define OM_CONTROL_DEFAULT_WARMUP_MS OM_TTL_MAX_MS
+#define OM_CONTROL_MAX_WARMUP_MS (UINT64_C(24) * 3600 * 1000)
 
 typedef struct om_control_opts_s {
   /* Required, borrowed: it must outlive the control plane (close the
@@ -59,16 +63,27 @@ typedef struct om_control_opts_s {
   /* Where openmesh/contract.lua lives, to validate text/x-lua documents;
    * NULL: om_lib_dir(). Copied. */
   const char *lib_dir;
-  uint64_t ping_interval_ms;  /* `: ping` on every stream; 0: 15 s */
-  size_t max_watch_backlog;   /* unsent bytes per watcher; 0: 1 MiB */
-  uint64_t retry_ms;          /* `retry:` at the start of each stream; 0: 2 s */
+  uint64_t ping_interval_ms; /* `: ping` on every stream; 0: 15 s */
+  size_t max_watch_backlog;  /* unsent bytes per watcher; 0: 1 MiB */
+  uint64_t retry_ms;         /* `retry:` at the start of each stream; 0: 2 s */
+  /*
+   * The warm-up window: for this long after the store lost its state
+   * (om_store_status_t.state_lost grew: a memory store at start, a Redis
+   * that came back empty), every snapshot served carries "warming": true,
+   * /readyz answers 503, and at its end every watcher gets its snapshot
+   * again without the member (docs/CONTROL.md "Warm-up"). 0: no window
+   * (the embedding default; `openmesh control` defaults to
+   * OM_CONTROL_DEFAULT_WARMUP_MS). At most OM_CONTROL_MAX_WARMUP_MS.
+   */
+  uint64_t warmup_ms;
   om_http_server_opts_t http; /* limits; zeroes are the server defaults */
 } om_control_opts_t;
 
 /*
  * om_control_new: a control plane on loop, not yet listening. Returns 0
  * with *out, OM_EINVAL (loop, out or opts->store NULL, a cors_origin with
- * bytes a header value cannot carry), OM_ENOMEM, or what the store's
+ * bytes a header value cannot carry, warmup_ms above
+ * OM_CONTROL_MAX_WARMUP_MS), OM_ENOMEM, or what the store's
  * subscribe returned; on error nothing is left on the loop or the store,
  * and the caller still owns opts->auth. Release with om_control_close.
  */
@@ -108,6 +123,7 @@ typedef struct om_control_stats_s {
   uint64_t events_sent;      /* snapshot events written to watchers */
   uint64_t watchers_dropped; /* cut for their backlog */
   uint64_t revision;         /* highest revision seen (high-water mark) */
+  int warming;               /* inside the warm-up window */
 } om_control_stats_t;
 
 /* Live figures (tests, embedding hosts). */

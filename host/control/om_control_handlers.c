@@ -252,7 +252,9 @@ static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
     static const char tail[] = ",\"next_page_token\":null}";
     const char *data;
     size_t len;
-    if (om_snapshot_json_cached(snap, &data, &len) != 0 || len < 2)
+    if (om_snapshot_json_cached_flags(snap, om__snapshot_flags(x->c), &data,
+                                      &len) != 0 ||
+        len < 2)
       om__reply_store_error(x, OM_ENOMEM);
     else
       om__reply2(x, 200, "application/json", data, len - 1, tail,
@@ -266,8 +268,9 @@ static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
     memset(&err, 0, sizeof err);
     if (limit == 0) /* a token without page_size: the rest */
       limit = om_snapshot_count(snap) > 0 ? om_snapshot_count(snap) : 1;
-    rc = om_snapshot_page_json(snap, op->has_token ? op->token : NULL,
-                               op->token_len, limit, &out, &len, &err);
+    rc = om_snapshot_page_json_flags(snap, om__snapshot_flags(x->c),
+                                     op->has_token ? op->token : NULL,
+                                     op->token_len, limit, &out, &len, &err);
     if (rc == 0)
       om__reply_json(x, 200, out, len);
     else if (rc == OM_ESTATE)
@@ -532,24 +535,41 @@ void om__h_healthz(ctx_t *x) {
 /*
  * Readiness: whether this plane should get traffic now. Not when its
  * store is unreachable (it would serve the last known state, marked
- * stale, and refuse writes) or when it is draining. 200 "ready", else 503
- * with the reasons, so a load balancer or an orchestrator moves traffic
- * to another plane while /healthz keeps the process alive.
+ * stale, and refuse writes), when it is draining, or inside its warm-up
+ * window (its snapshots may miss live instances: om__warming). 200
+ * "ready", else 503 with the reasons, so a load balancer or an
+ * orchestrator moves traffic to another plane while /healthz keeps the
+ * process alive.
  */
 void om__h_readyz(ctx_t *x) {
   om_store_status_t st;
-  char body[160];
-  int k;
+  char body[256];
+  const char *why[3];
+  int n = 0, k, warming = om__warming(x->c);
   memset(&st, 0, sizeof st);
   om_store_status(x->c->store, &st);
-  if (!st.stale && !x->c->closing) {
+  if (st.stale)
+    why[n++] = "store_unreachable";
+  if (x->c->closing)
+    why[n++] = "draining";
+  if (warming)
+    why[n++] = "warming";
+  if (n == 0) {
     om__reply(x, 200, "application/json", "{\"ready\":true}\n", 15, NULL, 0);
     return;
   }
-  k = snprintf(body, sizeof body, "{\"ready\":false,\"reasons\":[%s%s%s]}\n",
-               st.stale ? "\"store_unreachable\"" : "",
-               st.stale && x->c->closing ? "," : "",
-               x->c->closing ? "\"draining\"" : "");
+  k = snprintf(body, sizeof body, "{\"ready\":false,\"reasons\":[");
+  for (int i = 0; i < n; i++)
+    k += snprintf(body + k, sizeof body - (size_t)k, "%s\"%s\"", i ? "," : "",
+                  why[i]);
+  if (warming)
+    k += snprintf(body + k, sizeof body - (size_t)k,
+                  "],\"warming_remaining_ms\":%" PRIu64
+                  ",\"message\":\"the store lost its state; snapshots may "
+                  "miss live instances until every keeper renewed\"}\n",
+                  om__warm_remaining_ms(x->c));
+  else
+    k += snprintf(body + k, sizeof body - (size_t)k, "]}\n");
   om__reply(x, 503, "application/json", body, (size_t)k, NULL, 0);
 }
 
@@ -624,6 +644,9 @@ void om__h_status(ctx_t *x) {
     json_object_set_new(o, "deletions", json_integer((json_int_t)st.deletions));
     json_object_set_new(o, "expiries", json_integer((json_int_t)st.expiries));
     json_object_set_new(o, "auth", json_boolean(c->auth != NULL));
+    json_object_set_new(o, "warming", json_boolean(om__warming(c)));
+    json_object_set_new(o, "warming_remaining_ms",
+                        json_integer((json_int_t)om__warm_remaining_ms(c)));
     for (size_t i = 0; i < c->n_docs; i++) {
       json_t *d = json_object();
       if (d == NULL)

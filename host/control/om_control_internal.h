@@ -161,6 +161,7 @@ typedef struct metrics_s {
   /* policy verdicts proxies reported: applied, refused, invalid (a
    * report the plane refused), evicted (a full table made room) */
   om_metric_t *reports[4];
+  om_metric_t *warming, *warmups; /* the warm-up window (om__warming) */
 } metrics_t;
 
 /* The latest (service, revision) pairs logged one way (see below). */
@@ -211,6 +212,11 @@ struct om_control_s {
   om_metrics_t *metrics;
   metrics_t m;
   om_cfg_status_t *cfg_status; /* proxies' verdicts per document */
+  /* the warm-up window (om__warming): its length (0: none), its end
+   * (0: warm), the store's state_lost count it last saw */
+  uint64_t warmup_ns, warm_until, seen_lost;
+  uv_timer_t warm_timer;
+  int warm_timer_closed;
 };
 
 /* One request as the handlers see it. */
@@ -284,6 +290,10 @@ void om__topic_free(topic_t *t);
 void om__topic_release(om_control_t *c, topic_t *t);
 void om__watcher_finish(watcher_t *w, int how);
 void om__on_ping(uv_timer_t *timer);
+int om__warming(om_control_t *c);
+unsigned om__snapshot_flags(om_control_t *c);
+uint64_t om__warm_remaining_ms(const om_control_t *c);
+void om__fanout_warm(om_control_t *c);
 int om__ring_has(const change_ring_t *r, const char *service, uint64_t rev);
 void om__ring_add(change_ring_t *r, const char *service, uint64_t rev);
 void om__log_change(const char *change, const char *service, const char *id,

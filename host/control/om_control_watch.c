@@ -183,7 +183,8 @@ static int watcher_send(watcher_t *w, const char *data, size_t len, int check) {
 static int watcher_send_snapshot(watcher_t *w, om_snapshot_t *snap, int check) {
   const char *data;
   size_t len;
-  if (om_snapshot_sse_cached(snap, &data, &len) != 0) {
+  if (om_snapshot_sse_cached_flags(snap, om__snapshot_flags(w->c), &data,
+                                   &len) != 0) {
     om_log(OM_LOG_ERROR, "watch_encode_failed", "service",
            om_snapshot_service(snap), NULL);
     om__watcher_finish(w, FIN_ABORT); /* it reconnects and resyncs */
@@ -437,6 +438,63 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
   }
 }
 
+/*
+ * The warm-up window ended: every watcher gets the snapshots it holds
+ * again, now without "warming" (same revisions, same event ids), so a
+ * client that merged while the plane warmed replaces its topology by the
+ * complete one. A watcher of every service gets them oldest revision
+ * first, as in its first burst.
+ */
+void om__fanout_warm(om_control_t *c) {
+  om_snapshot_t **all;
+  topic_t *ta;
+  if (c->n_mirror == 0)
+    return;
+  for (size_t i = 0; i < c->n_mirror; i++) {
+    om_snapshot_t *snap = c->mirror[i];
+    topic_t *ts = topic_find(c, T_SERVICE, om_snapshot_service(snap));
+    uint64_t rev = om_snapshot_revision(snap);
+    if (ts == NULL)
+      continue;
+    ts->busy = 1;
+    OM_LIST_FOREACH_SAFE(it, &ts->watchers) {
+      watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
+      if (rev >= w->last_rev) {
+        w->last_rev = rev;
+        watcher_offer_snapshot(w, snap);
+      }
+    }
+    ts->busy = 0;
+    om__topic_release(c, ts);
+  }
+  ta = topic_find(c, T_ALL, "");
+  if (ta == NULL)
+    return;
+  all = malloc(c->n_mirror * sizeof *all);
+  if (all == NULL) {
+    /* they would keep merging until the next change: make them resync */
+    ta->busy = 1;
+    OM_LIST_FOREACH_SAFE(it, &ta->watchers) {
+      om__watcher_finish(OM_LIST_ENTRY(it, watcher_t, link), FIN_ABORT);
+    }
+    ta->busy = 0;
+    om__topic_release(c, ta);
+    return;
+  }
+  memcpy(all, c->mirror, c->n_mirror * sizeof *all);
+  qsort(all, c->n_mirror, sizeof *all, by_revision);
+  ta->busy = 1;
+  OM_LIST_FOREACH_SAFE(it, &ta->watchers) {
+    watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
+    for (size_t i = 0; i < c->n_mirror && w->ready; i++)
+      if (watcher_send_snapshot(w, all[i], 1) != 0)
+        break;
+  }
+  ta->busy = 0;
+  om__topic_release(c, ta);
+  free(all);
+}
+
 static void fanout_doc(om_control_t *c, om_config_doc_t *doc) {
   topic_t *t = topic_find(c, T_CONFIG, doc->name);
   if (t == NULL)
@@ -613,6 +671,7 @@ void om__on_service_event(void *ud, om_snapshot_t *snap) {
   om_store_status_t st;
   int found;
   size_t i = mirror_pos(c, om_snapshot_service(snap), &found);
+  (void)om__warming(c); /* a Redis that lost its data: before its changes */
   /* A store fed by several writers (Redis) must never make a watcher of
    * every service see a service go back: anything not newer than what we
    * passed on for that service is dropped here, once for every stream. */

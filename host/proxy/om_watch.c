@@ -106,6 +106,11 @@ struct om_watch_s {
 
   om_snapshot_t *current;
   int deliver_snapshot; /* current not yet handed to on_snapshot */
+  /* current came from a warming plane (merge_warming): the peers it
+   * still carries from before are those of carry, NULL: none */
+  int warming;
+  om_snapshot_t *carry;
+  uint64_t plane_rev; /* the plane's revision current stands for */
 
   /* a config watch (opts.config): the last document taken */
   int is_config;
@@ -129,6 +134,7 @@ struct om_watch_s {
     om_metric_t *events[EV__COUNT];
     om_metric_t *ends[END__COUNT];
     om_metric_t *revision, *streaming, *failovers;
+    om_metric_t *warming, *kept, *merges;
     om_metric_t *plane[OM_WATCH_MAX_PLANES];
   } m;
 };
@@ -201,7 +207,18 @@ static const char *name_key(const om_watch_t *w) {
 static uint64_t held_revision(const om_watch_t *w) {
   if (w->is_config)
     return w->doc_rev;
-  return w->current != NULL ? om_snapshot_revision(w->current) : 0;
+  return w->plane_rev;
+}
+
+/*
+ * What a reconnect sends as Last-Event-ID. Not the revision of a merged
+ * topology: the plane may have finished warming since, and would then
+ * not resend that revision without "warming" (the client already holds
+ * it); with no Last-Event-ID it resends the current snapshot, a
+ * duplicate while it warms, the complete topology after.
+ */
+static uint64_t resume_revision(const om_watch_t *w) {
+  return w->warming && !w->is_config ? 0 : held_revision(w);
 }
 
 /* A config event's id: the document's revision, decimal digits only. */
@@ -290,12 +307,90 @@ static void reject(om_watch_t *w, ev_t what, uint64_t *counter,
 /* ------------------------------------------------------------------ */
 /* events */
 
+/*
+ * A snapshot from a plane inside its warm-up window (it lost its store's
+ * state and may not know every live instance yet, docs/PROXY.md "A
+ * warming control plane"): instead of replacing the topology, keep the
+ * peers we knew (carry) that the plane has not mentioned yet, take
+ * everything the plane says. A peer the plane has mentioned once leaves
+ * carry, so its later removal by that plane (a deregistration, an expiry)
+ * is honoured. Returns 0 with *out (a new reference: snap itself when
+ * nothing is kept) and *kept, or OM_ENOMEM (nothing changed).
+ *
+ * A merged topology is no revision the plane issued, and the consumer
+ * takes a revision once (om_proxy_set_snapshot: the same revision is a
+ * no-op): it is delivered as the plane's revision minus one, so that the
+ * plane's own snapshot of that revision, resent without "warming" when
+ * its window ends, replaces it. The plane's next revisions are above it
+ * anyway. Only when that would not be newer than what was delivered last
+ * (a plane whose store bumped the revision by exactly one) is it
+ * delivered at the plane's revision; the end of the window then shows
+ * with the plane's next change.
+ */
+static int merge_warming(om_watch_t *w, om_snapshot_t *snap,
+                         om_snapshot_t **out, size_t *kept) {
+  uint64_t rev = om_snapshot_revision(snap), below = rev - 1;
+  uint64_t had = w->current != NULL ? om_snapshot_revision(w->current) : 0;
+  size_t nc = w->carry != NULL ? om_snapshot_count(w->carry) : 0, k = 0, r = 0;
+  const om_instance_t *in;
+  om_instance_t *put = NULL;
+  const char **gone = NULL;
+  om_snapshot_t *merged = NULL, *rest = NULL;
+  int rc = 0;
+  *kept = 0;
+  if (nc == 0) {
+    *out = om_snapshot_ref(snap);
+    return 0;
+  }
+  put = malloc(nc * sizeof *put);
+  gone = malloc(nc * sizeof *gone);
+  if (put == NULL || gone == NULL) {
+    rc = OM_ENOMEM;
+    goto done;
+  }
+  for (size_t i = 0; i < nc; i++) {
+    in = om_snapshot_instance(w->carry, i);
+    if (om_snapshot_find(snap, in->id) == NULL)
+      put[k++] = *in; /* borrowed: om_snapshot_edit copies it */
+    else
+      gone[r++] = in->id;
+  }
+  if (k == 0) { /* nothing kept: the plane's snapshot as it is */
+    *out = om_snapshot_ref(snap);
+  } else {
+    rc = om_snapshot_edit(snap, below > had ? below : rev, put, k, NULL, 0,
+                          &merged, NULL, NULL, NULL);
+    *out = merged;
+  }
+  if (rc == 0 && r > 0)
+    rc = om_snapshot_edit(w->carry, om_snapshot_revision(w->carry), NULL, 0,
+                          gone, r, &rest, NULL, NULL, NULL);
+  if (rc != 0) {
+    om_snapshot_unref(*out);
+    *out = NULL;
+    goto done;
+  }
+  if (r > 0) {
+    om_snapshot_unref(w->carry);
+    w->carry = om_snapshot_count(rest) > 0 ? rest : NULL;
+    if (w->carry == NULL)
+      om_snapshot_unref(rest);
+  }
+  *kept = k;
+done:
+  free(put);
+  free(gone);
+  return rc;
+}
+
 /* One dispatched event (WHATWG HTML 9.2.6): validate, maybe accept. */
 static int on_event(void *ud, const om_sse_event_t *ev) {
   om_watch_t *w = ud;
   om_snapshot_t *snap = NULL;
   om_json_error_t err;
   uint64_t rev, cur;
+  unsigned flags = 0;
+  int warming;
   char msg[256];
   int rc;
   w->st.events++;
@@ -307,7 +402,7 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
   }
   if (w->is_config)
     return on_config_event(w, ev);
-  rc = om_snapshot_from_json(ev->data, ev->data_len, &snap, &err);
+  rc = om_snapshot_from_json_flags(ev->data, ev->data_len, &snap, &flags, &err);
   if (rc == OM_ENOMEM) {
     /* This update would be lost until the next change: drop the stream,
      * and the resume (Last-Event-ID = current) brings it again. */
@@ -319,7 +414,8 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
     return 0;
   }
   rev = om_snapshot_revision(snap);
-  cur = w->current != NULL ? om_snapshot_revision(w->current) : 0;
+  cur = w->plane_rev;
+  warming = (flags & OM_SNAPSHOT_JSON_WARMING) != 0;
   if (strcmp(om_snapshot_service(snap), w->service) != 0) {
     snprintf(msg, sizeof msg, "snapshot of service '%s' on the watch of '%s'",
              om_snapshot_service(snap), w->service);
@@ -329,24 +425,58 @@ static int on_event(void *ud, const om_sse_event_t *ev) {
              "revision %" PRIu64 " is older than the current %" PRIu64, rev,
              cur);
     reject(w, EV_STALE, &w->st.rejected_stale, ev, rev, msg);
-  } else if (rev == cur) {
+  } else if (rev == cur && (warming || !w->warming)) {
     w->st.duplicates++; /* a resume normally brings the one we hold */
     count_event(w, EV_DUPLICATE);
   } else if (w->check != NULL && w->check(w->ud, snap, msg, sizeof msg) != 0) {
     reject(w, EV_REFUSED, &w->st.rejected_refused, ev, rev, msg);
   } else {
-    char r[24], n[24];
-    om_snapshot_unref(w->current);
-    w->current = snap;
+    /* newer, or the one we merged now that the plane is warm */
+    char r[24], n[24], k[24];
+    om_snapshot_t *next = snap;
+    size_t kept = 0;
+    if (warming) {
+      if (!w->warming) { /* what we knew before the plane lost its state */
+        om_snapshot_unref(w->carry);
+        w->carry = om_snapshot_ref(w->current);
+      }
+      if (merge_warming(w, snap, &next, &kept) != 0) {
+        w->end = END_NOMEM; /* the resume brings it again */
+        om_snapshot_unref(snap);
+        return 1;
+      }
+      om_snapshot_unref(snap);
+    } else {
+      om_snapshot_unref(w->carry);
+      w->carry = NULL;
+    }
     snap = NULL;
+    w->warming = warming;
+    w->plane_rev = rev;
+    om_snapshot_unref(w->current);
+    w->current = next;
     w->st.snapshots++;
     w->st.revision = rev;
+    w->st.warming = warming;
+    w->st.warming_kept = kept;
     count_event(w, EV_ACCEPTED);
     om_metric_set(w->m.revision, (double)rev);
+    om_metric_set(w->m.warming, warming ? 1.0 : 0.0);
+    om_metric_set(w->m.kept, (double)kept);
     snprintf(r, sizeof r, "%" PRIu64, rev);
     snprintf(n, sizeof n, "%zu", om_snapshot_count(w->current));
+    snprintf(k, sizeof k, "%zu", kept);
     om_log(OM_LOG_INFO, "watch_snapshot", name_key(w), w->service, "revision",
-           r, "instances", n, NULL);
+           r, "instances", n, "warming", warming ? "true" : NULL, NULL);
+    if (kept > 0) {
+      w->st.warming_merges++;
+      om_metric_inc(w->m.merges);
+      om_log(OM_LOG_WARN, "watch_warming_merge", name_key(w), w->service,
+             "revision", r, "kept", k, "instances", n, "note",
+             "the control plane is warming up: peers it did not mention "
+             "stay until it is warm",
+             NULL);
+    }
     w->deliver_snapshot = 1;
     kick_deliver(w);
   }
@@ -396,10 +526,16 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud) {
       w->streaming = 1;
       w->st.streams++;
       set_state(w, OM_WATCH_STREAMING);
-      snprintf(from, sizeof from, "%" PRIu64, held_revision(w));
+      snprintf(from, sizeof from, "%" PRIu64, resume_revision(w));
       om_log(OM_LOG_INFO, "watch_connected", name_key(w), w->service, "control",
              w->bases[w->st.plane], "last_event_id",
-             held_revision(w) != 0 ? from : NULL, NULL);
+             resume_revision(w) != 0 ? from : NULL, NULL);
+      if (w->warming) {
+        /* maybe another plane, or the same one started again: it has
+         * mentioned nothing yet, so everything we hold is carried */
+        om_snapshot_unref(w->carry);
+        w->carry = om_snapshot_ref(w->current);
+      }
       return n;
     }
     return 0; /* an error status: its body is of no use to us */
@@ -465,8 +601,8 @@ static int start_request(om_watch_t *w) {
     rc = append(&h, "Cache-Control: no-cache");
   if (rc == 0 && w->auth_line != NULL)
     rc = append(&h, w->auth_line);
-  if (rc == 0 && held_revision(w) != 0) {
-    snprintf(line, sizeof line, "Last-Event-ID: %" PRIu64, held_revision(w));
+  if (rc == 0 && resume_revision(w) != 0) {
+    snprintf(line, sizeof line, "Last-Event-ID: %" PRIu64, resume_revision(w));
     rc = append(&h, line);
   }
   if (rc != 0) {
@@ -682,6 +818,7 @@ static void on_handle_closed(uv_handle_t *h) {
   curl_slist_free_all(w->headers);
   om_sse_parser_free(w->parser);
   om_snapshot_unref(w->current);
+  om_snapshot_unref(w->carry);
   free(w->doc);
   free_strings(w);
   free(w);
@@ -818,6 +955,21 @@ static void register_metrics(om_watch_t *w, om_metrics_t *r) {
                        "Revision of the current (last good) snapshot", labels);
   w->m.streaming = om_metrics_gauge(r, "openmesh_watch_streaming",
                                     "1 while the watch stream is up", labels);
+  w->m.warming = om_metrics_gauge(
+      r, "openmesh_watch_warming",
+      "1 while the topology comes from a control plane that is warming up "
+      "(merged with the peers known before)",
+      labels);
+  w->m.kept = om_metrics_gauge(
+      r, "openmesh_watch_warming_kept_peers",
+      "Peers of the topology the warming control plane did not mention "
+      "(kept from before)",
+      labels);
+  w->m.merges = om_metrics_counter(
+      r, "openmesh_watch_warming_merges_total",
+      "Snapshots of a warming control plane merged with peers it did not "
+      "mention instead of replacing the topology",
+      labels);
   w->m.failovers = om_metrics_counter(
       r, "openmesh_proxy_watch_failovers_total",
       "Moves of a service's watch to another control plane", labels);
@@ -1052,13 +1204,14 @@ json_t *om_watch_status(const om_watch_t *w) {
       return NULL;
     }
   o = json_pack(
-      "{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:s}", "control",
-      w->bases[w->st.plane], "control_planes", planes, "state",
+      "{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:b, s:I}",
+      "control", w->bases[w->st.plane], "control_planes", planes, "state",
       om_watch_state_name(w->st.state), "revision", (json_int_t)w->st.revision,
       "failovers", (json_int_t)w->st.failovers, "connects",
       (json_int_t)w->st.connects, "reconnects", (json_int_t)w->st.reconnects,
       "snapshots", (json_int_t)w->st.snapshots, "duplicates",
       (json_int_t)w->st.duplicates, "last_status", (int)w->st.last_status,
-      "last_error", w->st.last_error);
+      "last_error", w->st.last_error, "warming", w->warming, "warming_kept",
+      (json_int_t)w->st.warming_kept);
   return o; /* json_pack's "o" took planes, also on failure */
 }

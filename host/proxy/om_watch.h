@@ -45,6 +45,15 @@
  * 401/403, other 4xx) and local problems (too_big, no_memory) stay on
  * that plane and back off as with one plane.
  *
+ * A snapshot that says "warming": true comes from a plane whose store
+ * lost its state and may not know every live instance yet
+ * (docs/CONTROL.md "Warm-up"). It does not replace the topology: the
+ * watch merges it with the peers it held before that this plane has not
+ * mentioned yet, and replaces as usual once a snapshot without "warming"
+ * arrives (the plane resends its current one when its window ends, at the
+ * same revision, which is then taken though not newer). While merged, a
+ * reconnect sends no Last-Event-ID, so it cannot miss that resend.
+ *
  * Callbacks never run inside libcurl: events are validated as bytes
  * arrive, but on_snapshot and on_error are called from a loop timer right
  * after, so they may start requests, close this or another watch, or
@@ -206,11 +215,14 @@ typedef struct om_watch_stats_s {
   uint64_t http_errors;        /* answers other than 200 text/event-stream */
   uint64_t auth_errors;        /* of them, 401 and 403 */
   uint64_t transport_errors;   /* connect/read failures, resets */
-  uint64_t silent;      /* requests or streams cut after 3 silent heartbeats */
-  uint64_t failovers;   /* moves to another control plane */
-  size_t plane;         /* index of the plane in use (0: the first given) */
-  long last_status;     /* the last final HTTP status; 0: none */
-  char last_error[192]; /* the last problem's message; "" if none */
+  uint64_t silent;     /* requests or streams cut after 3 silent heartbeats */
+  uint64_t failovers;  /* moves to another control plane */
+  size_t plane;        /* index of the plane in use (0: the first given) */
+  int warming;         /* current came from a warming plane (merged) */
+  size_t warming_kept; /* of its peers, those kept from before */
+  uint64_t warming_merges; /* warming snapshots that kept a peer */
+  long last_status;        /* the last final HTTP status; 0: none */
+  char last_error[192];    /* the last problem's message; "" if none */
 } om_watch_stats_t;
 
 /*
@@ -251,7 +263,8 @@ const char *om_watch_service(const om_watch_t *w);
  * om_watch_status: the watch for /status, a new jansson object:
  * {"control": the plane in use, "control_planes": [every base URL],
  * "state", "revision", "failovers", "connects", "reconnects",
- * "snapshots", "duplicates", "last_status", "last_error"}. NULL on
+ * "snapshots", "duplicates", "last_status", "last_error", "warming",
+ * "warming_kept"}. NULL on
  * allocation failure or NULL w.
  */
 struct json_t *om_watch_status(const om_watch_t *w);

@@ -104,6 +104,15 @@ typedef struct om_store_status_s {
   om_store_change_t last_removal;
   uint64_t registrations, renewals, deletions, expiries;
   size_t services, instances;
+  /*
+   * How many times the store found itself holding none of the state it
+   * had before: 1 for the memory store (it starts empty), and for Redis
+   * each session that found the data set's epoch key absent (created
+   * then) or changed. A control plane that sees it grow knows leases it
+   * does not hold may still be alive (its warm-up window,
+   * docs/CONTROL.md).
+   */
+  uint64_t state_lost;
 } om_store_status_t;
 
 /*

@@ -819,6 +819,7 @@ int om_store_memory_new(uv_loop_t *loop, const om_store_memory_opts_t *opts,
   if (m->opts.max_config_bytes == 0)
     m->opts.max_config_bytes = DEFAULT_MAX_CONFIG;
   m->last_rev = m->opts.min_revision;
+  m->st.state_lost = 1; /* a memory store always starts empty */
   m->loop = loop;
   m->base.ops = &memory_ops;
   om__subs_init(&m->base.subs);

@@ -56,6 +56,11 @@ static void on_epoch(rstore_t *r, redisReply *rep) {
       }
     }
   }
+  /* created by us (the data set was empty) or another id: state lost */
+  if ((rep->element[1]->type == REDIS_REPLY_INTEGER &&
+       rep->element[1]->integer == 1) ||
+      (r->epoch[0] != '\0' && strcmp(r->epoch, rep->element[0]->str) != 0))
+    r->st.state_lost++;
   snprintf(r->epoch, sizeof r->epoch, "%.*s", (int)rep->element[0]->len,
            rep->element[0]->str);
   r->epoch_done = 1;

@@ -153,13 +153,16 @@ function M.exit_status(p, timeout)
 end
 
 --[[
-Start `openmesh control --listen 127.0.0.1:0 ARGS` and read the port from
-its start log line ({"event":"control_listening","url":"http://..."}).
+Start `openmesh control --listen 127.0.0.1:0 --warmup 0 ARGS` and read the
+port from its start log line ({"event":"control_listening","url":...}).
+Without a warm-up window unless ARGS give one (the last --warmup counts):
+a spec that starts a plane with a memory store would otherwise see it warm
+up for an hour (docs/CONTROL.md "Warm-up").
 ]]
 local n_started = 0
 function M.start_control(dir, args)
   n_started = n_started + 1
-  local p = M.spawn(q(M.bin) .. " control --listen 127.0.0.1:0 " .. (args or ""),
+  local p = M.spawn(q(M.bin) .. " control --listen 127.0.0.1:0 --warmup 0 " .. (args or ""),
     dir, "control" .. n_started)
   local port = M.wait_for(function()
     local log = readfile(p.out)
