@@ -16,12 +16,6 @@ static const char *role_name(int role) {
                                     : "read";
 }
 
-/*
- * 1 when the request may go on; else answered (401/403, RFC 6750 3).
- * Without an Authorization header a GET may carry the token as the
- * access_token query parameter (RFC 6750 2.3): a browser's EventSource
- * cannot set headers.
- */
 /* The `san:` lines of the token file against the verified client
  * certificate's URI and DNS SANs (OM_AUTH_MISSING: none matched, or no
  * certificate). */
@@ -38,6 +32,13 @@ static om_auth_result_t cert_roles(const om_auth_t *a,
                                                           : OM_AUTH_MISSING;
 }
 
+/*
+ * 1 when the request may go on; else answered (401/403, RFC 6750 3).
+ * Without an Authorization header a GET of a read route may carry the
+ * token as the access_token query parameter (RFC 6750 2.3): a browser's
+ * EventSource cannot set headers. Only reads: a URL ends up in logs and
+ * histories, so it never carries what can write.
+ */
 int om__authorize(ctx_t *x, int role) {
   om_control_t *c = x->c;
   om_http_request_t *req = x->req;
@@ -62,7 +63,7 @@ int om__authorize(ctx_t *x, int role) {
       return 0;
     }
   }
-  if (h == NULL && (x->method & (M_GET | M_HEAD))) {
+  if (h == NULL && (x->method & (M_GET | M_HEAD)) && role == OM_ROLE_READ) {
     size_t vl = 0;
     int dup;
     const char *v =

@@ -102,6 +102,7 @@ typedef enum {
   R_CONFIG,
   R_WATCH_CONFIG,
   R_CONFIG_STATUS,
+  R_UI,
   R__COUNT
 } route_t;
 
@@ -307,5 +308,6 @@ void om__h_healthz(ctx_t *x);
 void om__h_readyz(ctx_t *x);
 void om__h_metrics(ctx_t *x);
 void om__h_status(ctx_t *x);
+void om__h_ui(ctx_t *x, const char *name, size_t name_len);
 
 #endif /* OM_CONTROL_INTERNAL_H */
