@@ -65,6 +65,7 @@ static const struct {
     [R_CONFIG_STATUS] = {M_GET | M_HEAD | M_POST | M_OPTIONS,
                          "GET, HEAD, POST, OPTIONS"},
     [R_UI] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
+    [R_LEASES] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
 };
 
 /* ------------------------------------------------------------------ */
@@ -469,6 +470,8 @@ static route_t match(const seg_t *s, int n, const seg_t **names) {
   }
   if (n < 2 || !seg_is(&s[0], "v1"))
     return R_NONE;
+  if (n == 2 && seg_is(&s[1], "leases"))
+    return R_LEASES;
   if (seg_is(&s[1], "services")) {
     if (n == 2)
       return R_SERVICES;
@@ -548,6 +551,7 @@ static int route_label(route_t r, unsigned method) {
   case R_UI:
     return L_OPS;
   case R_SERVICES:
+  case R_LEASES:
     return L_LIST;
   case R_SERVICE:
     return L_DISCOVERY;
@@ -650,6 +654,9 @@ static void on_request(om_http_request_t *req, void *ud) {
     return;
   case R_WATCH_ALL:
     om__h_watch(&x, T_ALL, "");
+    return;
+  case R_LEASES:
+    om__h_leases(&x);
     return;
   case R_UI:
     om__h_ui(&x, names[0] != NULL ? names[0]->p : NULL,

@@ -367,6 +367,50 @@ void om__h_list_services(ctx_t *x) {
     om__op_fail(op, rc);
 }
 
+static void on_leases(void *ud, int status, const om_lease_left_t *list,
+                      size_t n) {
+  op_t *op = ud;
+  char *buf;
+  size_t cap, k = 0;
+  if (status != 0) {
+    om__reply_store_error(&op->x, status);
+    om__op_free(op);
+    return;
+  }
+  /* names are [A-Za-z0-9._-]: nothing to escape */
+  cap = 32 + n * (2 * OM_NAME_MAX + 64);
+  buf = malloc(cap);
+  if (buf == NULL) {
+    om__reply_store_error(&op->x, OM_ENOMEM);
+    om__op_free(op);
+    return;
+  }
+  k += (size_t)snprintf(buf + k, cap - k, "{\"leases\":[");
+  for (size_t i = 0; i < n; i++)
+    k += (size_t)snprintf(buf + k, cap - k,
+                          "%s{\"service\":\"%s\",\"id\":\"%s\","
+                          "\"expires_in_ms\":%" PRIu64 "}",
+                          i ? "," : "", list[i].service, list[i].id,
+                          list[i].expires_in_ms);
+  k += (size_t)snprintf(buf + k, cap - k, "]}");
+  om__reply_json(&op->x, 200, buf, k);
+  free(buf);
+  om__op_free(op);
+}
+
+/* Every lease's time left: renewals move no revision, so no snapshot
+ * carries it (the console counts down from it). */
+void om__h_leases(ctx_t *x) {
+  om_control_t *c = x->c;
+  op_t *op = om__op_start(x, NULL);
+  int rc;
+  if (op == NULL)
+    return;
+  rc = om_store_leases(c->store, on_leases, op);
+  if (rc != 0)
+    om__op_fail(op, rc);
+}
+
 /* ------------------------------------------------------------------ */
 /* configuration */
 

@@ -103,6 +103,7 @@ typedef enum {
   R_WATCH_CONFIG,
   R_CONFIG_STATUS,
   R_UI,
+  R_LEASES,
   R__COUNT
 } route_t;
 
@@ -300,6 +301,7 @@ void om__h_instance_op(ctx_t *x, const char *svc, const char *id,
                        int heartbeat);
 void om__h_get_service(ctx_t *x, const char *svc);
 void om__h_list_services(ctx_t *x);
+void om__h_leases(ctx_t *x);
 void om__h_put_config(ctx_t *x, const char *name);
 void om__h_get_config(ctx_t *x, const char *name);
 void om__h_config_report(ctx_t *x, const char *name);

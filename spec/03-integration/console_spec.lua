@@ -1,7 +1,7 @@
 -- The console (GET /ui) in a real browser: headless Chromium, driven by
 -- chromedriver over the WebDriver HTTP API (curl from here), loads the page
 -- from a running control plane with tokens; a registration appears, a
--- lease expiry disappears, hostile zone, metadata and proxy reports render
+-- lease counts down and disappears when it expires, hostile zone, metadata and proxy reports render
 -- as text, and a screenshot is written under the build directory.
 -- scripts/deps installs chromium and chromium-driver; without them the
 -- browser cases are pending, not silently skipped.
@@ -121,6 +121,104 @@ describe("GET /ui", function()
     assert.falsy(log:find(ADMIN, 1, true), "the token is in the log")
   end)
 end)
+
+-- The leases' time left, the one thing the console reads that no snapshot
+-- carries: against the memory store and, when there is one, a real Redis.
+local R = require "redis_helper"
+for _, store in ipairs({ "memory", "redis" }) do
+  describe("GET /v1/leases (" .. store .. " store)", function()
+    if not H.bin or H.bin == "" or (store == "redis" and not R.available) then
+      it("reports each lease's time left", function()
+        pending("needs OPENMESH_BIN" .. (store == "redis" and " and redis-server" or ""))
+      end)
+      return
+    end
+
+    local dir, ctl
+
+    setup(function()
+      dir = H.tmpdir()
+      H.writefile(dir .. "/tokens", READ .. " read\n" .. REG .. " register\n")
+      local args = "--tokens " .. H.q(dir .. "/tokens")
+      if store == "redis" then
+        args = args .. " --store " .. R.start().url .. " --store-prefix console:"
+      end
+      ctl = H.start_control(dir, args)
+    end)
+
+    teardown(function()
+      if ctl then H.stop(ctl) end
+      H.kill_all()
+      if store == "redis" then R.stop_all() end
+    end)
+
+    local function leases()
+      local status, body = H.request(dir, "GET", ctl.url .. "/v1/leases",
+        { headers = { "Authorization: Bearer " .. READ } })
+      assert.equal(200, status, body)
+      local out = {}
+      for _, l in ipairs(H.json(body).leases) do
+        out[#out + 1] = l.service .. "/" .. l.id .. "=" .. l.expires_in_ms
+      end
+      return H.json(body).leases, table.concat(out, " ")
+    end
+
+    local function put(svc, id, ttl)
+      local status, body = H.request(dir, "PUT", ctl.url .. "/v1/services/" .. svc .. "/instances/" .. id, {
+        body = ('{"url":"http://127.0.0.1:9","ttl_ms":%d}'):format(ttl),
+        headers = { "Authorization: Bearer " .. REG } })
+      assert.equal(200, status, body)
+    end
+
+    it("reports each lease's time left, sorted, counting down and renewed", function()
+      local l, text = leases()
+      assert.equal(0, #l, text)
+      put("web", "b", 20000)
+      put("web", "a", 10000)
+      put("api", "z", 30000)
+      put("web-2", "a", 10000)
+      l, text = leases()
+      assert.equal(4, #l, text)
+      assert.same({ "api/z", "web/a", "web/b", "web-2/a" }, {
+        l[1].service .. "/" .. l[1].id, l[2].service .. "/" .. l[2].id,
+        l[3].service .. "/" .. l[3].id, l[4].service .. "/" .. l[4].id }, text)
+      local ttl = { 30000, 10000, 20000, 10000 }
+      for i = 1, 4 do
+        assert.is_true(l[i].expires_in_ms <= ttl[i] and l[i].expires_in_ms > ttl[i] - 2000, text)
+      end
+      local before = l[2].expires_in_ms
+      H.sleep(0.5)
+      l, text = leases()
+      local fell = before - l[2].expires_in_ms
+      assert.is_true(fell >= 400 and fell < 2000, ("web/a fell by %d ms in 0.5 s: %s"):format(fell, text))
+      -- a renewal puts it back at its ttl; a deletion takes it away
+      local status, body = H.request(dir, "POST", ctl.url .. "/v1/services/web/instances/a/heartbeat",
+        { headers = { "Authorization: Bearer " .. REG } })
+      assert.equal(200, status, body)
+      l, text = leases()
+      assert.is_true(l[2].expires_in_ms > 9000, text)
+      status, body = H.request(dir, "DELETE", ctl.url .. "/v1/services/web/instances/b",
+        { headers = { "Authorization: Bearer " .. REG } })
+      assert.equal(200, status, body)
+      l, text = leases()
+      assert.equal(3, #l, text)
+      assert.falsy(text:find("web/b", 1, true), text)
+    end)
+
+    it("needs the read role and takes only GET and HEAD", function()
+      local status, body = H.request(dir, "GET", ctl.url .. "/v1/leases")
+      assert.equal(401, status, body)
+      status, body = H.request(dir, "GET", ctl.url .. "/v1/leases?access_token=" .. READ)
+      assert.equal(200, status, body)
+      status, body = H.request(dir, "DELETE", ctl.url .. "/v1/leases",
+        { headers = { "Authorization: Bearer " .. REG } })
+      assert.equal(405, status, body)
+      status, body = H.request(dir, "GET", ctl.url .. "/v1/leases/x",
+        { headers = { "Authorization: Bearer " .. READ } })
+      assert.equal(404, status, body)
+    end)
+  end)
+end
 
 describe("the console in a browser", function()
   if not H.bin or H.bin == "" or not have_browser() then
@@ -246,6 +344,17 @@ describe("the console in a browser", function()
     assert.equal("http://127.0.0.1:9101", cells[2])
     assert.equal("eu-1", cells[3])
     assert.equal("version=v2", cells[5])
+    -- its lease counts down between the plane's answers, out of its ttl
+    local left1 = tonumber(wait_js([[var c = document.querySelector('[data-instance="web/a"] .lease');
+      return c && c.getAttribute("data-left-ms")]], 3, "the lease's time left"))
+    H.sleep(0.6)
+    local lease = js([[var c = document.querySelector('[data-instance="web/a"] .lease');
+      return [c.getAttribute("data-left-ms"), c.textContent] ]])
+    local left2 = tonumber(lease[1])
+    assert.is_true(left1 <= 60000 and left1 > 55000, "left " .. tostring(left1))
+    assert.is_true(left1 - left2 >= 300 and left1 - left2 < 2000,
+      ("lease left %s then %s 0.6 s later"):format(left1, left2))
+    assert.truthy(lease[2]:find(" left of 60 s", 1, true), lease[2])
     -- a lease of 1 s, never renewed: gone from the page after it expires
     local rev = register("b", { url = "http://127.0.0.1:9102", ttl_ms = 1000 }).revision
     wait_js([[return !!document.querySelector('[data-instance="web/b"]')]], 3, "instance web/b")

@@ -2,8 +2,9 @@
 //
 // Fed by the plane's own read API, as a proxy is: one EventSource on
 // /v1/watch/services (every service's snapshot, pushed on each change),
-// and once a second /status, /readyz and each document's
-// /v1/config/NAME/status (those have no watch). One stream, not one per
+// and once a second /status, /readyz, /v1/leases (renewals move no
+// revision, so no snapshot says when a lease runs out) and each
+// document's /v1/config/NAME/status (those have no watch). One stream, not one per
 // document: a browser keeps at most six connections to an origin.
 //
 // Every value from the plane reaches the page as a text node or through
@@ -19,7 +20,8 @@
   const state = {
     token: null,
     services: new Map(), // name -> snapshot
-    firstSeen: new Map(), // "service/id" -> ms when this page first saw it
+    leases: new Map(), // "service/id" -> {left: ms, at: Date.now() of the answer}
+    leasesError: null,
     status: null,
     ready: null,
     docs: [], // [{doc, status}] from the last poll
@@ -200,9 +202,21 @@
     if (state.polling) return;
     state.polling = true;
     try {
-      const [st, rd] = await Promise.all([getJSON("/status"), getJSON("/readyz", true)]);
+      const [st, rd, ls] = await Promise.all([
+        getJSON("/status"),
+        getJSON("/readyz", true),
+        getJSON("/v1/leases").catch((err) => {
+          if (err instanceof HttpError && (err.status === 401 || err.status === 403)) throw err;
+          return { error: err.message || String(err) };
+        }),
+      ]);
       state.status = st;
       state.ready = rd;
+      const at = Date.now();
+      state.leases = new Map();
+      state.leasesError = ls && Array.isArray(ls.leases) ? null : (ls && ls.error) || "no answer";
+      if (state.leasesError === null)
+        for (const l of ls.leases) state.leases.set(l.service + "/" + l.id, { left: l.expires_in_ms, at });
       const docs = Array.isArray(st && st.config) ? st.config : [];
       state.docs = await Promise.all(
         docs.map((d) =>
@@ -214,6 +228,7 @@
       );
       renderPlane();
       renderConfig();
+      tick();
     } catch (err) {
       if (!authProblem(err)) {
         state.status = null;
@@ -294,7 +309,6 @@
   function renderServices() {
     const box = $("services");
     const names = Array.from(state.services.keys()).sort();
-    const now = Date.now();
     box.replaceChildren();
     if (names.length === 0) {
       box.appendChild(el("p", "empty", "no service yet"));
@@ -309,7 +323,6 @@
       const rows = [];
       for (const i of insts) {
         const key = name + "/" + i.id;
-        if (!state.firstSeen.has(key)) state.firstSeen.set(key, now);
         const lease = el("span", "lease");
         lease.setAttribute("data-ttl-ms", String(i.ttl_ms));
         lease.setAttribute("data-key", key);
@@ -324,13 +337,22 @@
     tick();
   }
 
-  // The live parts: lease cells and the stream's age.
+  // The live part: each lease's time left, counted down from the plane's
+  // last answer (re-read every second), out of its ttl.
   function tick() {
     const now = Date.now();
     for (const cell of document.querySelectorAll("span.lease")) {
       const ttl = Number(cell.getAttribute("data-ttl-ms"));
-      const seen = state.firstSeen.get(cell.getAttribute("data-key")) || now;
-      cell.textContent = "ttl " + seconds(ttl) + ", seen " + seconds(now - seen) + " ago";
+      const l = state.leases.get(cell.getAttribute("data-key"));
+      if (!l) {
+        cell.textContent = "ttl " + seconds(ttl) + (state.leasesError ? " (time left unknown: " + state.leasesError + ")" : "");
+        cell.removeAttribute("data-left-ms");
+        continue;
+      }
+      const left = Math.max(0, l.left - (now - l.at));
+      cell.setAttribute("data-left-ms", String(Math.round(left)));
+      cell.textContent = seconds(left) + " left of " + seconds(ttl);
+      cell.className = left < ttl / 4 ? "lease expiring" : "lease";
     }
   }
 
