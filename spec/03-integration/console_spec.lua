@@ -439,4 +439,46 @@ describe("the console in a browser", function()
     assert.equal("\137PNG\r\n\26\n", png:sub(1, 8))
     assert.is_true(#png > 10000, ("the screenshot is %d bytes"):format(#png))
   end)
+
+  it("asks for a token again when its token is revoked", function()
+    navigate(ctl.url .. "/ui?access_token=" .. READ)
+    wait_js([[return document.getElementById("stream").dataset.state === "live"]], 10, "a live stream")
+    H.writefile(dir .. "/tokens", REG .. " register\n" .. ADMIN .. " admin\n")
+    H.kill(ctl.pid, "HUP")
+    local why = wait_js([[var f = document.getElementById("login");
+      return !f.hidden && document.getElementById("main").hidden &&
+        document.getElementById("login-why").textContent]], 5, "the token form after the reload")
+    -- the stream's revoked event or a poll's 401, whichever came first
+    assert.truthy(why == "The token of this stream was revoked." or why == "The token was refused.", why)
+    assert.equal("unauthorized", js([[return document.getElementById("stream").dataset.state]]))
+    H.writefile(dir .. "/tokens", READ .. " read\n" .. REG .. " register\n" .. ADMIN .. " admin\n")
+    H.kill(ctl.pid, "HUP")
+    assert.truthy(H.wait_for(function()
+      return H.readfile(ctl.out):find('"event":"auth_reloaded".*"event":"auth_reloaded"')
+    end, 5), "no second auth_reloaded: " .. H.readfile(ctl.out))
+  end)
+
+  it("shows a stale store and a plane that went away", function()
+    if not R.available then
+      pending("needs redis-server")
+      return
+    end
+    local redis = R.start()
+    local rp = H.start_control(dir, "--tokens " .. H.q(dir .. "/tokens") .. " --store " ..
+      redis.url .. " --store-prefix console-ui:")
+    navigate(rp.url .. "/ui?access_token=" .. READ)
+    wait_js([[var t = document.getElementById("plane").textContent;
+      return t.indexOf("storeredis") >= 0 && t.indexOf("staleno") >= 0 && t.indexOf("readyyes") >= 0]],
+      10, "a ready plane on redis")
+    R.stop(redis)
+    local plane = wait_js([[var t = document.getElementById("plane").textContent;
+      return t.indexOf("staleyes") >= 0 && t]], 10, "the plane marked stale")
+    assert.truthy(plane:find("readyno (store_unreachable)", 1, true), plane)
+    H.kill(rp.pid, "KILL")
+    plane = wait_js([[var t = document.getElementById("plane").textContent;
+      return t.indexOf("unreachable:") >= 0 &&
+        document.getElementById("stream").dataset.state !== "live" && t]], 10, "the plane gone")
+    assert.truthy(plane:find("planeunreachable", 1, true), plane)
+    R.stop_all()
+  end)
 end)

@@ -32,6 +32,8 @@
   };
 
   const $ = (id) => document.getElementById(id);
+  let pollTimer = null;
+  let tickTimer = null;
 
   // An element with a class and children: strings and numbers become text.
   function el(tag, cls, ...children) {
@@ -94,7 +96,7 @@
   }
 
   function askToken(why) {
-    stopAll();
+    stopAll(true);
     setStream("unauthorized");
     $("main").hidden = true;
     $("login").hidden = false;
@@ -136,6 +138,8 @@
 
   function authProblem(err) {
     if (!(err instanceof HttpError)) return false;
+    // already asking: a poll sent before keeps the first reason shown
+    if ((err.status === 401 || err.status === 403) && !$("login").hidden) return true;
     if (err.status === 401) {
       sessionStorage.removeItem(TOKEN_KEY);
       askToken(state.token ? "The token was refused." : "This plane needs a token.");
@@ -156,9 +160,15 @@
     b.textContent = s;
   }
 
-  function stopAll() {
+  // Close the stream; with polls too, when the page has lost its token.
+  function stopAll(all) {
     if (state.es) state.es.close();
     state.es = null;
+    if (all) {
+      clearInterval(pollTimer);
+      clearInterval(tickTimer);
+      pollTimer = tickTimer = null;
+    }
   }
 
   function openStream() {
@@ -239,9 +249,6 @@
       state.polling = false;
     }
   }
-
-  let pollTimer = null;
-  let tickTimer = null;
 
   async function start() {
     state.token = state.token || takeToken();
