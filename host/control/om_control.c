@@ -64,6 +64,8 @@ static const struct {
     [R_WATCH_CONFIG] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
     [R_CONFIG_STATUS] = {M_GET | M_HEAD | M_POST | M_OPTIONS,
                          "GET, HEAD, POST, OPTIONS"},
+    [R_UI] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
+    [R_LEASES] = {M_GET | M_HEAD | M_OPTIONS, "GET, HEAD, OPTIONS"},
 };
 
 /* ------------------------------------------------------------------ */
@@ -462,8 +464,14 @@ static route_t match(const seg_t *s, int n, const seg_t **names) {
     return R_METRICS;
   if (n == 1 && seg_is(&s[0], "status"))
     return R_STATUS;
+  if (n <= 2 && seg_is(&s[0], "ui")) {
+    names[0] = n == 2 ? &s[1] : NULL;
+    return R_UI;
+  }
   if (n < 2 || !seg_is(&s[0], "v1"))
     return R_NONE;
+  if (n == 2 && seg_is(&s[1], "leases"))
+    return R_LEASES;
   if (seg_is(&s[1], "services")) {
     if (n == 2)
       return R_SERVICES;
@@ -519,6 +527,7 @@ static int route_role(route_t r, unsigned method) {
   case R_HEALTHZ:
   case R_READYZ:
   case R_METRICS:
+  case R_UI: /* the console's files hold no data */
     return 0;
   case R_INSTANCE:
   case R_HEARTBEAT:
@@ -539,8 +548,10 @@ static int route_label(route_t r, unsigned method) {
   case R_READYZ:
   case R_METRICS:
   case R_STATUS:
+  case R_UI:
     return L_OPS;
   case R_SERVICES:
+  case R_LEASES:
     return L_LIST;
   case R_SERVICE:
     return L_DISCOVERY;
@@ -643,6 +654,13 @@ static void on_request(om_http_request_t *req, void *ud) {
     return;
   case R_WATCH_ALL:
     om__h_watch(&x, T_ALL, "");
+    return;
+  case R_LEASES:
+    om__h_leases(&x);
+    return;
+  case R_UI:
+    om__h_ui(&x, names[0] != NULL ? names[0]->p : NULL,
+             names[0] != NULL ? names[0]->n : 0);
     return;
   default:
     break;

@@ -16,12 +16,6 @@ static const char *role_name(int role) {
                                     : "read";
 }
 
-/*
- * 1 when the request may go on; else answered (401/403, RFC 6750 3).
- * Without an Authorization header a GET may carry the token as the
- * access_token query parameter (RFC 6750 2.3): a browser's EventSource
- * cannot set headers.
- */
 /* The `san:` lines of the token file against the verified client
  * certificate's URI and DNS SANs (OM_AUTH_MISSING: none matched, or no
  * certificate). */
@@ -38,6 +32,13 @@ static om_auth_result_t cert_roles(const om_auth_t *a,
                                                           : OM_AUTH_MISSING;
 }
 
+/*
+ * 1 when the request may go on; else answered (401/403, RFC 6750 3).
+ * Without an Authorization header a GET of a read route may carry the
+ * token as the access_token query parameter (RFC 6750 2.3): a browser's
+ * EventSource cannot set headers. Only reads: a URL ends up in logs and
+ * histories, so it never carries what can write.
+ */
 int om__authorize(ctx_t *x, int role) {
   om_control_t *c = x->c;
   om_http_request_t *req = x->req;
@@ -62,7 +63,7 @@ int om__authorize(ctx_t *x, int role) {
       return 0;
     }
   }
-  if (h == NULL && (x->method & (M_GET | M_HEAD))) {
+  if (h == NULL && (x->method & (M_GET | M_HEAD)) && role == OM_ROLE_READ) {
     size_t vl = 0;
     int dup;
     const char *v =
@@ -365,6 +366,50 @@ void om__h_list_services(ctx_t *x) {
   if (op == NULL)
     return;
   rc = om_store_list_services(c->store, on_service_list, op);
+  if (rc != 0)
+    om__op_fail(op, rc);
+}
+
+static void on_leases(void *ud, int status, const om_lease_left_t *list,
+                      size_t n) {
+  op_t *op = ud;
+  char *buf;
+  size_t cap, k = 0;
+  if (status != 0) {
+    om__reply_store_error(&op->x, status);
+    om__op_free(op);
+    return;
+  }
+  /* names are [A-Za-z0-9._-]: nothing to escape */
+  cap = 32 + n * (2 * OM_NAME_MAX + 64);
+  buf = malloc(cap);
+  if (buf == NULL) {
+    om__reply_store_error(&op->x, OM_ENOMEM);
+    om__op_free(op);
+    return;
+  }
+  k += (size_t)snprintf(buf + k, cap - k, "{\"leases\":[");
+  for (size_t i = 0; i < n; i++)
+    k += (size_t)snprintf(buf + k, cap - k,
+                          "%s{\"service\":\"%s\",\"id\":\"%s\","
+                          "\"expires_in_ms\":%" PRIu64 "}",
+                          i ? "," : "", list[i].service, list[i].id,
+                          list[i].expires_in_ms);
+  k += (size_t)snprintf(buf + k, cap - k, "]}");
+  om__reply_json(&op->x, 200, buf, k);
+  free(buf);
+  om__op_free(op);
+}
+
+/* Every lease's time left: renewals move no revision, so no snapshot
+ * carries it (the console counts down from it). */
+void om__h_leases(ctx_t *x) {
+  om_control_t *c = x->c;
+  op_t *op = om__op_start(x, NULL);
+  int rc;
+  if (op == NULL)
+    return;
+  rc = om_store_leases(c->store, on_leases, op);
   if (rc != 0)
     om__op_fail(op, rc);
 }

@@ -102,6 +102,8 @@ typedef enum {
   R_CONFIG,
   R_WATCH_CONFIG,
   R_CONFIG_STATUS,
+  R_UI,
+  R_LEASES,
   R__COUNT
 } route_t;
 
@@ -309,6 +311,7 @@ void om__h_instance_op(ctx_t *x, const char *svc, const char *id,
                        int heartbeat);
 void om__h_get_service(ctx_t *x, const char *svc);
 void om__h_list_services(ctx_t *x);
+void om__h_leases(ctx_t *x);
 void om__h_put_config(ctx_t *x, const char *name);
 void om__h_get_config(ctx_t *x, const char *name);
 void om__h_config_report(ctx_t *x, const char *name);
@@ -317,5 +320,6 @@ void om__h_healthz(ctx_t *x);
 void om__h_readyz(ctx_t *x);
 void om__h_metrics(ctx_t *x);
 void om__h_status(ctx_t *x);
+void om__h_ui(ctx_t *x, const char *name, size_t name_len);
 
 #endif /* OM_CONTROL_INTERNAL_H */

@@ -349,7 +349,8 @@ static void burst_complete(watcher_t *w) {
   uint64_t max = 0;
   if (w->req == NULL)
     return;
-  qsort(w->burst, w->n_burst, sizeof *w->burst, by_revision);
+  if (w->n_burst > 1) /* none: burst is NULL, which qsort may not take */
+    qsort(w->burst, w->n_burst, sizeof *w->burst, by_revision);
   if (w->n_burst > 0)
     max = om_snapshot_revision(w->burst[w->n_burst - 1]);
   if (!(w->n_burst > 0 && client_has(w, max)))

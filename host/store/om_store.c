@@ -154,6 +154,15 @@ int om_store_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   return s->ops->list_services(s, cb, ud);
 }
 
+int om_store_leases(om_store_t *s, om_store_leases_cb cb, void *ud) {
+  int rc = check_open(s);
+  if (rc != 0)
+    return rc;
+  if (cb == NULL)
+    return OM_EINVAL;
+  return s->ops->leases(s, cb, ud);
+}
+
 int om_store_config_put(om_store_t *s, const char *name,
                         const char *content_type, const char *body, size_t len,
                         om_store_write_cb cb, void *ud) {

@@ -89,6 +89,14 @@ typedef void (*om_store_snapshot_cb)(void *ud, int status, om_snapshot_t *snap);
 typedef void (*om_store_list_cb)(void *ud, int status,
                                  const om_service_rev_t *services, size_t n);
 typedef void (*om_store_config_cb)(void *ud, int status, om_config_doc_t *doc);
+/* One lease: how long until it expires unless renewed (0: due now). */
+typedef struct om_lease_left_s {
+  const char *service;
+  const char *id;
+  uint64_t expires_in_ms;
+} om_lease_left_t;
+typedef void (*om_store_leases_cb)(void *ud, int status,
+                                   const om_lease_left_t *leases, size_t n);
 /* A change: the new snapshot of one service. */
 typedef void (*om_store_watch_cb)(void *ud, om_snapshot_t *snap);
 typedef void (*om_store_config_watch_cb)(void *ud, om_config_doc_t *doc);
@@ -158,6 +166,7 @@ typedef struct om_store_ops_s {
   void (*status)(om_store_t *s, om_store_status_t *out);
   /* Called once; closing is already set and no subscriber runs again. */
   void (*close)(om_store_t *s, void (*done)(void *ud), void *ud);
+  int (*leases)(om_store_t *s, om_store_leases_cb cb, void *ud);
 } om_store_ops_t;
 
 /*
@@ -227,6 +236,16 @@ int om_store_snapshot(om_store_t *s, const char *service,
  * Returns as om_store_snapshot.
  */
 int om_store_list_services(om_store_t *s, om_store_list_cb cb, void *ud);
+
+/*
+ * om_store_leases: every lease with the time left until it expires
+ * unless renewed, sorted by service then id, to cb (required; the array
+ * and its strings are the store's until cb returns). Renewals move no
+ * revision, so snapshots cannot say this; the console's countdown reads
+ * it. A store that cannot be reached answers OM_EIO through cb. Returns
+ * as om_store_snapshot.
+ */
+int om_store_leases(om_store_t *s, om_store_leases_cb cb, void *ud);
 
 /*
  * om_store_config_put: store a configuration document (name om_valid_name,

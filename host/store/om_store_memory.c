@@ -691,6 +691,31 @@ static int m_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   return 0;
 }
 
+static int m_leases(om_store_t *s, om_store_leases_cb cb, void *ud) {
+  mstore_t *m = (mstore_t *)s;
+  uint64_t now = now_ms(m);
+  size_t total = 0, n = 0;
+  om_lease_left_t *list;
+  for (size_t i = 0; i < m->n_svcs; i++)
+    total += ((service_t *)m->svcs[i])->n;
+  list = malloc((total != 0 ? total : 1) * sizeof *list);
+  if (list == NULL)
+    return OM_ENOMEM;
+  for (size_t i = 0; i < m->n_svcs; i++) {
+    service_t *svc = (service_t *)m->svcs[i];
+    for (size_t j = 0; j < svc->n; j++) {
+      const lease_t *l = svc->leases[j];
+      list[n].service = svc->e.name;
+      list[n].id = l->inst->id;
+      list[n].expires_in_ms = l->expires_at > now ? l->expires_at - now : 0;
+      n++;
+    }
+  }
+  cb(ud, 0, list, n);
+  free(list);
+  return 0;
+}
+
 /* ---- configuration documents ---- */
 
 static int m_config_put(om_store_t *s, const char *name,
@@ -804,6 +829,7 @@ static const om_store_ops_t memory_ops = {
     .config_get = m_config_get,
     .status = m_status,
     .close = m_close,
+    .leases = m_leases,
 };
 
 int om_store_memory_new(uv_loop_t *loop, const om_store_memory_opts_t *opts,

@@ -664,6 +664,24 @@ static int r_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   return 0;
 }
 
+static int r_leases(om_store_t *s, om_store_leases_cb cb, void *ud) {
+  rstore_t *r = (rstore_t *)s;
+  const char *keys[1] = {r->k_leases};
+  req_t *q;
+  if (r->state != S_UP) {
+    cb(ud, OM_EIO, NULL, 0);
+    return 0;
+  }
+  q = om__req_script(r, RQ_LEASES, SC_LEASES, 1, keys, 0, NULL, NULL);
+  if (q == NULL)
+    return OM_ENOMEM;
+  q->lscb = cb;
+  q->ud = ud;
+  if (om__req_send(r, q) != 0)
+    cb(ud, OM_EIO, NULL, 0);
+  return 0;
+}
+
 static int r_config_put(om_store_t *s, const char *name,
                         const char *content_type, const char *body, size_t len,
                         om_store_write_cb cb, void *ud) {
@@ -830,6 +848,7 @@ static const om_store_ops_t redis_ops = {
     .config_get = r_config_get,
     .status = r_status,
     .close = r_close,
+    .leases = r_leases,
 };
 
 /* ------------------------------------------------------------------ */

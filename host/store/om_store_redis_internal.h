@@ -48,6 +48,7 @@ enum {
   SC_LIST,
   SC_CFGPUT,
   SC_EPOCH,
+  SC_LEASES,
   SC__COUNT
 };
 
@@ -124,7 +125,8 @@ enum {
   RQ_SWEEP,
   RQ_TOUCH,
   RQ_EPOCH,
-  RQ_SELECT
+  RQ_SELECT,
+  RQ_LEASES
 };
 
 typedef struct req_s {
@@ -134,6 +136,7 @@ typedef struct req_s {
   om_store_snapshot_cb scb;
   om_store_list_cb lcb;
   om_store_config_cb ccb;
+  om_store_leases_cb lscb;
   void *ud;
   char name[OM_NAME_MAX + 1];
   int argc;

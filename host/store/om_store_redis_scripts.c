@@ -200,6 +200,20 @@ static const char lua_epoch[] = "local e = redis.call('GET', KEYS[1])\n"
                                 "redis.call('SET', KEYS[1], ARGV[1])\n"
                                 "return {ARGV[1], 1}\n";
 
+/* KEYS leases: {"svc/id", ms left, ...}, on Redis's clock as leases are */
+static const char lua_leases[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')\n"
+    "local out = {}\n"
+    "for i = 1, #all, 2 do\n"
+    "  local left = tonumber(all[i + 1]) - now\n"
+    "  if left < 0 then left = 0 end\n"
+    "  out[#out + 1] = all[i]\n"
+    "  out[#out + 1] = left\n"
+    "end\n"
+    "return out\n";
+
 const char *const om__redis_scripts[SC__COUNT] = {
     lua_put,  lua_renew, lua_delete, lua_sweep, lua_touch,
-    lua_snap, lua_list,  lua_cfgput, lua_epoch};
+    lua_snap, lua_list,  lua_cfgput, lua_epoch, lua_leases};

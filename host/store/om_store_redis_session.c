@@ -617,6 +617,44 @@ static void answer_list(rstore_t *r, req_t *q, redisReply *rep) {
   free(list);
 }
 
+static int lease_cmp(const void *a, const void *b) {
+  const om_lease_left_t *x = a, *y = b;
+  int c = strcmp(x->service, y->service);
+  return c != 0 ? c : strcmp(x->id, y->id);
+}
+
+/* {"svc/id", ms left, ...}: split in place, sorted by service then id */
+static void answer_leases(req_t *q, redisReply *rep) {
+  om_lease_left_t *list;
+  size_t n = 0;
+  if (rep == NULL || rep->type != REDIS_REPLY_ARRAY) {
+    q->lscb(q->ud, OM_EIO, NULL, 0);
+    return;
+  }
+  list = malloc((rep->elements / 2 + 1) * sizeof *list);
+  if (list == NULL) {
+    q->lscb(q->ud, OM_ENOMEM, NULL, 0);
+    return;
+  }
+  for (size_t i = 0; i + 1 < rep->elements; i += 2) {
+    redisReply *m = rep->element[i], *left = rep->element[i + 1];
+    char *slash;
+    if (m->type != REDIS_REPLY_STRING || left->type != REDIS_REPLY_INTEGER ||
+        (slash = strchr(m->str, '/')) == NULL)
+      continue;
+    *slash = '\0';
+    if (!om__valid_name(m->str) || !om__valid_name(slash + 1))
+      continue;
+    list[n].service = m->str;
+    list[n].id = slash + 1;
+    list[n].expires_in_ms = left->integer > 0 ? (uint64_t)left->integer : 0;
+    n++;
+  }
+  qsort(list, n, sizeof *list, lease_cmp);
+  q->lscb(q->ud, 0, list, n);
+  free(list);
+}
+
 /* HMGET rev ct body */
 static void answer_config(rstore_t *r, req_t *q, redisReply *rep) {
   int internal = q->kind == RQ_CFGFETCH;
@@ -708,6 +746,9 @@ void om__on_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     break;
   case RQ_LIST:
     answer_list(r, q, rep);
+    break;
+  case RQ_LEASES:
+    answer_leases(q, rep);
     break;
   case RQ_CFGGET:
   case RQ_CFGFETCH:
