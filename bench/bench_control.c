@@ -13,6 +13,12 @@
  *                                      instance (each a new revision and
  *                                      snapshot), 64 connections
  *   control_bytes_per_instance         heap grown by those 10,000 / 10,000
+ *   registrations_per_s_100k_one_service  100,000 registrations into one
+ *                                      service (its own server): the rate
+ *                                      over the last 10,000
+ *   control_heartbeats_per_s_100k      renewals over those 100,000, median
+ *                                      of 3 rounds of 1 s
+ *   control_bytes_per_instance_100k    heap grown by them / 100,000
  *   control_heartbeats_per_s           PUT renewals (identical body, answer
  *                                      "renewed") spread over the 10,000
  *                                      instances, 64 connections; median of
@@ -95,7 +101,12 @@
 #define N_WATCHERS 1000
 #define FAN_WARMUP 5
 #define FAN_ROUNDS 50
-#define STALL_MS 10000 /* no progress this long: the bench fails */
+#define STALL_MS 10000       /* no progress this long: the bench fails */
+#define BIG_INSTANCES 100000 /* the one-big-service figures */
+#define BIG_TAIL 10000       /* registrations_per_s over the last of them */
+
+/* Instance ids drive() cycles through (mod). */
+static unsigned id_space = N_INSTANCES;
 
 static void die(const char *fmt, ...) {
   va_list ap;
@@ -357,7 +368,7 @@ static void request(conn_t *c, const char *req, size_t n, const char *expect,
 
 /*
  * A closed-loop load: every connection keeps one PUT of `svc` in flight,
- * instances in round-robin order from *next (mod N_INSTANCES), until
+ * instances in round-robin order from *next (mod id_space), until
  * `count` requests were sent or `until_ns` passed; then the last answers
  * are waited for. Every answer must contain expect. Returns the requests
  * answered per second, from the first send to the last answer; their
@@ -380,7 +391,7 @@ static double drive(conn_t *cs, int n, const char *svc, unsigned *next,
       die("epoll_ctl: %s", strerror(errno));
     if (sent < count) {
       size_t k = put_request(req, sizeof req, svc, *next);
-      *next = (*next + 1) % N_INSTANCES;
+      *next = (*next + 1) % id_space;
       send_all(cs[i].fd, req, k);
       cs[i].busy = 1;
       sent++;
@@ -401,7 +412,7 @@ static double drive(conn_t *cs, int n, const char *svc, unsigned *next,
         done++;
         if (sent < count && om_bench_now_ns() < until_ns) {
           size_t l = put_request(req, sizeof req, svc, *next);
-          *next = (*next + 1) % N_INSTANCES;
+          *next = (*next + 1) % id_space;
           send_all(c->fd, req, l);
           sent++;
         } else {
@@ -894,6 +905,41 @@ static void bench_redis(double memory_rate) {
   redis_kill();
 }
 
+/*
+ * One big service: BIG_INSTANCES registrations into it (each a new
+ * revision), the rate over the last BIG_TAIL (when every change lands in
+ * a service that large), then renewals over all of them, and the heap each
+ * instance costs. On its own server, so nothing else is in the store.
+ */
+static void bench_big_service(void) {
+  server_t s;
+  conn_t ctl[N_CONNS];
+  unsigned next = 0;
+  double tail, hb[HB_ROUNDS], m0, m1;
+  server_start(&s, NULL);
+  id_space = BIG_INSTANCES;
+  conns_open(ctl, N_CONNS, s.ctl_port);
+  sleep_ms(50);
+  m0 = heap_bytes();
+  drive(ctl, N_CONNS, "big", &next, BIG_INSTANCES - BIG_TAIL, UINT64_MAX,
+        "\"created\"", NULL);
+  tail = drive(ctl, N_CONNS, "big", &next, BIG_TAIL, UINT64_MAX, "\"created\"",
+               NULL);
+  sleep_ms(100);
+  m1 = heap_bytes();
+  for (int r = 0; r < HB_ROUNDS; r++)
+    hb[r] = drive(ctl, N_CONNS, "big", &next, UINT64_MAX,
+                  om_bench_now_ns() + HB_ROUND_NS, "\"renewed\"", NULL);
+  conns_close(ctl, N_CONNS);
+  server_stop(&s);
+  id_space = N_INSTANCES;
+  om_bench_report("registrations_per_s_100k_one_service", tail, "req/s");
+  om_bench_report("control_heartbeats_per_s_100k",
+                  om_bench_median(hb, HB_ROUNDS), "req/s");
+  om_bench_report("control_bytes_per_instance_100k", (m1 - m0) / BIG_INSTANCES,
+                  "B");
+}
+
 int main(void) {
   server_t s;
   double memory_rate;
@@ -909,6 +955,7 @@ int main(void) {
   memory_rate = bench_heartbeats(&s);
   bench_fanout(&s);
   server_stop(&s);
+  bench_big_service();
   bench_redis(memory_rate);
   return 0;
 }

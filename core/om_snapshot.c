@@ -5,8 +5,15 @@
  * Each instance in a snapshot lives in one allocation (a node: refcount,
  * the om_instance_t, its metadata array and every string), so sharing an
  * instance between two revisions is one increment, and freeing it one
- * free(). A snapshot is one allocation too: header, the sorted array of
- * node pointers, the service name.
+ * free(). The sorted nodes are held in chunks of at most CHUNK_MAX node
+ * pointers, reference-counted too, and a snapshot is one allocation of
+ * header, chunk pointers, the index of each chunk's first instance, and
+ * the service name. An edit shares every chunk it does not touch and
+ * rebuilds only those its ids fall in, so registering one instance into a
+ * service of n costs O(n / CHUNK_MAX + CHUNK_MAX) rather than O(n) (a
+ * copy of every pointer and an atomic increment per shared instance,
+ * which at 100,000 instances held registrations to a few hundred per
+ * second). Lookups pay a binary search over the chunks first.
  */
 #include "om_snapshot.h"
 
@@ -31,13 +38,24 @@ typedef struct cache_slot_s {
   void (*free_fn)(void *);
 } cache_slot_t;
 
+/* A chunk is never empty; an edit that would empty one drops it. */
+#define CHUNK_MAX 256
+
+typedef struct chunk_s {
+  atomic_size_t refs;
+  size_t n;                 /* 1..CHUNK_MAX */
+  node_t *nodes[CHUNK_MAX]; /* sorted by id, unique */
+} chunk_t;
+
 struct om_snapshot_s {
   atomic_size_t refs;
   uint64_t revision;
-  const char *service; /* inside this allocation, after nodes[] */
-  size_t n;
+  const char *service; /* inside this allocation, after starts[] */
+  size_t n;            /* instances */
+  size_t n_chunks;
+  size_t *starts; /* inside: starts[c] is chunk c's first instance index */
   cache_slot_t cache[OM_SNAPSHOT_CACHE_SLOTS];
-  node_t *nodes[]; /* sorted by id, unique */
+  chunk_t *chunks[]; /* in id order; every id of chunk c < every of c + 1 */
 };
 
 /* ---- validation ---- */
@@ -488,21 +506,93 @@ static int make_nodes(const om_instance_t *in, const ent_t *e, size_t n,
   return 0;
 }
 
-/* An empty snapshot block with room for cap node pointers. */
-static om_snapshot_t *snap_alloc(const char *service, uint64_t revision,
-                                 size_t cap) {
-  size_t sl = strlen(service) + 1, head;
+static void chunk_unref(chunk_t *ch) {
+  if (ch == NULL ||
+      atomic_fetch_sub_explicit(&ch->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  for (size_t i = 0; i < ch->n; i++)
+    node_unref(ch->nodes[i]);
+  free(ch);
+}
+
+/* The chunks a snapshot is being built from, and the nodes waiting to go
+ * into new chunks: every pointer held here is an owned reference. */
+typedef struct build_s {
+  chunk_t **chunks;
+  size_t n_chunks, cap, n;
+} build_t;
+
+static void build_free(build_t *b) {
+  for (size_t c = 0; c < b->n_chunks; c++)
+    chunk_unref(b->chunks[c]);
+  free(b->chunks);
+}
+
+static int build_push(build_t *b, chunk_t *ch) {
+  if (b->n_chunks == b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 16;
+    chunk_t **nc = realloc(b->chunks, cap * sizeof *nc);
+    if (nc == NULL)
+      return OM_ENOMEM;
+    b->chunks = nc;
+    b->cap = cap;
+  }
+  b->chunks[b->n_chunks++] = ch;
+  b->n += ch->n;
+  return 0;
+}
+
+/*
+ * Move nodes[0..m) (owned references) into new chunks of near-equal size,
+ * at most CHUNK_MAX each. On OM_ENOMEM the nodes not moved yet are still
+ * nodes[]'s: *moved says how many were.
+ */
+static int build_emit(build_t *b, node_t **nodes, size_t m, size_t *moved) {
+  size_t pieces = (m + CHUNK_MAX - 1) / CHUNK_MAX, off = 0;
+  *moved = 0;
+  for (size_t p = 0; p < pieces; p++) {
+    size_t len = m / pieces + (p < m % pieces);
+    chunk_t *ch = malloc(sizeof *ch);
+    if (ch == NULL || build_push(b, ch) != 0) {
+      free(ch);
+      return OM_ENOMEM;
+    }
+    atomic_init(&ch->refs, 1);
+    ch->n = len;
+    memcpy(ch->nodes, nodes + off, len * sizeof *nodes);
+    off += len;
+    *moved = off;
+  }
+  return 0;
+}
+
+/* The snapshot of b's chunks (taken: b is left empty), or NULL (b is
+ * untouched). */
+static om_snapshot_t *snap_from(build_t *b, const char *service,
+                                uint64_t revision) {
+  size_t sl = strlen(service) + 1, nc = b->n_chunks, head, idx;
   om_snapshot_t *s;
-  if (cap > (SIZE_MAX - sizeof *s - sl) / sizeof(node_t *))
+  if (nc > (SIZE_MAX - sizeof *s - sl) / (sizeof(chunk_t *) + sizeof(size_t)))
     return NULL;
-  head = sizeof *s + cap * sizeof(node_t *);
-  s = malloc(head + sl);
+  head = sizeof *s + nc * sizeof(chunk_t *);
+  s = malloc(head + nc * sizeof(size_t) + sl);
   if (s == NULL)
     return NULL;
   memset(s, 0, sizeof *s);
   atomic_init(&s->refs, 1);
   s->revision = revision;
-  s->service = memcpy((char *)s + head, service, sl);
+  s->starts = (size_t *)(void *)((char *)s + head);
+  s->service = memcpy((char *)s + head + nc * sizeof(size_t), service, sl);
+  s->n_chunks = nc;
+  idx = 0;
+  for (size_t c = 0; c < nc; c++) {
+    s->chunks[c] = b->chunks[c];
+    s->starts[c] = idx;
+    idx += b->chunks[c]->n;
+  }
+  s->n = idx;
+  free(b->chunks);
+  memset(b, 0, sizeof *b);
   return s;
 }
 
@@ -512,7 +602,9 @@ int om_snapshot_new(const char *service, uint64_t revision,
                     const char **why) {
   ent_t *e;
   node_t **nodes;
-  om_snapshot_t *s;
+  build_t b = {0};
+  om_snapshot_t *s = NULL;
+  size_t moved = 0;
   int rc;
   if (out == NULL) {
     set_err(index, field, why, SIZE_MAX, "service", "out is NULL");
@@ -532,19 +624,32 @@ int om_snapshot_new(const char *service, uint64_t revision,
   free(e);
   if (rc != 0)
     return rc;
-  s = snap_alloc(service, revision, n);
+  /* full chunks: a snapshot made whole is as dense as it gets */
+  while (rc == 0 && moved < n) {
+    size_t len = n - moved < CHUNK_MAX ? n - moved : CHUNK_MAX, got;
+    rc = build_emit(&b, nodes + moved, len, &got);
+    moved += got;
+  }
+  if (rc == 0)
+    s = snap_from(&b, service, revision);
   if (s == NULL) {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = moved; i < n; i++)
       node_unref(nodes[i]);
+    build_free(&b);
     free(nodes);
     return OM_ENOMEM;
   }
-  if (n != 0)
-    memcpy(s->nodes, nodes, n * sizeof *nodes);
-  s->n = n;
   free(nodes);
   *out = s;
   return 0;
+}
+
+/* Whether id is in the sorted rm[k..kend); advances *k past ids below. */
+static int removed(const char **rm, size_t *k, size_t kend, const char *id) {
+  int c = 1;
+  while (*k < kend && (c = strcmp(rm[*k], id)) < 0)
+    (*k)++;
+  return *k < kend && c == 0;
 }
 
 int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
@@ -553,10 +658,11 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
                      om_snapshot_t **out, size_t *index, const char **field,
                      const char **why) {
   ent_t *e = NULL;
-  node_t **pn = NULL;
+  node_t **pn = NULL, **tmp = NULL;
   const char **rm = NULL;
-  om_snapshot_t *s;
-  size_t i = 0, j = 0, k = 0, nb;
+  build_t b = {0};
+  om_snapshot_t *s = NULL;
+  size_t j = 0, k = 0, m = 0;
   int rc;
   if (base == NULL || out == NULL || (remove == NULL && n_remove != 0)) {
     set_err(index, field, why, SIZE_MAX, "service", "NULL argument");
@@ -570,8 +676,8 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
   rc = sort_inputs(put, n_put, &e, index, field, why);
   if (rc != 0)
     return rc;
-  nb = base->n;
-  if (n_put > SIZE_MAX - nb || n_remove > SIZE_MAX / sizeof *rm) {
+  if (n_put > SIZE_MAX / sizeof *tmp - CHUNK_MAX ||
+      n_remove > SIZE_MAX / sizeof *rm) {
     free(e);
     return OM_ENOMEM;
   }
@@ -586,38 +692,96 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
   }
   rc = make_nodes(put, e, n_put, &pn);
   free(e);
-  s = rc == 0 ? snap_alloc(base->service, revision, nb + n_put) : NULL;
-  if (s == NULL) {
-    for (size_t p = 0; p < n_put && pn != NULL; p++)
-      node_unref(pn[p]);
-    free(pn);
-    free(rm);
-    return OM_ENOMEM;
-  }
-  /* Merge three sorted sequences: base (i), puts (j), removals (k). */
-  while (i < nb || j < n_put) {
-    int c = i >= nb      ? 1
-            : j >= n_put ? -1
-                         : strcmp(base->nodes[i]->inst.id, pn[j]->inst.id);
-    if (c < 0) {
-      const char *id = base->nodes[i]->inst.id;
-      int cr = 1;
-      while (k < n_remove && (cr = strcmp(rm[k], id)) < 0)
-        k++;
-      if (k >= n_remove || cr != 0) {
-        atomic_fetch_add_explicit(&base->nodes[i]->refs, 1,
-                                  memory_order_relaxed);
-        s->nodes[s->n++] = base->nodes[i];
+  /* one chunk's nodes and every put, at most */
+  if (rc == 0 && (tmp = malloc((CHUNK_MAX + n_put) * sizeof *tmp)) == NULL)
+    rc = OM_ENOMEM;
+  /*
+   * Walk base's chunks. The edits of chunk c are the puts and removals
+   * with ids up to its last (all that are left, for the last chunk): a
+   * chunk without any is shared, one with some is merged (base nodes in
+   * order, minus removals, puts inserted or replacing) into new chunks.
+   * An empty base takes every put as new chunks.
+   */
+  for (size_t c = 0; rc == 0 && c <= base->n_chunks; c++) {
+    const chunk_t *ch;
+    size_t jend = n_put, kend = n_remove, bi = 0, moved;
+    /* the chunks before the next edit's are shared as they are: found by
+     * a binary search, so one edit costs O(log chunks) comparisons */
+    if (c < base->n_chunks && (j < n_put || k < n_remove)) {
+      const char *id = j >= n_put                           ? rm[k]
+                       : k >= n_remove                      ? pn[j]->inst.id
+                       : strcmp(pn[j]->inst.id, rm[k]) <= 0 ? pn[j]->inst.id
+                                                            : rm[k];
+      size_t lo = c, hi = base->n_chunks - 1;
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const chunk_t *x = base->chunks[mid];
+        if (strcmp(x->nodes[x->n - 1]->inst.id, id) < 0)
+          lo = mid + 1;
+        else
+          hi = mid;
       }
-      i++;
-    } else {
-      if (c == 0)
-        i++; /* replaced */
-      s->nodes[s->n++] = pn[j++];
+      for (; rc == 0 && c < lo; c++)
+        if ((rc = build_push(&b, base->chunks[c])) == 0)
+          atomic_fetch_add_explicit(&base->chunks[c]->refs, 1,
+                                    memory_order_relaxed);
+      if (rc != 0)
+        break;
     }
+    ch = c < base->n_chunks ? base->chunks[c] : NULL;
+    if (ch == NULL && (c > 0 || j == n_put))
+      break;
+    if (ch != NULL && c + 1 < base->n_chunks) {
+      const char *last = ch->nodes[ch->n - 1]->inst.id;
+      for (jend = j; jend < n_put && strcmp(pn[jend]->inst.id, last) <= 0;)
+        jend++;
+      for (kend = k; kend < n_remove && strcmp(rm[kend], last) <= 0;)
+        kend++;
+    }
+    if (ch != NULL && j == jend && k == kend) {
+      rc = build_push(&b, (chunk_t *)ch);
+      if (rc == 0)
+        atomic_fetch_add_explicit(&((chunk_t *)ch)->refs, 1,
+                                  memory_order_relaxed);
+      continue;
+    }
+    m = 0;
+    while ((ch != NULL && bi < ch->n) || j < jend) {
+      int cmp = ch == NULL || bi >= ch->n ? 1
+                : j >= jend               ? -1
+                            : strcmp(ch->nodes[bi]->inst.id, pn[j]->inst.id);
+      if (cmp < 0) {
+        node_t *nd = ch->nodes[bi++];
+        if (!removed(rm, &k, kend, nd->inst.id)) {
+          atomic_fetch_add_explicit(&nd->refs, 1, memory_order_relaxed);
+          tmp[m++] = nd;
+        }
+      } else {
+        if (cmp == 0)
+          bi++; /* replaced */
+        tmp[m++] = pn[j];
+        pn[j++] = NULL;
+      }
+    }
+    k = kend;
+    rc = build_emit(&b, tmp, m, &moved);
+    if (rc != 0) {
+      for (size_t i = moved; i < m; i++)
+        node_unref(tmp[i]);
+    }
+    m = 0;
   }
+  if (rc == 0)
+    s = snap_from(&b, base->service, revision);
+  for (size_t p = 0; p < n_put && pn != NULL; p++)
+    node_unref(pn[p]); /* the puts not placed: none unless failing */
   free(pn);
   free(rm);
+  free(tmp);
+  if (s == NULL) {
+    build_free(&b);
+    return rc != 0 ? rc : OM_ENOMEM;
+  }
   *out = s;
   return 0;
 }
@@ -636,8 +800,8 @@ void om_snapshot_unref(om_snapshot_t *s) {
   for (int i = 0; i < OM_SNAPSHOT_CACHE_SLOTS; i++)
     if (s->cache[i].data != NULL && s->cache[i].free_fn != NULL)
       s->cache[i].free_fn(s->cache[i].data);
-  for (size_t i = 0; i < s->n; i++)
-    node_unref(s->nodes[i]);
+  for (size_t c = 0; c < s->n_chunks; c++)
+    chunk_unref(s->chunks[c]);
   free(s);
 }
 
@@ -653,20 +817,52 @@ size_t om_snapshot_count(const om_snapshot_t *s) {
   return s->n;
 }
 
+/* The chunk holding instance i < s->n: the last whose start is <= i. */
+static size_t chunk_of(const om_snapshot_t *s, size_t i) {
+  size_t lo = 0, hi = s->n_chunks;
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->starts[mid] <= i)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 const om_instance_t *om_snapshot_instance(const om_snapshot_t *s, size_t i) {
-  return i < s->n ? &s->nodes[i]->inst : NULL;
+  size_t c;
+  if (i >= s->n)
+    return NULL;
+  c = chunk_of(s, i);
+  return &s->chunks[c]->nodes[i - s->starts[c]]->inst;
 }
 
 const om_instance_t *om_snapshot_find(const om_snapshot_t *s, const char *id) {
   size_t lo = 0, hi;
-  if (s == NULL || id == NULL)
+  const chunk_t *ch;
+  if (s == NULL || id == NULL || s->n_chunks == 0)
     return NULL;
-  hi = s->n;
+  /* the first chunk whose last id is >= id */
+  hi = s->n_chunks;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(s->nodes[mid]->inst.id, id);
+    const chunk_t *c = s->chunks[mid];
+    if (strcmp(c->nodes[c->n - 1]->inst.id, id) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == s->n_chunks)
+    return NULL;
+  ch = s->chunks[lo];
+  lo = 0;
+  hi = ch->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(ch->nodes[mid]->inst.id, id);
     if (c == 0)
-      return &s->nodes[mid]->inst;
+      return &ch->nodes[mid]->inst;
     if (c < 0)
       lo = mid + 1;
     else

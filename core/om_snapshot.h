@@ -137,8 +137,9 @@ int om_snapshot_new(const char *service, uint64_t revision,
  * validated and deep-copied as in om_snapshot_new. base is not changed and
  * keeps its reference. Errors as om_snapshot_new (*index indexes put[]);
  * OM_EINVAL also for a NULL base or out, or a NULL remove entry. Nothing
- * is allocated on failure. O(n + k log k) for n instances in base and k
- * edits.
+ * is allocated on failure. O(n / 256 + (256 + k) log k) for n instances in
+ * base and k edits falling in few of its chunks of 256 (O(n + k log k) at
+ * worst): a registration never copies the service.
  */
 int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
                      const om_instance_t *put, size_t n_put,

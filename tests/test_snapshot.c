@@ -640,7 +640,7 @@ static void edit_errors_and_faults(void **state) {
 
 /* ---- properties: random sets and edits against a reference model ---- */
 
-#define MAXN 300
+#define MAXN 2000 /* several chunks of 256 */
 
 typedef struct {
   char id[16];
@@ -743,6 +743,61 @@ static void random_sets_and_edits(void **state) {
   }
 }
 
+/* One instance at a time, as registrations and expiries come: up to MAXN
+ * in a shuffled order (chunks fill and split), then every one removed in
+ * another order (chunks shrink and vanish), the set checked as it goes;
+ * each step's base stays valid after the next is made from it. */
+static void one_at_a_time_grow_and_drain(void **state) {
+  static model_t m[MAXN];
+  static size_t order[MAXN];
+  om_rng_t rng;
+  om_snapshot_t *s;
+  (void)state;
+  om_rng_seed(&rng, 7);
+  for (size_t i = 0; i < MAXN; i++) {
+    snprintf(m[i].id, sizeof m[i].id, "i-%zu", i);
+    snprintf(m[i].url, sizeof m[i].url, "http://h%zu:80", i);
+    m[i].present = 0;
+    order[i] = i;
+  }
+  assert_int_equal(om_snapshot_new("p", 1, NULL, 0, &s, NULL, NULL, NULL), 0);
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = MAXN; i > 1; i--) {
+      size_t j = om_rng_below(&rng, (uint32_t)i), t = order[i - 1];
+      order[i - 1] = order[j];
+      order[j] = t;
+    }
+    for (size_t i = 0; i < MAXN; i++) {
+      size_t x = order[i];
+      om_snapshot_t *s2;
+      const char *rm = m[x].id;
+      if (pass == 0) {
+        om_instance_t in = inst(m[x].id, m[x].url);
+        assert_int_equal(
+            om_snapshot_edit(s, i + 2, &in, 1, NULL, 0, &s2, NULL, NULL, NULL),
+            0);
+        m[x].present = 1;
+      } else {
+        assert_int_equal(
+            om_snapshot_edit(s, i + 2, NULL, 0, &rm, 1, &s2, NULL, NULL, NULL),
+            0);
+        m[x].present = 0;
+      }
+      if (i % 97 == 0 || i == MAXN - 1) {
+        check_against(s2, m, MAXN);
+        OM_ASSERT_CMP(om_snapshot_count(s), ==,
+                      pass == 0 ? i : (size_t)MAXN - i);
+      }
+      om_snapshot_unref(s);
+      s = s2;
+    }
+  }
+  OM_ASSERT_CMP(om_snapshot_count(s), ==, 0);
+  assert_null(om_snapshot_instance(s, 0));
+  assert_null(om_snapshot_find(s, "i-1"));
+  om_snapshot_unref(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(names),
@@ -756,6 +811,7 @@ int main(void) {
       cmocka_unit_test(edit_shares_and_replaces),
       cmocka_unit_test(edit_errors_and_faults),
       cmocka_unit_test(random_sets_and_edits),
+      cmocka_unit_test(one_at_a_time_grow_and_drain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
