@@ -754,6 +754,89 @@ static om_store_t *open_memory(uv_loop_t *loop) {
 
 static om_store_backend_t memory_backend = {"memory", open_memory, 1};
 
+typedef struct {
+  size_t n;
+  char last[32];
+  int ordered;
+} gone_t;
+
+static void on_gone(void *ud, const char *service) {
+  gone_t *g = ud;
+  if (g->n > 0 && strcmp(g->last, service) >= 0)
+    g->ordered = 0;
+  snprintf(g->last, sizeof g->last, "%s", service);
+  g->n++;
+}
+
+static int keep_seven(void *ud, const char *service) {
+  (void)ud;
+  return strcmp(service, "s00007") == 0;
+}
+
+static void on_list_count(void *ud, int status, const om_service_rev_t *svcs,
+                          size_t n) {
+  (void)svcs;
+  *(size_t *)ud = status == 0 ? n : SIZE_MAX;
+}
+
+/* 50,000 services that each had an instance: none is collected before
+ * idle_ms has passed since it became empty, nor one keep claims, nor one
+ * with an instance; then the rest are, in name order, and a service that
+ * comes back gets a revision above the one it had. */
+static void empty_services_are_collected(void **state) {
+  enum { N = 50000 };
+  fx_t f;
+  char name[16];
+  om_store_wres_t w;
+  uint64_t rev_before = 0;
+  size_t n = 0, listed = 0;
+  gone_t g = {0, "", 1};
+  (void)state;
+  fx_open(&f, 0);
+  for (unsigned i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "s%05u", i);
+    put_simple(f.st, name, "i1", 600000);
+    if (i == 1 || i == 2)
+      continue; /* s00002 keeps its instance; s00001 is deleted below */
+    w = (om_store_wres_t){0};
+    assert_int_equal(
+        om_store_delete_instance(f.st, name, "i1", om_store_test_on_write, &w),
+        0);
+    OM_ASSERT_CMP(w.status, ==, 0);
+  }
+  w = (om_store_wres_t){0};
+  assert_int_equal(om_store_delete_instance(f.st, "s00001", "i1",
+                                            om_store_test_on_write, &w),
+                   0);
+  rev_before = w.revision;
+  f.clk.now_ms += 59999;
+  assert_int_equal(
+      om_store_collect_empty(f.st, 60000, keep_seven, on_gone, &g, &n), 0);
+  OM_ASSERT_CMP(n, ==, 0);
+  f.clk.now_ms += 1;
+  assert_int_equal(
+      om_store_collect_empty(f.st, 60000, keep_seven, on_gone, &g, &n), 0);
+  OM_ASSERT_CMP(n, ==, N - 2); /* not s00002 (an instance), not s00007 */
+  OM_ASSERT_CMP(g.n, ==, N - 2);
+  OM_ASSERT_CMP(g.ordered, ==, 1);
+  assert_int_equal(om_store_list_services(f.st, on_list_count, &listed), 0);
+  OM_ASSERT_CMP(listed, ==, 2);
+  {
+    om_store_status_t st;
+    om_store_status(f.st, &st);
+    OM_ASSERT_CMP(st.services, ==, 2);
+    OM_ASSERT_CMP(st.collected, ==, N - 2);
+  }
+  w = put_simple(f.st, "s00001", "i1", 600000);
+  assert_int_equal(w.change, OM_STORE_CREATED);
+  OM_ASSERT_CMP(w.revision, >, rev_before);
+  /* without the claim, s00007 goes too; s00001 and s00002 have instances */
+  assert_int_equal(om_store_collect_empty(f.st, 60000, NULL, NULL, NULL, &n),
+                   0);
+  OM_ASSERT_CMP(n, ==, 1); /* s00007, no longer claimed */
+  fx_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       OM_STORE_CONTRACT_TESTS(&memory_backend),
@@ -767,6 +850,7 @@ int main(void) {
       cmocka_unit_test(fault_injection_on_writes),
       cmocka_unit_test(fault_injection_in_the_sweep),
       cmocka_unit_test(real_time_expiry),
+      cmocka_unit_test(empty_services_are_collected),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

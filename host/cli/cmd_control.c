@@ -32,6 +32,7 @@ static void usage(FILE *out) {
       "DURATION]\n"
       "                        [--tokens FILE] [--insecure]\n"
       "                        [--ping-interval DURATION] [--warmup DURATION]\n"
+      "                        [--empty-service-ttl DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
       "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n"
       "                        [--tls-cert FILE --tls-key FILE]\n"
@@ -70,6 +71,11 @@ static void usage(FILE *out) {
       "(default\n"
       "                            1h, the longest lease TTL; 0: off; at "
       "most 24h)\n"
+      "  --empty-service-ttl DURATION  remove a service with no instance and "
+      "no watcher\n"
+      "                            for this long (default 10m; 0: keep every "
+      "service;\n"
+      "                            checked with each ping; memory store)\n"
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
       "  --log-level LEVEL         debug, info (default), warn, "
@@ -187,6 +193,7 @@ int om_cmd_control(int argc, char **argv) {
       {"max-watch-backlog", required_argument, NULL, 'b'},
       {"min-revision", required_argument, NULL, 'r'},
       {"warmup", required_argument, NULL, 'w'},
+      {"empty-service-ttl", required_argument, NULL, 'E'},
       {"cors-origin", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
@@ -208,6 +215,7 @@ int om_cmd_control(int argc, char **argv) {
   memset(&so, 0, sizeof so);
   memset(&ro, 0, sizeof ro);
   co.warmup_ms = OM_CONTROL_DEFAULT_WARMUP_MS;
+  co.empty_service_ttl_ms = OM_CONTROL_DEFAULT_EMPTY_TTL_MS;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -257,6 +265,13 @@ int om_cmd_control(int argc, char **argv) {
           co.warmup_ms > OM_CONTROL_MAX_WARMUP_MS)
         return fail_usage("--warmup: '%s' is not a duration from 0 to 24h "
                           "like 15s or 1h",
+                          optarg);
+      break;
+    case 'E':
+      if (om_parse_duration_ms(optarg, &co.empty_service_ttl_ms) != 0 ||
+          co.empty_service_ttl_ms > OM_CONTROL_MAX_EMPTY_TTL_MS)
+        return fail_usage("--empty-service-ttl: '%s' is not a duration from "
+                          "0 to 30 days like 10m or 1h",
                           optarg);
       break;
     case 'c':

@@ -908,6 +908,11 @@ static int metrics_init(om_control_t *c) {
           "Warm-up windows started (the store started empty or lost its "
           "state)",
           ""));
+  CHK(m->collected = om_metrics_counter(
+          r, P "services_collected_total",
+          "Services removed after --empty-service-ttl without an instance "
+          "or a watcher of their own",
+          ""));
   for (int i = 0; i < L__COUNT; i++) {
     snprintf(labels, sizeof labels, "route=\"%s\"", label_names[i]);
     CHK(m->latency[i] = om_metrics_histogram(
@@ -961,7 +966,8 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
     return OM_EINVAL;
   if (opts->cors_origin != NULL && !valid_header_value(opts->cors_origin))
     return OM_EINVAL;
-  if (opts->warmup_ms > OM_CONTROL_MAX_WARMUP_MS)
+  if (opts->warmup_ms > OM_CONTROL_MAX_WARMUP_MS ||
+      opts->empty_service_ttl_ms > OM_CONTROL_MAX_EMPTY_TTL_MS)
     return OM_EINVAL;
   st = opts->store;
   c = calloc(1, sizeof *c);
@@ -979,6 +985,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
       opts->retry_ms ? opts->retry_ms : (uint64_t)OM_CONTROL_DEFAULT_RETRY_MS);
   c->t_start = om__now_ns();
   c->warmup_ns = opts->warmup_ms * 1000000u;
+  c->empty_ttl_ms = opts->empty_service_ttl_ms;
   rc = OM_ENOMEM;
   if ((opts->cors_origin != NULL &&
        (c->cors = om__dup_str(opts->cors_origin)) == NULL) ||

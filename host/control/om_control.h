@@ -48,6 +48,9 @@ typedef struct om_control_s om_control_t;
  * (OM_TTL_MAX_MS) has been renewed at least once within this. */
 #define OM_CONTROL_DEFAULT_WARMUP_MS OM_TTL_MAX_MS
 #define OM_CONTROL_MAX_WARMUP_MS (UINT64_C(24) * 3600 * 1000)
+/* `openmesh control`'s --empty-service-ttl default: 10 minutes. */
+#define OM_CONTROL_DEFAULT_EMPTY_TTL_MS (UINT64_C(10) * 60 * 1000)
+#define OM_CONTROL_MAX_EMPTY_TTL_MS (UINT64_C(30) * 24 * 3600 * 1000)
 
 typedef struct om_control_opts_s {
   /* Required, borrowed: it must outlive the control plane (close the
@@ -76,6 +79,14 @@ typedef struct om_control_opts_s {
    * OM_CONTROL_DEFAULT_WARMUP_MS). At most OM_CONTROL_MAX_WARMUP_MS.
    */
   uint64_t warmup_ms;
+  /*
+   * A service with no instance and no watcher of its own for this long is
+   * removed from the store (om_store_collect_empty; checked with each
+   * ping), so services registered once are not listed forever. 0: never
+   * (the embedding default; `openmesh control` defaults to
+   * OM_CONTROL_DEFAULT_EMPTY_TTL_MS). At most OM_CONTROL_MAX_EMPTY_TTL_MS.
+   */
+  uint64_t empty_service_ttl_ms;
   om_http_server_opts_t http; /* limits; zeroes are the server defaults */
 } om_control_opts_t;
 
@@ -83,7 +94,8 @@ typedef struct om_control_opts_s {
  * om_control_new: a control plane on loop, not yet listening. Returns 0
  * with *out, OM_EINVAL (loop, out or opts->store NULL, a cors_origin with
  * bytes a header value cannot carry, warmup_ms above
- * OM_CONTROL_MAX_WARMUP_MS), OM_ENOMEM, or what the store's
+ * OM_CONTROL_MAX_WARMUP_MS, empty_service_ttl_ms above
+ * OM_CONTROL_MAX_EMPTY_TTL_MS), OM_ENOMEM, or what the store's
  * subscribe returned; on error nothing is left on the loop or the store,
  * and the caller still owns opts->auth. Release with om_control_close.
  */

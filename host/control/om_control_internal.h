@@ -164,6 +164,7 @@ typedef struct metrics_s {
    * report the plane refused), evicted (a full table made room) */
   om_metric_t *reports[4];
   om_metric_t *warming, *warmups; /* the warm-up window (om__warming) */
+  om_metric_t *collected; /* empty services collected (om__collect_empty) */
 } metrics_t;
 
 /* The latest (service, revision) pairs logged one way (see below). */
@@ -217,6 +218,8 @@ struct om_control_s {
   /* the warm-up window (om__warming): its length (0: none), its end
    * (0: warm), the store's state_lost count it last saw */
   uint64_t warmup_ns, warm_until, seen_lost;
+  uint64_t empty_ttl_ms;   /* 0: empty services are kept */
+  int collect_unsupported; /* the store does not collect: said once */
   uv_timer_t warm_timer;
   int warm_timer_closed;
 };
@@ -292,6 +295,9 @@ void om__topic_free(topic_t *t);
 void om__topic_release(om_control_t *c, topic_t *t);
 void om__watcher_finish(watcher_t *w, int how);
 void om__on_ping(uv_timer_t *timer);
+/* Remove the services empty for empty_ttl_ms that nobody watches, from
+ * the store and from the mirror (om_control_watch.c; with each ping). */
+void om__collect_empty(om_control_t *c);
 int om__warming(om_control_t *c);
 unsigned om__snapshot_flags(om_control_t *c);
 uint64_t om__warm_remaining_ms(const om_control_t *c);

@@ -543,10 +543,68 @@ void om__watchers_recheck(om_control_t *c) {
     om__topic_release(c, c->topics[i]);
 }
 
+/* The sweep's cursor over the mirror: both it and the store's services
+ * are in name order, so the mirror is compacted in one pass as the store
+ * names what it removes (r reads, w writes). */
+typedef struct {
+  om_control_t *c;
+  size_t r, w;
+} collect_t;
+
+static int collect_keep(void *ud, const char *service) {
+  const collect_t *g = ud;
+  const topic_t *t = topic_find(g->c, T_SERVICE, service);
+  return t != NULL && t->n > 0;
+}
+
+static void collect_gone(void *ud, const char *service) {
+  collect_t *g = ud;
+  om_control_t *c = g->c;
+  while (g->r < c->n_mirror) {
+    int cmp = strcmp(om_snapshot_service(c->mirror[g->r]), service);
+    if (cmp > 0)
+      break;
+    if (cmp == 0) {
+      om_snapshot_unref(c->mirror[g->r++]);
+      break;
+    }
+    c->mirror[g->w++] = c->mirror[g->r++];
+  }
+}
+
+void om__collect_empty(om_control_t *c) {
+  collect_t g = {c, 0, 0};
+  size_t n = 0;
+  char count[24];
+  int rc;
+  if (c->empty_ttl_ms == 0 || c->closing || c->collect_unsupported)
+    return;
+  rc = om_store_collect_empty(c->store, c->empty_ttl_ms, collect_keep,
+                              collect_gone, &g, &n);
+  if (rc == OM_ESTATE && !c->store->closing) {
+    c->collect_unsupported = 1;
+    om_log(OM_LOG_WARN, "control_collect_unsupported", "store",
+           om_store_name(c->store), "detail",
+           "this store does not collect empty services; "
+           "--empty-service-ttl has no effect",
+           NULL);
+    return;
+  }
+  if (rc != 0 || n == 0)
+    return;
+  while (g.r < c->n_mirror)
+    c->mirror[g.w++] = c->mirror[g.r++];
+  c->n_mirror = g.w;
+  om_metric_add(c->m.collected, (double)n);
+  snprintf(count, sizeof count, "%zu", n);
+  om_log(OM_LOG_INFO, "control_services_collected", "count", count, NULL);
+}
+
 void om__on_ping(uv_timer_t *timer) {
   om_control_t *c = timer->data;
   static const char ping[] = ": ping\n\n";
   size_t i = 0;
+  om__collect_empty(c);
   while (i < c->n_topics) {
     topic_t *t = c->topics[i];
     t->busy = 1;

@@ -154,6 +154,20 @@ int om_store_list_services(om_store_t *s, om_store_list_cb cb, void *ud) {
   return s->ops->list_services(s, cb, ud);
 }
 
+int om_store_collect_empty(om_store_t *s, uint64_t idle_ms,
+                           int (*keep)(void *ud, const char *service),
+                           void (*gone)(void *ud, const char *service),
+                           void *ud, size_t *n) {
+  int rc = check_open(s);
+  if (n != NULL)
+    *n = 0;
+  if (rc != 0)
+    return rc;
+  if (s->ops->collect_empty == NULL)
+    return OM_ESTATE;
+  return s->ops->collect_empty(s, idle_ms, keep, gone, ud, n);
+}
+
 int om_store_leases(om_store_t *s, om_store_leases_cb cb, void *ud) {
   int rc = check_open(s);
   if (rc != 0)

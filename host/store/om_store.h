@@ -111,6 +111,7 @@ typedef struct om_store_status_s {
    */
   om_store_change_t last_removal;
   uint64_t registrations, renewals, deletions, expiries;
+  uint64_t collected; /* empty services removed (om_store_collect_empty) */
   size_t services, instances;
   /*
    * How many times the store found itself holding none of the state it
@@ -167,6 +168,12 @@ typedef struct om_store_ops_s {
   /* Called once; closing is already set and no subscriber runs again. */
   void (*close)(om_store_t *s, void (*done)(void *ud), void *ud);
   int (*leases)(om_store_t *s, om_store_leases_cb cb, void *ud);
+  /* NULL: the backend does not collect (om_store_collect_empty answers
+   * OM_ESTATE) */
+  int (*collect_empty)(om_store_t *s, uint64_t idle_ms,
+                       int (*keep)(void *ud, const char *service),
+                       void (*gone)(void *ud, const char *service), void *ud,
+                       size_t *n);
 } om_store_ops_t;
 
 /*
@@ -246,6 +253,24 @@ int om_store_list_services(om_store_t *s, om_store_list_cb cb, void *ud);
  * as om_store_snapshot.
  */
 int om_store_leases(om_store_t *s, om_store_leases_cb cb, void *ud);
+
+/*
+ * om_store_collect_empty: remove every service that has had no instance
+ * for at least idle_ms and that keep(ud, name) does not claim (keep may be
+ * NULL: nothing is claimed; the control plane claims the services someone
+ * watches). gone(ud, name), when not NULL, is told each removed name in
+ * name order, the name valid during the call. Revisions stay monotonic: a
+ * service that comes back gets a revision above any it had (the store's
+ * revisions are one sequence over every service). Synchronous; *n (may be
+ * NULL) counts the removed. Returns 0; OM_ESTATE when s is closed or the
+ * backend does not collect (Redis today); OM_EINVAL for s NULL. Why: a
+ * service registered once is otherwise listed forever (50,000 of them
+ * made a 3.4 MB list and a 5.6 MB first burst for every watch of all).
+ */
+int om_store_collect_empty(om_store_t *s, uint64_t idle_ms,
+                           int (*keep)(void *ud, const char *service),
+                           void (*gone)(void *ud, const char *service),
+                           void *ud, size_t *n);
 
 /*
  * om_store_config_put: store a configuration document (name om_valid_name,

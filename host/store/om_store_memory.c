@@ -53,6 +53,7 @@ struct service_s {
   lease_t *expired; /* collected by a sweep */
   size_t n_expired;
   service_t *next_dirty;
+  uint64_t empty_since; /* now_ms when n last became 0; 0 while n > 0 */
 };
 
 struct cfg_s {
@@ -455,6 +456,7 @@ static int put_create(mstore_t *m, const char *service, service_t *svc,
           (svc->n - pos) * sizeof *svc->leases);
   svc->leases[pos] = l;
   svc->n++;
+  svc->empty_since = 0;
   heap_push(m, l);
   arm(m, 0);
   m->st.registrations++;
@@ -556,6 +558,8 @@ static int m_delete_instance(om_store_t *s, const char *service, const char *id,
   memmove(svc->leases + pos, svc->leases + pos + 1,
           (svc->n - pos - 1) * sizeof *svc->leases);
   svc->n--;
+  if (svc->n == 0)
+    svc->empty_since = now_ms(m) + 1; /* 0 means not empty */
   free(l);
   arm(m, 0);
   m->st.deletions++;
@@ -596,6 +600,8 @@ static int expire_service(mstore_t *m, service_t *svc) {
     if (svc->leases[i]->inst != NULL)
       svc->leases[j++] = svc->leases[i];
   svc->n = j;
+  if (svc->n == 0)
+    svc->empty_since = now_ms(m) + 1; /* 0 means not empty */
   for (l = svc->expired; l != NULL; l = next) {
     next = l->next_expired;
     free(l);
@@ -818,6 +824,39 @@ static void m_close(om_store_t *s, void (*done)(void *ud), void *ud) {
   uv_close((uv_handle_t *)&m->timer, on_closed);
 }
 
+/* Compact the service list in one pass, dropping the services empty for
+ * idle_ms that keep does not claim. Not while a delivery is queued: an
+ * event may still name a service. */
+static int m_collect_empty(om_store_t *s, uint64_t idle_ms,
+                           int (*keep)(void *ud, const char *service),
+                           void (*gone)(void *ud, const char *service),
+                           void *ud, size_t *n) {
+  mstore_t *m = (mstore_t *)s;
+  uint64_t now = now_ms(m);
+  size_t j = 0, removed = 0;
+  if (m->draining || m->q_head != NULL)
+    return 0;
+  for (size_t i = 0; i < m->n_svcs; i++) {
+    service_t *svc = (service_t *)m->svcs[i];
+    if (svc->n == 0 && svc->snap != NULL && svc->empty_since != 0 &&
+        now + 1 - svc->empty_since >= idle_ms &&
+        (keep == NULL || !keep(ud, svc->e.name))) {
+      if (gone != NULL)
+        gone(ud, svc->e.name);
+      service_free(svc);
+      removed++;
+      continue;
+    }
+    m->svcs[j++] = m->svcs[i];
+  }
+  m->n_svcs = j;
+  m->st.services -= removed;
+  m->st.collected += removed;
+  if (n != NULL)
+    *n = removed;
+  return 0;
+}
+
 static const om_store_ops_t memory_ops = {
     .name = "memory",
     .put_instance = m_put_instance,
@@ -830,6 +869,7 @@ static const om_store_ops_t memory_ops = {
     .status = m_status,
     .close = m_close,
     .leases = m_leases,
+    .collect_empty = m_collect_empty,
 };
 
 int om_store_memory_new(uv_loop_t *loop, const om_store_memory_opts_t *opts,

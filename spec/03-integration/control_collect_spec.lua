@@ -1,0 +1,97 @@
+-- control_collect_spec.lua: `openmesh control --empty-service-ttl`: a
+-- service with no instance and no watcher of its own for the ttl leaves
+-- the list (docs/CONTROL.md "Empty services"), one that is watched or has
+-- an instance stays, and one that comes back gets a higher revision. The
+-- 50,000-service case is tests/test_store_memory.c.
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+package.path = here .. "../support/?.lua;" .. package.path
+
+local H = require "control_helper"
+
+describe("openmesh control --empty-service-ttl", function()
+  if not H.bin or H.bin == "" then
+    it("runs against OPENMESH_BIN", function()
+      pending("OPENMESH_BIN is not set (make check sets it to build/bin/openmesh)")
+    end)
+    return
+  end
+  local dir
+  setup(function()
+    dir = H.tmpdir()
+  end)
+  teardown(function()
+    H.kill_all()
+    if dir then os.execute("rm -rf " .. H.q(dir)) end
+  end)
+
+  local function names(c)
+    local status, body = H.request(dir, "GET", c.url .. "/v1/services")
+    assert.equal(200, status, body)
+    local out = {}
+    for _, s in ipairs(H.json(body).services) do
+      out[#out + 1] = s.service
+    end
+    table.sort(out)
+    return table.concat(out, ",")
+  end
+
+  local function put(c, svc, id)
+    local status, body = H.request(dir, "PUT", c.url .. "/v1/services/" .. svc .. "/instances/" .. id,
+      { body = '{"url":"http://127.0.0.1:9","ttl_ms":60000}' })
+    assert.equal(200, status, body)
+    return H.json(body).revision
+  end
+
+  local function delete(c, svc, id)
+    local status, body = H.request(dir, "DELETE", c.url .. "/v1/services/" .. svc .. "/instances/" .. id)
+    assert.equal(200, status, body)
+    return H.json(body).revision
+  end
+
+  it("removes what is empty and unwatched, keeps the rest, and a comeback moves forward", function()
+    local c = H.start_control(dir, "--empty-service-ttl 1s --ping-interval 200ms")
+    for _, s in ipairs({ "gone-a", "gone-b", "watched", "busy" }) do put(c, s, "i1") end
+    local last_rev
+    for _, s in ipairs({ "gone-a", "gone-b", "watched" }) do last_rev = delete(c, s, "i1") end
+    -- a watcher of its own keeps "watched"
+    local w = H.spawn(string.format("curl -sN %s/v1/watch/services/watched", H.q(c.url)), dir, "watcher")
+    assert.truthy(H.wait_for(function()
+      return H.readfile(w.out):find("event: snapshot", 1, true)
+    end, 5), "the watch did not start")
+    assert.equal("busy,gone-a,gone-b,watched", names(c))
+    local listed = H.wait_for(function()
+      local n = names(c)
+      return n == "busy,watched" and n
+    end, 5)
+    assert.equal("busy,watched", listed)
+    local _, metrics = H.request(dir, "GET", c.url .. "/metrics")
+    assert.matches("openmesh_control_services_collected_total 2", metrics, 1, true)
+    assert.matches('"event":"control_services_collected","count":"2"', H.readfile(c.out), 1, true)
+    local status = H.request(dir, "GET", c.url .. "/v1/services/gone-a")
+    assert.equal(404, status)
+    -- it comes back above every revision it had
+    local rev = put(c, "gone-a", "i2")
+    assert.is_true(rev > last_rev, ("comeback revision %s, last before %s"):format(rev, last_rev))
+    -- the watcher goes: now "watched" is collected too
+    H.kill(w.pid, "TERM")
+    assert.equal("busy,gone-a", H.wait_for(function()
+      local n = names(c)
+      return n == "busy,gone-a" and n
+    end, 5))
+    assert.equal(0, H.stop(c))
+  end)
+
+  it("0 keeps every service; a bad value is a usage error naming the flag", function()
+    local c = H.start_control(dir, "--empty-service-ttl 0 --ping-interval 100ms")
+    put(c, "kept", "i1")
+    delete(c, "kept", "i1")
+    H.sleep(0.5)
+    assert.equal("kept", names(c))
+    assert.equal(0, H.stop(c))
+    for _, bad in ipairs({ "ten", "-1s", "31d", "", "1s5" }) do
+      local out, rc = H.sh(H.q(H.bin) .. " control --empty-service-ttl " .. H.q(bad) .. " 2>&1")
+      assert.equal(2, rc, bad .. ": " .. out)
+      assert.matches("--empty-service-ttl: '" .. bad .. "'", out, 1, true)
+    end
+  end)
+end)
