@@ -644,6 +644,20 @@ int om_snapshot_new(const char *service, uint64_t revision,
   return 0;
 }
 
+/* The first of chunks[lo..hi) whose last id is >= id, else hi. */
+static size_t chunk_ending_from(chunk_t *const *chunks, size_t lo, size_t hi,
+                                const char *id) {
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const chunk_t *x = chunks[mid];
+    if (strcmp(x->nodes[x->n - 1]->inst.id, id) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* Whether id is in the sorted rm[k..kend); advances *k past ids below. */
 static int removed(const char **rm, size_t *k, size_t kend, const char *id) {
   int c = 1;
@@ -712,15 +726,7 @@ int om_snapshot_edit(const om_snapshot_t *base, uint64_t revision,
                        : k >= n_remove                      ? pn[j]->inst.id
                        : strcmp(pn[j]->inst.id, rm[k]) <= 0 ? pn[j]->inst.id
                                                             : rm[k];
-      size_t lo = c, hi = base->n_chunks - 1;
-      while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const chunk_t *x = base->chunks[mid];
-        if (strcmp(x->nodes[x->n - 1]->inst.id, id) < 0)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
+      size_t lo = chunk_ending_from(base->chunks, c, base->n_chunks - 1, id);
       for (; rc == 0 && c < lo; c++)
         if ((rc = build_push(&b, base->chunks[c])) == 0)
           atomic_fetch_add_explicit(&base->chunks[c]->refs, 1,
@@ -839,20 +845,11 @@ const om_instance_t *om_snapshot_instance(const om_snapshot_t *s, size_t i) {
 }
 
 const om_instance_t *om_snapshot_find(const om_snapshot_t *s, const char *id) {
-  size_t lo = 0, hi;
+  size_t lo, hi;
   const chunk_t *ch;
   if (s == NULL || id == NULL || s->n_chunks == 0)
     return NULL;
-  /* the first chunk whose last id is >= id */
-  hi = s->n_chunks;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    const chunk_t *c = s->chunks[mid];
-    if (strcmp(c->nodes[c->n - 1]->inst.id, id) < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  lo = chunk_ending_from(s->chunks, 0, s->n_chunks, id);
   if (lo == s->n_chunks)
     return NULL;
   ch = s->chunks[lo];
