@@ -33,6 +33,7 @@ static void usage(FILE *out) {
       "                        [--tokens FILE] [--insecure]\n"
       "                        [--ping-interval DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
+      "                        [--watch-min-interval-ms N]\n"
       "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n"
       "                        [--tls-cert FILE --tls-key FILE]\n"
       "                        [--tls-client-ca FILE]\n\n"
@@ -61,6 +62,11 @@ static void usage(FILE *out) {
       "(default 1MiB)\n"
       "  --min-revision N          issue revisions above N (a persisted "
       "high-water mark)\n"
+      "  --watch-min-interval-ms N at most one event per N ms on every "
+      "watch\n"
+      "                            stream, the newest (0..60000, default 0; "
+      "a\n"
+      "                            larger ?min_interval_ms wins)\n"
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
       "  --log-level LEVEL         debug, info (default), warn, "
@@ -177,6 +183,7 @@ int om_cmd_control(int argc, char **argv) {
       {"ping-interval", required_argument, NULL, 'p'},
       {"max-watch-backlog", required_argument, NULL, 'b'},
       {"min-revision", required_argument, NULL, 'r'},
+      {"watch-min-interval-ms", required_argument, NULL, 'w'},
       {"cors-origin", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
@@ -239,6 +246,21 @@ int om_cmd_control(int argc, char **argv) {
       so.min_revision = strtoull(optarg, &end, 10);
       if (*end != '\0')
         return fail_usage("--min-revision: '%s' is not a number", optarg);
+      break;
+    }
+    case 'w': {
+      char *end;
+      unsigned long long v;
+      if (optarg[0] < '0' || optarg[0] > '9' || strlen(optarg) > 5)
+        return fail_usage("--watch-min-interval-ms: '%s' is not an integer "
+                          "in [0, 60000]",
+                          optarg);
+      v = strtoull(optarg, &end, 10);
+      if (*end != '\0' || v > OM_CONTROL_MAX_WATCH_INTERVAL_MS)
+        return fail_usage("--watch-min-interval-ms: '%s' is not an integer "
+                          "in [0, 60000]",
+                          optarg);
+      co.watch_min_interval_ms = v;
       break;
     }
     case 'c':

@@ -769,6 +769,16 @@ static int metrics_init(om_control_t *c) {
   CHK(m->conn_rejected = om_metrics_counter(
           r, "openmesh_http_connections_rejected_total",
           "HTTP connections refused over max_connections", ""));
+  CHK(m->conn_reserved = om_metrics_counter(
+          r, "openmesh_http_connections_reserved_total",
+          "HTTP connections over max_connections taken into the health "
+          "reserve (served for /healthz and /readyz, else 503)",
+          ""));
+  CHK(m->reserve_evicted = om_metrics_counter(
+          r, "openmesh_http_reserve_evicted_total",
+          "Reserve connections closed before their request to make room "
+          "for a newer one",
+          ""));
   CHK(m->http_requests =
           om_metrics_counter(r, "openmesh_http_requests_total",
                              "HTTP requests dispatched to the handler", ""));
@@ -846,14 +856,21 @@ static int valid_header_value(const char *s) {
   return s[-1] != ' ';
 }
 
+/* The paths a connection over max_connections may still ask for:
+ * liveness and readiness answer while a flood holds every other slot. */
+static const char *const health_paths[] = {"/healthz", "/readyz", NULL};
+
 int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
                    om_control_t **out) {
+  om_http_server_opts_t http;
   om_control_t *c;
   om_store_t *st;
   int rc;
   if (loop == NULL || opts == NULL || out == NULL || opts->store == NULL)
     return OM_EINVAL;
   if (opts->cors_origin != NULL && !valid_header_value(opts->cors_origin))
+    return OM_EINVAL;
+  if (opts->watch_min_interval_ms > OM_CONTROL_MAX_WATCH_INTERVAL_MS)
     return OM_EINVAL;
   st = opts->store;
   c = calloc(1, sizeof *c);
@@ -864,6 +881,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   c->store = st;
   c->ping_ms = opts->ping_interval_ms ? opts->ping_interval_ms
                                       : OM_CONTROL_DEFAULT_PING_MS;
+  c->watch_min_interval_ms = opts->watch_min_interval_ms;
   c->max_backlog = opts->max_watch_backlog ? opts->max_watch_backlog
                                            : OM_CONTROL_DEFAULT_BACKLOG;
   c->retry_len = (size_t)snprintf(
@@ -883,7 +901,12 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   rc = om_store_subscribe_config(st, NULL, om__on_config_event, c, &c->cfg_sub);
   if (rc != 0)
     goto fail_sub;
-  rc = om_http_server_new(loop, &opts->http, on_request, c, &c->srv);
+  http = opts->http;
+  if (http.reserve_connections == 0) /* probes answer under a flood */
+    http.reserve_connections = OM_CONTROL_HEALTH_RESERVE;
+  if (http.reserve_paths == NULL)
+    http.reserve_paths = health_paths;
+  rc = om_http_server_new(loop, &http, on_request, c, &c->srv);
   if (rc != 0)
     goto fail_cfg;
   om_http_tls_metrics(opts->http.tls, c->metrics, "openmesh_control");

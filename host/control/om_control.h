@@ -44,6 +44,11 @@ typedef struct om_control_s om_control_t;
 #define OM_CONTROL_DEFAULT_BACKLOG ((size_t)1 << 20)
 #define OM_CONTROL_DEFAULT_RETRY_MS 2000u
 #define OM_CONTROL_MAX_PAGE_SIZE 1000u
+/* Connections over max_connections kept for /healthz and /readyz
+ * (om_http_server_opts_t.reserve_connections, when the caller sets none). */
+#define OM_CONTROL_HEALTH_RESERVE 16u
+/* The largest watch coalescing interval (?min_interval_ms, the floor). */
+#define OM_CONTROL_MAX_WATCH_INTERVAL_MS 60000u
 
 typedef struct om_control_opts_s {
   /* Required, borrowed: it must outlive the control plane (close the
@@ -59,9 +64,13 @@ typedef struct om_control_opts_s {
   /* Where openmesh/contract.lua lives, to validate text/x-lua documents;
    * NULL: om_lib_dir(). Copied. */
   const char *lib_dir;
-  uint64_t ping_interval_ms;  /* `: ping` on every stream; 0: 15 s */
-  size_t max_watch_backlog;   /* unsent bytes per watcher; 0: 1 MiB */
-  uint64_t retry_ms;          /* `retry:` at the start of each stream; 0: 2 s */
+  uint64_t ping_interval_ms; /* `: ping` on every stream; 0: 15 s */
+  size_t max_watch_backlog;  /* unsent bytes per watcher; 0: 1 MiB */
+  uint64_t retry_ms;         /* `retry:` at the start of each stream; 0: 2 s */
+  /* The least interval between two events of one watch stream
+   * (?min_interval_ms raises it, never lowers it); 0: none. At most
+   * OM_CONTROL_MAX_WATCH_INTERVAL_MS, else om_control_new is OM_EINVAL. */
+  uint64_t watch_min_interval_ms;
   om_http_server_opts_t http; /* limits; zeroes are the server defaults */
 } om_control_opts_t;
 
