@@ -34,6 +34,7 @@ static void usage(FILE *out) {
       "                        [--ping-interval DURATION] [--warmup DURATION]\n"
       "                        [--empty-service-ttl DURATION]\n"
       "                        [--max-watch-backlog SIZE] [--min-revision N]\n"
+      "                        [--watch-min-interval-ms N]\n"
       "                        [--cors-origin ORIGIN] [--log-level LEVEL]\n"
       "                        [--tls-cert FILE --tls-key FILE]\n"
       "                        [--tls-client-ca FILE]\n\n"
@@ -76,6 +77,11 @@ static void usage(FILE *out) {
       "                            for this long (default 10m; 0: keep every "
       "service;\n"
       "                            checked with each ping; memory store)\n"
+      "  --watch-min-interval-ms N at most one event per N ms on every "
+      "watch\n"
+      "                            stream, the newest (0..60000, default 0; "
+      "a\n"
+      "                            larger ?min_interval_ms wins)\n"
       "  --cors-origin ORIGIN      Access-Control-Allow-Origin (default: "
       "none)\n"
       "  --log-level LEVEL         debug, info (default), warn, "
@@ -194,6 +200,7 @@ int om_cmd_control(int argc, char **argv) {
       {"min-revision", required_argument, NULL, 'r'},
       {"warmup", required_argument, NULL, 'w'},
       {"empty-service-ttl", required_argument, NULL, 'E'},
+      {"watch-min-interval-ms", required_argument, NULL, 'm'},
       {"cors-origin", required_argument, NULL, 'c'},
       {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
@@ -274,6 +281,21 @@ int om_cmd_control(int argc, char **argv) {
                           "0 to 30 days like 10m or 1h",
                           optarg);
       break;
+    case 'm': {
+      char *end;
+      unsigned long long v;
+      if (optarg[0] < '0' || optarg[0] > '9' || strlen(optarg) > 5)
+        return fail_usage("--watch-min-interval-ms: '%s' is not an integer "
+                          "in [0, 60000]",
+                          optarg);
+      v = strtoull(optarg, &end, 10);
+      if (*end != '\0' || v > OM_CONTROL_MAX_WATCH_INTERVAL_MS)
+        return fail_usage("--watch-min-interval-ms: '%s' is not an integer "
+                          "in [0, 60000]",
+                          optarg);
+      co.watch_min_interval_ms = v;
+      break;
+    }
     case 'c':
       co.cors_origin = optarg;
       break;

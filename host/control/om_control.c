@@ -865,6 +865,16 @@ static int metrics_init(om_control_t *c) {
   CHK(m->conn_rejected = om_metrics_counter(
           r, "openmesh_http_connections_rejected_total",
           "HTTP connections refused over max_connections", ""));
+  CHK(m->conn_reserved = om_metrics_counter(
+          r, "openmesh_http_connections_reserved_total",
+          "HTTP connections over max_connections taken into the health "
+          "reserve (served for /healthz and /readyz, else 503)",
+          ""));
+  CHK(m->reserve_evicted = om_metrics_counter(
+          r, "openmesh_http_reserve_evicted_total",
+          "Reserve connections closed before their request to make room "
+          "for a newer one",
+          ""));
   CHK(m->http_requests =
           om_metrics_counter(r, "openmesh_http_requests_total",
                              "HTTP requests dispatched to the handler", ""));
@@ -957,8 +967,13 @@ static int valid_header_value(const char *s) {
   return s[-1] != ' ';
 }
 
+/* The paths a connection over max_connections may still ask for:
+ * liveness and readiness answer while a flood holds every other slot. */
+static const char *const health_paths[] = {"/healthz", "/readyz", NULL};
+
 int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
                    om_control_t **out) {
+  om_http_server_opts_t http;
   om_control_t *c;
   om_store_t *st;
   int rc;
@@ -967,7 +982,8 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   if (opts->cors_origin != NULL && !valid_header_value(opts->cors_origin))
     return OM_EINVAL;
   if (opts->warmup_ms > OM_CONTROL_MAX_WARMUP_MS ||
-      opts->empty_service_ttl_ms > OM_CONTROL_MAX_EMPTY_TTL_MS)
+      opts->empty_service_ttl_ms > OM_CONTROL_MAX_EMPTY_TTL_MS ||
+      opts->watch_min_interval_ms > OM_CONTROL_MAX_WATCH_INTERVAL_MS)
     return OM_EINVAL;
   st = opts->store;
   c = calloc(1, sizeof *c);
@@ -978,6 +994,7 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   c->store = st;
   c->ping_ms = opts->ping_interval_ms ? opts->ping_interval_ms
                                       : OM_CONTROL_DEFAULT_PING_MS;
+  c->watch_min_interval_ms = opts->watch_min_interval_ms;
   c->max_backlog = opts->max_watch_backlog ? opts->max_watch_backlog
                                            : OM_CONTROL_DEFAULT_BACKLOG;
   c->retry_len = (size_t)snprintf(
@@ -999,7 +1016,12 @@ int om_control_new(uv_loop_t *loop, const om_control_opts_t *opts,
   rc = om_store_subscribe_config(st, NULL, om__on_config_event, c, &c->cfg_sub);
   if (rc != 0)
     goto fail_sub;
-  rc = om_http_server_new(loop, &opts->http, on_request, c, &c->srv);
+  http = opts->http;
+  if (http.reserve_connections == 0) /* probes answer under a flood */
+    http.reserve_connections = OM_CONTROL_HEALTH_RESERVE;
+  if (http.reserve_paths == NULL)
+    http.reserve_paths = health_paths;
+  rc = om_http_server_new(loop, &http, on_request, c, &c->srv);
   if (rc != 0)
     goto fail_cfg;
   om_http_tls_metrics(opts->http.tls, c->metrics, "openmesh_control");

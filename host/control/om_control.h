@@ -51,6 +51,11 @@ typedef struct om_control_s om_control_t;
 /* `openmesh control`'s --empty-service-ttl default: 10 minutes. */
 #define OM_CONTROL_DEFAULT_EMPTY_TTL_MS (UINT64_C(10) * 60 * 1000)
 #define OM_CONTROL_MAX_EMPTY_TTL_MS (UINT64_C(30) * 24 * 3600 * 1000)
+/* Connections over max_connections kept for /healthz and /readyz
+ * (om_http_server_opts_t.reserve_connections, when the caller sets none). */
+#define OM_CONTROL_HEALTH_RESERVE 16u
+/* The largest watch coalescing interval (?min_interval_ms, the floor). */
+#define OM_CONTROL_MAX_WATCH_INTERVAL_MS 60000u
 
 typedef struct om_control_opts_s {
   /* Required, borrowed: it must outlive the control plane (close the
@@ -87,6 +92,10 @@ typedef struct om_control_opts_s {
    * OM_CONTROL_DEFAULT_EMPTY_TTL_MS). At most OM_CONTROL_MAX_EMPTY_TTL_MS.
    */
   uint64_t empty_service_ttl_ms;
+  /* The least interval between two events of one watch stream
+   * (?min_interval_ms raises it, never lowers it); 0: none. At most
+   * OM_CONTROL_MAX_WATCH_INTERVAL_MS, else om_control_new is OM_EINVAL. */
+  uint64_t watch_min_interval_ms;
   om_http_server_opts_t http; /* limits; zeroes are the server defaults */
 } om_control_opts_t;
 

@@ -645,6 +645,8 @@ static void sync_metrics(om_control_t *c) {
     sync_counter(m->conn_accepted, hm->connections_accepted);
     om_metric_set(m->conn_active, (double)hm->connections_active);
     sync_counter(m->conn_rejected, hm->connections_rejected);
+    sync_counter(m->conn_reserved, hm->connections_reserved);
+    sync_counter(m->reserve_evicted, hm->reserve_evicted);
     sync_counter(m->http_requests, hm->requests);
     sync_counter(m->http_aborted, hm->responses_aborted);
     for (int i = 0; i < OM_HTTP_REJECT__COUNT; i++)

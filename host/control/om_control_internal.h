@@ -145,6 +145,18 @@ struct watcher_s {
    * its output drains, replaced by a newer one meanwhile */
   om_snapshot_t *held_snap;
   om_config_doc_t *held_doc;
+  /* coalescing (?min_interval_ms, raised to the plane's floor): at most
+   * one event per interval_ms; a change inside the window waits in due_*
+   * (the newest; T_ALL: the newest of each service) and the timer writes
+   * it at the window's end, so the last change is never lost */
+  uint64_t interval_ms;
+  uint64_t last_write_ms; /* uv_now of the last event written (wrote) */
+  int wrote;
+  uv_timer_t *timer; /* interval_ms > 0: holds a reference while open */
+  om_snapshot_t *due_snap;
+  om_config_doc_t *due_doc;
+  om_snapshot_t **due_all;
+  size_t n_due_all, cap_due_all;
 };
 
 typedef struct metrics_s {
@@ -155,6 +167,7 @@ typedef struct metrics_s {
   om_metric_t *coalesced; /* states held for a busy watcher (superseded) */
   om_metric_t *reload_ok, *reload_failed;
   om_metric_t *conn_accepted, *conn_active, *conn_rejected;
+  om_metric_t *conn_reserved, *reserve_evicted; /* the health reserve */
   om_metric_t *http_requests, *http_aborted;
   om_metric_t *rej[REJ__COUNT];
   om_metric_t *http_rej[OM_HTTP_REJECT__COUNT];
@@ -181,6 +194,7 @@ struct om_control_s {
   char *cors;
   char *lib_dir;
   uint64_t ping_ms;
+  uint64_t watch_min_interval_ms; /* every watcher's interval floor */
   size_t max_backlog;
   char retry_block[40];
   size_t retry_len;

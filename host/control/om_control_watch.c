@@ -116,10 +116,21 @@ static void watcher_unref(watcher_t *w) {
     return;
   om_snapshot_unref(w->held_snap);
   om_config_doc_unref(w->held_doc);
+  om_snapshot_unref(w->due_snap);
+  om_config_doc_unref(w->due_doc);
+  for (size_t i = 0; i < w->n_due_all; i++)
+    om_snapshot_unref(w->due_all[i]);
+  free(w->due_all);
   for (size_t i = 0; i < w->n_burst; i++)
     om_snapshot_unref(w->burst[i]);
   free(w->burst);
   free(w);
+}
+
+static void on_watch_timer_closed(uv_handle_t *h) {
+  watcher_t *w = h->data;
+  free(h);
+  watcher_unref(w);
 }
 
 /* End a stream: cleanly (END), cut (ABORT), or the client left (GONE). */
@@ -136,6 +147,10 @@ void om__watcher_finish(watcher_t *w, int how) {
   c->watchers--;
   om_metric_set(c->m.watchers, (double)c->watchers);
   om__topic_release(c, t);
+  if (w->timer != NULL) { /* its reference goes when the handle is closed */
+    uv_close((uv_handle_t *)w->timer, on_watch_timer_closed);
+    w->timer = NULL;
+  }
   if (how == FIN_END) {
     (void)om_http_response_end(req); /* released even if the client left */
   } else if (how == FIN_ABORT) {
@@ -179,6 +194,23 @@ static int watcher_send(watcher_t *w, const char *data, size_t len, int check) {
   return 0;
 }
 
+/* An event went out: a coalescing watcher's window starts now. */
+static void watcher_wrote(watcher_t *w) {
+  w->last_write_ms = uv_now(w->c->loop);
+  w->wrote = 1;
+}
+
+/* ms until w may be written again (0: now). */
+static uint64_t window_left(const watcher_t *w) {
+  uint64_t now;
+  if (w->interval_ms == 0 || !w->wrote)
+    return 0;
+  now = uv_now(w->c->loop);
+  if (now - w->last_write_ms >= w->interval_ms)
+    return 0;
+  return w->last_write_ms + w->interval_ms - now;
+}
+
 /* A snapshot event to one watcher. */
 static int watcher_send_snapshot(watcher_t *w, om_snapshot_t *snap, int check) {
   const char *data;
@@ -192,6 +224,7 @@ static int watcher_send_snapshot(watcher_t *w, om_snapshot_t *snap, int check) {
   }
   if (watcher_send(w, data, len, check) != 0)
     return -1;
+  watcher_wrote(w);
   w->c->events_sent++;
   om_metric_inc(w->c->m.events);
   return 0;
@@ -234,6 +267,7 @@ static int watcher_send_doc(watcher_t *w, om_config_doc_t *doc, int check) {
   }
   if (watcher_send(w, w->topic->ev, w->topic->ev_len, check) != 0)
     return -1;
+  watcher_wrote(w);
   w->c->events_sent++;
   om_metric_inc(w->c->m.events);
   return 0;
@@ -268,7 +302,36 @@ static int watcher_busy(watcher_t *w) {
   return om_http_response_on_drain(w->req, 0, on_watcher_drain) == 0;
 }
 
+static void on_watch_due(uv_timer_t *timer);
+
+/*
+ * Inside w's window (or with a state already waiting for its end): keep
+ * the newest and have the timer write it when the window ends. 1 when
+ * the state was kept for later.
+ */
+static int watcher_defer(watcher_t *w) {
+  uint64_t left;
+  if (w->timer == NULL)
+    return 0;
+  if (uv_is_active((uv_handle_t *)w->timer))
+    return 1;
+  left = window_left(w);
+  if (left == 0)
+    return 0;
+  uv_timer_start(w->timer, on_watch_due, left, 0);
+  return 1;
+}
+
 static void watcher_offer_snapshot(watcher_t *w, om_snapshot_t *snap) {
+  if (watcher_defer(w)) {
+    if (w->due_snap != NULL) {
+      w->c->coalesced++;
+      om_metric_inc(w->c->m.coalesced);
+    }
+    om_snapshot_unref(w->due_snap);
+    w->due_snap = om_snapshot_ref(snap);
+    return;
+  }
   if (watcher_busy(w)) {
     om_snapshot_unref(w->held_snap);
     w->held_snap = om_snapshot_ref(snap);
@@ -280,6 +343,15 @@ static void watcher_offer_snapshot(watcher_t *w, om_snapshot_t *snap) {
 }
 
 static void watcher_offer_doc(watcher_t *w, om_config_doc_t *doc) {
+  if (watcher_defer(w)) {
+    if (w->due_doc != NULL) {
+      w->c->coalesced++;
+      om_metric_inc(w->c->m.coalesced);
+    }
+    om_config_doc_unref(w->due_doc);
+    w->due_doc = om_config_doc_ref(doc);
+    return;
+  }
   if (watcher_busy(w)) {
     om_config_doc_unref(w->held_doc);
     w->held_doc = om_config_doc_ref(doc);
@@ -288,6 +360,65 @@ static void watcher_offer_doc(watcher_t *w, om_config_doc_t *doc) {
     return;
   }
   watcher_send_doc(w, doc, 0);
+}
+
+static int by_revision(const void *a, const void *b);
+
+/*
+ * A change of any service to a watcher of every service: inside its
+ * window the newest snapshot of each service waits (one per service, the
+ * older one of a service replaced), all written at the window's end.
+ */
+static void watcher_offer_all(watcher_t *w, om_snapshot_t *snap) {
+  const char *svc = om_snapshot_service(snap);
+  if (!watcher_defer(w)) {
+    watcher_send_snapshot(w, snap, 1);
+    return;
+  }
+  for (size_t i = 0; i < w->n_due_all; i++)
+    if (strcmp(om_snapshot_service(w->due_all[i]), svc) == 0) {
+      om_snapshot_unref(w->due_all[i]);
+      w->due_all[i] = om_snapshot_ref(snap);
+      w->c->coalesced++;
+      om_metric_inc(w->c->m.coalesced);
+      return;
+    }
+  if (om__grow((void **)&w->due_all, &w->cap_due_all, w->n_due_all + 1,
+               sizeof *w->due_all) != 0) {
+    om__watcher_finish(w, FIN_ABORT); /* a lost change would lie: resync */
+    return;
+  }
+  w->due_all[w->n_due_all++] = om_snapshot_ref(snap);
+}
+
+/* The window ended: write what waited for it (still held behind output
+ * the client has not taken, as any other change). */
+static void on_watch_due(uv_timer_t *timer) {
+  watcher_t *w = timer->data;
+  om_snapshot_t *snap = w->due_snap;
+  om_config_doc_t *doc = w->due_doc;
+  om_snapshot_t **all = w->due_all;
+  size_t n_all = w->n_due_all;
+  w->due_snap = NULL;
+  w->due_doc = NULL;
+  w->due_all = NULL;
+  w->n_due_all = w->cap_due_all = 0;
+  w->refs++; /* a send may end the stream */
+  if (snap != NULL)
+    watcher_offer_snapshot(w, snap);
+  else if (doc != NULL)
+    watcher_offer_doc(w, doc);
+  if (n_all > 0) {
+    qsort(all, n_all, sizeof *all, by_revision);
+    for (size_t i = 0; i < n_all && w->req != NULL; i++)
+      watcher_send_snapshot(w, all[i], 1);
+  }
+  for (size_t i = 0; i < n_all; i++)
+    om_snapshot_unref(all[i]);
+  free(all);
+  om_snapshot_unref(snap);
+  om_config_doc_unref(doc);
+  watcher_unref(w);
 }
 
 /* ---- the first event(s) of a stream ---- */
@@ -432,7 +563,7 @@ static void fanout_snapshot(om_control_t *c, om_snapshot_t *snap) {
     OM_LIST_FOREACH_SAFE(it, &ta->watchers) {
       watcher_t *w = OM_LIST_ENTRY(it, watcher_t, link);
       if (w->ready)
-        watcher_send_snapshot(w, snap, 1);
+        watcher_offer_all(w, snap);
     }
     ta->busy = 0;
     om__topic_release(c, ta);
@@ -812,15 +943,27 @@ void om__h_watch(ctx_t *x, tkind_t kind, const char *name) {
   om_control_t *c = x->c;
   om_http_request_t *req = x->req;
   om_http_header_t h[4];
-  size_t nh, idl = 0;
-  const char *idv;
+  size_t nh, idl = 0, vl = 0;
+  const char *idv, *v;
+  uint64_t interval = 0;
   topic_t *t;
   watcher_t *w;
-  int rc;
+  int rc, dup;
   if (c->closing) {
     reply_error(x, REJ_SHUTTING_DOWN, NULL, "shutting down");
     return;
   }
+  v = om__query_param(req->query, req->query_len, "min_interval_ms", &vl, &dup);
+  if (v != NULL && (dup || om__parse_u64(v, vl, &interval) != 0 ||
+                    interval > OM_CONTROL_MAX_WATCH_INTERVAL_MS)) {
+    reply_error(x, REJ_INVALID_FIELD, "min_interval_ms",
+                "field 'min_interval_ms': must be an integer in [0, %u] "
+                "(given once)",
+                OM_CONTROL_MAX_WATCH_INTERVAL_MS);
+    return;
+  }
+  if (interval < c->watch_min_interval_ms) /* the plane's floor */
+    interval = c->watch_min_interval_ms;
   sse_headers(c, h, &nh);
   if (x->method == M_HEAD) {
     om_http_respond(req, 200, h, nh, NULL, 0);
@@ -869,6 +1012,17 @@ void om__h_watch(ctx_t *x, tkind_t kind, const char *name) {
   om_metric_observe(c->m.latency[x->label],
                     (double)(om__now_ns() - x->t0) / 1e9);
   x->req = NULL;
+  if (interval > 0) {
+    w->timer = malloc(sizeof *w->timer);
+    if (w->timer == NULL) {
+      om__watcher_finish(w, FIN_ABORT);
+      return;
+    }
+    uv_timer_init(c->loop, w->timer); /* cannot fail */
+    w->timer->data = w;
+    w->interval_ms = interval;
+    w->refs++; /* the timer's, given back when it is closed */
+  }
   if (watcher_send(w, c->retry_block, c->retry_len, 0) != 0)
     return;
   w->refs++;

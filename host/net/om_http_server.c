@@ -153,10 +153,12 @@ const char *om__http_date(om_http_server_t *s) {
 #define ACCEPT_PAUSE_MS 100 /* when accept cannot make progress */
 #define ACCEPT_LOG_MS 1000  /* at most one pressure log line a second */
 
-static const char busy_503[] =
+const char om__http_busy_503[] =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     "Content-Length: 32\r\nConnection: close\r\n\r\n"
     "{\"error\":\"too_many_connections\"}";
+const size_t om__http_busy_503_len = sizeof om__http_busy_503 - 1;
+#define busy_503 om__http_busy_503
 static const char fd_503[] =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
     "Content-Length: 30\r\nConnection: close\r\n\r\n"
@@ -237,11 +239,71 @@ static void accept_pause(om_http_server_t *s) {
   uv_timer_start(&s->accept_timer, on_accept_resume, ACCEPT_PAUSE_MS, 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* the reserve: health probes past max_connections */
+
+void om__http_unreserve(conn_t *c) {
+  if (!c->reserved)
+    return;
+  c->reserved = 0;
+  om_list_remove(&c->rlink);
+  c->srv->n_reserved--;
+}
+
+int om__http_reserve_admits(const om_http_server_t *s, const req_t *r) {
+  const om_http_request_t *q = &r->pub;
+  if (s->o.reserve_paths == NULL ||
+      !((q->method_len == 3 && memcmp(q->method, "GET", 3) == 0) ||
+        (q->method_len == 4 && memcmp(q->method, "HEAD", 4) == 0)))
+    return 0;
+  for (const char *const *p = s->o.reserve_paths; *p != NULL; p++)
+    if (strlen(*p) == q->path_len && memcmp(*p, q->path, q->path_len) == 0)
+      return 1;
+  return 0;
+}
+
+/*
+ * A slot in the reserve for a connection over max_connections: 1 when
+ * there is one (a full reserve gives up its oldest connection that has
+ * not brought a request head yet), 0 when there is none. Which path a
+ * connection wants is only known once its head is read, so every
+ * connection over the limit may try, briefly (reserve_timeout_ms); a
+ * flood of idle ones keeps pushing each other out, while a probe, which
+ * sends its request with the connect, is read and answered first.
+ */
+static int reserve_slot(om_http_server_t *s) {
+  if (s->o.reserve_connections == 0)
+    return 0;
+  if (s->n_reserved < s->o.reserve_connections)
+    return 1;
+  OM_LIST_FOREACH(it, &s->reserved) {
+    conn_t *c = OM_LIST_ENTRY(it, conn_t, rlink);
+    if (c->phase == PH_READING && c->fresh && c->active == NULL &&
+        c->q_len == 0 && c->cur == NULL && c->in_len == c->in_off) {
+      om__http_unreserve(c);
+      s->m.reserve_evicted++;
+      om__http_conn_close(c, 0);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* A new connection on fd (non-blocking, close-on-exec), now ours. */
 static void take_connection(om_http_server_t *s, int fd) {
   conn_t *c;
   int namelen = (int)sizeof(struct sockaddr_storage);
-  if (s->closing || s->m.connections_active >= s->o.max_connections) {
+  int reserved = 0;
+  if (!s->closing &&
+      s->m.connections_active - s->n_reserved >= s->o.max_connections) {
+    if (!reserve_slot(s)) {
+      s->m.connections_rejected++;
+      answer_and_close(fd, busy_503, sizeof busy_503 - 1);
+      return;
+    }
+    reserved = 1;
+  }
+  if (s->closing) {
     s->m.connections_rejected++;
     answer_and_close(fd, busy_503, sizeof busy_503 - 1);
     return;
@@ -254,7 +316,14 @@ static void take_connection(om_http_server_t *s, int fd) {
     return;
   }
   om_list_init(&c->dlink);
+  om_list_init(&c->rlink);
   c->srv = s;
+  if (reserved) {
+    c->reserved = 1;
+    om_list_push_back(&s->reserved, &c->rlink);
+    s->n_reserved++;
+    s->m.connections_reserved++;
+  }
   om__http_scan_reset(c);
   uv_tcp_init(s->loop, &c->tcp);
   uv_timer_init(s->loop, &c->timer);
@@ -367,6 +436,10 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
     return OM_EINVAL;
   if (o.max_connections == 0)
     o.max_connections = DEF_MAX_CONNECTIONS;
+  if (o.reserve_timeout_ms == 0)
+    o.reserve_timeout_ms = DEF_RESERVE_TIMEOUT_MS;
+  if (o.reserve_timeout_ms > UINT32_MAX)
+    return OM_EINVAL;
   if (o.max_pipelined == 0)
     o.max_pipelined = DEF_MAX_PIPELINED;
   if (o.http2 && !o.stream_bodies)
@@ -375,6 +448,7 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   if (s == NULL)
     return OM_ENOMEM;
   om_list_init(&s->conns);
+  om_list_init(&s->reserved);
   om_list_init(&s->dirty);
   s->loop = loop;
   s->o = o;
@@ -385,12 +459,14 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
   uv_timer_init(loop, &s->drain_timer);
   uv_timer_init(loop, &s->accept_timer);
   uv_check_init(loop, &s->flush_check);
+  uv_idle_init(loop, &s->flush_idle);
   s->listener.data = s;
   s->drain_timer.data = s;
   s->accept_timer.data = s;
   s->flush_check.data = s;
+  s->flush_idle.data = s;
   s->reserve_fd = -1;
-  s->handles = 4;
+  s->handles = 5;
   *out = s;
   return 0;
 }
@@ -547,6 +623,7 @@ void om__http_srv_maybe_finish(om_http_server_t *s) {
     uv_close((uv_handle_t *)&s->drain_timer, on_srv_handle_closed);
     uv_close((uv_handle_t *)&s->accept_timer, on_srv_handle_closed);
     uv_close((uv_handle_t *)&s->flush_check, on_srv_handle_closed);
+    uv_close((uv_handle_t *)&s->flush_idle, on_srv_handle_closed);
     return;
   }
   if (s->handles > 0)

@@ -166,6 +166,11 @@ typedef struct om_http_server_metrics_s {
   /* accepted on the reserve descriptor while the process was out of
    * descriptors (EMFILE, ENFILE): 503 and closed */
   uint64_t connections_shed;
+  /* over max_connections, taken into the reserve (reserve_connections):
+   * served when the request was for a reserved path, else 503; reserve
+   * connections closed unread to make room for a newer one */
+  uint64_t connections_reserved;
+  uint64_t reserve_evicted;
   /* HTTP/2 (opts.http2): connections, streams (requests), streams refused
    * over SETTINGS_MAX_CONCURRENT_STREAMS, RST_STREAM frames received,
    * connections told ENHANCE_YOUR_CALM for too many of them in a second
@@ -213,6 +218,20 @@ typedef struct om_http_server_opts_s {
   /* Open connections (lingering ones included); a connection beyond it is
    * accepted, sent a 503 and closed at once, and counted. Default 10000. */
   size_t max_connections;
+  /* Connections beyond max_connections kept for liveness and readiness
+   * probes under a connection flood. Such a connection must bring its
+   * whole first request head within reserve_timeout_ms (default 1000); a
+   * GET or HEAD of one of reserve_paths (NULL-terminated, exact paths,
+   * borrowed: they must outlive the server) is served and the connection
+   * closed after the answer; anything else gets the same 503
+   * too_many_connections as a connection over the limit. When every
+   * reserve slot is taken, the oldest one still waiting for its head is
+   * closed to make room, so idle connections cannot hold the reserve.
+   * Default 0: no reserve (HTTP/1.1 only: a reserve connection is never
+   * HTTP/2). */
+  size_t reserve_connections;
+  uint64_t reserve_timeout_ms;
+  const char *const *reserve_paths;
   /* Complete requests read ahead of the one being handled on a connection;
    * at the limit the server stops reading that connection until responses
    * drain. Default 16. */

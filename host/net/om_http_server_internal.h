@@ -32,6 +32,7 @@
 #define DEF_DRAIN_TIMEOUT_MS 5000u
 #define DEF_MAX_CONNECTIONS 10000u
 #define DEF_MAX_PIPELINED 16u
+#define DEF_RESERVE_TIMEOUT_MS 1000u
 
 /* framing bytes allowed in one chunked body */
 #define OVERHEAD_MAX(max_body) ((max_body) > 65536u ? (max_body) : 65536u)
@@ -190,6 +191,10 @@ struct om_http_conn_s {
   om_tls_identity_t *peer;
   unsigned tls_counted : 1, tls_dead : 1, tls_in : 1;
   struct om_http2_s *h2; /* PH_H2: the session (om_http2_server.c) */
+  /* taken over max_connections into the reserve (opts.reserve_*): on the
+   * server's reserved list by rlink, oldest first, until it closes */
+  unsigned reserved : 1;
+  om_list_t rlink;
 };
 
 struct om_http_server_s {
@@ -202,14 +207,19 @@ struct om_http_server_s {
   uint64_t accept_suppressed;
   uv_timer_t drain_timer;
   uv_check_t flush_check; /* flushes corked output once per loop turn */
-  om_list_t dirty;        /* conn_t with corked output, by dlink */
+  /* active with flush_check: output corked outside the poll phase (a
+   * timer's write) must not wait for the next I/O to wake the loop */
+  uv_idle_t flush_idle;
+  om_list_t dirty; /* conn_t with corked output, by dlink */
   char *ob_spare[OB_SPARES];
   size_t n_ob_spare;
   om_http_server_opts_t o;
   om_http_handler_fn on_request;
   void *ud;
   om_http_closed_fn on_closed;
-  om_list_t conns; /* every conn_t not yet freed, by link */
+  om_list_t conns;    /* every conn_t not yet freed, by link */
+  om_list_t reserved; /* conn_t in the reserve, by rlink, oldest first */
+  size_t n_reserved;
   size_t handles;
   int listen_error; /* the libuv error of a failed listen, else 0 */
   unsigned listening : 1, listen_spent : 1, closing : 1, timer_closing : 1,
@@ -241,6 +251,14 @@ void om__http_conn_drop_requests(conn_t *c);
 /* Mark c FAILED and close it from its timer on the next loop turn: the
  * way to break a connection inside an API call. */
 void om__http_conn_fail(conn_t *c);
+/* A reserve connection leaves the reserve (closing, or evicted). */
+void om__http_unreserve(conn_t *c);
+/* Whether r may be served on a reserve connection: a GET or HEAD of one
+ * of opts.reserve_paths. */
+int om__http_reserve_admits(const om_http_server_t *s, const req_t *r);
+/* The answer to a connection over max_connections. */
+extern const char om__http_busy_503[];
+extern const size_t om__http_busy_503_len;
 /* The IMF-fixdate for Date (RFC 9110 5.6.7), cached per second. */
 const char *om__http_date(om_http_server_t *s);
 /* Free the server once it is closing and nothing of it is left open. */

@@ -414,6 +414,8 @@ static req_t *build_request(conn_t *c, const char *b, const head_t *h) {
   /* RFC 9112 9.3: persistent unless "close"; HTTP/1.0 only with
    * keep-alive (Appendix C.2.2) */
   r->keep_alive = !h->co.close && (h->minor == 1 || h->co.keep_alive);
+  if (c->reserved) /* one answer, then the reserve slot is free again */
+    r->keep_alive = 0;
   r->want_continue =
       h->minor == 1 && h->ex.cont && (h->chunked || h->cl > 0) ? 1 : 0;
   r->pub.body_error = -1;
@@ -675,6 +677,17 @@ void om__http_conn_pump(conn_t *c) {
         c->q_tail = NULL;
       c->q_len--;
       r->next = NULL;
+      if (c->reserved && !om__http_reserve_admits(s, r)) {
+        /* the reserve is for probes: the answer of a connection over
+         * max_connections */
+        uv_buf_t b = uv_buf_init((char *)om__http_busy_503,
+                                 (unsigned)om__http_busy_503_len);
+        om__http_req_free(r);
+        s->m.connections_rejected++;
+        om__http_conn_write(c, &b, 1);
+        om__http_conn_finish(c, 0);
+        break;
+      }
       c->active = r;
       if (r != c->sbody) /* a streamed body: when the holder asks */
         om__http_send_continue(c, r);
@@ -839,7 +852,8 @@ void om__http_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
       return;
     }
     c->in_len += (size_t)nread;
-    if (c->phase == PH_READING && c->fresh && s->o.http2 && h2_detect(c) != 0) {
+    if (c->phase == PH_READING && c->fresh && s->o.http2 && !c->reserved &&
+        h2_detect(c) != 0) {
       om__http_conn_update(c); /* a prefix of the preface: more, please */
       return;
     }
@@ -915,12 +929,14 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
   }
   if (c->reading && !c->held &&
       (c->phase == PH_READING || c->phase == PH_LAST)) {
+    uint64_t head_ms =
+        c->reserved ? o->reserve_timeout_ms : o->header_timeout_ms;
     if (c->ps == P_HEAD) {
       if (c->in_len > c->in_off) {
-        *dl = c->t_header + o->header_timeout_ms;
+        *dl = c->t_header + head_ms;
         kind = K_HEADER;
       } else if (c->fresh) {
-        *dl = c->t_header + o->header_timeout_ms;
+        *dl = c->t_header + head_ms;
         kind = K_FRESH;
       } else if (c->active == NULL && c->q_len == 0 &&
                  uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) ==

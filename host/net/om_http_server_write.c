@@ -154,6 +154,18 @@ void om__http_conn_flush(conn_t *c) {
   conn_flush(c);
 }
 
+static void on_flush_check(uv_check_t *h);
+
+static void on_flush_idle(uv_idle_t *h) {
+  (void)h; /* only keeps the loop's poll from blocking before the check */
+}
+
+/* Have the corked output flushed at the end of this loop turn. */
+static void flush_soon(om_http_server_t *s) {
+  uv_check_start(&s->flush_check, on_flush_check);
+  uv_idle_start(&s->flush_idle, on_flush_idle);
+}
+
 static void on_flush_check(uv_check_t *h) {
   om_http_server_t *s = h->data;
   om_list_t *it;
@@ -165,6 +177,7 @@ static void on_flush_check(uv_check_t *h) {
       om__http2_pump(c);
   }
   uv_check_stop(h);
+  uv_idle_stop(&s->flush_idle);
 }
 
 void om__http_conn_mark_dirty(conn_t *c) {
@@ -172,7 +185,7 @@ void om__http_conn_mark_dirty(conn_t *c) {
   if (c->phase >= PH_FAILED || om_list_linked(&c->dlink))
     return;
   if (om_list_empty(&s->dirty))
-    uv_check_start(&s->flush_check, on_flush_check);
+    flush_soon(s);
   om_list_push_front(&s->dirty, &c->dlink);
 }
 
@@ -204,7 +217,7 @@ int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
       }
       if (!om_list_linked(&c->dlink)) {
         if (om_list_empty(&s->dirty))
-          uv_check_start(&s->flush_check, on_flush_check);
+          flush_soon(s);
         om_list_push_front(&s->dirty, &c->dlink);
       }
       return 0;
@@ -371,6 +384,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   if (--c->handles > 0)
     return;
   om_list_remove(&c->link);
+  om__http_unreserve(c);
   s->m.connections_active--;
   ob_release(c);
   if (c->tls != NULL)
