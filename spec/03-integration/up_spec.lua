@@ -18,6 +18,7 @@ describe("openmesh up", function()
   local dir, up, base
 
   local function start()
+    local last
     math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 1000)
     for _ = 1, 4 do
       base = 30000 + math.random(0, 400) * 20
@@ -31,10 +32,11 @@ describe("openmesh up", function()
         },
       }
       H.writefile(dir .. "/up.json", cjson.encode(conf))
-      local p = H.start_up(dir, "up" .. base, H.q(dir))
+      local p, why = H.start_up(dir, "up" .. base, H.q(dir))
       if p then return p end
+      last = why
     end
-    error("openmesh up did not start")
+    error("openmesh up did not start in 4 tries; the last: " .. tostring(last))
   end
 
   local function call(path, headers, service)

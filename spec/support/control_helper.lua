@@ -354,8 +354,8 @@ end
 Start `openmesh up` (OPENMESH_BIN) with the extra command line args (its
 flags and DIR), as spawn(cmd, dir, name) does, and wait up to 10 s for its
 "OpenMesh is up." line. Returns spawn's record; or nil when it exited or
-did not come up in time (it is killed then), so a caller can try again on
-other ports.
+did not come up in time (it is killed then) and a line saying which, with
+its output, so a caller can report it and try again on other ports.
 ]]
 function M.start_up(dir, name, args)
   local p = M.spawn(q(M.bin) .. " up " .. args, dir, name)
@@ -371,7 +371,7 @@ function M.start_up(dir, name, args)
     return p
   end
   M.kill(p.pid, "KILL")
-  return nil
+  return nil, ("%s after 10 s; its output:\n%s"):format(state or "not up", readfile(p.out))
 end
 
 --[[
