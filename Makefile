@@ -94,6 +94,7 @@ bench: deps deps-bench
 	bash bench/access_log_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/h2_bench.sh $(BENCH_BUILD)/bin/openmesh
 	bash bench/egress_gateway_bench.sh $(BENCH_BUILD)/bin/openmesh
+	/usr/bin/python3 bench/watch_bench.py $(BENCH_BUILD)/bin/openmesh
 
 # The HTTP/1.1 framing module against http-parser on many generated
 # messages (make check runs a few thousand). OM_FUZZ_SEED=N replays a run;

@@ -25,8 +25,8 @@
 #define N_INSTANCES 10000
 #define ROUNDS 21
 
-static void fill(om_instance_t *in, om_kv_t *kv, char *id, char *url,
-                 char *n, size_t i, unsigned change) {
+static void fill(om_instance_t *in, om_kv_t *kv, char *id, char *url, char *n,
+                 size_t i, unsigned change) {
   snprintf(id, 24, "inst-%05zu", i);
   snprintf(url, 48, "http://127.1.%zu.%zu:8080", i / 250, i % 250 + 1);
   snprintf(n, 16, "%u", change);
@@ -47,9 +47,9 @@ static void fill(om_instance_t *in, om_kv_t *kv, char *id, char *url,
 int main(void) {
   om_instance_t *ins = calloc(N_INSTANCES, sizeof *ins);
   om_kv_t *kvs = calloc(N_INSTANCES, 2 * sizeof *kvs);
-  char (*ids)[24] = calloc(N_INSTANCES, sizeof *ids);
-  char (*urls)[48] = calloc(N_INSTANCES, sizeof *urls);
-  char (*ns)[16] = calloc(N_INSTANCES, sizeof *ns);
+  char(*ids)[24] = calloc(N_INSTANCES, sizeof *ids);
+  char(*urls)[48] = calloc(N_INSTANCES, sizeof *urls);
+  char(*ns)[16] = calloc(N_INSTANCES, sizeof *ns);
   om_snapshot_t *snap = NULL;
   double ms[ROUNDS];
   size_t len = 0;
