@@ -167,29 +167,14 @@ pids+=("$!")
 wait_port "$up_port" "$!" upstream
 
 clk_tck=$(getconf CLK_TCK)
-tree() {
-  local p
-  echo "$1"
-  for p in $(pgrep -P "$1" || true); do tree "$p"; done
-}
-cpu_ticks() {
-  local p total=0 t
-  for p in $(tree "$1"); do
-    t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" \
-      2>/dev/null) || continue
-    total=$((total + t))
-  done
-  echo "$total"
-}
-
 # run PID PORT SCRIPT: CPU microseconds per request of PID over one wrk run
 run() {
   local pid=$1 port=$2 script=$3 t0 t1 out reqs bad
   out="$tmp/wrk.out"
-  t0=$(cpu_ticks "$pid")
+  t0=$(om_bench_cpu_ticks "$pid")
   wrk -t1 -c"$conns" -d"${duration}s" -s "$script" \
     "http://127.0.0.1:$port/" >"$out" 2>&1
-  t1=$(cpu_ticks "$pid")
+  t1=$(om_bench_cpu_ticks "$pid")
   reqs=$(awk '/ requests in / {print $1}' "$out")
   bad=$(awk '/Non-2xx/ {print $NF}' "$out")
   if [ -z "$reqs" ] || [ "$reqs" -eq 0 ] || [ -n "$bad" ]; then
