@@ -42,6 +42,8 @@ typedef struct fx_s {
   om_tunnel_t *tun;
   int tun_rc, tun_eofs, tun_closes, tun_err;
   size_t tun_bytes;
+  int lent_released, lent_rc, lent_released_at_return;
+  size_t lent_pending;
 } fx_t;
 
 static char echo_buf[1 << 16]; /* test-only, single thread */
@@ -141,6 +143,35 @@ static void upgrade_to_echo(fx_t *fx, om_http_request_t *req) {
   fx->tun_rc = om_http_response_upgrade(req, h, 1, &cb, fx, &fx->tun);
 }
 
+/* A lent buffer of the /lent routes: freed by its release, counted. */
+typedef struct {
+  fx_t *fx;
+  char data[];
+} lent_t;
+
+static void lent_release(void *ud) {
+  lent_t *l = ud;
+  l->fx->lent_released++;
+  free(l);
+}
+
+/* /lent: 8 MiB lent; /lent-small: 10 bytes lent (gathered, so copied) */
+static void lent_route(fx_t *fx, om_http_request_t *req, int small) {
+  size_t n = small ? 10 : 8u << 20;
+  lent_t *l = malloc(sizeof *l + n);
+  if (l == NULL) {
+    om_http_response_abort(req);
+    return;
+  }
+  l->fx = fx;
+  memset(l->data, 'q', n);
+  om_http_response_start(req, 200, NULL, 0);
+  fx->lent_rc = om_http_response_write_lent(req, l->data, n, lent_release, l);
+  fx->lent_pending = om_http_response_pending(req);
+  fx->lent_released_at_return = fx->lent_released;
+  om_http_response_end(req);
+}
+
 static void handler(om_http_request_t *req, void *ud) {
   fx_t *fx = ud;
   const char *p = req->path;
@@ -188,6 +219,8 @@ static void handler(om_http_request_t *req, void *ud) {
     om_http_respond(req, 204, NULL, 0, NULL, 0);
   } else if (strcmp(p, "/misuse") == 0) {
     misuse(fx, req);
+  } else if (strcmp(p, "/lent") == 0 || strcmp(p, "/lent-small") == 0) {
+    lent_route(fx, req, p[5] == '-');
   } else if (strcmp(p, "/big") == 0) {
     size_t n = 8u << 20;
     char *b = malloc(n);
@@ -1416,6 +1449,58 @@ static void streaming_responses(void **state) {
   fx_free(fx);
 }
 
+/*
+ * A lent buffer is not copied: what the kernel does not take waits as a
+ * pointer into it (pending counts it), and its release runs exactly once,
+ * after the client took every byte, or when the client leaves mid-way; a
+ * write small enough to be gathered is copied and released at once.
+ */
+static void lent_writes_are_released_once(void **state) {
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  uint64_t t0;
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c, GET("/lent")), 0);
+  t0 = htc_now_ms();
+  while (fx->seen == 0 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1); /* the client does not read yet */
+  assert_int_equal(fx->lent_rc, 0);
+  assert_int_equal(fx->lent_released_at_return, 0);
+  OM_ASSERT_CMP(fx->lent_pending, >, (4u << 20));
+  spin(fx, NULL, 20);
+  assert_int_equal(fx->lent_released, 0); /* still queued, still lent */
+  t0 = htc_now_ms();
+  while (!(c->total > (8u << 20) && memcmp(c->tail + 3, "0\r\n\r\n", 5) == 0) &&
+         htc_now_ms() - t0 < 5000)
+    htc_step(&fx->loop, c, 1);
+  OM_ASSERT_CMP(c->total, >, (8u << 20));
+  assert_memory_equal(c->tail + 3, "0\r\n\r\n", 5);
+  assert_memory_equal(c->tail, "q\r\n0\r\n\r\n", 8);
+  assert_int_equal(fx->lent_released, 1);
+  htc_free(c);
+  /* the client leaves with most of it unread */
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c, GET("/lent")), 0);
+  t0 = htc_now_ms();
+  while (fx->seen < 2 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1);
+  assert_int_equal(fx->lent_released, 1);
+  htc_free(c);
+  t0 = htc_now_ms();
+  while (fx->lent_released < 2 && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, NULL, 1);
+  assert_int_equal(fx->lent_released, 2);
+  /* small: gathered (copied), released before the write returned */
+  c = htc_new("127.0.0.1", fx->port);
+  assert_int_equal(htc_sends(&fx->loop, c, GET("/lent-small")), 0);
+  assert_int_equal(wait_responses(fx, c, NULL, 1, 2000), 1);
+  assert_string_equal(R[0].body, "qqqqqqqqqq");
+  assert_int_equal(fx->lent_released_at_return, 3);
+  assert_int_equal(fx->lent_released, 3);
+  htc_free(c);
+  fx_free(fx);
+}
+
 static void client_close_mid_stream_runs_on_close(void **state) {
   fx_t *fx = fx_new(NULL);
   htc_t *c = htc_new("127.0.0.1", fx->port);
@@ -1876,6 +1961,7 @@ int main(void) {
       cmocka_unit_test(max_connections_rejects_and_counts),
       cmocka_unit_test(random_garbage_is_refused_and_the_server_lives),
       cmocka_unit_test(streaming_responses),
+      cmocka_unit_test(lent_writes_are_released_once),
       cmocka_unit_test(client_close_mid_stream_runs_on_close),
       cmocka_unit_test(byte_classes_follow_the_grammar),
       cmocka_unit_test(response_api_misuse_is_refused),

@@ -854,26 +854,35 @@ int om_http_response_start_checked(om_http_request_t *req, int status,
   return response_start(req, status, headers, n, 1);
 }
 
-int om_http_response_write(om_http_request_t *req, const char *data,
-                           size_t len) {
+int om_http_response_write_lent(om_http_request_t *req, const char *data,
+                                size_t len, om_http_release_fn release,
+                                void *ud) {
   req_t *r = (req_t *)req;
   conn_t *c;
-  if (OM__HTTP_IS_H2(req))
-    return om__http2_response_write(req, data, len);
+  int rc = OM_EINVAL;
+  if (OM__HTTP_IS_H2(req)) { /* frames copy what they carry */
+    rc = om__http2_response_write(req, data, len);
+    goto done;
+  }
   if (r == NULL || (len > 0 && data == NULL))
-    return OM_EINVAL;
+    goto done;
+  rc = OM_ESTATE;
   if (r->rstate != RS_STREAMING)
-    return OM_ESTATE;
+    goto done;
+  rc = 0;
   if (len == 0)
-    return 0;
+    goto done;
+  rc = OM_EINVAL;
   if (r->rframe == RF_FIXED && (uint64_t)len > r->resp_left)
-    return OM_EINVAL;
+    goto done;
+  rc = OM_ESTATE;
   c = r->conn;
   if (c == NULL || c->phase >= PH_FAILED)
-    return OM_ESTATE;
+    goto done;
   switch (r->rframe) {
   case RF_NOBODY:
-    return 0;
+    rc = 0;
+    goto done;
   case RF_CHUNKED: { /* chunk = chunk-size CRLF chunk-data CRLF (7.1) */
     char line[24];
     uv_buf_t bufs[3];
@@ -881,15 +890,27 @@ int om_http_response_write(om_http_request_t *req, const char *data,
     bufs[0] = uv_buf_init(line, (unsigned)k);
     bufs[1] = uv_buf_init((char *)data, (unsigned)len);
     bufs[2] = uv_buf_init((char *)"\r\n", 2);
-    return om__http_conn_write(c, bufs, 3) == 0 ? 0 : OM_ESTATE;
+    return om__http_conn_write_lent(c, bufs, 3, 1, release, ud) == 0
+               ? 0
+               : OM_ESTATE;
   }
   default: {
     uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
     if (r->rframe == RF_FIXED)
       r->resp_left -= len;
-    return om__http_conn_write(c, &b, 1) == 0 ? 0 : OM_ESTATE;
+    return om__http_conn_write_lent(c, &b, 1, 0, release, ud) == 0 ? 0
+                                                                   : OM_ESTATE;
   }
   }
+done:
+  if (release != NULL)
+    release(ud);
+  return rc;
+}
+
+int om_http_response_write(om_http_request_t *req, const char *data,
+                           size_t len) {
+  return om_http_response_write_lent(req, data, len, NULL, NULL);
 }
 
 /* Cut the connection after what is queued, so the message stays

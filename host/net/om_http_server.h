@@ -489,6 +489,24 @@ int om_http_response_start_checked(om_http_request_t *req, int status,
 int om_http_response_write(om_http_request_t *req, const char *data,
                            size_t len);
 
+typedef void (*om_http_release_fn)(void *ud);
+
+/*
+ * om_http_response_write_lent: om_http_response_write without the copy,
+ * for one large buffer written to many clients (a watch snapshot): what
+ * the kernel does not take at once stays queued as a pointer into data,
+ * which must stay valid and unchanged until release(ud) is called. That
+ * happens exactly once, when the server no longer needs the bytes: after
+ * the kernel took them, when the connection goes, or before return (the
+ * bytes were written or copied at once, or an error). On TLS and HTTP/2
+ * connections, and for small writes gathered into the corked buffer, the
+ * bytes are copied and release runs before return. release may be NULL
+ * (then this is om_http_response_write). Returns as om_http_response_write.
+ */
+int om_http_response_write_lent(om_http_request_t *req, const char *data,
+                                size_t len, om_http_release_fn release,
+                                void *ud);
+
 /*
  * om_http_response_end: finish a started response (the zero chunk for
  * chunked; the connection closes for a close-delimited body) and release

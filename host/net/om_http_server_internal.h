@@ -312,6 +312,12 @@ int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb);
  * once behind it; 0, or OM_ESTATE when c is gone (a broken write marks
  * it FAILED). */
 int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb);
+/* om__http_conn_write with bufs[lent] lent, not copied, on a plaintext
+ * connection (om_http_response_write_lent): release(ud) runs once when
+ * the server is done with it, possibly before return. */
+int om__http_conn_write_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
+                             unsigned lent, om_http_release_fn release,
+                             void *ud);
 /* Close c now (reset: RST instead of FIN); runs on_close of the active
  * request, so only from loop callbacks or with no request active. */
 void om__http_conn_close(conn_t *c, int reset);

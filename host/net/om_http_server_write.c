@@ -34,15 +34,24 @@ static void conn_check_drain(conn_t *c) {
   cb(&r->pub);
 }
 
+/*
+ * A queued write: the bytes the kernel did not take at once, copied after
+ * the header, except a lent buffer's, which the write points into and
+ * hands back (release) once libuv is done with it, sent or cancelled.
+ */
 typedef struct {
   uv_write_t req;
   conn_t *c;
+  om_http_release_fn release;
+  void *ud;
   char data[];
 } wreq_t;
 
 static void on_write(uv_write_t *wr, int status) {
   wreq_t *w = (wreq_t *)wr;
   conn_t *c = w->c;
+  if (w->release != NULL)
+    w->release(w->ud);
   free(w);
   if (c->phase == PH_CLOSING || c->phase == PH_TUNNEL || status == UV_ECANCELED)
     return; /* a tunnel sees a broken connection itself */
@@ -59,22 +68,30 @@ static void on_write(uv_write_t *wr, int status) {
 
 /*
  * Write bufs in order after everything queued before: straight to the
- * socket when nothing is queued, the rest copied. Returns 0, or OM_ESTATE
- * / OM_ENOMEM with the connection marked failed.
+ * socket when nothing is queued, the rest queued. bufs[lent] (lent < nb)
+ * is not copied: the queue points into it and release(ud) is called once
+ * it is no longer needed, before return when it is not queued (written
+ * at once, or an error); every other buffer's rest is copied. Returns 0,
+ * or OM_ESTATE / OM_ENOMEM with the connection marked failed.
  */
-int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+static int send_raw_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
+                         unsigned lent, om_http_release_fn release, void *ud) {
   uv_stream_t *st = (uv_stream_t *)&c->tcp;
-  size_t total = 0, done = 0, off = 0;
-  unsigned i;
+  size_t total = 0, done = 0, copied = 0, off = 0;
+  unsigned i, nv = 0;
   wreq_t *w;
-  uv_buf_t b;
-  int idle_before;
+  uv_buf_t v[16]; /* one per buffer at most */
+  int idle_before, lent_queued = 0;
+  if (nb > 16) {
+    om__http_conn_fail(c);
+    goto fail_state;
+  }
   for (i = 0; i < nb; i++)
     total += bufs[i].len;
   if (c->phase >= PH_FAILED)
-    return OM_ESTATE;
+    goto fail_state;
   if (total == 0)
-    return 0;
+    goto written;
   idle_before = uv_stream_get_write_queue_size(st) == 0;
   if (idle_before) {
     int n = uv_try_write(st, bufs, nb);
@@ -82,18 +99,29 @@ int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
       done = (size_t)n;
     else if (n != UV_EAGAIN && n != UV_ENOSYS) {
       om__http_conn_fail(c);
-      return OM_ESTATE;
+      goto fail_state;
     }
   }
   if (done == total)
-    return 0;
-  w = malloc(sizeof *w + (total - done));
+    goto written;
+  for (i = 0, off = done; i < nb; i++) { /* what the copy needs */
+    size_t len = bufs[i].len, skip = off < len ? off : len;
+    off -= skip;
+    if (i != lent)
+      copied += len - skip;
+  }
+  w = malloc(sizeof *w + copied);
   if (w == NULL) {
     om__http_conn_fail(c);
+    if (release != NULL)
+      release(ud);
     return OM_ENOMEM;
   }
   w->c = c;
-  for (i = 0; i < nb; i++) {
+  w->release = NULL;
+  w->ud = NULL;
+  /* runs of copied bytes become one buffer each, the lent rest another */
+  for (i = 0, off = 0; i < nb; i++) {
     size_t len = bufs[i].len, skip = 0;
     if (done >= len) {
       done -= len;
@@ -101,19 +129,46 @@ int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
     }
     skip = done;
     done = 0;
+    if (i == lent) {
+      v[nv++] = uv_buf_init(bufs[i].base + skip, (unsigned)(len - skip));
+      lent_queued = 1;
+      continue;
+    }
+    if (nv == 0 || v[nv - 1].base + v[nv - 1].len != w->data + off)
+      v[nv++] = uv_buf_init(w->data + off, 0);
     memcpy(w->data + off, bufs[i].base + skip, len - skip);
     off += len - skip;
+    v[nv - 1].len += (unsigned)(len - skip);
   }
-  b = uv_buf_init(w->data, (unsigned)off);
-  if (uv_write(&w->req, st, &b, 1, on_write) != 0) {
+  if (lent_queued) {
+    w->release = release;
+    w->ud = ud;
+  }
+  if (uv_write(&w->req, st, v, nv, on_write) != 0) {
     free(w);
     om__http_conn_fail(c);
+    if (release != NULL)
+      release(ud);
     return OM_ESTATE;
   }
+  if (!lent_queued && release != NULL)
+    release(ud);
   if (idle_before)
     c->t_write = om__http_now_ms(c);
   om__http_conn_update(c);
   return 0;
+written:
+  if (release != NULL)
+    release(ud);
+  return 0;
+fail_state:
+  if (release != NULL)
+    release(ud);
+  return OM_ESTATE;
+}
+
+int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  return send_raw_lent(c, bufs, nb, nb, NULL, NULL);
 }
 
 /* Send the HTTP layer's bytes: encrypted first on a TLS connection. */
@@ -192,21 +247,28 @@ void om__http_conn_mark_dirty(conn_t *c) {
 /*
  * Write bufs (at most 3) in order after everything written before:
  * gathered when small (see OB_CAP), else sent now behind the gathered
- * bytes. Returns 0, or OM_ESTATE / OM_ENOMEM with the connection marked
- * failed.
+ * bytes. With release, bufs[lent] is lent (send_raw_lent) on a plaintext
+ * connection, copied elsewhere (TLS encrypts it into its own buffers);
+ * release(ud) is called once either way. Returns 0, or OM_ESTATE /
+ * OM_ENOMEM with the connection marked failed.
  */
-int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+int om__http_conn_write_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
+                             unsigned lent, om_http_release_fn release,
+                             void *ud) {
   om_http_server_t *s = c->srv;
   size_t total = 0;
   uv_buf_t v[4];
   unsigned i;
   int rc;
-  if (c->phase >= PH_FAILED)
-    return OM_ESTATE;
+  if (c->phase >= PH_FAILED) {
+    rc = OM_ESTATE;
+    goto done;
+  }
   for (i = 0; i < nb; i++)
     total += bufs[i].len;
+  rc = 0;
   if (total == 0)
-    return 0;
+    goto done;
   if (c->ob_len + total <= OB_CAP) {
     if (c->ob == NULL)
       c->ob = s->n_ob_spare > 0 ? s->ob_spare[--s->n_ob_spare] : malloc(OB_CAP);
@@ -220,20 +282,30 @@ int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
           flush_soon(s);
         om_list_push_front(&s->dirty, &c->dlink);
       }
-      return 0;
+      goto done;
     }
     /* no buffer: send directly, it is only slower */
   }
-  if (c->ob_len == 0) {
+  i = 0;
+  if (c->ob_len > 0)
+    v[i++] = uv_buf_init(c->ob, (unsigned)c->ob_len);
+  for (unsigned k = 0; k < nb && i < 4; k++)
+    v[i++] = bufs[k];
+  if (c->tls == NULL && release != NULL) {
+    rc = send_raw_lent(c, v, i, lent + (c->ob_len > 0), release, ud);
     ob_release(c);
-    return conn_send(c, bufs, nb);
+    return rc;
   }
-  v[0] = uv_buf_init(c->ob, (unsigned)c->ob_len);
-  for (i = 0; i < nb && i < 3; i++)
-    v[i + 1] = bufs[i];
-  rc = conn_send(c, v, i + 1);
+  rc = conn_send(c, v, i);
   ob_release(c);
+done:
+  if (release != NULL)
+    release(ud);
   return rc;
+}
+
+int om__http_conn_write(conn_t *c, const uv_buf_t *bufs, unsigned nb) {
+  return om__http_conn_write_lent(c, bufs, nb, nb, NULL, NULL);
 }
 
 /* Bounded string builder; the caller reserves the capacity up front. */
