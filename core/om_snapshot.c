@@ -44,6 +44,8 @@ typedef struct cache_slot_s {
 typedef struct chunk_s {
   atomic_size_t refs;
   size_t n;                 /* 1..CHUNK_MAX */
+  cache_slot_t cache;       /* an encoding of these instances, shared by every
+                               snapshot holding the chunk */
   node_t *nodes[CHUNK_MAX]; /* sorted by id, unique */
 } chunk_t;
 
@@ -512,6 +514,8 @@ static void chunk_unref(chunk_t *ch) {
     return;
   for (size_t i = 0; i < ch->n; i++)
     node_unref(ch->nodes[i]);
+  if (ch->cache.free_fn != NULL)
+    ch->cache.free_fn(ch->cache.data);
   free(ch);
 }
 
@@ -559,6 +563,8 @@ static int build_emit(build_t *b, node_t **nodes, size_t m, size_t *moved) {
     }
     atomic_init(&ch->refs, 1);
     ch->n = len;
+    ch->cache.data = NULL;
+    ch->cache.free_fn = NULL;
     memcpy(ch->nodes, nodes + off, len * sizeof *nodes);
     off += len;
     *moved = off;
@@ -882,5 +888,37 @@ int om_snapshot_set_cache(om_snapshot_t *s, int slot, void *data,
     return OM_ESTATE;
   s->cache[slot].data = data;
   s->cache[slot].free_fn = free_fn;
+  return 0;
+}
+
+size_t om_snapshot_chunk_count(const om_snapshot_t *s) {
+  return s != NULL ? s->n_chunks : 0;
+}
+
+int om_snapshot_chunk_range(const om_snapshot_t *s, size_t k, size_t *from,
+                            size_t *to) {
+  if (s == NULL || k >= s->n_chunks || from == NULL || to == NULL)
+    return OM_EINVAL;
+  *from = s->starts[k];
+  *to = s->starts[k] + s->chunks[k]->n;
+  return 0;
+}
+
+void *om_snapshot_chunk_cache(const om_snapshot_t *s, size_t k) {
+  if (s == NULL || k >= s->n_chunks)
+    return NULL;
+  return s->chunks[k]->cache.data;
+}
+
+int om_snapshot_set_chunk_cache(om_snapshot_t *s, size_t k, void *data,
+                                void (*free_fn)(void *)) {
+  chunk_t *ch;
+  if (s == NULL || data == NULL || k >= s->n_chunks)
+    return OM_EINVAL;
+  ch = s->chunks[k];
+  if (ch->cache.data != NULL)
+    return OM_ESTATE;
+  ch->cache.data = data;
+  ch->cache.free_fn = free_fn;
   return 0;
 }

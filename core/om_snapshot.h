@@ -179,4 +179,24 @@ int om_snapshot_set_cache(om_snapshot_t *s, int slot, void *data,
                           void (*free_fn)(void *));
 #define OM_SNAPSHOT_CACHE_SLOTS 4
 
+/*
+ * Chunks: a snapshot's instances are held in runs of up to 256 (in id
+ * order) that successive revisions share when an edit does not touch
+ * them. om_snapshot_chunk_count is how many (0 for an empty snapshot or
+ * NULL); om_snapshot_chunk_range sets [*from, *to), the instance indexes
+ * of chunk k (0, or OM_EINVAL for k out of range or a NULL argument).
+ * Each chunk has one cache slot, with the rules of the snapshot's slots
+ * above: set once, freed with the chunk by free_fn, and what it caches
+ * must depend on the chunk's instances only, since every snapshot that
+ * shares the chunk sees it (an encoding of those instances: a 10,000-
+ * instance snapshot after one change is encoded by re-encoding one chunk
+ * and copying the others'). Same thread rule as the snapshot's slots.
+ */
+size_t om_snapshot_chunk_count(const om_snapshot_t *s);
+int om_snapshot_chunk_range(const om_snapshot_t *s, size_t k, size_t *from,
+                            size_t *to);
+void *om_snapshot_chunk_cache(const om_snapshot_t *s, size_t k);
+int om_snapshot_set_chunk_cache(om_snapshot_t *s, size_t k, void *data,
+                                void (*free_fn)(void *));
+
 #endif /* OM_SNAPSHOT_H */

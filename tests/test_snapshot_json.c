@@ -243,6 +243,74 @@ static void cached_encodings_are_shared(void **state) {
   om_snapshot_unref(s); /* frees both slots: ASan would report a leak */
 }
 
+/*
+ * A big snapshot's encodings are assembled from per-chunk fragments that
+ * later revisions share: after one put and one removal, the chunks the
+ * edit did not touch keep their fragment (the same bytes, not encoded
+ * again), and the whole encoding is byte for byte what the uncached
+ * encoder and om_sse_encode make of the snapshot, escapes included.
+ */
+static void chunk_fragments_follow_edits(void **state) {
+  enum { N = 1000 };
+  static om_instance_t in[N];
+  static char ids[N][8];
+  om_kv_t kv[2] = {{"note", "line one\nline \"two\" \xc3\xa9\t"}, {"v", "1"}};
+  om_snapshot_t *s1, *s2;
+  om_instance_t put = inst("n0500", "http://changed:81");
+  const char *rm[] = {"n0999"};
+  size_t nc, same = 0;
+  (void)state;
+  for (int i = 0; i < N; i++) {
+    snprintf(ids[i], sizeof ids[i], "n%04d", i);
+    in[i] = inst(ids[i], "http://10.0.0.1:8080/p");
+    in[i].metadata = kv;
+    in[i].n_metadata = 2;
+  }
+  s1 = snap_of("big", 5, in, N);
+  nc = om_snapshot_chunk_count(s1);
+  OM_ASSERT_CMP(nc, >=, 4);
+  assert_int_equal(
+      om_snapshot_edit(s1, 6, &put, 1, rm, 1, &s2, NULL, NULL, NULL), 0);
+  for (int round = 0; round < 2; round++) {
+    om_snapshot_t *s = round == 0 ? s1 : s2;
+    const char *ev, *js;
+    size_t le, lj, need = 0;
+    char *fresh, *want, id[24];
+    size_t flen;
+    om_sse_event_t e;
+    assert_int_equal(om_snapshot_sse_cached(s, &ev, &le), 0);
+    assert_int_equal(om_snapshot_json_cached(s, &js, &lj), 0);
+    assert_int_equal(om_snapshot_to_json(s, &fresh, &flen), 0);
+    assert_int_equal(lj, flen);
+    assert_string_equal(js, fresh);
+    snprintf(id, sizeof id, "%d", 5 + round);
+    memset(&e, 0, sizeof e);
+    e.type = "snapshot";
+    e.type_len = 8;
+    e.id = id;
+    e.id_len = strlen(id);
+    e.data = fresh;
+    e.data_len = flen;
+    e.retry_ms = -1;
+    assert_int_equal(om_sse_encode_alloc(&e, &want, &need), 0);
+    assert_int_equal(le, need);
+    assert_memory_equal(ev, want, need);
+    free(want);
+    free(fresh);
+  }
+  /* the edit touched the chunks of n0500 and n0999 only */
+  for (size_t k = 0; k < om_snapshot_chunk_count(s2); k++)
+    for (size_t j = 0; j < nc; j++)
+      if (om_snapshot_chunk_cache(s2, k) == om_snapshot_chunk_cache(s1, j))
+        same++;
+  OM_ASSERT_CMP(same, ==, nc - 2);
+  assert_null(om_snapshot_chunk_cache(s1, nc));
+  assert_int_equal(om_snapshot_set_chunk_cache(s1, 0, (void *)ids, NULL),
+                   OM_ESTATE);
+  om_snapshot_unref(s1); /* s2 still holds the shared chunks and fragments */
+  om_snapshot_unref(s2);
+}
+
 /* ---- the warming member ---- */
 
 /*
@@ -881,6 +949,7 @@ int main(void) {
       cmocka_unit_test(encode_round_trip),
       cmocka_unit_test(encode_fault_injection),
       cmocka_unit_test(cached_encodings_are_shared),
+      cmocka_unit_test(chunk_fragments_follow_edits),
       cmocka_unit_test(warming_member),
       cmocka_unit_test(pages),
       cmocka_unit_test(page_tokens),

@@ -18,7 +18,6 @@
 #include <xxhash.h>
 
 #include "om_errno.h"
-#include "om_sse.h"
 
 /* ---- a growing output buffer ---- */
 
@@ -209,6 +208,76 @@ static void enc_snapshot(jw_t *w, const om_snapshot_t *s, unsigned flags,
   jw_raw(w, "}", 1);
 }
 
+/* What a cache slot holds: the bytes and their length, one allocation. */
+typedef struct blob_s {
+  size_t len;
+  char data[]; /* NUL-terminated */
+} blob_t;
+
+/*
+ * Chunk k's instances, comma-separated, cached on the chunk: every
+ * revision that shares the chunk shares the bytes, so encoding a snapshot
+ * after one change encodes the chunk that changed and copies the rest.
+ * NULL when out of memory.
+ */
+static const blob_t *chunk_fragment(om_snapshot_t *s, size_t k) {
+  blob_t *b = om_snapshot_chunk_cache(s, k);
+  jw_t w = {0};
+  size_t from, to;
+  if (b != NULL)
+    return b;
+  if (om_snapshot_chunk_range(s, k, &from, &to) != 0)
+    return NULL;
+  jw_reserve(&w, sizeof(blob_t) + estimate(s, from, to));
+  w.len = w.oom ? 0 : sizeof(blob_t);
+  for (size_t i = from; i < to; i++) {
+    if (i > from)
+      jw_raw(&w, ",", 1);
+    enc_instance(&w, om_snapshot_instance(s, i));
+  }
+  jw_raw(&w, "", 1);
+  if (w.oom) {
+    free(w.p);
+    return NULL;
+  }
+  b = (blob_t *)(void *)w.p;
+  b->len = w.len - sizeof(blob_t) - 1;
+  if (om_snapshot_set_chunk_cache(s, k, b, free) != 0) {
+    free(b);
+    return NULL; /* cannot happen: the slot was empty */
+  }
+  return b;
+}
+
+/* The whole snapshot document, as enc_snapshot writes it, from the
+ * chunks' cached fragments (the fragments' own bytes on w->oom). */
+static void enc_whole(jw_t *w, om_snapshot_t *s, unsigned flags) {
+  size_t nc = om_snapshot_chunk_count(s), total = 128;
+  const blob_t *f;
+  for (size_t k = 0; k < nc; k++) {
+    if ((f = chunk_fragment(s, k)) == NULL) {
+      w->oom = 1;
+      return;
+    }
+    total += f->len + 1;
+  }
+  jw_reserve(w, total + strlen(om_snapshot_service(s)));
+  jw_lit(w, "{\"service\":");
+  jw_str(w, om_snapshot_service(s));
+  jw_lit(w, ",\"revision\":");
+  jw_u64(w, om_snapshot_revision(s));
+  if (flags & OM_SNAPSHOT_JSON_WARMING)
+    jw_lit(w, ",\"warming\":true");
+  jw_lit(w, ",\"instances\":[");
+  for (size_t k = 0; k < nc; k++) {
+    f = om_snapshot_chunk_cache(s, k);
+    if (k > 0)
+      jw_raw(w, ",", 1);
+    jw_raw(w, f->data, f->len);
+  }
+  jw_lit(w, "]}");
+}
+
 /* Hand the buffer over NUL-terminated, or fail cleanly. */
 static int jw_finish(jw_t *w, char **out, size_t *len) {
   jw_raw(w, "", 1);
@@ -252,12 +321,6 @@ int om_instance_to_json(const om_instance_t *in, char **out, size_t *len) {
 
 /* ---- cached encodings ---- */
 
-/* What a cache slot holds: the bytes and their length, one allocation. */
-typedef struct blob_s {
-  size_t len;
-  char data[]; /* NUL-terminated */
-} blob_t;
-
 /* The cache slots of one encoding: the plain one, or the warming one. */
 static int slot_json(unsigned flags) {
   return flags & OM_SNAPSHOT_JSON_WARMING ? OM_SNAPSHOT_SLOT_JSON_WARMING
@@ -281,7 +344,7 @@ int om_snapshot_json_cached_flags(om_snapshot_t *s, unsigned flags,
     /* Write after a blob header, so the buffer becomes the blob. */
     jw_reserve(&w, sizeof(blob_t));
     w.len = w.oom ? 0 : sizeof(blob_t);
-    enc_snapshot(&w, s, flags, 0, om_snapshot_count(s), 0, NULL);
+    enc_whole(&w, s, flags);
     jw_raw(&w, "", 1);
     if (w.oom) {
       free(w.p);
@@ -303,45 +366,36 @@ int om_snapshot_json_cached(om_snapshot_t *s, const char **data, size_t *len) {
   return om_snapshot_json_cached_flags(s, 0, data, len);
 }
 
+/*
+ * The event is written directly, not through om_sse_encode: the document
+ * is one line (jw_str escapes every control character, so it holds no CR
+ * or LF) of valid UTF-8 (every string was validated), so the event is
+ * exactly what om_sse_encode would make of it ("event", "id", one "data"
+ * line, a blank line), without a second copy and scan of a megabyte.
+ */
 int om_snapshot_sse_cached_flags(om_snapshot_t *s, unsigned flags,
                                  const char **data, size_t *len) {
   blob_t *b;
-  const char *json;
-  size_t json_len, need = 0;
-  char id[24];
-  om_sse_event_t ev;
-  int rc;
+  jw_t w = {0};
   if (s == NULL || data == NULL || len == NULL ||
       (flags & ~OM_SNAPSHOT_JSON_WARMING) != 0)
     return OM_EINVAL;
   b = om_snapshot_cache(s, slot_sse(flags));
   if (b == NULL) {
-    rc = om_snapshot_json_cached_flags(s, flags, &json, &json_len);
-    if (rc != 0)
-      return rc;
-    snprintf(id, sizeof id, "%llu",
-             (unsigned long long)om_snapshot_revision(s));
-    memset(&ev, 0, sizeof ev);
-    ev.type = "snapshot";
-    ev.type_len = 8;
-    ev.id = id;
-    ev.id_len = strlen(id);
-    ev.data = json;
-    ev.data_len = json_len;
-    ev.retry_ms = -1;
-    rc = om_sse_encode(&ev, NULL, 0, &need);
-    if (rc != 0 && rc != OM_ETOOBIG)
-      return rc;
-    b = malloc(sizeof *b + need + 1);
-    if (b == NULL)
+    jw_reserve(&w, sizeof(blob_t));
+    w.len = w.oom ? 0 : sizeof(blob_t);
+    jw_lit(&w, "event: snapshot\nid: ");
+    jw_u64(&w, om_snapshot_revision(s));
+    jw_lit(&w, "\ndata: ");
+    enc_whole(&w, s, flags);
+    jw_lit(&w, "\n\n");
+    jw_raw(&w, "", 1);
+    if (w.oom) {
+      free(w.p);
       return OM_ENOMEM;
-    rc = om_sse_encode(&ev, b->data, need, &need);
-    if (rc != 0) {
-      free(b);
-      return rc;
     }
-    b->data[need] = '\0';
-    b->len = need;
+    b = (blob_t *)(void *)w.p;
+    b->len = w.len - sizeof(blob_t) - 1;
     if (om_snapshot_set_cache(s, slot_sse(flags), b, free) != 0) {
       free(b);
       return OM_ESTATE;
