@@ -168,7 +168,15 @@ static void on_watch_close(om_http_request_t *req) {
  * would go past the backlog limit is cut instead (it resyncs on
  * reconnect). Returns 0, or -1 when the watcher is gone.
  */
-static int watcher_send(watcher_t *w, const char *data, size_t len, int check) {
+static void release_snapshot(void *snap) {
+  om_snapshot_unref(snap);
+}
+
+/* snap (NULL for none) owns data: the server holds a reference to it
+ * instead of copying what the kernel does not take at once, so a 1 MB
+ * snapshot sent to 100 slow watchers is one buffer, not 100 copies. */
+static int watcher_send_lent(watcher_t *w, const char *data, size_t len,
+                             int check, om_snapshot_t *snap) {
   om_control_t *c = w->c;
   size_t pending;
   if (w->req == NULL)
@@ -187,11 +195,17 @@ static int watcher_send(watcher_t *w, const char *data, size_t len, int check) {
     om__watcher_finish(w, FIN_ABORT);
     return -1;
   }
-  if (om_http_response_write(w->req, data, len) != 0) {
+  if (om_http_response_write_lent(w->req, data, len,
+                                  snap != NULL ? release_snapshot : NULL,
+                                  om_snapshot_ref(snap)) != 0) {
     om__watcher_finish(w, FIN_ABORT);
     return -1;
   }
   return 0;
+}
+
+static int watcher_send(watcher_t *w, const char *data, size_t len, int check) {
+  return watcher_send_lent(w, data, len, check, NULL);
 }
 
 /* An event went out: a coalescing watcher's window starts now. */
@@ -222,7 +236,7 @@ static int watcher_send_snapshot(watcher_t *w, om_snapshot_t *snap, int check) {
     om__watcher_finish(w, FIN_ABORT); /* it reconnects and resyncs */
     return -1;
   }
-  if (watcher_send(w, data, len, check) != 0)
+  if (watcher_send_lent(w, data, len, check, snap) != 0)
     return -1;
   watcher_wrote(w);
   w->c->events_sent++;
