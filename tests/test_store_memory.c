@@ -754,25 +754,6 @@ static om_store_t *open_memory(uv_loop_t *loop) {
 
 static om_store_backend_t memory_backend = {"memory", open_memory, 1};
 
-typedef struct {
-  size_t n;
-  char last[32];
-  int ordered;
-} gone_t;
-
-static void on_gone(void *ud, const char *service) {
-  gone_t *g = ud;
-  if (g->n > 0 && strcmp(g->last, service) >= 0)
-    g->ordered = 0;
-  snprintf(g->last, sizeof g->last, "%s", service);
-  g->n++;
-}
-
-static int keep_seven(void *ud, const char *service) {
-  (void)ud;
-  return strcmp(service, "s00007") == 0;
-}
-
 static void on_list_count(void *ud, int status, const om_service_rev_t *svcs,
                           size_t n) {
   (void)svcs;
@@ -790,7 +771,7 @@ static void empty_services_are_collected(void **state) {
   om_store_wres_t w;
   uint64_t rev_before = 0;
   size_t n = 0, listed = 0;
-  gone_t g = {0, "", 1};
+  om_store_gone_t g = {0, "", 1};
   (void)state;
   fx_open(&f, 0);
   for (unsigned i = 0; i < N; i++) {
@@ -810,12 +791,14 @@ static void empty_services_are_collected(void **state) {
                    0);
   rev_before = w.revision;
   f.clk.now_ms += 59999;
-  assert_int_equal(
-      om_store_collect_empty(f.st, 60000, keep_seven, on_gone, &g, &n), 0);
+  assert_int_equal(om_store_collect_empty(f.st, 60000, om_store_test_keep_seven,
+                                          om_store_test_on_gone, &g, &n),
+                   0);
   OM_ASSERT_CMP(n, ==, 0);
   f.clk.now_ms += 1;
-  assert_int_equal(
-      om_store_collect_empty(f.st, 60000, keep_seven, on_gone, &g, &n), 0);
+  assert_int_equal(om_store_collect_empty(f.st, 60000, om_store_test_keep_seven,
+                                          om_store_test_on_gone, &g, &n),
+                   0);
   OM_ASSERT_CMP(n, ==, N - 2); /* not s00002 (an instance), not s00007 */
   OM_ASSERT_CMP(g.n, ==, N - 2);
   OM_ASSERT_CMP(g.ordered, ==, 1);

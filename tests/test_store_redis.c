@@ -487,6 +487,89 @@ static void two_stores_one_redis(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* One om_store_collect_empty call on s, then the loop for 100 ms (the
+ * script, and the channel's g messages to every plane). */
+static size_t collect_round(uv_loop_t *loop, om_store_t *s,
+                            int (*keep)(void *, const char *),
+                            om_store_gone_t *g) {
+  size_t n = SIZE_MAX;
+  assert_int_equal(
+      om_store_collect_empty(s, 1, keep, om_store_test_on_gone, g, &n), 0);
+  sleep_loop(loop, 100);
+  return n;
+}
+
+/*
+ * 2,500 services that each had an instance, emptied through A: collected
+ * in Redis once for both planes, in batches, each plane naming every one
+ * to its caller in name order; the one B's watcher holds (keep) is not
+ * collected by A either; one with an instance stays; a comeback gets a
+ * revision above any issued before.
+ */
+static void empty_services_collected_for_every_plane(void **state) {
+  enum { N = 2500 };
+  uv_loop_t loop;
+  state_t sa = {0}, sb = {0};
+  char prefix[32], name[16];
+  om_store_t *a, *b;
+  om_store_gone_t ga = {0, "", 1}, gb = {0, "", 1};
+  om_store_wres_t wr;
+  lres_t l = {0};
+  uint64_t last = 0;
+  (void)state;
+  new_prefix(prefix, sizeof prefix);
+  uv_loop_init(&loop);
+  a = open_store(&loop, prefix, g_port, &sa, 1);
+  b = open_store(&loop, prefix, g_port, &sb, 1);
+  for (unsigned i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "s%05u", i);
+    put(&loop, a, name, "i1", "http://h:1", 600000);
+    if (i != 2) /* s00002 keeps its instance */
+      last = del(&loop, a, name, "i1").revision;
+  }
+  sleep_loop(&loop, 200); /* both replicas hold every empty snapshot */
+  /* B first: its mark on s00007 is in Redis before A proposes it */
+  for (int round = 0; round < 10 && (ga.n < N - 2 || gb.n < N - 2); round++) {
+    collect_round(&loop, b, om_store_test_keep_seven, &gb);
+    collect_round(&loop, a, NULL, &ga);
+  }
+  if (ga.n != N - 2 || gb.n != N - 2)
+    fail_msg("collected: A named %zu, B named %zu, want %d each", ga.n, gb.n,
+             N - 2);
+  assert_int_equal(ga.ordered, 1);
+  assert_int_equal(gb.ordered, 1);
+  /* more rounds change nothing: s00007 is held, s00002 has an instance */
+  assert_int_equal(collect_round(&loop, b, om_store_test_keep_seven, &gb), 0);
+  assert_int_equal(collect_round(&loop, a, NULL, &ga), 0);
+  assert_int_equal(om_store_list_services(a, on_list, &l), 0);
+  assert_true(run_until(&loop, &l.calls, 2000));
+  assert_int_equal(l.status, 0);
+  assert_int_equal(l.n, 2); /* s00002 and s00007, in Redis's hash order */
+  if (strcmp(l.first, "s00002") != 0 && strcmp(l.first, "s00007") != 0)
+    fail_msg("listed %s, want s00002 or s00007", l.first);
+  {
+    sres_t r = get(&loop, b, "s00001");
+    assert_int_equal(r.status, OM_ENOTFOUND);
+    om_snapshot_unref(r.snap);
+  }
+  /* the comeback moves forward, and is not named as gone later */
+  wr = put(&loop, b, "s00001", "i2", "http://h:2", 600000);
+  assert_int_equal(wr.change, OM_STORE_CREATED);
+  if (wr.revision <= last)
+    fail_msg("comeback at revision %llu, last before %llu",
+             (unsigned long long)wr.revision, (unsigned long long)last);
+  assert_int_equal(collect_round(&loop, a, NULL, &ga), 0);
+  {
+    sres_t r = get(&loop, a, "s00001");
+    assert_int_equal(r.status, 0);
+    assert_int_equal(om_snapshot_count(r.snap), 1);
+    om_snapshot_unref(r.snap);
+  }
+  close_store(&loop, a);
+  close_store(&loop, b);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void expiry_once_for_two_planes(void **state) {
   uv_loop_t loop;
   state_t sa = {0}, sb = {0};
@@ -921,6 +1004,7 @@ int main(void) {
       OM_STORE_CONTRACT_TESTS(&redis_backend),
       cmocka_unit_test(two_stores_one_redis),
       cmocka_unit_test(expiry_once_for_two_planes),
+      cmocka_unit_test(empty_services_collected_for_every_plane),
       cmocka_unit_test(config_documents_across_planes),
       cmocka_unit_test(unreachable_redis),
       cmocka_unit_test(host_names_resolve_off_the_loop),

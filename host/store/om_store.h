@@ -263,7 +263,10 @@ int om_store_leases(om_store_t *s, om_store_leases_cb cb, void *ud);
  * service that comes back gets a revision above any it had (the store's
  * revisions are one sequence over every service). Synchronous; *n (may be
  * NULL) counts the removed. Returns 0; OM_ESTATE when s is closed or the
- * backend does not collect (Redis today); OM_EINVAL for s NULL. Why: a
+ * backend does not collect; OM_EINVAL for s NULL. The Redis store names
+ * here what was collected in Redis since the last call (by any control
+ * plane sharing it) and then proposes its own candidates, keep's claims
+ * marked so that no plane collects them (docs/STORE.md). Why: a
  * service registered once is otherwise listed forever (50,000 of them
  * made a 3.4 MB list and a 5.6 MB first burst for every watch of all).
  */

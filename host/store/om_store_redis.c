@@ -16,9 +16,13 @@
  *   P c:NAME         hash ct, body, rev of a document
  *   P configs        hash name -> revision
  *   P epoch          random id of this Redis's data set
+ *   P watched        sorted set service -> deadline: empty services a
+ *                    plane's watchers hold, not to be collected
+ *                    (om_store_collect_empty)
  * Channel P events@DB carries "REV PREV OP SERVICE ARGS": OP p (put: id
  * and value), r (remove: ids, maybe none: a new revision of the same
- * membership) or c (a document changed: fetch it). PREV is the service's
+ * membership), g (collected: the empty service is gone) or c (a document
+ * changed: fetch it). PREV is the service's
  * revision before the change, so a replica holding PREV applies the change
  * in place (no fetch) and any other replica fetches the whole service.
  *
@@ -171,6 +175,11 @@ void om__replica_set(rstore_t *r, rsvc_t *svc, om_snapshot_t *snap) {
   om_snapshot_unref(svc->snap);
   svc->snap = snap;
   svc->rev = rev;
+  svc->gone = 0; /* back, if it was collected */
+  if (om_snapshot_count(snap) > 0)
+    svc->empty_ms = 0;
+  else if (svc->empty_ms == 0)
+    svc->empty_ms = uv_now(r->loop) + 1;
   om__store_deliver(&r->base, om__store_stamp(&r->base), snap);
 }
 
@@ -221,14 +230,26 @@ req_t *om__req_new(rstore_t *r, int kind, int script, int argc,
   return q;
 }
 
-/* A script request: EVALSHA sha nkeys keys... args... */
+/* A script request: EVALSHA sha nkeys keys... args... (any number: the
+ * collect script takes thousands). NULL when out of memory. */
 req_t *om__req_script(rstore_t *r, int kind, int script, int nkeys,
                       const char *const *keys, int nargs,
                       const char *const *args, const size_t *arglens) {
-  const char *argv[16];
-  size_t lens[16];
+  const char *small_argv[16], **argv = small_argv;
+  size_t small_lens[16], *lens = small_lens,
+                         total = 3u + (size_t)nkeys + (size_t)nargs;
   char nk[4];
   int n = 0;
+  req_t *q;
+  if (total > 16) {
+    argv = malloc(total * sizeof *argv);
+    lens = malloc(total * sizeof *lens);
+    if (argv == NULL || lens == NULL) {
+      free(argv);
+      free(lens);
+      return NULL;
+    }
+  }
   snprintf(nk, sizeof nk, "%d", nkeys);
   argv[n] = "EVALSHA", lens[n++] = 7;
   argv[n] = r->sha[script], lens[n++] = 40;
@@ -240,7 +261,12 @@ req_t *om__req_script(rstore_t *r, int kind, int script, int nkeys,
     lens[n++] = arglens != NULL && arglens[i] != SIZE_MAX ? arglens[i]
                                                           : strlen(args[i]);
   }
-  return om__req_new(r, kind, script, n, argv, lens);
+  q = om__req_new(r, kind, script, n, argv, lens);
+  if (argv != small_argv) {
+    free(argv);
+    free(lens);
+  }
+  return q;
 }
 
 int om__req_send(rstore_t *r, req_t *q) {
@@ -406,6 +432,13 @@ void om__on_change_msg(rstore_t *r, const char *msg, size_t len) {
     if (rev > c->want)
       c->want = rev;
     om__fetch_config(r, c);
+    return;
+  }
+  if (op == 'g') { /* collected (by any plane) at rev: named at the next
+                      om_store_collect_empty, unless it comes back first */
+    svc = om__svc_find(r, buf);
+    if (svc != NULL && svc->snap != NULL && svc->rev <= rev)
+      svc->gone = 1;
     return;
   }
   /* p: put; d: deleted; x: expired; r: removed (a resync's touch) */
@@ -837,6 +870,104 @@ int om_store_redis_wait_ready(uv_loop_t *loop, const om_store_t *s,
   return om_store_redis_ready(s) ? 0 : OM_EDEADLINE;
 }
 
+/*
+ * Propose the empty services this replica has seen unchanged for idle_ms
+ * (and no watcher of this plane holds) to the collect script, with the
+ * held ones marked so that no other plane collects them either. At most
+ * COLLECT_BATCH of each per call; the rest wait for the next.
+ */
+#define COLLECT_BATCH 1000
+#define COLLECT_FIRST_HOLD_MS 60000
+
+static void propose_collect(rstore_t *r, uint64_t idle_ms,
+                            int (*keep)(void *ud, const char *service),
+                            void *ud, uint64_t now) {
+  const char *keys[2] = {r->k_services, r->k_watched};
+  const char **args;
+  char(*revs)[24], hold[24], nh[24];
+  size_t n_held = 0, n_cand = 0, k = 4, cap = 4 + 3 * COLLECT_BATCH;
+  uint64_t hold_ms = idle_ms;
+  req_t *q;
+  /* A held mark lasts idle_ms (a service is collected after idle_ms with
+   * no instance and no watcher on any plane) and outlives this plane's
+   * next call: three of its intervals, and before the interval is known
+   * (the first call) a minute. */
+  if (r->collect_ms == 0 && hold_ms < COLLECT_FIRST_HOLD_MS)
+    hold_ms = COLLECT_FIRST_HOLD_MS;
+  if (r->collect_ms != 0 && 3 * (now - r->collect_ms) > hold_ms)
+    hold_ms = 3 * (now - r->collect_ms);
+  args = malloc(cap * sizeof *args);
+  revs = malloc(COLLECT_BATCH * sizeof *revs);
+  if (args == NULL || revs == NULL)
+    goto out;
+  /* held names first (ARGV 5..), candidates after them: two passes */
+  for (size_t i = 0; i < r->n_svcs && n_held < COLLECT_BATCH; i++) {
+    rsvc_t *svc = r->svcs[i];
+    if (svc->snap != NULL && svc->empty_ms != 0 && !svc->gone && keep != NULL &&
+        keep(ud, svc->name))
+      args[k + n_held++] = svc->name;
+  }
+  k += n_held;
+  for (size_t i = 0; i < r->n_svcs && n_cand < COLLECT_BATCH; i++) {
+    rsvc_t *svc = r->svcs[i];
+    if (svc->snap == NULL || svc->empty_ms == 0 || svc->gone || svc->fetching ||
+        now + 1 - svc->empty_ms < idle_ms ||
+        (keep != NULL && keep(ud, svc->name)))
+      continue;
+    snprintf(revs[n_cand], sizeof revs[n_cand], "%" PRIu64, svc->rev);
+    args[k++] = svc->name;
+    args[k++] = revs[n_cand++];
+  }
+  if (n_cand == 0 && n_held == 0)
+    goto out;
+  snprintf(hold, sizeof hold, "%" PRIu64, hold_ms);
+  snprintf(nh, sizeof nh, "%zu", n_held);
+  args[0] = r->chan, args[1] = r->prefix, args[2] = hold, args[3] = nh;
+  q = om__req_script(r, RQ_COLLECT, SC_COLLECT, 2, keys, (int)k, args, NULL);
+  if (q != NULL && om__req_send(r, q) == 0)
+    r->collecting = 1;
+out:
+  free(args);
+  free(revs);
+}
+
+/*
+ * The services collected in Redis since the last call (by this plane's
+ * proposals or another's, told on the channel) leave the replica here,
+ * named to gone in name order (the table is sorted), so the caller drops
+ * them in the same turn; then the next proposal goes out. A service that
+ * came back in between is not named (its new snapshot cleared the mark).
+ */
+static int r_collect_empty(om_store_t *s, uint64_t idle_ms,
+                           int (*keep)(void *ud, const char *service),
+                           void (*gone)(void *ud, const char *service),
+                           void *ud, size_t *n) {
+  rstore_t *r = (rstore_t *)s;
+  uint64_t now = uv_now(r->loop);
+  size_t j = 0, removed = 0;
+  for (size_t i = 0; i < r->n_svcs; i++) {
+    rsvc_t *svc = r->svcs[i];
+    if (svc->gone && !svc->fetching) {
+      if (gone != NULL)
+        gone(ud, svc->name);
+      om_snapshot_unref(svc->snap);
+      free(svc->name);
+      free(svc);
+      removed++;
+      continue;
+    }
+    r->svcs[j++] = svc;
+  }
+  r->n_svcs = j;
+  r->st.collected += removed;
+  if (n != NULL)
+    *n = removed;
+  if (r->state == S_UP && !r->collecting)
+    propose_collect(r, idle_ms, keep, ud, now);
+  r->collect_ms = now;
+  return 0;
+}
+
 static const om_store_ops_t redis_ops = {
     .name = "redis",
     .put_instance = r_put_instance,
@@ -849,6 +980,7 @@ static const om_store_ops_t redis_ops = {
     .status = r_status,
     .close = r_close,
     .leases = r_leases,
+    .collect_empty = r_collect_empty,
 };
 
 /* ------------------------------------------------------------------ */
@@ -998,6 +1130,7 @@ int om_store_redis_new(uv_loop_t *loop, const om_store_redis_opts_t *opts,
   snprintf(r->k_leases, sizeof r->k_leases, "%sleases", prefix);
   snprintf(r->k_configs, sizeof r->k_configs, "%sconfigs", prefix);
   snprintf(r->k_epoch, sizeof r->k_epoch, "%sepoch", prefix);
+  snprintf(r->k_watched, sizeof r->k_watched, "%swatched", prefix);
   snprintf(r->chan, sizeof r->chan, "%sevents@%d", prefix, r->db);
   for (int i = 0; i < SC__COUNT; i++)
     om__sha1_hex(om__redis_scripts[i], r->sha[i]);

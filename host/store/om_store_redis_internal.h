@@ -49,6 +49,7 @@ enum {
   SC_CFGPUT,
   SC_EPOCH,
   SC_LEASES,
+  SC_COLLECT,
   SC__COUNT
 };
 
@@ -61,6 +62,12 @@ typedef struct rsvc_s {
   uint64_t rev;        /* of snap: the last revision delivered */
   uint64_t want;       /* announced, not yet in hand */
   int fetching;
+  /* uv_now + 1 when the replica first held it empty (0: it has
+   * instances); gone: collected in Redis, to be named to the caller of
+   * om_store_collect_empty and dropped; unlisted: absent from the last
+   * resync's list */
+  uint64_t empty_ms;
+  int gone, unlisted;
 } rsvc_t;
 
 typedef struct rcfg_s {
@@ -90,10 +97,12 @@ typedef struct rstore_s {
   char k_rev[PREFIX_MAX + 8], k_services[PREFIX_MAX + 16];
   char k_leases[PREFIX_MAX + 16], k_configs[PREFIX_MAX + 16];
   char k_epoch[PREFIX_MAX + 8], chan[PREFIX_MAX + 32];
+  char k_watched[PREFIX_MAX + 16];
   char sha[SC__COUNT][41];
   redisAsyncContext *cmd, *sub;
   int state, cmd_ok, sub_ok, subscribed, epoch_done, listed, ever_up;
-  int need_resync, sweeping;
+  int need_resync, sweeping, collecting;
+  uint64_t collect_ms; /* the last om_store_collect_empty call */
   char epoch[40];
   uint64_t backoff, attempts;
   uint64_t max_seen;
@@ -126,7 +135,8 @@ enum {
   RQ_TOUCH,
   RQ_EPOCH,
   RQ_SELECT,
-  RQ_LEASES
+  RQ_LEASES,
+  RQ_COLLECT
 };
 
 typedef struct req_s {

@@ -214,6 +214,37 @@ static const char lua_leases[] =
     "end\n"
     "return out\n";
 
+/*
+ * KEYS services watched; ARGV chan prefix hold_ms n_held, n_held names,
+ * then (name, revision) pairs. Collects empty services for every control
+ * plane at once: a held name (one a plane's watcher still uses) is marked
+ * in P watched until now + hold_ms; each pair is removed from P services
+ * only if it is still at that revision (nothing changed since the plane
+ * saw it empty), has no instance hash and no plane holds it, and "REV REV
+ * g NAME" tells every replica. P rev is not touched: a service that comes
+ * back gets a revision above every one issued. Returns the names removed.
+ */
+static const char lua_collect[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)\n"
+    "local nh = tonumber(ARGV[4])\n"
+    "for i = 5, 4 + nh do\n"
+    "  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[i])\n"
+    "end\n"
+    "local out = {}\n"
+    "for i = 5 + nh, #ARGV - 1, 2 do\n"
+    "  local svc, rev = ARGV[i], ARGV[i + 1]\n"
+    "  if redis.call('HGET', KEYS[1], svc) == rev and\n"
+    "     redis.call('EXISTS', ARGV[2] .. 'i:' .. svc) == 0 and\n"
+    "     not redis.call('ZSCORE', KEYS[2], svc) then\n"
+    "    redis.call('HDEL', KEYS[1], svc)\n"
+    "    redis.call('PUBLISH', ARGV[1], rev .. ' ' .. rev .. ' g ' .. svc)\n"
+    "    out[#out + 1] = svc\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
 const char *const om__redis_scripts[SC__COUNT] = {
-    lua_put,  lua_renew, lua_delete, lua_sweep, lua_touch,
-    lua_snap, lua_list,  lua_cfgput, lua_epoch, lua_leases};
+    lua_put,  lua_renew,  lua_delete, lua_sweep,  lua_touch,  lua_snap,
+    lua_list, lua_cfgput, lua_epoch,  lua_leases, lua_collect};

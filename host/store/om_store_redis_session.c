@@ -78,6 +78,8 @@ static void on_resync(rstore_t *r, redisReply *rep) {
   }
   svcs = rep->element[0];
   cfgs = rep->element[1];
+  for (size_t i = 0; i < r->n_svcs; i++)
+    r->svcs[i]->unlisted = 1;
   for (size_t i = 0; i + 2 < svcs->elements; i += 3) {
     uint64_t rev;
     rsvc_t *svc;
@@ -91,11 +93,18 @@ static void on_resync(rstore_t *r, redisReply *rep) {
       r->need_resync = 1;
       continue;
     }
+    svc->unlisted = 0;
     if (svc->snap == NULL || rev > svc->rev) {
       if (rev > svc->want)
         svc->want = rev;
       om__fetch_service(r, svc);
     }
+  }
+  /* collected while this plane was away (its g message missed) */
+  for (size_t i = 0; i < r->n_svcs; i++) {
+    rsvc_t *svc = r->svcs[i];
+    if (svc->unlisted && svc->snap != NULL && !svc->fetching)
+      svc->gone = 1;
   }
   for (size_t i = 0; i + 1 < cfgs->elements; i += 2) {
     uint64_t rev;
@@ -771,6 +780,12 @@ void om__on_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     if (rep != NULL && rep->type == REDIS_REPLY_INTEGER && rep->integer > 0)
       r->st.expiries += (uint64_t)rep->integer;
     else if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
+      om_log(OM_LOG_ERROR, "store_error", "store", "redis", "error", rep->str,
+             NULL);
+    break;
+  case RQ_COLLECT: /* what it removed comes back on the channel */
+    r->collecting = 0;
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
       om_log(OM_LOG_ERROR, "store_error", "store", "redis", "error", rep->str,
              NULL);
     break;

@@ -9,6 +9,7 @@
 #include "om_store_contract.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "om_errno.h"
@@ -80,6 +81,19 @@ void om_store_test_on_write(void *ud, int status, om_store_change_t change,
   w->status = status;
   w->change = change;
   w->revision = revision;
+}
+
+void om_store_test_on_gone(void *ud, const char *service) {
+  om_store_gone_t *g = ud;
+  if (g->n > 0 && strcmp(g->last, service) >= 0)
+    g->ordered = 0;
+  snprintf(g->last, sizeof g->last, "%s", service);
+  g->n++;
+}
+
+int om_store_test_keep_seven(void *ud, const char *service) {
+  (void)ud;
+  return strcmp(service, "s00007") == 0;
 }
 
 om_instance_t om_store_test_inst(const char *id, const char *url,

@@ -36,6 +36,21 @@ typedef struct om_store_wres_s {
 void om_store_test_on_write(void *ud, int status, om_store_change_t change,
                             uint64_t revision);
 
+/* What om_store_test_on_gone saw of om_store_collect_empty's names: how
+ * many, the last, and whether they came in strictly rising name order
+ * (start it at {0, "", 1}). */
+typedef struct om_store_gone_s {
+  size_t n;
+  char last[32];
+  int ordered;
+} om_store_gone_t;
+
+/* om_store_collect_empty's gone callback, into the om_store_gone_t ud. */
+void om_store_test_on_gone(void *ud, const char *service);
+
+/* om_store_collect_empty's keep: claims "s00007" only. */
+int om_store_test_keep_seven(void *ud, const char *service);
+
 /* An instance of weight 1 (the strings are borrowed, not copied). */
 om_instance_t om_store_test_inst(const char *id, const char *url, uint64_t ttl);
 
