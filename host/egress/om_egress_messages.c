@@ -33,7 +33,9 @@ static int text_block(json_t *b, const char *field, eg_in_err_t *e) {
   static const char *const keys[] = {"type", "text", NULL};
   char f[160];
   int rc = eg_in_only_keys(b, keys, field, e);
-  snprintf(f, sizeof f, "%s.text", field);
+  /* a longer path is cut in the message only (paths are built in 160) */
+  if (snprintf(f, sizeof f, "%s.text", field) >= (int)sizeof f)
+    f[sizeof f - 1] = '\0';
   return rc ? rc : check_text(json_object_get(b, "text"), f, EG_IN_MAX_TEXT, e);
 }
 
