@@ -454,7 +454,7 @@ int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
   return rc;
 }
 
-void eg_chat_track(chat_t *ch, eg_call_t *c) {
+static void chat_track(chat_t *ch, eg_call_t *c) {
   om_egress_t *g = ch->g;
   if (ch->req != NULL)
     om_http_request_on_close(ch->req, NULL);
@@ -470,14 +470,30 @@ void eg_chat_track(chat_t *ch, eg_call_t *c) {
   om_metric_inc(g->srv->m_chat[c->ok ? 0 : ch->started ? 2 : 1]);
 }
 
-void eg_chat_fail(chat_t *ch, eg_call_t *c) {
+static void chat_fail(chat_t *ch, eg_call_t *c) {
   eg_final_t f;
   eg_final_outcome(c, eg_now_ns(), &f);
   eg_respond_api_error(ch->req, ch->api, f.status, f.type, f.message,
                        f.retry_after_s, eg_attempts_json(c));
 }
 
-void eg_chat_done(chat_t *ch, eg_call_t *c) {
+void eg_chat_finish(chat_t *ch, eg_call_t *c,
+                    void (*stream_end)(chat_t *ch, eg_call_t *c),
+                    json_t *(*whole)(chat_t *ch, eg_call_t *c)) {
+  om_http_request_t *req = ch->req;
+  chat_track(ch, c);
+  if (req != NULL) {
+    if (ch->started) {
+      /* committed: never replayed; the API's last events end it */
+      stream_end(ch, c);
+      om_http_response_end(req);
+    } else if (c->ok) {
+      eg_respond_json(req, 200, whole(ch, c));
+    } else {
+      chat_fail(ch, c);
+    }
+  }
+  ch->req = NULL;
   chat_release(ch, c);
 }
 
@@ -607,42 +623,39 @@ static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
                NULL);
 }
 
-static void chat_done(void *ud, eg_call_t *c) {
-  chat_t *ch = ud;
+/* The last chunk (with the finish reason), the usage chunk when asked
+ * for, [DONE]; or, failed after commit, an error event. */
+static void chat_stream_end(chat_t *ch, eg_call_t *c) {
   om_http_request_t *req = ch->req;
-  eg_chat_track(ch, c);
-  if (req != NULL) {
-    if (ch->started) {
-      if (c->ok) {
-        eg_sse_write(
-            req, chunk(ch, c, json_object(), c->finish[0] ? c->finish : "stop"),
-            NULL);
-        if (c->include_usage) {
-          /* stream_options.include_usage: one more chunk, choices [] and
-           * the call's usage, as OpenAI sends it */
-          json_t *u = chunk(ch, c, json_object(), NULL);
-          json_object_set_new(u, "choices", json_array());
-          json_object_set_new(u, "usage", eg_usage_json(&c->usage));
-          eg_sse_write(req, u, NULL);
-        }
-        om_http_response_write(req, "data: [DONE]\n\n", 14);
-      } else {
-        /* committed: never replayed; the stream ends with an error event */
-        eg_sse_write(req,
-                     json_pack("{s:{s:s, s:s}}", "error", "type",
-                               "stream_interrupted", "message",
-                               "The response was interrupted."),
-                     "error");
-      }
-      om_http_response_end(req);
-    } else if (c->ok) {
-      eg_respond_json(req, 200, json_incref(c->result));
-    } else {
-      eg_chat_fail(ch, c);
+  if (c->ok) {
+    eg_sse_write(req,
+                 chunk(ch, c, json_object(), c->finish[0] ? c->finish : "stop"),
+                 NULL);
+    if (c->include_usage) {
+      /* stream_options.include_usage: one more chunk, choices [] and the
+       * call's usage, as OpenAI sends it */
+      json_t *u = chunk(ch, c, json_object(), NULL);
+      json_object_set_new(u, "choices", json_array());
+      json_object_set_new(u, "usage", eg_usage_json(&c->usage));
+      eg_sse_write(req, u, NULL);
     }
+    om_http_response_write(req, "data: [DONE]\n\n", 14);
+  } else {
+    eg_sse_write(req,
+                 json_pack("{s:{s:s, s:s}}", "error", "type",
+                           "stream_interrupted", "message",
+                           "The response was interrupted."),
+                 "error");
   }
-  ch->req = NULL;
-  eg_chat_done(ch, c);
+}
+
+static json_t *chat_whole(chat_t *ch, eg_call_t *c) {
+  (void)ch;
+  return json_incref(c->result);
+}
+
+static void chat_done(void *ud, eg_call_t *c) {
+  eg_chat_finish(ud, c, chat_stream_end, chat_whole);
 }
 
 static json_t *parse_request(om_http_request_t *req, const char **why) {

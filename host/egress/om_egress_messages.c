@@ -724,43 +724,37 @@ static void msg_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
   }
 }
 
-static void msg_done(void *ud, eg_call_t *c) {
-  chat_t *ch = ud;
+/* message_delta (stop reason, usage) and message_stop; or, failed after
+ * commit, Anthropic's error event. */
+static void msg_stream_end(chat_t *ch, eg_call_t *c) {
   om_http_request_t *req = ch->req;
-  msg_stream_t *s = ch->st;
-  eg_chat_track(ch, c);
-  if (req != NULL) {
-    if (ch->started) {
-      if (c->ok) {
-        block_stop(ch, s);
-        eg_sse_write(req,
-                     json_pack("{s:s, s:{s:s, s:n}, s:o}", "type",
-                               "message_delta", "delta", "stop_reason",
-                               eg_stop_reason(c->finish[0] ? c->finish : NULL),
-                               "stop_sequence", "usage",
-                               anthropic_usage(&c->usage)),
-                     "message_delta");
-        eg_sse_write(req, json_pack("{s:s}", "type", "message_stop"),
-                     "message_stop");
-      } else {
-        /* committed: never replayed; Anthropic's error event ends it */
-        eg_sse_write(req,
-                     json_pack("{s:s, s:{s:s, s:s, s:s}}", "type", "error",
-                               "error", "type", "api_error", "message",
-                               "The response was interrupted.", "reason",
-                               "stream_interrupted"),
-                     "error");
-      }
-      om_http_response_end(req);
-    } else if (c->ok) {
-      eg_respond_json(req, 200,
-                      eg_chat_to_message(c->result, ch->id, c->route_model));
-    } else {
-      eg_chat_fail(ch, c);
-    }
+  if (c->ok) {
+    block_stop(ch, ch->st);
+    eg_sse_write(req,
+                 json_pack("{s:s, s:{s:s, s:n}, s:o}", "type", "message_delta",
+                           "delta", "stop_reason",
+                           eg_stop_reason(c->finish[0] ? c->finish : NULL),
+                           "stop_sequence", "usage",
+                           anthropic_usage(&c->usage)),
+                 "message_delta");
+    eg_sse_write(req, json_pack("{s:s}", "type", "message_stop"),
+                 "message_stop");
+  } else {
+    eg_sse_write(req,
+                 json_pack("{s:s, s:{s:s, s:s, s:s}}", "type", "error", "error",
+                           "type", "api_error", "message",
+                           "The response was interrupted.", "reason",
+                           "stream_interrupted"),
+                 "error");
   }
-  ch->req = NULL;
-  eg_chat_done(ch, c);
+}
+
+static json_t *msg_whole(chat_t *ch, eg_call_t *c) {
+  return eg_chat_to_message(c->result, ch->id, c->route_model);
+}
+
+static void msg_done(void *ud, eg_call_t *c) {
+  eg_chat_finish(ud, c, msg_stream_end, msg_whole);
 }
 
 void eg_handle_messages(om_egress_t *g, om_http_request_t *req) {

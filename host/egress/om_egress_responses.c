@@ -675,41 +675,36 @@ static void resp_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
   }
 }
 
-static void resp_done(void *ud, eg_call_t *c) {
-  chat_t *ch = ud;
-  om_http_request_t *req = ch->req;
+/* response.completed with the output; or, failed after commit,
+ * response.failed with what was produced and the error. */
+static void resp_stream_end(chat_t *ch, eg_call_t *c) {
   resp_stream_t *s = ch->st;
-  eg_chat_track(ch, c);
-  if (req != NULL) {
-    if (ch->started) {
-      if (c->ok) {
-        item_close(ch, s);
-        event(ch, s, "response.completed",
-              json_pack("{s:o}", "response",
-                        response_object(ch->id, c->route_model, "completed",
-                                        json_incref(s->output),
-                                        c->finish[0] ? c->finish : NULL,
-                                        &c->usage)));
-      } else {
-        json_t *r = response_object(ch->id, c->route_model, "failed",
-                                    json_incref(s->output), NULL, NULL);
-        if (r != NULL)
-          json_object_set_new(r, "error",
-                              json_pack("{s:s, s:s}", "code",
-                                        "stream_interrupted", "message",
-                                        "The response was interrupted."));
-        event(ch, s, "response.failed", json_pack("{s:o}", "response", r));
-      }
-      om_http_response_end(req);
-    } else if (c->ok) {
-      eg_respond_json(req, 200,
-                      chat_to_response(c->result, ch->id, c->route_model));
-    } else {
-      eg_chat_fail(ch, c);
-    }
+  if (c->ok) {
+    item_close(ch, s);
+    event(
+        ch, s, "response.completed",
+        json_pack("{s:o}", "response",
+                  response_object(ch->id, c->route_model, "completed",
+                                  json_incref(s->output),
+                                  c->finish[0] ? c->finish : NULL, &c->usage)));
+  } else {
+    json_t *r = response_object(ch->id, c->route_model, "failed",
+                                json_incref(s->output), NULL, NULL);
+    if (r != NULL)
+      json_object_set_new(r, "error",
+                          json_pack("{s:s, s:s}", "code", "stream_interrupted",
+                                    "message",
+                                    "The response was interrupted."));
+    event(ch, s, "response.failed", json_pack("{s:o}", "response", r));
   }
-  ch->req = NULL;
-  eg_chat_done(ch, c);
+}
+
+static json_t *resp_whole(chat_t *ch, eg_call_t *c) {
+  return chat_to_response(c->result, ch->id, c->route_model);
+}
+
+static void resp_done(void *ud, eg_call_t *c) {
+  eg_chat_finish(ud, c, resp_stream_end, resp_whole);
 }
 
 void eg_handle_responses(om_egress_t *g, om_http_request_t *req) {

@@ -152,12 +152,17 @@ void eg_sse_start(chat_t *ch);
 int eg_chat_run(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
                 json_t *request, const char *model, const eg_hooks_t *hooks,
                 void *st, void (*st_free)(void *));
-/* In a done hook, first: count the call and track a failure. */
-void eg_chat_track(chat_t *ch, eg_call_t *c);
-/* A call that failed before commit: its final error in ch's shape. */
-void eg_chat_fail(chat_t *ch, eg_call_t *c);
-/* In a done hook, last: release the chat, its call and state. */
-void eg_chat_done(chat_t *ch, eg_call_t *c);
+/*
+ * eg_chat_finish: a done hook's whole work, the same for every inbound
+ * API: count the call and track a failure; then, if the caller is still
+ * there, end a committed stream with stream_end's events (ok or not: a
+ * committed stream is never replayed) and the end of the response, or
+ * answer 200 with whole(ch, c) (a new reference), or the final error in
+ * ch's shape; then release the chat, its call and state.
+ */
+void eg_chat_finish(chat_t *ch, eg_call_t *c,
+                    void (*stream_end)(chat_t *ch, eg_call_t *c),
+                    json_t *(*whole)(chat_t *ch, eg_call_t *c));
 
 /* What a failed call answers (docs/EGRESS.md "Final errors"). */
 typedef struct {
