@@ -214,6 +214,26 @@ typedef struct blob_s {
   char data[]; /* NUL-terminated */
 } blob_t;
 
+/* Start w after room for a blob header (hint: the bytes expected), so
+ * that the buffer becomes the blob. */
+static void blob_begin(jw_t *w, size_t hint) {
+  jw_reserve(w, sizeof(blob_t) + hint);
+  w->len = w->oom ? 0 : sizeof(blob_t);
+}
+
+/* The blob w wrote, NUL-terminated, or NULL (freed) when out of memory. */
+static blob_t *blob_end(jw_t *w) {
+  blob_t *b;
+  jw_raw(w, "", 1);
+  if (w->oom) {
+    free(w->p);
+    return NULL;
+  }
+  b = (blob_t *)(void *)w->p;
+  b->len = w->len - sizeof(blob_t) - 1;
+  return b;
+}
+
 /*
  * Chunk k's instances, comma-separated, cached on the chunk: every
  * revision that shares the chunk shares the bytes, so encoding a snapshot
@@ -228,20 +248,14 @@ static const blob_t *chunk_fragment(om_snapshot_t *s, size_t k) {
     return b;
   if (om_snapshot_chunk_range(s, k, &from, &to) != 0)
     return NULL;
-  jw_reserve(&w, sizeof(blob_t) + estimate(s, from, to));
-  w.len = w.oom ? 0 : sizeof(blob_t);
+  blob_begin(&w, estimate(s, from, to));
   for (size_t i = from; i < to; i++) {
     if (i > from)
       jw_raw(&w, ",", 1);
     enc_instance(&w, om_snapshot_instance(s, i));
   }
-  jw_raw(&w, "", 1);
-  if (w.oom) {
-    free(w.p);
+  if ((b = blob_end(&w)) == NULL)
     return NULL;
-  }
-  b = (blob_t *)(void *)w.p;
-  b->len = w.len - sizeof(blob_t) - 1;
   if (om_snapshot_set_chunk_cache(s, k, b, free) != 0) {
     free(b);
     return NULL; /* cannot happen: the slot was empty */
@@ -341,17 +355,10 @@ int om_snapshot_json_cached_flags(om_snapshot_t *s, unsigned flags,
     return OM_EINVAL;
   b = om_snapshot_cache(s, slot_json(flags));
   if (b == NULL) {
-    /* Write after a blob header, so the buffer becomes the blob. */
-    jw_reserve(&w, sizeof(blob_t));
-    w.len = w.oom ? 0 : sizeof(blob_t);
+    blob_begin(&w, 0);
     enc_whole(&w, s, flags);
-    jw_raw(&w, "", 1);
-    if (w.oom) {
-      free(w.p);
+    if ((b = blob_end(&w)) == NULL)
       return OM_ENOMEM;
-    }
-    b = (blob_t *)(void *)w.p;
-    b->len = w.len - sizeof(blob_t) - 1;
     if (om_snapshot_set_cache(s, slot_json(flags), b, free) != 0) {
       free(b);
       return OM_ESTATE; /* cannot happen: the slot was empty */
@@ -382,20 +389,14 @@ int om_snapshot_sse_cached_flags(om_snapshot_t *s, unsigned flags,
     return OM_EINVAL;
   b = om_snapshot_cache(s, slot_sse(flags));
   if (b == NULL) {
-    jw_reserve(&w, sizeof(blob_t));
-    w.len = w.oom ? 0 : sizeof(blob_t);
+    blob_begin(&w, 0);
     jw_lit(&w, "event: snapshot\nid: ");
     jw_u64(&w, om_snapshot_revision(s));
     jw_lit(&w, "\ndata: ");
     enc_whole(&w, s, flags);
     jw_lit(&w, "\n\n");
-    jw_raw(&w, "", 1);
-    if (w.oom) {
-      free(w.p);
+    if ((b = blob_end(&w)) == NULL)
       return OM_ENOMEM;
-    }
-    b = (blob_t *)(void *)w.p;
-    b->len = w.len - sizeof(blob_t) - 1;
     if (om_snapshot_set_cache(s, slot_sse(flags), b, free) != 0) {
       free(b);
       return OM_ESTATE;

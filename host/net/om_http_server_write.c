@@ -81,17 +81,18 @@ static int send_raw_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
   unsigned i, nv = 0;
   wreq_t *w;
   uv_buf_t v[16]; /* one per buffer at most */
-  int idle_before, lent_queued = 0;
+  int idle_before, lent_queued = 0, rc = OM_ESTATE;
   if (nb > 16) {
     om__http_conn_fail(c);
-    goto fail_state;
+    goto out;
   }
   for (i = 0; i < nb; i++)
     total += bufs[i].len;
   if (c->phase >= PH_FAILED)
-    goto fail_state;
+    goto out;
+  rc = 0;
   if (total == 0)
-    goto written;
+    goto out;
   idle_before = uv_stream_get_write_queue_size(st) == 0;
   if (idle_before) {
     int n = uv_try_write(st, bufs, nb);
@@ -99,11 +100,12 @@ static int send_raw_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
       done = (size_t)n;
     else if (n != UV_EAGAIN && n != UV_ENOSYS) {
       om__http_conn_fail(c);
-      goto fail_state;
+      rc = OM_ESTATE;
+      goto out;
     }
   }
   if (done == total)
-    goto written;
+    goto out;
   for (i = 0, off = done; i < nb; i++) { /* what the copy needs */
     size_t len = bufs[i].len, skip = off < len ? off : len;
     off -= skip;
@@ -113,9 +115,8 @@ static int send_raw_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
   w = malloc(sizeof *w + copied);
   if (w == NULL) {
     om__http_conn_fail(c);
-    if (release != NULL)
-      release(ud);
-    return OM_ENOMEM;
+    rc = OM_ENOMEM;
+    goto out;
   }
   w->c = c;
   w->release = NULL;
@@ -147,24 +148,18 @@ static int send_raw_lent(conn_t *c, const uv_buf_t *bufs, unsigned nb,
   if (uv_write(&w->req, st, v, nv, on_write) != 0) {
     free(w);
     om__http_conn_fail(c);
-    if (release != NULL)
-      release(ud);
-    return OM_ESTATE;
+    lent_queued = 0;
+    rc = OM_ESTATE;
+    goto out;
   }
-  if (!lent_queued && release != NULL)
-    release(ud);
   if (idle_before)
     c->t_write = om__http_now_ms(c);
   om__http_conn_update(c);
-  return 0;
-written:
-  if (release != NULL)
+out:
+  /* not queued (written, copied, or an error): handed back now */
+  if (!lent_queued && release != NULL)
     release(ud);
-  return 0;
-fail_state:
-  if (release != NULL)
-    release(ud);
-  return OM_ESTATE;
+  return rc;
 }
 
 int om__http_conn_send_raw(conn_t *c, const uv_buf_t *bufs, unsigned nb) {

@@ -8,6 +8,26 @@ package.path = here .. "../support/?.lua;" .. package.path
 
 local H = require "control_helper"
 
+-- The services a plane lists, sorted, joined with commas.
+local function list_names(dir, c)
+  local status, body = H.request(dir, "GET", c.url .. "/v1/services")
+  assert.equal(200, status, body)
+  local out = {}
+  for _, s in ipairs(H.json(body).services) do
+    out[#out + 1] = s.service
+  end
+  table.sort(out)
+  return table.concat(out, ",")
+end
+
+-- PUT (an instance) or DELETE; the answer's revision.
+local function write(dir, c, method, svc, id)
+  local status, body = H.request(dir, method, c.url .. "/v1/services/" .. svc .. "/instances/" .. id,
+    { body = method == "PUT" and '{"url":"http://127.0.0.1:9","ttl_ms":60000}' or nil })
+  assert.equal(200, status, body)
+  return H.json(body).revision
+end
+
 describe("openmesh control --empty-service-ttl", function()
   if not H.bin or H.bin == "" then
     it("runs against OPENMESH_BIN", function()
@@ -24,29 +44,9 @@ describe("openmesh control --empty-service-ttl", function()
     if dir then os.execute("rm -rf " .. H.q(dir)) end
   end)
 
-  local function names(c)
-    local status, body = H.request(dir, "GET", c.url .. "/v1/services")
-    assert.equal(200, status, body)
-    local out = {}
-    for _, s in ipairs(H.json(body).services) do
-      out[#out + 1] = s.service
-    end
-    table.sort(out)
-    return table.concat(out, ",")
-  end
-
-  local function put(c, svc, id)
-    local status, body = H.request(dir, "PUT", c.url .. "/v1/services/" .. svc .. "/instances/" .. id,
-      { body = '{"url":"http://127.0.0.1:9","ttl_ms":60000}' })
-    assert.equal(200, status, body)
-    return H.json(body).revision
-  end
-
-  local function delete(c, svc, id)
-    local status, body = H.request(dir, "DELETE", c.url .. "/v1/services/" .. svc .. "/instances/" .. id)
-    assert.equal(200, status, body)
-    return H.json(body).revision
-  end
+  local function names(c) return list_names(dir, c) end
+  local function put(c, svc, id) return write(dir, c, "PUT", svc, id) end
+  local function delete(c, svc, id) return write(dir, c, "DELETE", svc, id) end
 
   it("removes what is empty and unwatched, keeps the rest, and a comeback moves forward", function()
     local c = H.start_control(dir, "--empty-service-ttl 1s --ping-interval 200ms")
@@ -114,23 +114,7 @@ describe("openmesh control --empty-service-ttl on Redis", function()
     if dir then os.execute("rm -rf " .. H.q(dir)) end
   end)
 
-  local function names(c)
-    local status, body = H.request(dir, "GET", c.url .. "/v1/services")
-    assert.equal(200, status, body)
-    local out = {}
-    for _, s in ipairs(H.json(body).services) do
-      out[#out + 1] = s.service
-    end
-    table.sort(out)
-    return table.concat(out, ",")
-  end
-
-  local function write(c, method, svc, id)
-    local status, body = H.request(dir, method, c.url .. "/v1/services/" .. svc .. "/instances/" .. id,
-      { body = method == "PUT" and '{"url":"http://127.0.0.1:9","ttl_ms":60000}' or nil })
-    assert.equal(200, status, body)
-    return H.json(body).revision
-  end
+  local function names(c) return list_names(dir, c) end
 
   -- until both planes list want (the last lists seen otherwise)
   local function both_list(a, b, want)
@@ -152,9 +136,9 @@ describe("openmesh control --empty-service-ttl on Redis", function()
     local args = string.format("--store %s --store-prefix gc: --empty-service-ttl 1s --ping-interval 200ms",
       redis.url)
     local a, b = H.start_control(dir, args), H.start_control(dir, args)
-    for _, s in ipairs({ "gone-a", "gone-b", "watched", "busy" }) do write(a, "PUT", s, "i1") end
+    for _, s in ipairs({ "gone-a", "gone-b", "watched", "busy" }) do write(dir, a, "PUT", s, "i1") end
     local last_rev
-    for _, s in ipairs({ "gone-a", "gone-b", "watched" }) do last_rev = write(b, "DELETE", s, "i1") end
+    for _, s in ipairs({ "gone-a", "gone-b", "watched" }) do last_rev = write(dir, b, "DELETE", s, "i1") end
     -- a watcher on B holds "watched": A must not collect it either
     local w = H.spawn(string.format("curl -sN %s/v1/watch/services/watched", H.q(b.url)), dir, "watcher")
     assert.truthy(H.wait_for(function()
@@ -179,7 +163,7 @@ describe("openmesh control --empty-service-ttl on Redis", function()
       assert.equal(404, (H.request(dir, "GET", p.url .. "/v1/services/gone-b")))
     end
     -- it comes back above every revision it had, on both planes
-    local rev = write(a, "PUT", "gone-a", "i2")
+    local rev = write(dir, a, "PUT", "gone-a", "i2")
     assert.is_true(rev > last_rev, ("comeback revision %s, last before %s"):format(rev, last_rev))
     both_list(a, b, "busy,gone-a,watched")
     local status, body = H.request(dir, "GET", b.url .. "/v1/services/gone-a")
