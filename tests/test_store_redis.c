@@ -570,6 +570,54 @@ static void empty_services_collected_for_every_plane(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/*
+ * A collection this plane never heard of (its g message lost while it
+ * was away): the resync after its reconnect finds the service gone from
+ * P services and names it at the next call; a listed service stays.
+ */
+static void a_missed_collection_is_found_on_resync(void **state) {
+  uv_loop_t loop;
+  state_t st = {0};
+  char prefix[32], key[96];
+  om_store_t *s;
+  om_store_gone_t g = {0, "", 1};
+  redisContext *rc;
+  size_t n = SIZE_MAX;
+  (void)state;
+  new_prefix(prefix, sizeof prefix);
+  uv_loop_init(&loop);
+  s = open_store(&loop, prefix, g_port, &st, 1);
+  put(&loop, s, "lost", "i1", "http://h:1", 600000);
+  del(&loop, s, "lost", "i1");
+  put(&loop, s, "kept", "i1", "http://h:1", 600000);
+  del(&loop, s, "kept", "i1");
+  /* another plane collected "lost" and nobody heard: the hash entry goes
+   * without a message; then this plane's connections are cut */
+  rc = redisConnect("127.0.0.1", g_port);
+  assert_non_null(rc);
+  assert_int_equal(rc->err, 0);
+  snprintf(key, sizeof key, "%sservices", prefix);
+  freeReplyObject(redisCommand(rc, "HDEL %s lost", key));
+  freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE pubsub"));
+  redisFree(rc);
+  assert_true(run_until(&loop, &st.lost, 3000));
+  assert_true(run_until(&loop, &st.ready, 3000) >= 1);
+  sleep_loop(&loop, 100); /* the resync's list answered */
+  /* idle far away: nothing is proposed, only what Redis already lost */
+  assert_int_equal(
+      om_store_collect_empty(s, 3600000, NULL, om_store_test_on_gone, &g, &n),
+      0);
+  assert_int_equal(n, 1);
+  assert_string_equal(g.last, "lost");
+  {
+    sres_t r = get(&loop, s, "kept");
+    assert_int_equal(r.status, 0);
+    om_snapshot_unref(r.snap);
+  }
+  close_store(&loop, s);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void expiry_once_for_two_planes(void **state) {
   uv_loop_t loop;
   state_t sa = {0}, sb = {0};
@@ -1005,6 +1053,7 @@ int main(void) {
       cmocka_unit_test(two_stores_one_redis),
       cmocka_unit_test(expiry_once_for_two_planes),
       cmocka_unit_test(empty_services_collected_for_every_plane),
+      cmocka_unit_test(a_missed_collection_is_found_on_resync),
       cmocka_unit_test(config_documents_across_planes),
       cmocka_unit_test(unreachable_redis),
       cmocka_unit_test(host_names_resolve_off_the_loop),
