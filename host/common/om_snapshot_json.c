@@ -180,11 +180,8 @@ static size_t estimate(const om_snapshot_t *s, size_t from, size_t to) {
   return n;
 }
 
-/* The document for instances [from, to); page: with next_page_token. */
-static void enc_snapshot(jw_t *w, const om_snapshot_t *s, unsigned flags,
-                         size_t from, size_t to, int page,
-                         const char *next_token) {
-  jw_reserve(w, estimate(s, from, to));
+/* A snapshot document up to the opening of its instance array. */
+static void enc_head(jw_t *w, const om_snapshot_t *s, unsigned flags) {
   jw_lit(w, "{\"service\":");
   jw_str(w, om_snapshot_service(s));
   jw_lit(w, ",\"revision\":");
@@ -192,6 +189,14 @@ static void enc_snapshot(jw_t *w, const om_snapshot_t *s, unsigned flags,
   if (flags & OM_SNAPSHOT_JSON_WARMING)
     jw_lit(w, ",\"warming\":true");
   jw_lit(w, ",\"instances\":[");
+}
+
+/* The document for instances [from, to); page: with next_page_token. */
+static void enc_snapshot(jw_t *w, const om_snapshot_t *s, unsigned flags,
+                         size_t from, size_t to, int page,
+                         const char *next_token) {
+  jw_reserve(w, estimate(s, from, to));
+  enc_head(w, s, flags);
   for (size_t i = from; i < to; i++) {
     if (i > from)
       jw_raw(w, ",", 1);
@@ -276,13 +281,7 @@ static void enc_whole(jw_t *w, om_snapshot_t *s, unsigned flags) {
     total += f->len + 1;
   }
   jw_reserve(w, total + strlen(om_snapshot_service(s)));
-  jw_lit(w, "{\"service\":");
-  jw_str(w, om_snapshot_service(s));
-  jw_lit(w, ",\"revision\":");
-  jw_u64(w, om_snapshot_revision(s));
-  if (flags & OM_SNAPSHOT_JSON_WARMING)
-    jw_lit(w, ",\"warming\":true");
-  jw_lit(w, ",\"instances\":[");
+  enc_head(w, s, flags);
   for (size_t k = 0; k < nc; k++) {
     f = om_snapshot_chunk_cache(s, k);
     if (k > 0)
