@@ -163,18 +163,18 @@ static void on_watch_close(om_http_request_t *req) {
   om__watcher_finish(req->user, FIN_GONE);
 }
 
-/*
- * Write to a stream. With check, a watcher that still has unsent bytes and
- * would go past the backlog limit is cut instead (it resyncs on
- * reconnect). Returns 0, or -1 when the watcher is gone.
- */
 static void release_snapshot(void *snap) {
   om_snapshot_unref(snap);
 }
 
-/* snap (NULL for none) owns data: the server holds a reference to it
- * instead of copying what the kernel does not take at once, so a 1 MB
- * snapshot sent to 100 slow watchers is one buffer, not 100 copies. */
+/*
+ * Write to a stream. With check, a watcher that still has unsent bytes and
+ * would go past the backlog limit is cut instead (it resyncs on
+ * reconnect). snap (NULL for none) owns data: the server holds a
+ * reference to it instead of copying what the kernel does not take at
+ * once, so a 1 MB snapshot sent to 100 slow watchers is one buffer, not
+ * 100 copies. Returns 0, or -1 when the watcher is gone.
+ */
 static int watcher_send_lent(watcher_t *w, const char *data, size_t len,
                              int check, om_snapshot_t *snap) {
   om_control_t *c = w->c;
