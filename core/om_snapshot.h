@@ -177,7 +177,7 @@ const om_instance_t *om_snapshot_find(const om_snapshot_t *s, const char *id);
 void *om_snapshot_cache(const om_snapshot_t *s, int slot);
 int om_snapshot_set_cache(om_snapshot_t *s, int slot, void *data,
                           void (*free_fn)(void *));
-#define OM_SNAPSHOT_CACHE_SLOTS 4
+#define OM_SNAPSHOT_CACHE_SLOTS 6
 
 /*
  * Chunks: a snapshot's instances are held in runs of up to 256 (in id

@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 #include <xxhash.h>
+#include <zlib.h>
 
 #include "om_errno.h"
 
@@ -397,6 +398,71 @@ int om_snapshot_sse_cached_flags(om_snapshot_t *s, unsigned flags,
     if ((b = blob_end(&w)) == NULL)
       return OM_ENOMEM;
     if (om_snapshot_set_cache(s, slot_sse(flags), b, free) != 0) {
+      free(b);
+      return OM_ESTATE;
+    }
+  }
+  *data = b->data;
+  *len = b->len;
+  return 0;
+}
+
+/* Compress in[0..n) (pieces, in order) into a new blob; NULL on failure. */
+static blob_t *gzip_blob(const char *const *in, const size_t *n, int pieces) {
+  z_stream z;
+  size_t total = 0, bound;
+  blob_t *b;
+  int rc = Z_OK;
+  memset(&z, 0, sizeof z);
+  for (int i = 0; i < pieces; i++)
+    total += n[i];
+  /* windowBits 15 + 16: a gzip wrapper instead of zlib's */
+  if (deflateInit2(&z, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    return NULL;
+  bound = deflateBound(&z, (uLong)total);
+  b = malloc(sizeof *b + bound + 1);
+  if (b == NULL) {
+    deflateEnd(&z);
+    return NULL;
+  }
+  z.next_out = (Bytef *)b->data;
+  z.avail_out = (uInt)bound;
+  for (int i = 0; i < pieces && (rc == Z_OK || rc == Z_STREAM_END); i++) {
+    z.next_in = (Bytef *)(uintptr_t)in[i];
+    z.avail_in = (uInt)n[i];
+    rc = deflate(&z, i == pieces - 1 ? Z_FINISH : Z_NO_FLUSH);
+  }
+  b->len = bound - z.avail_out;
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) {
+    free(b);
+    return NULL;
+  }
+  b->data[b->len] = '\0';
+  return b;
+}
+
+int om_snapshot_get_gzip_cached_flags(om_snapshot_t *s, unsigned flags,
+                                      const char **data, size_t *len) {
+  static const char tail[] = ",\"next_page_token\":null}";
+  int slot = flags & OM_SNAPSHOT_JSON_WARMING ? OM_SNAPSHOT_SLOT_GZIP_WARMING
+                                              : OM_SNAPSHOT_SLOT_GZIP;
+  blob_t *b;
+  if (s == NULL || data == NULL || len == NULL ||
+      (flags & ~OM_SNAPSHOT_JSON_WARMING) != 0)
+    return OM_EINVAL;
+  b = om_snapshot_cache(s, slot);
+  if (b == NULL) {
+    const char *json, *in[2];
+    size_t jl, n[2];
+    int rc = om_snapshot_json_cached_flags(s, flags, &json, &jl);
+    if (rc != 0)
+      return rc;
+    in[0] = json, n[0] = jl - 1; /* without its closing brace */
+    in[1] = tail, n[1] = sizeof tail - 1;
+    if ((b = gzip_blob(in, n, 2)) == NULL)
+      return OM_ENOMEM;
+    if (om_snapshot_set_cache(s, slot, b, free) != 0) {
       free(b);
       return OM_ESTATE;
     }

@@ -4,6 +4,8 @@
  * deregister, discovery, listing), configuration documents and the
  * operator routes (status, metrics).
  */
+#include <strings.h>
+
 #include "om_control_internal.h"
 #include "om_http_tls.h"
 
@@ -240,6 +242,57 @@ void om__h_instance_op(ctx_t *x, const char *svc, const char *id,
     om__op_fail(op, rc);
 }
 
+/*
+ * 1 when the request accepts a gzip body (RFC 9110 12.5.3): a coding
+ * "gzip" (or its alias "x-gzip") with a weight above 0, or "*" above 0
+ * when gzip is not named. Every Accept-Encoding field counts; no field,
+ * or one this cannot read, means identity.
+ */
+static int accepts_gzip(const om_http_request_t *req) {
+  int gzip = -1, star = -1; /* -1: not named; else 1 (q > 0) or 0 */
+  for (size_t i = 0; i < req->n_headers; i++) {
+    const om_http_header_t *f = &req->headers[i];
+    const char *p, *end;
+    if (f->name_len != 15 || strncasecmp(f->name, "accept-encoding", 15) != 0)
+      continue;
+    p = f->value;
+    end = f->value + f->value_len;
+    while (p < end) {
+      const char *tok, *tend;
+      int ok = 1;
+      while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+        p++;
+      tok = p;
+      while (p < end && *p != ',' && *p != ';' && *p != ' ' && *p != '\t')
+        p++;
+      tend = p;
+      /* parameters: only q matters; q=0 (0, 0.0, 0.00, 0.000) refuses */
+      while (p < end && *p != ',') {
+        if ((*p == 'q' || *p == 'Q') && p + 1 < end && p[1] == '=') {
+          const char *v = p + 2;
+          ok = 0;
+          if (v < end && *v == '1')
+            ok = 1;
+          else if (v < end && *v == '0')
+            for (v++, v += v < end && *v == '.';
+                 v < end && *v >= '0' && *v <= '9'; v++)
+              if (*v != '0')
+                ok = 1;
+          p = v;
+          continue;
+        }
+        p++;
+      }
+      if ((tend - tok == 4 && strncasecmp(tok, "gzip", 4) == 0) ||
+          (tend - tok == 6 && strncasecmp(tok, "x-gzip", 6) == 0))
+        gzip = ok;
+      else if (tend - tok == 1 && *tok == '*')
+        star = ok;
+    }
+  }
+  return gzip == 1 || (gzip == -1 && star == 1);
+}
+
 static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
   op_t *op = ud;
   ctx_t *x = &op->x;
@@ -249,17 +302,25 @@ static void on_service_snapshot(void *ud, int status, om_snapshot_t *snap) {
     else
       om__reply_store_error(x, status);
   } else if (!op->paged) {
-    /* the cached document, closed with the page member */
+    /* the cached document, closed with the page member; or the same
+     * bytes gzip-compressed once per revision, for a client that takes
+     * them (the choice varies on Accept-Encoding: RFC 9110 12.5.5) */
     static const char tail[] = ",\"next_page_token\":null}";
+    om_http_header_t h[2] = {{"Vary", "Accept-Encoding", 0, 0},
+                             {"Content-Encoding", "gzip", 0, 0}};
     const char *data;
     size_t len;
-    if (om_snapshot_json_cached_flags(snap, om__snapshot_flags(x->c), &data,
-                                      &len) != 0 ||
-        len < 2)
+    if (accepts_gzip(x->req) &&
+        om_snapshot_get_gzip_cached_flags(snap, om__snapshot_flags(x->c), &data,
+                                          &len) == 0)
+      om__reply2(x, 200, "application/json", data, len, NULL, 0, h, 2);
+    else if (om_snapshot_json_cached_flags(snap, om__snapshot_flags(x->c),
+                                           &data, &len) != 0 ||
+             len < 2)
       om__reply_store_error(x, OM_ENOMEM);
     else
       om__reply2(x, 200, "application/json", data, len - 1, tail,
-                 sizeof tail - 1, NULL, 0);
+                 sizeof tail - 1, h, 1);
   } else {
     char *out = NULL;
     size_t len = 0;

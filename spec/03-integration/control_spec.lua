@@ -191,6 +191,52 @@ describe("openmesh control, the real binary (" .. store .. " store)", function()
     assert.equal(0, H.stop(c))
   end)
 
+  it("serves discovery gzip-compressed to a client that accepts it, the same document", function()
+    finally(H.kill_all)
+    local c = start_control(dir)
+    for i = 1, 200 do
+      H.register(dir, c.url, "big", "i" .. i,
+        inst("http://10.0.0." .. i .. ":8080", 60000, { zone = "z1", metadata = { version = "v1" } }))
+    end
+    local url = H.q(c.url .. "/v1/services/big")
+    -- one GET: status, Content-Encoding, Vary and the body's size
+    local function get(accept)
+      local out = H.sh(string.format(
+        "curl -s -o %s -D - -w 'size=%%{size_download}\\n' %s %s",
+        H.q(dir .. "/gz.body"), accept and ("-H " .. H.q("Accept-Encoding: " .. accept)) or "", url))
+      return {
+        status = tonumber(out:match("^HTTP/1.1 (%d+)")),
+        encoding = out:match("\n[Cc]ontent%-[Ee]ncoding: ([^\r\n]+)"),
+        vary = out:match("\n[Vv]ary: ([^\r\n]+)"),
+        size = tonumber(out:match("size=(%d+)")),
+      }
+    end
+    local plain, gz = get(nil), get("gzip")
+    assert.equal(200, plain.status)
+    assert.is_nil(plain.encoding)
+    assert.equal("Accept-Encoding", plain.vary)
+    assert.equal(200, gz.status)
+    assert.equal("gzip", gz.encoding)
+    assert.equal("Accept-Encoding", gz.vary)
+    assert(gz.size * 5 < plain.size, "gzip " .. gz.size .. " B, plain " .. plain.size .. " B")
+    -- what curl decodes is the plain document, byte for byte
+    local a = H.sh("curl -s " .. url)
+    local b = H.sh("curl -s --compressed " .. url)
+    assert.equal(#a, #b)
+    assert.is_true(a == b, "the decoded document differs from the plain one")
+    assert.equal(200, #H.json(b).instances)
+    -- weights and wildcards (RFC 9110 12.5.3)
+    for accept, want in pairs { ["gzip;q=0"] = false, ["gzip;q=0.000, br"] = false,
+      ["br, x-gzip"] = true, ["*"] = true, ["*;q=0"] = false, ["gzip;q=0, *"] = false,
+      ["identity"] = false, ["GZIP; q=0.5"] = true, ["deflate, *;q=0.1"] = true } do
+      local r = get(accept)
+      assert.equal(200, r.status)
+      assert(want == (r.encoding == "gzip"),
+        "Accept-Encoding: " .. accept .. " -> " .. tostring(r.encoding) .. ", want gzip " .. tostring(want))
+    end
+    assert.equal(0, H.stop(c))
+  end)
+
   it("streams the first snapshot and every change to curl -N, and ends streams cleanly on SIGTERM", function()
     finally(H.kill_all)
     local c = start_control(dir)
