@@ -217,7 +217,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
   next(r);
 }
 
-static const om_upstream_callbacks_t CB = {NULL, on_body, on_done};
+static const om_upstream_callbacks_t CB = {NULL, on_body, on_done, NULL};
 
 /* n requests, `width` in flight (each on its own pooled connection) */
 static void ours(run_t *r, int n, int width, fig_t *f) {

@@ -659,7 +659,7 @@ static void cb_done(void *ud, const om_upstream_result_t *res) {
   }
 }
 
-static const om_upstream_callbacks_t CB = {cb_headers, cb_body, cb_done};
+static const om_upstream_callbacks_t CB = {cb_headers, cb_body, cb_done, NULL};
 
 static void cap_init(cap_t *c, fx_t *fx, int mode) {
   memset(c, 0, sizeof *c);
@@ -1975,7 +1975,7 @@ static void bad_requests_are_refused_synchronously(void **state) {
   om_http_header_t sp[] = {{"X A", "1", 0, 0}};
   om_http_header_t nul[] = {{"X-A", "a\0b", 0, 3}};
   om_http_header_t conn[] = {{"Connection", "a b", 0, 0}};
-  om_upstream_callbacks_t nodone = {cb_headers, cb_body, NULL};
+  om_upstream_callbacks_t nodone = {cb_headers, cb_body, NULL, NULL};
   om_upstream_req_t *r = NULL;
   static const char *targets[] = {"",     "x",     "/a b", "/a#f",
                                   "/%zz", "/\x80", "*"};

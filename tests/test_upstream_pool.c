@@ -185,7 +185,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
   fx->reuses += res->reuses;
 }
 
-static const om_upstream_callbacks_t CB = {NULL, NULL, on_done};
+static const om_upstream_callbacks_t CB = {NULL, NULL, on_done, NULL};
 
 /* n requests at once with the given limits; waits for all of them. */
 static void burst(fx_t *fx, int n, size_t max_idle, uint64_t idle_ms,

@@ -349,7 +349,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
   c->done = 1;
 }
 
-static const om_upstream_callbacks_t CB = {on_headers, on_body, on_done};
+static const om_upstream_callbacks_t CB = {on_headers, on_body, on_done, NULL};
 
 #define RUN_UNTIL(fx, cond, ms)                                                \
   do {                                                                         \
@@ -681,7 +681,7 @@ static void on_done_p(void *ud, const om_upstream_result_t *res) {
 static void paused_responses_resume_from_the_engine(void **state) {
   fx_t *fx = fx_new("server.pem", "server.key", NULL, NULL);
   static const om_upstream_callbacks_t PCB = {on_headers_p, on_body_pause,
-                                              on_done_p};
+                                              on_done_p, NULL};
   pauser_t p;
   memset(&p, 0, sizeof p);
   uv_idle_init(&fx->loop, &p.idle);

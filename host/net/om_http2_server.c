@@ -88,6 +88,10 @@ struct h2s_s {
   char *out;
   size_t out_off, out_len, out_cap;
   uint64_t resp_left;
+  /* trailer fields to send when the body is out (one block: the nv array,
+   * then the lower-cased names and the values) */
+  nghttp2_nv *tnv;
+  size_t tn;
   om_http_close_fn on_close;
   om_http_drain_fn on_drain;
   size_t drain_low;
@@ -116,6 +120,7 @@ static void stream_free(h2s_t *st) {
   free(st->hdrs);
   free(st->in);
   free(st->out);
+  free(st->tnv);
   free(st);
 }
 
@@ -418,17 +423,27 @@ static int cb_frame_send(nghttp2_session *ss, const nghttp2_frame *f,
   return 0;
 }
 
+/* The body is out: END_STREAM on the last DATA frame, or on the
+ * trailers' HEADERS when there are trailers. */
+static void data_eof(nghttp2_session *ss, h2s_t *st, uint32_t *flags) {
+  *flags |= NGHTTP2_DATA_FLAG_EOF;
+  if (st->tnv != NULL &&
+      nghttp2_submit_trailer(ss, st->id, st->tnv, st->tn) == 0)
+    *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+  free(st->tnv);
+  st->tnv = NULL;
+}
+
 static ssize_t cb_data_read(nghttp2_session *ss, int32_t id, uint8_t *buf,
                             size_t length, uint32_t *flags,
                             nghttp2_data_source *src, void *ud) {
   h2s_t *st = src->ptr;
   size_t avail = st->out_len - st->out_off, n;
-  (void)ss;
   (void)id;
   (void)ud;
   if (avail == 0) {
     if (st->out_ended) {
-      *flags |= NGHTTP2_DATA_FLAG_EOF;
+      data_eof(ss, st, flags);
       return 0;
     }
     st->deferred = 1;
@@ -440,7 +455,7 @@ static ssize_t cb_data_read(nghttp2_session *ss, int32_t id, uint8_t *buf,
   if (st->out_off == st->out_len) {
     st->out_off = st->out_len = 0;
     if (st->out_ended)
-      *flags |= NGHTTP2_DATA_FLAG_EOF;
+      data_eof(ss, st, flags);
   }
   return (ssize_t)n;
 }
@@ -620,9 +635,14 @@ static void h2_pump(h2_t *h) {
         } else if (!st->closed && !h->draining) {
           const char *cl =
               om_http_request_header(&st->pub, "content-length", NULL);
-          st->pub.body_streamed = !st->in_ended;
+          /* a body that came whole with its head (a gRPC unary call:
+           * HEADERS and one DATA frame) is streamed like any other, from
+           * the stream's buffer, its length then known */
+          int whole = st->in_ended;
+          size_t have = st->in_len - st->in_off;
+          st->pub.body_streamed = !whole || have > 0;
           st->pub.content_length =
-              st->in_ended ? 0 : (cl != NULL ? strtoll(cl, NULL, 10) : -1);
+              whole ? (int64_t)have : (cl != NULL ? strtoll(cl, NULL, 10) : -1);
           st->held = 1;
           s->m.requests++;
           s->on_request(&st->pub, s->ud);
@@ -969,6 +989,47 @@ int om__http2_response_end(om_http_request_t *req) {
   }
   release(st);
   return short_body ? OM_ESTATE : 0;
+}
+
+int om__http2_response_end_trailers(om_http_request_t *req,
+                                    const om_http_header_t *t, size_t n) {
+  h2s_t *st = stream_of(req);
+  size_t bytes = 0, k = 0, i;
+  char *w;
+  if (n > 0 && t == NULL)
+    return OM_EINVAL;
+  for (i = 0; i < n; i++)
+    bytes += (t[i].name_len ? t[i].name_len : strlen(t[i].name)) +
+             (t[i].value_len ? t[i].value_len : strlen(t[i].value));
+  if (n > 0 && st->started && !st->out_ended && !st->is_head &&
+      st->tnv == NULL) {
+    st->tnv = malloc(n * sizeof *st->tnv + bytes);
+    if (st->tnv == NULL) {
+      om__http2_response_abort(req);
+      return OM_ENOMEM;
+    }
+    w = (char *)(st->tnv + n);
+    for (i = 0; i < n; i++) {
+      size_t nl = t[i].name_len ? t[i].name_len : strlen(t[i].name);
+      size_t vl = t[i].value_len ? t[i].value_len : strlen(t[i].value);
+      if (!om__http_trailer_ok(t[i].name, nl, t[i].value, vl))
+        continue;
+      for (size_t j = 0; j < nl; j++) {
+        char ch = t[i].name[j];
+        w[j] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+      }
+      memcpy(w + nl, t[i].value, vl);
+      st->tnv[k++] = (nghttp2_nv){(uint8_t *)w, (uint8_t *)w + nl, nl, vl,
+                                  NGHTTP2_NV_FLAG_NONE};
+      w += nl + vl;
+    }
+    st->tn = k;
+    if (k == 0) {
+      free(st->tnv);
+      st->tnv = NULL;
+    }
+  }
+  return om__http2_response_end(req);
 }
 
 void om__http2_response_abort(om_http_request_t *req) {

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -959,6 +960,88 @@ int om_http_response_end(om_http_request_t *req) {
     uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
     rc = om__http_conn_write(c, &b, 1);
   }
+  req_finish(r, r->resp_close);
+  return rc == 0 ? 0 : OM_ESTATE;
+}
+
+int om__http_trailer_ok(const char *name, size_t nl, const char *value,
+                        size_t vl) {
+  static const char *const framing[] = {"content-length",
+                                        "transfer-encoding",
+                                        "host",
+                                        "trailer",
+                                        "te",
+                                        "connection",
+                                        "keep-alive",
+                                        "proxy-connection",
+                                        "upgrade",
+                                        "content-encoding",
+                                        "content-type"};
+  if (nl == 0 || name[0] == ':')
+    return 0;
+  for (size_t i = 0; i < nl; i++)
+    if (!om__http_is_tchar((unsigned char)name[i]))
+      return 0;
+  for (size_t i = 0; i < vl; i++)
+    if (!om__http_is_fvchar((unsigned char)value[i]) &&
+        !om__http_is_ows((unsigned char)value[i]))
+      return 0;
+  for (size_t i = 0; i < sizeof framing / sizeof framing[0]; i++)
+    if (om__http_ci_eq(name, nl, framing[i]))
+      return 0;
+  return 1;
+}
+
+/* Whether the request's TE lists "trailers" (RFC 9110 10.1.4). */
+static int accepts_trailers(const om_http_request_t *req) {
+  size_t n, i;
+  const char *v = om_http_request_header(req, "te", &n);
+  for (i = 0; v != NULL && i + 8 <= n; i++)
+    if (strncasecmp(v + i, "trailers", 8) == 0 &&
+        (i == 0 || v[i - 1] == ',' || v[i - 1] == ' ') &&
+        (i + 8 == n || v[i + 8] == ',' || v[i + 8] == ' ' || v[i + 8] == ';'))
+      return 1;
+  return 0;
+}
+
+int om_http_response_end_trailers(om_http_request_t *req,
+                                  const om_http_header_t *t, size_t n) {
+  req_t *r = (req_t *)req;
+  conn_t *c;
+  uv_buf_t stack[33], *b = stack;
+  size_t k = 0, i;
+  int rc;
+  if (OM__HTTP_IS_H2(req))
+    return om__http2_response_end_trailers(req, t, n);
+  if (r == NULL || (n > 0 && t == NULL))
+    return OM_EINVAL;
+  if (n == 0 || r->rstate != RS_STREAMING || r->in_close_cb ||
+      r->rframe != RF_CHUNKED || r->conn == NULL ||
+      r->conn->phase >= PH_FAILED || !accepts_trailers(req))
+    return om_http_response_end(req);
+  c = r->conn;
+  if (4 * n + 2 > sizeof stack / sizeof stack[0]) {
+    b = malloc((4 * n + 2) * sizeof *b);
+    if (b == NULL) {
+      cut(r);
+      return OM_ENOMEM;
+    }
+  }
+  b[k++] = uv_buf_init((char *)"0\r\n", 3);
+  for (i = 0; i < n; i++) {
+    size_t nl = t[i].name_len ? t[i].name_len : strlen(t[i].name);
+    size_t vl = t[i].value_len ? t[i].value_len : strlen(t[i].value);
+    if (!om__http_trailer_ok(t[i].name, nl, t[i].value, vl))
+      continue;
+    b[k++] = uv_buf_init((char *)t[i].name, (unsigned)nl);
+    b[k++] = uv_buf_init((char *)": ", 2);
+    b[k++] = uv_buf_init((char *)t[i].value, (unsigned)vl);
+    b[k++] = uv_buf_init((char *)"\r\n", 2);
+  }
+  b[k++] = uv_buf_init((char *)"\r\n", 2);
+  rc = om__http_conn_write(c, b, (unsigned)k);
+  if (b != stack)
+    free(b);
   req_finish(r, r->resp_close);
   return rc == 0 ? 0 : OM_ESTATE;
 }

@@ -518,6 +518,23 @@ int om_http_response_write_lent(om_http_request_t *req, const char *data,
 int om_http_response_end(om_http_request_t *req);
 
 /*
+ * om_http_response_end_trailers: om_http_response_end with trailer
+ * fields (RFC 9110 6.5; n may be 0). Over HTTP/2 they are a HEADERS frame
+ * that ends the stream (RFC 9113 8.1; gRPC's grpc-status travels so);
+ * over HTTP/1.1 they go in the trailer section of a chunked response
+ * when the request's TE lists "trailers" (RFC 9110 10.1.4), and are
+ * dropped otherwise (a Content-Length body has no place for them).
+ * Fields that frame or route a message (Content-Length,
+ * Transfer-Encoding, Host, Trailer, TE, Connection and the other
+ * hop-by-hop names) are never sent as trailers (RFC 9110 6.5.1), and a
+ * field whose name is not a token or whose value is not field-content
+ * is dropped. Returns as om_http_response_end; OM_ENOMEM (the response
+ * is cut).
+ */
+int om_http_response_end_trailers(om_http_request_t *req,
+                                  const om_http_header_t *trailers, size_t n);
+
+/*
  * om_http_response_abort: give up on the response and release req. The
  * connection is cut so that the client sees an incomplete message: after
  * the queued bytes a FIN without the terminating zero chunk (chunked) or

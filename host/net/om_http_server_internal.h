@@ -393,6 +393,12 @@ int om__http2_response_start(om_http_request_t *req, int status,
 int om__http2_response_write(om_http_request_t *req, const char *data,
                              size_t len);
 int om__http2_response_end(om_http_request_t *req);
+int om__http2_response_end_trailers(om_http_request_t *req,
+                                    const om_http_header_t *t, size_t n);
+/* Whether a trailer field may be sent: a token name that does not frame
+ * or route the message, a field-content value (lengths exact). */
+int om__http_trailer_ok(const char *name, size_t nl, const char *value,
+                        size_t vl);
 void om__http2_response_abort(om_http_request_t *req);
 size_t om__http2_response_pending(const om_http_request_t *req);
 int om__http2_response_on_drain(om_http_request_t *req, size_t low_water,

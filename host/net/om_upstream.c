@@ -278,8 +278,9 @@ static uint32_t name_hash(const char *s) {
 /* The key of t; ctx and sn (the name to prove, "" for the host) matter
  * only for a tls target. */
 static void key_of(const om_upstream_target_t *t, const om_tls_ctx_t *ctx,
-                   const char *sn, pkey_t *k) {
+                   const char *sn, int http2, pkey_t *k) {
   memset(k, 0, sizeof *k);
+  k->http2 = http2 ? 1 : 0;
   if (t->tls) {
     k->tls_ctx = ctx;
     k->name_hash = name_hash(t->host) ^ (name_hash(sn) << 7);
@@ -302,7 +303,8 @@ static uint64_t key_hash(const pkey_t *k) {
   memcpy(&b, k->addr + 8, 8);
   h = a ^ (b * 0x9e3779b97f4a7c15ull) ^
       ((uint64_t)k->port << 16 | k->family) * 0xbf58476d1ce4e5b9ull;
-  h ^= ((uint64_t)k->name_hash << 32) ^ (uint64_t)(uintptr_t)k->tls_ctx;
+  h ^= ((uint64_t)k->name_hash << 32) ^ (uint64_t)(uintptr_t)k->tls_ctx ^
+       k->http2;
   h ^= h >> 31;
   h *= 0x94d049bb133111ebull;
   return h ^ (h >> 29);
@@ -371,11 +373,11 @@ static void peer_grow(om_upstream_pool_t *p) {
 }
 
 static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t,
-                        om_tls_ctx_t *ctx, const char *sn) {
+                        om_tls_ctx_t *ctx, const char *sn, int http2) {
   pkey_t k;
   uint64_t h;
   peer_t *e;
-  key_of(t, ctx, sn, &k);
+  key_of(t, ctx, sn, http2, &k);
   h = key_hash(&k);
   e = peer_find(p, &k, h, t, sn);
   if (e != NULL)
@@ -384,6 +386,7 @@ static peer_t *peer_get(om_upstream_pool_t *p, const om_upstream_target_t *t,
   if (e == NULL)
     return NULL;
   om_list_init(&e->idle);
+  om_list_init(&e->h2);
   if (p->npeers >= p->o.max_peers)
     peer_evict_one(p);
   e->key = k;
@@ -410,7 +413,7 @@ static void pend_unlink(req_t *r) {
 
 static void on_kick(uv_idle_t *h);
 
-static void pend_push(req_t *r, int kind) {
+void om__up_pend_push(req_t *r, int kind) {
   om_upstream_pool_t *p = r->pool;
   if (r->pend != PEND_NONE)
     pend_unlink(r);
@@ -433,6 +436,7 @@ void om__up_req_recycle(req_t *r) {
   r->state = R_FREE;
   if (p->closing || p->nfree >= FREE_REQS_MAX) {
     free(r->head);
+    om__up_h2_req_free(r);
     free(r);
     return;
   }
@@ -481,7 +485,7 @@ void om__up_req_end(req_t *r, om_upstream_fail_t fail, int err,
     r->peer = NULL;
   }
   if (p->api > 0 || r->in_cb)
-    pend_push(r, PEND_DONE);
+    om__up_pend_push(r, PEND_DONE);
   else
     req_call_done(r);
 }
@@ -509,6 +513,8 @@ static void on_kick(uv_idle_t *h) {
     pend_unlink(r);
     if (kind == PEND_DONE) {
       req_call_done(r);
+    } else if (r->http2) {
+      om__up_h2_process(r);
     } else if (r->conn != NULL && !r->paused) {
       conn_t *c = r->conn;
       if (c->phase != PH_CONNECTING)
@@ -541,6 +547,7 @@ static void on_kick_closed(uv_handle_t *h) {
   while ((r = p->free_reqs) != NULL) {
     p->free_reqs = r->next;
     free(r->head);
+    om__up_h2_req_free(r);
     free(r);
   }
   free(p->buckets);
@@ -589,6 +596,7 @@ int om_upstream_pool_new(uv_loop_t *loop, const om_upstream_pool_opts_t *opts,
     return OM_ENOMEM;
   om_list_init(&p->conns);
   om_list_init(&p->pend);
+  om_list_init(&p->h2conns);
   p->nbuckets = 16;
   p->buckets = calloc(p->nbuckets, sizeof *p->buckets);
   if (p->buckets == NULL) {
@@ -631,6 +639,7 @@ int om_upstream_pool_close(om_upstream_pool_t *p,
     if (r != NULL)
       om__up_req_end(r, OM_UPSTREAM_FAIL_CLOSED, 0, "the pool was closed");
   }
+  om__up_h2_close_all(p);
   p->api--;
   /* finish from the loop, never from here */
   if (!p->kick_on) {
@@ -655,7 +664,7 @@ int om_upstream_peer_stats(const om_upstream_pool_t *p,
   peer_t *e;
   if (p == NULL || t == NULL || out == NULL)
     return OM_EINVAL;
-  key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, "", &k);
+  key_of(t, p->tls_ctx != NULL ? p->tls_ctx : p->tls_default, "", 0, &k);
   e = peer_find(p, &k, key_hash(&k), t, "");
   if (e == NULL)
     return OM_ENOTFOUND;
@@ -679,7 +688,7 @@ int om_upstream_peer_stats_for(const om_upstream_pool_t *p,
                                         : p->tls_default;
   if (t->tls && q != NULL && q->tls_server_name != NULL)
     sn = q->tls_server_name;
-  key_of(t, ctx, sn, &k);
+  key_of(t, ctx, sn, q != NULL && q->http2, &k);
   e = peer_find(p, &k, key_hash(&k), t, sn);
   if (e == NULL)
     return OM_ENOTFOUND;
@@ -716,7 +725,7 @@ static int valid_target(const char *t, size_t n, const char *m, size_t ml) {
   return 1;
 }
 
-static int valid_value(const char *v, size_t n) {
+int om__up_valid_value(const char *v, size_t n) {
   size_t i;
   for (i = 0; i < n; i++) {
     unsigned ch = (unsigned char)v[i];
@@ -757,7 +766,7 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
       for (j = 0; j < nl; j++)
         if (!om__http_is_tchar((unsigned char)h[i].name[j]))
           return OM_EINVAL;
-      if (!valid_value(h[i].value, vl))
+      if (!om__up_valid_value(h[i].value, vl))
         return OM_EINVAL;
     }
     if (om__up_field_kind(h[i].name, nl) == F_CONNECTION) {
@@ -770,7 +779,7 @@ static int build_head(req_t *r, const om_upstream_target_t *t,
   }
   if (q->upgrade != NULL && hdr_len(q->upgrade, q->upgrade_len) > 0) {
     size_t ul = hdr_len(q->upgrade, q->upgrade_len);
-    if (!valid_value(q->upgrade, ul))
+    if (!om__up_valid_value(q->upgrade, ul))
       return OM_EINVAL;
     need += 9 + ul + 2 + 21;
   }
@@ -845,11 +854,21 @@ static req_t *req_get(om_upstream_pool_t *p) {
     om_list_init(&r->plink);
   }
   {
-    char *head = r->head;
-    size_t cap = r->head_cap;
+    /* buffers are kept across uses: the head, and HTTP/2's */
+    char *head = r->head, *harena = r->harena, *held = r->held;
+    struct om__up_h2f_s *hf = r->hf;
+    size_t cap = r->head_cap, acap = r->harena_cap, fcap = r->cap_hf,
+           hcap = r->held_cap;
     memset(r, 0, sizeof *r);
     r->head = head;
     r->head_cap = cap;
+    r->harena = harena;
+    r->harena_cap = acap;
+    r->hf = hf;
+    r->cap_hf = fcap;
+    r->held = held;
+    r->held_cap = hcap;
+    om_list_init(&r->h2link);
   }
   r->pool = p;
   return r;
@@ -897,7 +916,8 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r = req_get(p);
   if (r == NULL)
     return OM_ENOMEM;
-  rc = build_head(r, t, q, m, ml, tg, tl);
+  r->http2 = q->http2 != 0;
+  rc = r->http2 ? 0 : build_head(r, t, q, m, ml, tg, tl);
   if (rc != 0) {
     om__up_req_recycle(r);
     return rc;
@@ -911,7 +931,7 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
       return OM_EINVAL;
     }
   }
-  e = peer_get(p, t, tls, sn);
+  e = peer_get(p, t, tls, sn, q->http2);
   if (e == NULL) {
     om__up_req_recycle(r);
     return OM_ENOMEM;
@@ -948,6 +968,20 @@ int om_upstream_send(om_upstream_pool_t *p, const om_upstream_target_t *t,
   r->peer = e;
   e->refs++;
   p->api++;
+  if (r->http2) {
+    rc = om__up_h2_send(r, t, q);
+    if (rc != 0) {
+      p->api--;
+      e->refs--;
+      om__up_req_recycle(r);
+      return rc;
+    }
+    e->st.requests++;
+    p->st.requests++;
+    p->api--;
+    *out = r;
+    return 0;
+  }
   c = om_list_empty(&e->idle)
           ? NULL
           : OM_LIST_ENTRY(om_list_first(&e->idle), conn_t, ilink);
@@ -1002,6 +1036,8 @@ int om_upstream_cancel(om_upstream_req_t *r) {
     om__up_detach(c);
     om__up_conn_close(c);
   }
+  if (r->http2)
+    om__up_h2_cancel(r);
   if (r->peer != NULL) {
     om__up_peer_unref(r->peer);
     r->peer = NULL;
@@ -1021,7 +1057,7 @@ int om_upstream_pause(om_upstream_req_t *r) {
   if (r->state != R_ACTIVE || r->pend == PEND_DONE)
     return OM_ESTATE;
   r->paused = 1;
-  if (r->pend == PEND_PROCESS)
+  if (r->pend == PEND_PROCESS && !r->http2) /* HTTP/2: a drain may be due */
     pend_unlink(r);
   if (r->conn != NULL && r->conn->phase != PH_CONNECTING)
     om__up_read_off(r->conn);
@@ -1037,6 +1073,10 @@ int om_upstream_resume(om_upstream_req_t *r) {
   if (!r->paused)
     return 0;
   r->paused = 0;
+  if (r->http2) {
+    om__up_h2_resume(r);
+    return 0;
+  }
   c = r->conn;
   if (c != NULL && c->phase != PH_CONNECTING) {
     om__up_read_on(c);
@@ -1044,7 +1084,7 @@ int om_upstream_resume(om_upstream_req_t *r) {
      * on_body that paused: it ends from the kick */
     if (c->pos < c->len || (c->tls != NULL && om__up_tls_pending(c)) ||
         (c->phase == PH_BODY_CL && c->remaining == 0))
-      pend_push(r, PEND_PROCESS);
+      om__up_pend_push(r, PEND_PROCESS);
   }
   return 0;
 }

@@ -93,6 +93,27 @@
  * (om_upstream_take_tunnel). The plaintext path is unchanged and pays nothing
  * for TLS but a key compare.
  *
+ * HTTP/2 (om_upstream_request_t.http2; host/net/om_upstream_h2.c, an
+ * nghttp2 client session per connection): a request is a stream on a
+ * connection of its peer that has room (the peer's concurrent-stream
+ * limit, at most 100 of ours), else on a new one; an idle connection
+ * (no stream) closes after idle_timeout_ms. The callbacks, timeouts,
+ * pause/resume and streamed bodies behave as for HTTP/1.1, with these
+ * differences: the request goes out as HEADERS (:method, :scheme,
+ * :authority from Host or the target, :path; names lower-cased; the
+ * hop-by-hop fields dropped, `te: trailers` kept) and DATA frames; the
+ * response's trailer fields reach on_trailers; a paused stream's bytes
+ * wait in the request (at most one stream window, 256 KiB) and its
+ * window is given back only as they are delivered, so a slow caller
+ * holds back its own stream, not the connection's others. Failures
+ * map to the same classes: a stream the server refused (RST_STREAM
+ * REFUSED_STREAM, or beyond a GOAWAY's last stream: RFC 9113 8.7, not
+ * processed) ends "reset_before_response" with sent 0, safe to retry
+ * whatever the method; a reset or a lost connection after the
+ * HEADERS went out, sent 1; after the head, "reset_mid_body"; a
+ * response head over max_header_bytes (name + value + 32 per field,
+ * RFC 9113 6.5.2) or max_headers, or a protocol error, "malformed".
+ *
  * Threading: everything runs on the loop thread. The process must ignore
  * SIGPIPE (libuv writes with writev; a peer reset would kill the process).
  */
@@ -381,6 +402,16 @@ typedef struct om_upstream_request_s {
   size_t max_idle_per_peer;
   uint64_t idle_timeout_ms;
   uint64_t max_requests_per_connection;
+  /*
+   * Nonzero: HTTP/2 (RFC 9113) instead of HTTP/1.1: prior knowledge
+   * (h2c) to a plain target, "h2" by ALPN to a tls target (a server that
+   * does not select it fails the connect: "no h2 by ALPN"). Requests to
+   * one peer share its connections, up to the peer's
+   * SETTINGS_MAX_CONCURRENT_STREAMS (and at most 100) streams on each;
+   * see "HTTP/2" above. An upgrade is refused (OM_EINVAL); retry_stale
+   * and max_requests_per_connection do not apply.
+   */
+  int http2;
 } om_upstream_request_t;
 
 /*
@@ -548,6 +579,11 @@ typedef struct om_upstream_callbacks_s {
   int (*on_headers)(void *ud, const om_upstream_response_t *resp);
   void (*on_body)(void *ud, const char *data, size_t len);
   void (*on_done)(void *ud, const om_upstream_result_t *res);
+  /* (may be NULL: dropped) the trailer fields of an HTTP/2 response
+   * (RFC 9113 8.1: a HEADERS frame after the body, gRPC's grpc-status),
+   * names lower-cased, valid during the call only; runs once, after the
+   * last on_body and right before an on_done that reports success */
+  void (*on_trailers)(void *ud, const om_http_header_t *h, size_t n);
 } om_upstream_callbacks_t;
 
 /*

@@ -140,7 +140,7 @@ int om__up_body_written(conn_t *c, int status) {
 static bchunk_t *piece(const req_t *r, const char *data, size_t len, int lent,
                        om_upstream_release_fn release, void *ud) {
   char line[24];
-  int chunked = r->body_left < 0;
+  int chunked = r->body_left < 0 && !r->http2; /* HTTP/2 frames it */
   int k = chunked ? snprintf(line, sizeof line, "%zx\r\n", len) : 0;
   size_t inner = lent ? 0 : len;
   bchunk_t *b = malloc(sizeof *b + (size_t)k + inner + 2);
@@ -187,6 +187,8 @@ static int body_write(om_upstream_req_t *r, const char *data, size_t len,
   bq_push(r, b);
   if (r->conn != NULL)
     om__up_body_flush(r->conn);
+  else if (r->http2)
+    om__up_h2_body_more(r);
   return 0;
 }
 
@@ -207,7 +209,7 @@ int om_upstream_body_end(om_upstream_req_t *r) {
     return OM_ESTATE;
   if (r->body_left > 0)
     return OM_EINVAL;
-  if (r->body_left < 0) { /* last-chunk, no trailer, CRLF */
+  if (r->body_left < 0 && !r->http2) { /* last-chunk, no trailer, CRLF */
     bchunk_t *b = malloc(sizeof *b + 5);
     if (b == NULL)
       return OM_ENOMEM;
@@ -217,6 +219,8 @@ int om_upstream_body_end(om_upstream_req_t *r) {
     bq_push(r, b);
   }
   r->body_ended = 1;
+  if (r->http2)
+    om__up_h2_body_more(r);
   if (r->conn != NULL) {
     conn_t *c = r->conn;
     if (c->phase == PH_HEAD && r->first_byte_ms != 0) {

@@ -72,6 +72,7 @@ typedef struct {
   uint16_t port; /* network order */
   uint8_t addr[16];
   uint32_t name_hash;
+  uint32_t http2; /* HTTP/2 connections are a peer of their own */
   const om_tls_ctx_t *tls_ctx;
 } pkey_t;
 
@@ -83,6 +84,7 @@ struct peer_s {
   om_tls_ctx_t *tls_ctx;       /* TLS peers: a reference, NULL otherwise */
   char server_name[254];       /* TLS peers: the name to prove; "": host */
   om_list_t idle;              /* conn_t by ilink, most recently used first */
+  om_list_t h2;                /* HTTP/2 connections (om__up_h2c_t) */
   size_t refs;                 /* connections and requests pointing here */
   om_upstream_stats_t st;
 };
@@ -178,6 +180,26 @@ struct om_upstream_req_s {
   int64_t body_left;
   unsigned streamed : 1, body_ended : 1, body_moved : 1, drain_armed : 1;
   om_upstream_result_t res;
+  /* HTTP/2 (om_upstream_h2.c): the connection and stream while attached,
+   * the response head and trailers as they arrive (names and values in
+   * harena, by offset in hf until delivery), the bytes of a paused
+   * stream, what of the body went into DATA frames, how it ended */
+  struct om__up_h2c_s *h2;
+  int32_t sid;
+  om_list_t h2link;
+  char *harena;
+  size_t harena_len, harena_cap;
+  struct om__up_h2f_s *hf;
+  size_t n_hf, cap_hf, hbytes;
+  char *held;
+  size_t held_off, held_len, held_cap;
+  size_t bq_off, body_off;
+  int h2_status;
+  om_upstream_fail_t h2_fail;
+  int h2_err;
+  const char *h2_detail;
+  unsigned http2 : 1, h2_head : 1, h2_end : 1, h2_closed : 1, h2_deferred : 1,
+      h2_drain_due : 1, h2_bad : 1;
 };
 
 struct om_upstream_pool_s {
@@ -192,8 +214,9 @@ struct om_upstream_pool_s {
   size_t nconns;   /* connections not yet freed */
   req_t *free_reqs;
   size_t nfree;
-  om_list_t pend; /* req_t with deferred work, by plink, oldest first */
-  int api;        /* om_upstream_* calls on the stack */
+  om_list_t pend;    /* req_t with deferred work, by plink, oldest first */
+  om_list_t h2conns; /* open HTTP/2 connections, by link */
+  int api;           /* om_upstream_* calls on the stack */
   unsigned closing : 1, kick_on : 1, finishing : 1;
   om_upstream_closed_fn on_closed;
   void *closed_ud;
@@ -240,6 +263,31 @@ void om__up_req_end(req_t *r, om_upstream_fail_t fail, int err,
 void om__up_req_recycle(req_t *r);
 /* Free the pool once it is closing and nothing of it is left open. */
 void om__up_pool_maybe_finish(om_upstream_pool_t *p);
+
+/* Queue r for deferred work (PEND_DONE, PEND_PROCESS) on the kick. */
+void om__up_pend_push(req_t *r, int kind);
+/* Whether a header value is field-content (RFC 9110 5.5). */
+int om__up_valid_value(const char *v, size_t n);
+
+/* om_upstream_h2.c */
+
+/* Start r (peer set, fields filled) on an HTTP/2 connection of its peer:
+ * 0 (sent, or ended already by a synchronous failure), OM_EINVAL (a
+ * field HTTP/2 cannot carry), OM_ENOMEM (nothing changed). */
+int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
+                   const om_upstream_request_t *q);
+/* om_upstream_cancel of an HTTP/2 request: reset its stream. */
+void om__up_h2_cancel(req_t *r);
+/* The stream was resumed: deliver what it holds from the kick. */
+void om__up_h2_resume(req_t *r);
+/* Deferred work of an HTTP/2 request, from the kick. */
+void om__up_h2_process(req_t *r);
+/* Body bytes or the end were queued: let nghttp2 frame them. */
+void om__up_h2_body_more(req_t *r);
+/* Close every HTTP/2 connection of the pool (om_upstream_pool_close). */
+void om__up_h2_close_all(om_upstream_pool_t *p);
+/* Free r's HTTP/2 buffers (a request object freed for good). */
+void om__up_h2_req_free(req_t *r);
 
 /* om_upstream_body.c */
 

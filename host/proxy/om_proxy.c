@@ -184,6 +184,24 @@ static int read_settings_l(lua_State *L) {
   }
   lua_pop(L, 1);
   om__proxy_read_upgrades_l(L, t, &set->upgrades);
+  lua_pushstring(L, "protocol"); /* validated by the contract */
+  set->http2 = lua_rawget(L, t) == LUA_TSTRING &&
+               strcmp(lua_tostring(L, -1), "http1") != 0;
+  lua_pop(L, 1);
+  set->grpc_retry_mask = UINT32_C(1) << 14; /* UNAVAILABLE */
+  lua_pushstring(L, "grpc_retry_on");       /* validated by the contract */
+  if (lua_rawget(L, t) == LUA_TTABLE) {
+    int g = lua_gettop(L);
+    set->grpc_retry_mask = 0;
+    for (lua_Integer i = 1; lua_rawgeti(L, g, i) == LUA_TSTRING; i++) {
+      int code = om__proxy_grpc_code(lua_tostring(L, -1));
+      if (code > 0)
+        set->grpc_retry_mask |= UINT32_C(1) << code;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   lua_pushstring(L, "pool");
   if (lua_rawget(L, t) == LUA_TTABLE) { /* validated by the contract */
     int k = lua_gettop(L);

@@ -319,6 +319,12 @@ static json_t *service_status(const om__proxy_service_t *s, uint64_t now) {
       return NULL;
     }
   }
+  if (o != NULL && /* how peers are spoken to: the policy's protocol */
+      json_object_set_new(o, "protocol",
+                          json_string(s->set.http2 ? "h2" : "http1")) != 0) {
+    json_decref(o);
+    return NULL;
+  }
   if (o != NULL &&
       json_object_set_new(o, "upgrades", om__proxy_tunnel_status(s)) != 0) {
     json_decref(o);

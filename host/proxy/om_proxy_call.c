@@ -104,6 +104,30 @@ static int parse_grpc_timeout(const char *v, size_t len, uint64_t *out) {
   }
 }
 
+/*
+ * ns as a grpc-timeout value (at most 8 digits and a unit), rounded
+ * down so the next hop never waits longer than we do: microseconds below
+ * 100 s, then milliseconds, seconds, hours. Returns its length.
+ */
+static size_t grpc_timeout_format(char *buf, uint64_t ns) {
+  static const struct {
+    uint64_t div;
+    char unit;
+  } units[] = {{1000u, 'u'},
+               {1000000u, 'm'},
+               {1000000000u, 'S'},
+               {UINT64_C(3600000000000), 'H'}};
+  size_t i = 0, k;
+  while (i + 1 < sizeof units / sizeof units[0] &&
+         ns / units[i].div > 99999999u)
+    i++;
+  k = om__http_u64_dec(buf, ns / units[i].div > 99999999u ? 99999999u
+                                                          : ns / units[i].div);
+  buf[k++] = units[i].unit;
+  buf[k] = '\0';
+  return k;
+}
+
 /* ------------------------------------------------------------------ */
 /* the end of a call */
 
@@ -188,7 +212,13 @@ static void fail_last(om__proxy_call_t *c, uint64_t now) {
     fail(c, OM__PROXY_DEADLINE, msg);
     return;
   }
-  if (c->last_status != 0)
+  if (c->last_grpc != 0)
+    snprintf(msg, sizeof msg,
+             "peer '%s' answered grpc-status %d and no other attempt could "
+             "be made (%u attempt%s)",
+             c->last_peer, c->last_grpc, c->attempts,
+             c->attempts == 1 ? "" : "s");
+  else if (c->last_status != 0)
     snprintf(msg, sizeof msg,
              "peer '%s' answered %d and no other attempt could be made "
              "(%u attempt%s)",
@@ -297,17 +327,65 @@ static void on_discard_timeout(uv_timer_t *t) {
   start_attempt(c);
 }
 
+/*
+ * A gRPC Trailers-Only answer (no body follows the head) with a status
+ * of the policy's grpc_retry_on: its code, with *push_ns and *has_push
+ * from grpc-retry-pushback-ms (proposal A6: a malformed or negative
+ * pushback means "do not retry": -1). 0 when it is not one.
+ */
+static int grpc_retryable(const om__proxy_call_t *c,
+                          const om_upstream_response_t *r, uint64_t *push_ns,
+                          int *has_push) {
+  int code = -1;
+  *has_push = 0;
+  if (!c->grpc || r->has_body || r->status != 200)
+    return 0;
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *f = &r->headers[i];
+    if (f->name_len == 11 && strncasecmp(f->name, "grpc-status", 11) == 0 &&
+        f->value_len >= 1 && f->value_len <= 2) {
+      code = 0;
+      for (size_t k = 0; k < f->value_len; k++)
+        code = f->value[k] >= '0' && f->value[k] <= '9' && code >= 0
+                   ? code * 10 + (f->value[k] - '0')
+                   : -1;
+    }
+  }
+  if (code < 1 || code > 16 || !(c->set.grpc_retry_mask >> code & 1u))
+    return 0;
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *f = &r->headers[i];
+    uint64_t ms = 0;
+    if (f->name_len != 22 ||
+        strncasecmp(f->name, "grpc-retry-pushback-ms", 22) != 0)
+      continue;
+    if (f->value_len == 0 || f->value_len > 10)
+      return -1;
+    for (size_t k = 0; k < f->value_len; k++) {
+      if (f->value[k] < '0' || f->value[k] > '9')
+        return -1;
+      ms = ms * 10 + (uint64_t)(f->value[k] - '0');
+    }
+    *push_ns = ms * NS_PER_MS;
+    *has_push = 1;
+  }
+  return code;
+}
+
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   om__proxy_call_t *c = ud;
   om_proxy_t *p = c->p;
   om__proxy_peer_t *peer = c->peer;
   om_http_header_t stack[STACK_HEADERS], *h = stack;
-  uint64_t now = uv_hrtime(), ra = 0, wait;
-  int has_ra = 0, ok = r->status < 500, rc;
+  uint64_t now = uv_hrtime(), ra = 0, wait, push = 0;
+  int has_ra = 0, ok = r->status < 500, rc, has_push = 0;
+  int grpc = grpc_retryable(c, r, &push, &has_push);
   char att[24];
   size_t n = 0, att_len;
   if (c->req == NULL)
     return 1; /* not reached: on_close cancels the attempt */
+  if (grpc != 0)
+    ok = 0; /* UNAVAILABLE and the like: the peer's failure */
   c->head_ns = now;
   c->status = r->status;
   c->upgrade_sent = 1;
@@ -335,6 +413,26 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     return om__proxy_tunnel_start(c, r);
   if (c->upgrade[0] != '\0')
     om__proxy_upgrade_count(c->s, OM__PROXY_UPG_DECLINED);
+  if (grpc > 0) {
+    /* proposal A6: a Trailers-Only answer with a retryable status was
+     * not committed; it goes to another peer of the subset within the
+     * deadline and the budget, after the server's pushback if it gave
+     * one, whatever the method (the policy listed the status) */
+    int again;
+    c->grpc_retry = 1;
+    again = om__proxy_decide_retry(c, r->status, OM_RETRY_ERR_NONE,
+                                   OM_RETRY_PHASE_POST_SEND, has_push, push,
+                                   now, &wait);
+    c->grpc_retry = 0;
+    if (again) {
+      c->discarding = 1; /* on_done follows: nothing more comes */
+      c->wait_ns = has_push ? push : wait;
+      c->last_status = r->status;
+      c->last_grpc = grpc;
+      c->last_timeout = 0;
+      return 0;
+    }
+  }
   if (om_retry_policy_has_status(c->set.retry_429 ? &p->retry_policy_429
                                                   : &p->retry_policy,
                                  r->status) &&
@@ -368,6 +466,26 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   /* om_upstream refused a head whose names are not tokens or whose values
    * are not field-content; ours are a peer id (a snapshot name) and a
    * number: no second pass over the bytes */
+  if (!r->has_body && c->req->version_major == 2 &&
+      !(c->req->method_len == 4 && memcmp(c->req->method, "HEAD", 4) == 0)) {
+    /* no body: one HEADERS frame that ends the stream, which is what a
+     * gRPC Trailers-Only answer must stay (its grpc-status would
+     * otherwise arrive as headers of a stream that ends without
+     * trailers) */
+    om_http_request_t *req = c->req;
+    c->req = NULL;
+    c->finished = 1;
+    c->committed = 1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) /* om_http_respond frames it */
+      if (!(h[i].name_len == 14 &&
+            strncasecmp(h[i].name, "content-length", 14) == 0))
+        h[k++] = h[i];
+    (void)om_http_respond(req, r->status, h, k, NULL, 0);
+    if (h != stack)
+      free(h);
+    return 0;
+  }
   rc = om_http_response_start_checked(c->req, r->status, h, n);
   if (h != stack)
     free(h);
@@ -482,7 +600,9 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   if (c->committed) {
     om_http_request_t *req = c->req;
     c->req = NULL;
-    if (req == NULL) {
+    if (req == NULL && c->finished && res->err == 0) {
+      call_end(c, OM__PROXY_OK); /* ended by its trailers, or Trailers-Only */
+    } else if (req == NULL) {
       call_end(c, OM__PROXY_CLIENT_CLOSED);
     } else if (res->err == 0) {
       om_http_response_end(req);
@@ -545,8 +665,22 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   fail_last(c, now);
 }
 
+/*
+ * The trailers of an HTTP/2 upstream's response (gRPC's grpc-status):
+ * the response ends with them here, on_done follows.
+ */
+static void up_on_trailers(void *ud, const om_http_header_t *h, size_t n) {
+  om__proxy_call_t *c = ud;
+  om_http_request_t *req = c->req;
+  if (!c->committed || req == NULL)
+    return;
+  c->req = NULL;
+  c->finished = 1;
+  om_http_response_end_trailers(req, h, n);
+}
+
 static const om_upstream_callbacks_t UP_CB = {up_on_headers, up_on_body,
-                                              up_on_done};
+                                              up_on_done, up_on_trailers};
 
 /* Build prefix + path[?query] for peer into c->target. */
 static void build_target(om__proxy_call_t *c, const om__proxy_peer_t *peer) {
@@ -632,6 +766,10 @@ static void start_attempt(om__proxy_call_t *c) {
     c->fwd[c->n_fwd++] = (om_http_header_t){
         "x-openmesh-deadline-ms", c->deadline_buf, 22,
         om__http_u64_dec(c->deadline_buf, remaining / NS_PER_MS)};
+    if (c->grpc_deadline) /* deadlines propagate hop by hop: what is left */
+      c->fwd[c->n_fwd++] = (om_http_header_t){
+          "grpc-timeout", c->grpc_timeout_buf, 12,
+          grpc_timeout_format(c->grpc_timeout_buf, remaining)};
   }
   build_target(c, peer);
   memset(&ur, 0, sizeof ur);
@@ -664,6 +802,7 @@ static void start_attempt(om__proxy_call_t *c) {
       c->replayable && om__proxy_request_allows(c, 0, OM_RETRY_ERR_RESET,
                                                 OM_RETRY_PHASE_POST_SEND);
   ur.upgrade = c->upgrade[0] != '\0' ? c->upgrade : NULL;
+  ur.http2 = c->set.http2;
   if (peer->target.tls)
     om__proxy_tls_request(c->s, &ur);
   om__proxy_pool_request(c, &ur); /* the service's keep-alive limits */
@@ -836,6 +975,7 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   c->view = v;
   v->refs++;
   c->req = req;
+  c->grpc = om__proxy_is_grpc(req);
   c->n_subset = rt->all ? v->n : rt->n_subset;
   c->keyed = keyed;
   c->waiter.data = c;
@@ -993,7 +1133,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   char err[1024], upg[sizeof((om__proxy_call_t *)0)->upgrade], rid[33];
   const char *v;
   om__proxy_call_t *c;
-  int rc, upgrade;
+  int rc, upgrade, grpc_deadline;
   s = service_of(p, req, &host, &host_len);
   if (s == NULL) {
     char msg[256];
@@ -1085,6 +1225,10 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     if (v != NULL && parse_grpc_timeout(v, vlen, &budget_ms) != 0)
       v = NULL;
   }
+  /* a gRPC caller that set a deadline gets it propagated (start_attempt);
+   * one that set none keeps none past the proxy: the proxy's own bounds
+   * the wait for the head, not the stream */
+  grpc_deadline = om_http_request_header(req, "grpc-timeout", NULL) != NULL;
   if (v != NULL)
     deadline =
         om_deadline_after(now, budget_ms >= set.max_deadline_ns / NS_PER_MS
@@ -1133,6 +1277,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
       NULL) /* hashed now: the policy's string lives until its next call */
     c->key_hash = om_rendezvous_key_hash(c->view->rdv, key, key_len);
   c->deadline = deadline;
+  c->grpc_deadline = c->grpc && grpc_deadline;
   c->set = set;
   c->t0 = now;
   if (upgrade > 0)

@@ -178,8 +178,8 @@ void om__proxy_headers_size(const om_http_request_t *req,
     if (name_is(&req->headers[i], "x-forwarded-for", 15))
       bytes += req->headers[i].value_len + 2;
   /* ours: via, x-request-id, x-forwarded-for, traceparent, attempt,
-   * deadline */
-  *n_fields = req->n_headers + 6 + (dec != NULL ? dec->n_headers : 0);
+   * deadline, grpc-timeout */
+  *n_fields = req->n_headers + 7 + (dec != NULL ? dec->n_headers : 0);
   *n_bytes = bytes + TRACEPARENT_LEN + 1;
 }
 
@@ -215,6 +215,8 @@ void om__proxy_headers_build(om__proxy_call_t *c, const om_http_request_t *req,
     }
     if (dropped_request_field(h) || edited(dec, h))
       continue;
+    if (c->grpc && name_is(h, "grpc-timeout", 12))
+      continue; /* the attempt sends what is left (start_attempt) */
     if (rid == NULL && name_is(h, "x-request-id", 12))
       rid = h;
     if (c->idem_key == NULL && name_is(h, "idempotency-key", 15)) {

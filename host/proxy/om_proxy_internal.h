@@ -170,6 +170,12 @@ typedef struct om__proxy_settings_s {
    * the default (idle per peer sized from max_inflight and the view, the
    * pool's idle timeout, no request limit) */
   uint64_t pool_max_idle, pool_idle_timeout_ms, pool_max_requests;
+  /* the policy's `protocol`: nonzero for "h2c" / "h2", HTTP/2 to every
+   * peer (prior knowledge to http://, ALPN to https://) */
+  int http2;
+  /* gRPC statuses (bit per code) whose Trailers-Only answer is retried:
+   * the policy's grpc_retry_on, default UNAVAILABLE */
+  uint32_t grpc_retry_mask;
 } om__proxy_settings_t;
 
 /*
@@ -417,6 +423,13 @@ struct om__proxy_call_s {
   struct om__proxy_tunnel_s *tun;
   om__proxy_body_t body;
   int local_retried; /* an attempt after a local failure was made */
+  /* a gRPC call (content-type application/grpc): its retry of a
+   * Trailers-Only answer is the policy's grpc_retry_on, not the method's;
+   * finished: the response was completed to the caller already (a
+   * Trailers-Only relay, or the trailers ended it) */
+  int grpc, grpc_retry, finished, last_grpc;
+  int grpc_deadline; /* the caller sent grpc-timeout: what is left goes on */
+  char grpc_timeout_buf[24];
   struct om__proxy_alog_req_s *alog; /* the access log's request part */
 };
 
@@ -642,6 +655,11 @@ void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
 void om__proxy_respond_error(om_http_request_t *req, om__proxy_outcome_t o,
                              const char *message, unsigned attempts,
                              const char *request_id);
+/* Whether req is a gRPC call: content-type application/grpc, alone or
+ * with a "+proto" or ";" suffix (the gRPC HTTP/2 protocol). */
+int om__proxy_is_grpc(const om_http_request_t *req);
+/* The code of a gRPC status name ("UNAVAILABLE": 14), -1 for none. */
+int om__proxy_grpc_code(const char *name);
 
 /* 403 forbidden for the policy's authorize refusal with its reason,
  * counted, logged at most once a second per service (proxy_denied, with

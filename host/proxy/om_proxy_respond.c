@@ -33,7 +33,33 @@ static size_t json_escape(char *out, size_t cap, const char *msg) {
 
 /* A gRPC caller: content-type application/grpc, alone or with a suffix
  * ("+proto", ";charset") as the gRPC HTTP/2 protocol spells it. */
-static int is_grpc(const om_http_request_t *req) {
+/* gRPC status codes by name (grpc/doc/statuscodes.md), index = code. */
+static const char *const GRPC_CODES[] = {"OK",
+                                         "CANCELLED",
+                                         "UNKNOWN",
+                                         "INVALID_ARGUMENT",
+                                         "DEADLINE_EXCEEDED",
+                                         "NOT_FOUND",
+                                         "ALREADY_EXISTS",
+                                         "PERMISSION_DENIED",
+                                         "RESOURCE_EXHAUSTED",
+                                         "FAILED_PRECONDITION",
+                                         "ABORTED",
+                                         "OUT_OF_RANGE",
+                                         "UNIMPLEMENTED",
+                                         "INTERNAL",
+                                         "UNAVAILABLE",
+                                         "DATA_LOSS",
+                                         "UNAUTHENTICATED"};
+
+int om__proxy_grpc_code(const char *name) {
+  for (size_t i = 0; i < sizeof GRPC_CODES / sizeof GRPC_CODES[0]; i++)
+    if (strcmp(GRPC_CODES[i], name) == 0)
+      return (int)i;
+  return -1;
+}
+
+int om__proxy_is_grpc(const om_http_request_t *req) {
   size_t len = 0;
   const char *v = om_http_request_header(req, "content-type", &len);
   return v != NULL && len >= 16 &&
@@ -90,7 +116,7 @@ void om__proxy_respond_error(om_http_request_t *req, om__proxy_outcome_t o,
   om_http_header_t h[3];
   size_t n = 0;
   int len;
-  if (om__proxy_outcome_grpc(o) != 0 && is_grpc(req)) {
+  if (om__proxy_outcome_grpc(o) != 0 && om__proxy_is_grpc(req)) {
     respond_grpc(req, o, message, request_id);
     return;
   }

@@ -178,6 +178,8 @@ int om__proxy_request_allows(const om__proxy_call_t *c, int status,
                              om_retry_error_t err, om_retry_phase_t phase) {
   const om_proxy_t *p = c->p;
   om_retry_req_t rr;
+  if (c->grpc_retry) /* a status the policy's grpc_retry_on lists */
+    return 1;
   memset(&rr, 0, sizeof rr);
   rr.method = c->req->method;
   rr.method_len = c->req->method_len;

@@ -494,6 +494,38 @@ local function upgrade_tokens(v, path)
   end
 end
 
+-- gRPC status names (grpc/doc/statuscodes.md) a retry may follow: every
+-- code but OK.
+local GRPC_STATUSES = {
+  "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+  "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+  "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+}
+local grpc_status_name = one_of(GRPC_STATUSES)
+
+local function grpc_status_names(v, path)
+  if type(v) ~= "table" then
+    return expected(path, "array of gRPC status names", v)
+  end
+  local n, why = sequence_length(v)
+  if not n then
+    return field_error(path, "array expected, got a table with " .. why)
+  end
+  local seen = {}
+  for i = 1, n do
+    local name = rawget(v, i)
+    local err = grpc_status_name(name, join(path, i))
+    if err then
+      return err
+    end
+    if seen[name] then
+      return field_error(join(path, i), ("duplicate status %s"):format(quote(name)))
+    end
+    seen[name] = true
+  end
+end
+
 local KIND_SPECS = {
   traffic = kind_spec(traffic_example, run_traffic_example, {
     { "subset", func, required = true },
@@ -530,6 +562,14 @@ local KIND_SPECS = {
     -- the most a caller's x-openmesh-deadline-ms may ask for
     { "max_deadline_ms", number_above(0) },
     { "upgrades", upgrade_tokens },
+    -- How the proxy speaks to this service's peers (docs/PROXY.md
+    -- "HTTP/2 to upstreams"): HTTP/1.1, or HTTP/2 ("h2c" and "h2" alike:
+    -- prior knowledge to an http:// peer, ALPN to an https:// one).
+    { "protocol", one_of({ "http1", "h2c", "h2" }) },
+    -- gRPC statuses whose Trailers-Only answer is retried on another
+    -- peer (gRPC proposal A6's retryableStatusCodes; default
+    -- { "UNAVAILABLE" }; {} retries none).
+    { "grpc_retry_on", grpc_status_names },
     -- request bodies (docs/PROXY.md "Request bodies"): bytes; 0 is no limit
     { "max_body_bytes", integer_at_least(0) },
     { "replay_limit", integer_at_least(0) },
