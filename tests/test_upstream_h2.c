@@ -7,7 +7,9 @@
  * whole, a paused stream holds the server back at its window and
  * resumes whole, a stalled server trips the first-byte timeout without
  * losing the connection, a refused connect says nothing was sent, and
- * closing the pool ends what is in flight.
+ * closing the pool ends what is in flight. Over TLS (certificates from
+ * tests/fixtures/tls_certs.sh): h2 by ALPN, and a server that does not
+ * select h2 fails the connect.
  */
 #include "om_test.h"
 
@@ -20,6 +22,8 @@
 
 #include "om_errno.h"
 #include "om_http_server.h"
+#include "om_http_tls.h"
+#include "om_tls.h"
 #include "om_upstream.h"
 
 #define MAXR 32
@@ -39,6 +43,7 @@ typedef struct call_s {
 typedef struct fx_s {
   uv_loop_t loop;
   om_http_server_t *srv;
+  om_http_tls_t *tls;
   om_upstream_pool_t *pool;
   om_upstream_target_t target;
   int port, srv_closed, pool_closed, seq;
@@ -120,23 +125,57 @@ static void on_pool_closed(void *ud) {
   ((fx_t *)ud)->pool_closed = 1;
 }
 
-static fx_t *fx_new(void) {
+static char certs[] = "/tmp/om_test_uph2_XXXXXX";
+
+static const char *cert(const char *name) {
+  static char b[4][512];
+  static int i;
+  char *s = b[i++ % 4];
+  snprintf(s, sizeof b[0], "%s/%s", certs, name);
+  return s;
+}
+
+/* alpn NULL: plaintext (h2c); else a TLS listener offering alpn, and a
+ * pool that trusts the test CA */
+static fx_t *fx_new_with(const char *alpn) {
   fx_t *fx = calloc(1, sizeof *fx);
   om_http_server_opts_t o;
+  om_upstream_pool_opts_t po;
+  om_tls_ctx_t *cctx = NULL;
+  char url[64];
   assert_non_null(fx);
   F = fx;
   memset(&o, 0, sizeof o);
+  memset(&po, 0, sizeof po);
   o.stream_bodies = 1;
   o.http2 = 1;
   assert_int_equal(uv_loop_init(&fx->loop), 0);
+  if (alpn != NULL) {
+    om_http_tls_opts_t to = {.cert_file = cert("server.pem"),
+                             .key_file = cert("server.key"),
+                             .alpn = alpn};
+    om_tls_opts_t co = {.role = OM_TLS_CLIENT, .ca_file = cert("ca.pem")};
+    char err[256];
+    assert_int_equal(om_http_tls_new(&fx->loop, &to, &fx->tls, err, sizeof err),
+                     0);
+    o.tls = fx->tls;
+    assert_int_equal(om_tls_ctx_new(&co, &cctx, err, sizeof err), 0);
+    po.tls_ctx = cctx;
+  }
   assert_int_equal(om_http_server_new(&fx->loop, &o, on_request, fx, &fx->srv),
                    0);
   assert_int_equal(om_http_server_listen(fx->srv, "127.0.0.1", 0), 0);
   fx->port = om_http_server_port(fx->srv);
-  assert_int_equal(om_upstream_pool_new(&fx->loop, NULL, &fx->pool), 0);
-  assert_int_equal(om_upstream_target_init(&fx->target, "127.0.0.1", fx->port),
-                   0);
+  assert_int_equal(om_upstream_pool_new(&fx->loop, &po, &fx->pool), 0);
+  om_tls_ctx_unref(cctx); /* the pool holds its own */
+  snprintf(url, sizeof url, "%s://127.0.0.1:%d", alpn ? "https" : "http",
+           fx->port);
+  assert_int_equal(om_upstream_target_from_url(&fx->target, url, NULL), 0);
   return fx;
+}
+
+static fx_t *fx_new(void) {
+  return fx_new_with(NULL);
 }
 
 static void run_until(fx_t *fx, const int *flag, int ms) {
@@ -161,6 +200,8 @@ static void fx_free(fx_t *fx) {
   om_http_server_close(fx->srv, on_srv_closed);
   run_until(fx, &fx->srv_closed, 3000);
   assert_true(fx->srv_closed && fx->pool_closed);
+  if (fx->tls != NULL)
+    om_http_tls_close(fx->tls);
   uv_run(&fx->loop, UV_RUN_NOWAIT);
   assert_int_equal(uv_loop_close(&fx->loop), 0);
   free(fx);
@@ -181,9 +222,9 @@ static int cb_headers(void *ud, const om_upstream_response_t *resp) {
 
 static void cb_body(void *ud, const char *d, size_t n) {
   call_t *c = ud;
-  size_t k = n < sizeof c->body - 1 - c->body_len ? n
-                                                  : sizeof c->body - 1 -
-                                                        c->body_len;
+  size_t k = n < sizeof c->body - 1 - c->body_len
+                 ? n
+                 : sizeof c->body - 1 - c->body_len;
   memcpy(c->body + c->body_len, d, k);
   c->body_len += k;
   c->body[c->body_len] = '\0';
@@ -350,8 +391,8 @@ static void paused_stream_holds_the_server_at_its_window(void **state) {
   fx_free(fx);
 }
 
-static void stalled_server_trips_first_byte_and_keeps_the_connection(
-    void **state) {
+static void
+stalled_server_trips_first_byte_and_keeps_the_connection(void **state) {
   fx_t *fx = fx_new();
   call_t a, b;
   (void)state;
@@ -466,6 +507,57 @@ static void allocation_failures_in_send_leave_nothing(void **state) {
   fx_free(fx);
 }
 
+static void h2_over_tls_by_alpn(void **state) {
+  fx_t *fx = fx_new_with("h2,http/1.1");
+  om_upstream_stats_t st;
+  call_t a, b;
+  (void)state;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  send_get(fx, &a, "/trailers", 0);
+  send_get(fx, &b, "/hello", 0);
+  run_until(fx, &a.done, 5000);
+  run_until(fx, &b.done, 5000);
+  assert_int_equal(a.err, 0);
+  assert_string_equal(a.body, "abc");
+  assert_string_equal(a.trailers, "grpc-status=0;grpc-message=fine;");
+  assert_int_equal(b.err, 0);
+  assert_string_equal(b.body, "hello");
+  assert_int_equal(om_upstream_pool_stats(fx->pool, &st), 0);
+  OM_ASSERT_CMP(st.connects, ==, 1); /* both streams on one TLS connection */
+  OM_ASSERT_CMP(st.tls_handshakes, ==, 1);
+  fx_free(fx);
+}
+
+static void server_without_h2_fails_the_connect(void **state) {
+  fx_t *fx = fx_new_with("http/1.1");
+  call_t c;
+  (void)state;
+  memset(&c, 0, sizeof c);
+  send_get(fx, &c, "/hello", 0);
+  run_until(fx, &c.done, 5000);
+  assert_int_equal(c.fail, OM_UPSTREAM_FAIL_CONNECT);
+  assert_int_equal(c.sent, 0);
+  fx_free(fx);
+}
+
+static int group_setup(void **state) {
+  char cmd[1024];
+  (void)state;
+  if (!mkdtemp(certs))
+    return -1;
+  snprintf(cmd, sizeof cmd, "%s/tests/fixtures/tls_certs.sh %s", OM_SOURCE_DIR,
+           certs);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state) {
+  char cmd[600];
+  (void)state;
+  snprintf(cmd, sizeof cmd, "rm -rf %s", certs);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(trailers_reach_on_trailers_before_done),
@@ -479,7 +571,9 @@ int main(void) {
       cmocka_unit_test(pool_close_ends_streams_in_flight),
       cmocka_unit_test(upgrade_is_refused),
       cmocka_unit_test(allocation_failures_in_send_leave_nothing),
+      cmocka_unit_test(h2_over_tls_by_alpn),
+      cmocka_unit_test(server_without_h2_fails_the_connect),
   };
   signal(SIGPIPE, SIG_IGN);
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

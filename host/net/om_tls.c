@@ -614,6 +614,21 @@ int om_tls_new(om_tls_ctx_t *ctx, const om_tls_conn_opts_t *o, om_tls_t **out,
           goto nomem;
       }
     }
+    if (o && o->alpn) {
+      unsigned char *w;
+      size_t wl;
+      int rc = alpn_wire(o->alpn, &w, &wl);
+      if (rc != 0) {
+        om_tls_free(t);
+        om_errbuf(err, errlen, "TLS: the ALPN list is not 1..255-byte names");
+        return rc;
+      }
+      /* 0 is success for this one (OpenSSL's convention) */
+      rc = SSL_set_alpn_protos(t->ssl, w, (unsigned)wl);
+      free(w);
+      if (rc != 0)
+        goto nomem;
+    }
     if (o && o->session_key && o->session_key[0]) {
       memcpy(t->session_key, o->session_key, strlen(o->session_key) + 1);
       SSL_SESSION *s = session_find(ctx, t->session_key);

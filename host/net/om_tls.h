@@ -153,7 +153,9 @@ om_tls_role_t om_tls_ctx_role(const om_tls_ctx_t *ctx);
  * NULL). host is the name or IP literal the peer must prove (brackets
  * around an IPv6 literal are allowed); server_name, when set, replaces it
  * for SNI and verification (a URL by address to a certificate for a
- * name). A verifying client needs one of them. session_key, when set,
+ * name). A verifying client needs one of them; alpn, when set, replaces
+ * the context's ALPN list for this connection (OM_EINVAL when it is not
+ * a comma list of 1..255-byte names). session_key, when set,
  * names the peer in the context's session cache ("addr:port|name" is
  * what the upstream client uses): a resumable session from an earlier
  * connection with the same key is offered, and new sessions are stored
@@ -163,6 +165,9 @@ typedef struct {
   const char *host;
   const char *server_name;
   const char *session_key;
+  /* the ALPN protocols this connection offers instead of the context's
+   * (a comma list, e.g. "h2"); NULL: the context's */
+  const char *alpn;
 } om_tls_conn_opts_t;
 
 /*

@@ -27,6 +27,7 @@
  * stream window) and consumes it when resumed, so the server sees the
  * backpressure of that stream only.
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,10 @@ typedef struct om__up_h2c_s {
       flush_due : 1, counted_idle : 1;
   uint64_t connect_due, idle_since, idle_ms;
   char *rbuf;
+  /* TLS (an https:// peer): the engine, and the plaintext it decrypts
+   * into; the connection is "connected" once the handshake selected h2 */
+  om_tls_t *tls;
+  char *pbuf;
   char *wbuf, *qbuf; /* in flight, and gathered meanwhile */
   size_t wlen, wcap, qlen, qcap;
 } h2c_t;
@@ -253,8 +258,8 @@ static int cb_header(nghttp2_session *ss, const nghttp2_frame *f,
     if (nl == 7 && memcmp(name, ":status", 7) == 0 && vl == 3 &&
         om__http_is_digit(value[0]) && om__http_is_digit(value[1]) &&
         om__http_is_digit(value[2]))
-      r->h2_status = (value[0] - '0') * 100 + (value[1] - '0') * 10 +
-                     (value[2] - '0');
+      r->h2_status =
+          (value[0] - '0') * 100 + (value[1] - '0') * 10 + (value[2] - '0');
     return 0; /* nghttp2 checked the pseudo-fields (RFC 9113 8.3.2) */
   }
   if (r->n_hf >= p->o.max_headers) {
@@ -304,10 +309,9 @@ static int deliver_head(nghttp2_session *ss, req_t *r, int end_stream) {
   resp.reason = "";
   resp.headers = v;
   resp.n_headers = r->n_hf;
-  resp.has_body = !end_stream && !r->is_head && r->h2_status != 204 &&
-                  r->h2_status != 304;
-  resp.content_length =
-      resp.has_body ? content_length_of(v, r->n_hf) : 0;
+  resp.has_body =
+      !end_stream && !r->is_head && r->h2_status != 204 && r->h2_status != 304;
+  resp.content_length = resp.has_body ? content_length_of(v, r->n_hf) : 0;
   r->h2_head = 1;
   r->res.headers_delivered = 1;
   r->in_cb = 1;
@@ -507,6 +511,8 @@ static void on_closed(uv_handle_t *hd) {
     return;
   om__up_peer_unref(h->peer);
   nghttp2_session_del(h->ss);
+  om_tls_free(h->tls);
+  free(h->pbuf);
   free(h->rbuf);
   free(h->wbuf);
   free(h->qbuf);
@@ -568,11 +574,48 @@ static void on_write(uv_write_t *w, int status) {
   conn_flush(h);
 }
 
+/* TLS: encrypt the frames gathered and write the ciphertext waiting
+ * (the handshake's too) when no write is in flight. 0 or a libuv error. */
+static int tls_push(h2c_t *h) {
+  size_t n;
+  uv_buf_t b;
+  if (h->writing)
+    return 0;
+  if (h->qlen > 0 && h->connected) {
+    if (om_tls_write(h->tls, h->qbuf, h->qlen) != 0)
+      return UV_EIO;
+    h->qlen = 0;
+  }
+  n = om_tls_out_pending(h->tls);
+  if (n == 0)
+    return 0;
+  if (n > h->wcap) {
+    char *nb = realloc(h->wbuf, n);
+    if (nb == NULL)
+      return UV_ENOMEM;
+    h->wbuf = nb;
+    h->wcap = n;
+  }
+  h->wlen = om_tls_out_take(h->tls, h->wbuf, n);
+  b = uv_buf_init(h->wbuf, (unsigned)h->wlen);
+  h->wreq.data = h;
+  if (uv_write(&h->wreq, (uv_stream_t *)&h->tcp, &b, 1, on_write) != 0)
+    return UV_EIO;
+  h->writing = 1;
+  return 0;
+}
+
 /* Produce frames while little waits, and write what was produced. */
 static void conn_flush(h2c_t *h) {
   uv_buf_t b;
-  if (h->closing || !h->connected)
+  if (h->closing)
     return;
+  if (!h->connected) {
+    /* a TLS handshake under way: only its own bytes go */
+    if (h->tls != NULL && tls_push(h) != 0)
+      conn_fail(h, OM_UPSTREAM_FAIL_CONNECT, 0, "cannot write the handshake");
+    return;
+  }
   if (h->in_ng) {
     h->flush_due = 1;
     return;
@@ -584,7 +627,8 @@ static void conn_flush(h2c_t *h) {
     ssize_t n = nghttp2_session_mem_send(h->ss, &data);
     if (n < 0) {
       h->in_ng = 0;
-      conn_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM, nghttp2_strerror((int)n));
+      conn_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+                 nghttp2_strerror((int)n));
       h->pool->api--;
       return;
     }
@@ -611,7 +655,11 @@ static void conn_flush(h2c_t *h) {
   }
   h->in_ng = 0;
   h->flush_due = 0;
-  if (!h->writing && h->qlen > 0) {
+  if (h->tls != NULL) {
+    if (tls_push(h) != 0)
+      conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                 "the connection failed while writing");
+  } else if (!h->writing && h->qlen > 0) {
     char *t = h->wbuf;
     size_t tc = h->wcap;
     h->wbuf = h->qbuf;
@@ -644,6 +692,93 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   buf->len = H2_READ;
 }
 
+static void connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
+                           const char *detail);
+
+/* The handshake of h ended (rc 0) or failed: the streams learn how. */
+static void tls_handshake_done(h2c_t *h, int rc) {
+  char alpn[16];
+  int tls_fail = rc != 0 ? (int)om_tls_fail(h->tls) : 0;
+  int resumed = rc == 0 && om_tls_session_reused(h->tls);
+  OM_LIST_FOREACH(it, &h->streams) {
+    req_t *r = OM_LIST_ENTRY(it, req_t, h2link);
+    r->res.tls_fail = tls_fail;
+    r->res.tls_handshake = rc == 0 ? (resumed ? 2 : 1) : 0;
+  }
+  if (rc != 0) {
+    h->peer->st.tls_failures++;
+    h->pool->st.tls_failures++;
+    connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, om_tls_reason(h->tls));
+    return;
+  }
+  h->peer->st.tls_handshakes++;
+  h->pool->st.tls_handshakes++;
+  if (resumed) {
+    h->peer->st.tls_resumed++;
+    h->pool->st.tls_resumed++;
+  }
+  if (om_tls_alpn(h->tls, alpn, sizeof alpn) != 2 || memcmp(alpn, "h2", 2)) {
+    connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0,
+                   "the server did not select h2 by ALPN");
+    return;
+  }
+  h->connected = 1;
+  conn_flush(h);
+  conn_arm(h);
+}
+
+/* TLS: nread bytes of ciphertext in rbuf: the handshake, then the
+ * plaintext to nghttp2. */
+static void tls_read(h2c_t *h, size_t nread) {
+  om_upstream_pool_t *p = h->pool;
+  int rc;
+  if (om_tls_feed(h->tls, h->rbuf, nread) != 0) {
+    conn_fail(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+              "out of memory for TLS input");
+    return;
+  }
+  if (!h->connected) {
+    rc = om_tls_handshake(h->tls);
+    if (rc == OM_TLS_WANT_READ) {
+      conn_flush(h);
+      return;
+    }
+    tls_handshake_done(h, rc);
+    if (h->closing || !h->connected)
+      return;
+  }
+  p->api++;
+  for (;;) {
+    size_t n = 0;
+    ssize_t used;
+    rc = om_tls_read(h->tls, h->pbuf, H2_READ, &n);
+    if (rc == OM_TLS_WANT_READ)
+      break;
+    if (rc != 0) {
+      conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                 rc == OM_TLS_CLOSED ? "the server closed the TLS session"
+                                     : om_tls_reason(h->tls));
+      break;
+    }
+    h->in_ng = 1;
+    used = nghttp2_session_mem_recv(h->ss, (const uint8_t *)h->pbuf, n);
+    h->in_ng = 0;
+    if (used < 0) {
+      conn_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
+                 nghttp2_strerror((int)used));
+      break;
+    }
+    if (h->closing)
+      break;
+  }
+  if (!h->closing) {
+    conn_flush(h);
+    conn_arm(h);
+  }
+  p->api--;
+  om__up_pool_maybe_finish(p);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   h2c_t *h = s->data;
   om_upstream_pool_t *p = h->pool;
@@ -657,10 +792,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
                               : "the connection was reset");
     return;
   }
+  if (h->tls != NULL) {
+    tls_read(h, (size_t)nread);
+    return;
+  }
   p->api++;
   h->in_ng = 1;
-  rc = nghttp2_session_mem_recv(h->ss, (const uint8_t *)h->rbuf,
-                                (size_t)nread);
+  rc = nghttp2_session_mem_recv(h->ss, (const uint8_t *)h->rbuf, (size_t)nread);
   h->in_ng = 0;
   if (rc < 0) {
     conn_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
@@ -697,6 +835,42 @@ static void connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
   conn_fail(h, fail, 0, detail);
 }
 
+/* The TLS engine of h, its ClientHello queued. 0, or h failed. */
+static int tls_start(h2c_t *h) {
+  peer_t *e = h->peer;
+  char ip[64], key[64 + 16 + sizeof e->target.host];
+  unsigned port;
+  const char *name = e->server_name[0] ? e->server_name : e->target.host;
+  om_tls_conn_opts_t o = {.host = name, .session_key = key, .alpn = "h2"};
+  int rc;
+  /* the session cache key: this address, the name it must prove, h2 */
+  if (e->target.addr.sa.sa_family == AF_INET6) {
+    uv_ip6_name(&e->target.addr.in6, ip, sizeof ip);
+    port = ntohs(e->target.addr.in6.sin6_port);
+  } else {
+    uv_ip4_name(&e->target.addr.in4, ip, sizeof ip);
+    port = ntohs(e->target.addr.in4.sin_port);
+  }
+  snprintf(key, sizeof key, "%s:%u|%s|h2", ip, port, name);
+  h->pbuf = malloc(H2_READ);
+  rc = h->pbuf == NULL ? OM_ENOMEM
+                       : om_tls_new(e->tls_ctx, &o, &h->tls, NULL, 0);
+  if (rc == 0) {
+    rc = om_tls_handshake(h->tls);
+    rc = rc == OM_TLS_WANT_READ ? 0 : rc;
+  }
+  if (rc != 0) {
+    connect_failed(h,
+                   rc == OM_ENOMEM ? OM_UPSTREAM_FAIL_INTERNAL
+                                   : OM_UPSTREAM_FAIL_CONNECT,
+                   0,
+                   rc == OM_ENOMEM ? "out of memory for TLS"
+                                   : "the TLS handshake could not start");
+    return -1;
+  }
+  return 0;
+}
+
 static void on_connect(uv_connect_t *cr, int status) {
   h2c_t *h = cr->data;
   if (h->closing)
@@ -705,11 +879,18 @@ static void on_connect(uv_connect_t *cr, int status) {
     connect_failed(h, connect_class(status), status, uv_strerror(status));
     return;
   }
-  h->connected = 1;
   if (uv_read_start((uv_stream_t *)&h->tcp, on_alloc, on_read) != 0) {
     connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, "cannot read");
     return;
   }
+  if (h->peer->target.tls) {
+    /* the handshake first, offering h2 only: the connect timeout covers
+     * it, and nothing of a request goes before the peer proved its name */
+    if (tls_start(h) == 0)
+      conn_flush(h);
+    return;
+  }
+  h->connected = 1;
   conn_flush(h);
   conn_arm(h);
 }
@@ -821,10 +1002,8 @@ static int conn_new(req_t *r, h2c_t **out) {
                                                           cb_begin_headers);
   nghttp2_session_callbacks_set_on_header_callback(cbs, cb_header);
   nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, cb_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs,
-                                                            cb_data_chunk);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cbs,
-                                                         cb_stream_close);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, cb_data_chunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, cb_stream_close);
   nghttp2_session_callbacks_set_on_frame_send_callback(cbs, cb_frame_send);
   if (nghttp2_option_new(&opt) != 0) {
     nghttp2_session_callbacks_del(cbs);
@@ -958,11 +1137,11 @@ static int submit(h2c_t *h, req_t *r, const om_upstream_target_t *t,
   }
   nv[k++] = (nghttp2_nv){(uint8_t *)":method", (uint8_t *)q->method, 7,
                          slen(q->method, q->method_len), NGHTTP2_NV_FLAG_NONE};
-  nv[k++] = (nghttp2_nv){(uint8_t *)":scheme",
-                         (uint8_t *)(t->tls ? "https" : "http"), 7,
-                         t->tls ? 5u : 4u, NGHTTP2_NV_FLAG_NONE};
-  nv[k++] = (nghttp2_nv){(uint8_t *)":authority", (uint8_t *)auth, 10,
-                         auth_len, NGHTTP2_NV_FLAG_NONE};
+  nv[k++] =
+      (nghttp2_nv){(uint8_t *)":scheme", (uint8_t *)(t->tls ? "https" : "http"),
+                   7, t->tls ? 5u : 4u, NGHTTP2_NV_FLAG_NONE};
+  nv[k++] = (nghttp2_nv){(uint8_t *)":authority", (uint8_t *)auth, 10, auth_len,
+                         NGHTTP2_NV_FLAG_NONE};
   nv[k++] = (nghttp2_nv){(uint8_t *)":path", (uint8_t *)q->target, 5,
                          slen(q->target, q->target_len), NGHTTP2_NV_FLAG_NONE};
   for (i = 0; i < n; i++) {
@@ -1020,8 +1199,6 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
   int fresh = 0, rc;
   if (q->upgrade != NULL && slen(q->upgrade, q->upgrade_len) > 0)
     return OM_EINVAL; /* RFC 9113 8.6: no Upgrade in HTTP/2 */
-  if (t->tls)
-    return OM_EINVAL; /* h2 over TLS: not offered by this client yet */
   if (!q->headers_valid)
     for (size_t i = 0; i < q->n_headers; i++) {
       const om_http_header_t *f = &q->headers[i];
@@ -1054,8 +1231,8 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
   if (fresh) {
     r->res.connects++;
     r->connect_due = r->connect_ms != 0 ? now_ms(p) + r->connect_ms : 0;
-    rc = uv_tcp_connect(&h->creq, &h->tcp, &h->peer->target.addr.sa,
-                        on_connect);
+    rc =
+        uv_tcp_connect(&h->creq, &h->tcp, &h->peer->target.addr.sa, on_connect);
     if (rc != 0) {
       connect_failed(h, connect_class(rc), rc, uv_strerror(rc));
       return 0;
@@ -1080,8 +1257,7 @@ void om__up_h2_cancel(req_t *r) {
   if (h == NULL)
     return;
   if (r->sid > 0 && !h->closing)
-    nghttp2_submit_rst_stream(h->ss, NGHTTP2_FLAG_NONE, r->sid,
-                              NGHTTP2_CANCEL);
+    nghttp2_submit_rst_stream(h->ss, NGHTTP2_FLAG_NONE, r->sid, NGHTTP2_CANCEL);
   stream_detach(r);
   conn_flush(h);
 }
