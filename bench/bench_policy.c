@@ -74,7 +74,7 @@ static double route_ns(om_policy_t *p, int decide) {
   };
   static om_policy_decision_t d;
   om_policy_req_t req = {"orders", "POST", "/payments/42", headers, 5, NULL,
-                         0,        NULL};
+                         0,        NULL,   NULL,           NULL,    0, 0};
   uint32_t out[16];
   size_t n;
   char err[256];
@@ -195,7 +195,8 @@ static void bench_hostile(const char *name, double budget_ms,
   for (size_t i = 0; i < sizeof tags - 1; i++)
     tags[i] = (char)('a' + i % 26);
   h[0] = (om_policy_kv_t){"x-tags", 6, tags, sizeof tags - 1};
-  req = (om_policy_req_t){"svc", "GET", "/", h, 1, NULL, 0, NULL};
+  req = (om_policy_req_t){"svc", "GET", "/",  h,    1, NULL,
+                          0,     NULL,  NULL, NULL, 0, 0};
   if (om_policy_set_peers(p, &peer, 1) != 0)
     exit(1);
   for (int r = 0; r < 31; r++) {

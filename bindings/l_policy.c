@@ -354,6 +354,14 @@ static void read_req(lua_State *L, int idx, om_policy_req_t *req, int anchors) {
   req->n_metadata = read_kv(L, idx, "metadata", &m, anchors);
   req->metadata = m;
   req->identity = read_identity(L, idx, anchors);
+  /* req.grpc = {service, method}: as the proxy derives it from :path */
+  if (lua_getfield(L, idx, "grpc") == LUA_TTABLE) {
+    req->grpc_service = opt_string_field(L, -1, "service", "");
+    req->grpc_method = opt_string_field(L, -1, "method", "");
+    req->grpc_service_len = strlen(req->grpc_service);
+    req->grpc_method_len = strlen(req->grpc_method);
+  }
+  lua_pop(L, 1);
 }
 
 /* The peers and key of one route call; arrays live in Lua userdata. */

@@ -731,6 +731,18 @@ static int run_authorize(lua_State *L, om_policy_t *p) {
   return rc;
 }
 
+/* req.grpc = {service, method} of a gRPC call; req is at index 1. */
+static void push_grpc(lua_State *L, const om_policy_req_t *req) {
+  if (req->grpc_service == NULL || req->grpc_method == NULL)
+    return;
+  lua_createtable(L, 0, 2);
+  lua_pushlstring(L, req->grpc_service, req->grpc_service_len);
+  lua_setfield(L, -2, "service");
+  lua_pushlstring(L, req->grpc_method, req->grpc_method_len);
+  lua_setfield(L, -2, "method");
+  lua_setfield(L, 1, "grpc");
+}
+
 /* authorize(req), then key(req), subset(req, peers) and, when the caller
  * asked for a decision (argument 4) and the policy has one, decide(req)
  * into it: returns key, result, or nothing when authorize refused. Runs
@@ -772,6 +784,8 @@ static int call_route(lua_State *L) {
       push_identity(L, req->identity);
       lua_setfield(L, 1, "identity");
     }
+    if (p->vary_path)
+      push_grpc(L, req);
     lua_rawgetp(L, LUA_REGISTRYINDEX, &K_VARY_REQ);
     lua_setmetatable(L, 1);
     goto call;
@@ -791,6 +805,7 @@ static int call_route(lua_State *L) {
     push_identity(L, req->identity);
     lua_setfield(L, 1, "identity");
   }
+  push_grpc(L, req);
 call:
   if (run_authorize(L, p) != 0 || only_authorize)
     return 0;

@@ -69,6 +69,12 @@ typedef struct om_policy_req_s {
    * policy that declares vary sees it only when its vary names
    * ":identity" (its decisions are shared between callers) */
   const om_policy_identity_t *identity;
+  /* a gRPC call (content-type application/grpc, :path
+   * "/pkg.Service/Method"): req.grpc = {service, method}; NULL otherwise.
+   * It is read from the path: a policy that declares vary sees it only
+   * when its vary names ":path". */
+  const char *grpc_service, *grpc_method;
+  size_t grpc_service_len, grpc_method_len;
 } om_policy_req_t;
 
 /* What a traffic policy sees of a peer. zone may be NULL. */

@@ -161,7 +161,8 @@ static void route_returns_subset_indices(void **state) {
   };
   const om_policy_kv_t hdr[] = {{"x-canary", 8, "1", 1},
                                 {"x-user", 6, "u-42", 4}};
-  om_policy_req_t req = {"svc", "GET", "/", hdr, 2, NULL, 0, NULL};
+  om_policy_req_t req = {"svc", "GET", "/",  hdr,  2, NULL,
+                         0,     NULL,  NULL, NULL, 0, 0};
   uint32_t out[3];
   size_t n = 99, klen = 0;
   const char *key = NULL;
@@ -205,7 +206,8 @@ static void route_never_widens(void **state) {
   char err[512];
   assert_int_equal(om_policy_set_peers(p, peers, 3), 0);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    om_policy_req_t req = {"svc", "GET", cases[i].path, NULL, 0, NULL, 0, NULL};
+    om_policy_req_t req = {"svc", "GET", cases[i].path, NULL, 0, NULL,
+                           0,     NULL,  NULL,          NULL, 0, 0};
     size_t n = 77;
     int rc = om_policy_route(p, &req, out, &n, NULL, NULL, err, sizeof err);
     if (rc != OM_EPOLICY || n != 77 || strstr(err, cases[i].want) == NULL)
@@ -213,7 +215,8 @@ static void route_never_widens(void **state) {
                cases[i].want);
   }
   /* ... and the same state still routes afterwards */
-  om_policy_req_t ok = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
+  om_policy_req_t ok = {"svc", "GET", "/",  NULL, 0, NULL,
+                        0,     NULL,  NULL, NULL, 0, 0};
   size_t n = 0;
   assert_int_equal(
       om_policy_route(p, &ok, out, &n, NULL, NULL, err, sizeof err), 0);
@@ -233,7 +236,8 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
   uint32_t out[1];
   size_t n = 0;
   char err[512];
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
+  om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                         0,     NULL,  NULL, NULL, 0, 0};
   (void)state;
   for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
     snprintf(
@@ -297,7 +301,8 @@ static void vary_policies_lose_chance_and_the_clock(void **state) {
                                          {"t", "capture.lua:7: os.time"}};
     for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
       om_policy_kv_t h = {"x-a", 3, how[i][0], 1};
-      om_policy_req_t hreq = {"svc", "GET", "/", &h, 1, NULL, 0, NULL};
+      om_policy_req_t hreq = {"svc", "GET", "/",  &h,   1, NULL,
+                              0,     NULL,  NULL, NULL, 0, 0};
       assert_int_equal(
           om_policy_route(p, &hreq, out, &n, NULL, NULL, err, sizeof err),
           OM_EPOLICY);
@@ -346,7 +351,8 @@ static void select_metadata_fast_path_agrees(void **state) {
       {"c", NULL, NULL, 1, NULL, 0}, {"d", NULL, NULL, 1, v2x, 1},
       {"e", NULL, NULL, 1, v2, 1},
   };
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
+  om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                         0,     NULL,  NULL, NULL, 0, 0};
   uint32_t out[5];
   size_t n = 0;
   char err[512];
@@ -364,7 +370,8 @@ static void key_must_be_a_string(void **state) {
   om_policy_t *p = load_ok("key.lua", "return {kind = 'traffic', "
                                       "key = function() return 42 end, "
                                       "subset = function(r, p) return p end}");
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
+  om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                         0,     NULL,  NULL, NULL, 0, 0};
   char err[512];
   size_t n;
   assert_int_equal(
@@ -393,7 +400,8 @@ static void authorize_refuses_first(void **state) {
   const char *uri_b[] = {"spiffe://mesh/ns/b/sa/y"};
   om_policy_identity_t a = {"CN=a", uri_a, 2, NULL, 0};
   om_policy_identity_t b = {"CN=b", uri_b, 1, NULL, 0};
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, &a};
+  om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                         0,     &a,    NULL, NULL, 0, 0};
   uint32_t out[1];
   size_t n = 9, klen = 0;
   const char *key = NULL;
@@ -445,7 +453,8 @@ static void vary_identity_is_declared(void **state) {
       "    return false, req.identity and req.identity.subject or 'nil' end,\n"
       "  subset = function(_, p) return p end }\n";
   om_policy_identity_t a = {"CN=a", NULL, 0, NULL, 0};
-  om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, &a};
+  om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                         0,     &a,    NULL, NULL, 0, 0};
   const char *const *names;
   size_t n;
   int method, path, identity;

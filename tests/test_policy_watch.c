@@ -237,7 +237,8 @@ static void many_reloads_under_load(void **state) {
     uint32_t out[2];
     size_t n = 0;
     char err[256];
-    om_policy_req_t req = {"svc", "GET", "/", NULL, 0, NULL, 0, NULL};
+    om_policy_req_t req = {"svc", "GET", "/",  NULL, 0, NULL,
+                           0,     NULL,  NULL, NULL, 0, 0};
     write_file(f->path, i % 7 == 3 ? "return {" : version_src(10 + i));
     om_policy_watch_reload(f->w);
     om_policy_t *p = om_policy_watch_current(f->w);

@@ -462,6 +462,7 @@ static void service_free(om__proxy_service_t *s) {
   om_limiter_free(s->limiter);
   om_retry_budget_free(s->budget);
   om__proxy_tls_service_free(s);
+  om__proxy_grpc_free(s);
   free(s->name);
   free(s);
 }

@@ -145,6 +145,14 @@ static void on_call_timer_closed(uv_handle_t *h) {
 static void call_end(om__proxy_call_t *c, om__proxy_outcome_t o) {
   om__proxy_service_t *s = c->s;
   om_metric_inc(s->outcomes[o]);
+  if (c->grpc) {
+    /* the status the caller saw (om_proxy_grpc.c) */
+    int st = o == OM__PROXY_OK              ? c->grpc_status
+             : o == OM__PROXY_CLIENT_CLOSED ? 1  /* CANCELLED */
+             : o == OM__PROXY_ABORTED       ? 13 /* INTERNAL: a reset */
+                                            : om__proxy_outcome_grpc(o);
+    om__proxy_grpc_count(s, c->grpc_m, st, uv_hrtime() - c->t0);
+  }
   om__proxy_access_log_end(c, o);
   if (c->queued) {
     om_admission_cancel(s->adm, &c->waiter);
@@ -476,6 +484,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     c->req = NULL;
     c->finished = 1;
     c->committed = 1;
+    c->grpc_status = om__proxy_grpc_status_of(h, n);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) /* om_http_respond frames it */
       if (!(h[i].name_len == 14 &&
@@ -676,6 +685,7 @@ static void up_on_trailers(void *ud, const om_http_header_t *h, size_t n) {
     return;
   c->req = NULL;
   c->finished = 1;
+  c->grpc_status = om__proxy_grpc_status_of(h, n);
   om_http_response_end_trailers(req, h, n);
 }
 
@@ -976,6 +986,9 @@ static om__proxy_call_t *call_new(om_proxy_t *p, om__proxy_service_t *s,
   v->refs++;
   c->req = req;
   c->grpc = om__proxy_is_grpc(req);
+  c->grpc_status = -1;
+  if (c->grpc)
+    c->grpc_m = om__proxy_grpc_method(s, req->path, req->path_len);
   c->n_subset = rt->all ? v->n : rt->n_subset;
   c->keyed = keyed;
   c->waiter.data = c;
@@ -1140,7 +1153,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     snprintf(msg, sizeof msg, "no service named '%.*s' (from Host)",
              (int)(host_len > 128 ? 128 : host_len), host);
     om_metric_inc(p->unknown_service);
-    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
+    om__proxy_refused(p, s, req, OM__PROXY_NO_PEERS);
     om__proxy_respond_error(req, OM__PROXY_NO_PEERS, msg, 0,
                             own_id(p, req, rid));
     return;
@@ -1151,7 +1164,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (upgrade < 0) {
     om__proxy_upgrade_count(s, OM__PROXY_UPG_NOT_ALLOWED);
     om_metric_inc(s->outcomes[OM__PROXY_UPGRADE_NOT_ALLOWED]);
-    om__proxy_access_log_refused(p, s, req, OM__PROXY_UPGRADE_NOT_ALLOWED);
+    om__proxy_refused(p, s, req, OM__PROXY_UPGRADE_NOT_ALLOWED);
     om__proxy_respond_error(req, OM__PROXY_UPGRADE_NOT_ALLOWED, err, 0,
                             own_id(p, req, rid));
     return;
@@ -1165,7 +1178,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     kv = malloc(req->n_headers * sizeof *kv);
     if (kv == NULL) {
       om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
-      om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
+      om__proxy_refused(p, s, req, OM__PROXY_OVERLOADED);
       om__proxy_respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
                               own_id(p, req, rid));
       return;
@@ -1180,6 +1193,11 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   preq.path = req->path;
   preq.headers = kv;
   preq.n_headers = req->n_headers;
+  if (om__proxy_is_grpc(req) &&
+      om__proxy_grpc_split(req->path, req->path_len, &preq.grpc_service,
+                           &preq.grpc_service_len, &preq.grpc_method,
+                           &preq.grpc_method_len) != 0)
+    preq.grpc_service = preq.grpc_method = NULL;
   const om_tls_identity_t *tid = om_http_request_identity(req);
   om_policy_identity_t pid; /* the caller's client certificate: req.identity */
   if (tid != NULL) {
@@ -1201,7 +1219,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
     const char *id = own_id(p, req, rid);
     om__proxy_outcome_t o = policy_failed(s, req, rc, id, err, now);
     om_metric_inc(s->outcomes[o]);
-    om__proxy_access_log_refused(p, s, req, o);
+    om__proxy_refused(p, s, req, o);
     om__proxy_respond_error(req, o, err, 0, id);
     return;
   }
@@ -1239,7 +1257,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (rt.n_subset == 0) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_NO_PEERS]);
-    om__proxy_access_log_refused(p, s, req, OM__PROXY_NO_PEERS);
+    om__proxy_refused(p, s, req, OM__PROXY_NO_PEERS);
     om__proxy_respond_error(req, OM__PROXY_NO_PEERS,
                             s->view->n == 0 ? "the service has no peers"
                                             : "the traffic policy left no peer",
@@ -1259,7 +1277,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if ((inflight >= limit || queued > 0) && queued >= s->set.max_queue) {
     om__proxy_subset_unref(rt.shared);
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
-    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
+    om__proxy_refused(p, s, req, OM__PROXY_OVERLOADED);
     om__proxy_respond_error(req, OM__PROXY_OVERLOADED,
                             "the service's in-flight limit and queue are full",
                             0, own_id(p, req, rid));
@@ -1268,7 +1286,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   c = call_new(p, s, req, &rt, key != NULL);
   if (c == NULL) {
     om_metric_inc(s->outcomes[OM__PROXY_OVERLOADED]);
-    om__proxy_access_log_refused(p, s, req, OM__PROXY_OVERLOADED);
+    om__proxy_refused(p, s, req, OM__PROXY_OVERLOADED);
     om__proxy_respond_error(req, OM__PROXY_OVERLOADED, "out of memory", 0,
                             own_id(p, req, rid));
     return;

@@ -229,8 +229,16 @@ int om__proxy_outcome_status(om__proxy_outcome_t o);
  * (14 UNAVAILABLE, 4 DEADLINE_EXCEEDED, ...); 0 when o is no refusal. */
 int om__proxy_outcome_grpc(om__proxy_outcome_t o);
 
+/* gRPC methods a service keeps metrics for (the last is "other"), and
+ * the longest "pkg.Service/Method" kept by name (om_proxy_grpc.c) */
+#define OM__PROXY_GRPC_METHODS 64
+#define OM__PROXY_GRPC_METHOD_LEN 160
+typedef struct om__proxy_grpc_method_s om__proxy_grpc_method_t;
+
 struct om__proxy_service_s {
   om_proxy_t *proxy;
+  om__proxy_grpc_method_t *grpc; /* OM__PROXY_GRPC_METHODS, made on use */
+  size_t n_grpc;
   char *name;
   const char *policy_path; /* borrowed from the proxy's options */
   om__proxy_view_t *view;  /* current; never NULL once created */
@@ -428,6 +436,8 @@ struct om__proxy_call_s {
    * finished: the response was completed to the caller already (a
    * Trailers-Only relay, or the trailers ended it) */
   int grpc, grpc_retry, finished, last_grpc;
+  int grpc_status; /* what the upstream said (-1: nothing yet) */
+  om__proxy_grpc_method_t *grpc_m; /* its metrics entry */
   int grpc_deadline; /* the caller sent grpc-timeout: what is left goes on */
   char grpc_timeout_buf[24];
   struct om__proxy_alog_req_s *alog; /* the access log's request part */
@@ -660,6 +670,29 @@ void om__proxy_respond_error(om_http_request_t *req, om__proxy_outcome_t o,
 int om__proxy_is_grpc(const om_http_request_t *req);
 /* The code of a gRPC status name ("UNAVAILABLE": 14), -1 for none. */
 int om__proxy_grpc_code(const char *name);
+
+/*
+ * om_proxy_grpc.c. _split: a gRPC :path "/pkg.Service/Method" into its
+ * service and method (0), -1 when it is not one. _status_of: the
+ * grpc-status of fields h[0, n) (0..16), -1 for none or a malformed one.
+ * _method: s's metrics entry for the method of path (made on first use;
+ * "other" past the bound or for a path that is not a method), NULL when
+ * out of memory. _count: one call of m ended with status (outside 0..16:
+ * UNKNOWN) after elapsed_ns. _free: with the service. _refused: a
+ * refusal before any call existed (the access log, and a gRPC caller's
+ * method metrics).
+ */
+int om__proxy_grpc_split(const char *path, size_t len, const char **svc,
+                         size_t *svc_len, const char **method,
+                         size_t *method_len);
+int om__proxy_grpc_status_of(const om_http_header_t *h, size_t n);
+om__proxy_grpc_method_t *om__proxy_grpc_method(om__proxy_service_t *s,
+                                               const char *path, size_t len);
+void om__proxy_grpc_count(om__proxy_service_t *s, om__proxy_grpc_method_t *m,
+                          int status, uint64_t elapsed_ns);
+void om__proxy_grpc_free(om__proxy_service_t *s);
+void om__proxy_refused(om_proxy_t *p, om__proxy_service_t *s,
+                       const om_http_request_t *req, om__proxy_outcome_t o);
 
 /* 403 forbidden for the policy's authorize refusal with its reason,
  * counted, logged at most once a second per service (proxy_denied, with

@@ -165,7 +165,7 @@ void om__proxy_deny(om__proxy_service_t *s, om_http_request_t *req,
     om_log(OM_LOG_INFO, "proxy_denied", "service", s->name, "request_id", id,
            "caller", caller, "reason", reason, "suppressed", sup, NULL);
   }
-  om__proxy_access_log_refused(s->proxy, s, req, OM__PROXY_FORBIDDEN);
+  om__proxy_refused(s->proxy, s, req, OM__PROXY_FORBIDDEN);
   om__proxy_respond_error(
       req, OM__PROXY_FORBIDDEN,
       reason[0] != '\0' ? reason : "the traffic policy refused the call", 0,
@@ -181,6 +181,6 @@ void om__proxy_refuse_body(om__proxy_service_t *s, om_http_request_t *req,
            "the request body (Content-Length) passes max_body_bytes (%llu)",
            (unsigned long long)max);
   om_metric_inc(s->outcomes[OM__PROXY_BODY_TOO_LARGE]);
-  om__proxy_access_log_refused(s->proxy, s, req, OM__PROXY_BODY_TOO_LARGE);
+  om__proxy_refused(s->proxy, s, req, OM__PROXY_BODY_TOO_LARGE);
   om__proxy_respond_error(req, OM__PROXY_BODY_TOO_LARGE, msg, 0, id);
 }

@@ -20,6 +20,13 @@ local function policy(deadline_ms)
 return {
   kind = "traffic",
   subset = function(_, peers) return peers end,
+  -- req.grpc: the call's service and method, from :path
+  authorize = function(req)
+    if req.grpc and req.grpc.method == "Forbidden" then
+      return false, "method " .. req.grpc.service .. "/Forbidden is closed"
+    end
+    return true
+  end,
   deadline_ms = %d,
   retries = 2,
   protocol = "h2c",
@@ -78,7 +85,7 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
       ' "half": {"instances": [{"id": "a", "url": "http://127.0.0.1:%d"},' ..
       ' {"id": "down", "url": "http://127.0.0.1:%d"}]},' ..
       ' "both": {"instances": [{"id": "a", "url": "http://127.0.0.1:%d"},' ..
-      ' {"id": "b", "url": "http://127.0.0.1:%d"}]}}}',
+      ' {"id": "b", "url": "http://127.0.0.1:%d"}]}, "nobody": {"instances": []}}}',
       ports.a, ports.a, ports.down, ports.a, ports.b))
     proxy = H.start_proxy(dir, "proxy", "--workers 1 --policy " .. H.q(dir .. "/traffic.lua") ..
       " --static " .. H.q(dir .. "/static.json"))
@@ -167,6 +174,49 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
     local r = H.json(out:match("{.*}") or "{}")
     assert.are.equal("OK", r.code, out)
     assert.are.equal(6, r.count, out)
+  end)
+
+  it("shows req.grpc to the policy and counts calls per method and status", function()
+    local r, line = call("echo", "method", "Forbidden")
+    assert.are.equal("PERMISSION_DENIED", r.code, line)
+    assert.are.equal("method echo.Echo/Forbidden is closed", r.details, line)
+    local m = H.sh(H.curl(5) .. " -s " .. proxy.admin .. "/metrics")
+    local function count(svc, method, status)
+      return tonumber(m:match('openmesh_proxy_grpc_requests_total{service="' .. svc ..
+        '",grpc_method="echo%.Echo/' .. method .. '",grpc_status="' .. status .. '"} (%d+)')) or 0
+    end
+    assert.are.equal(1, count("echo", "Forbidden", 7))
+    -- the three unary calls to echo above: every one OK
+    assert.are.equal(3, count("echo", "Unary", 0))
+    -- UNAVAILABLE from every peer: what the caller saw
+    assert.are.equal(1, count("half", "Unavailable", 14))
+    -- answered one message, then failed: the status of its trailers
+    assert.are.equal(1, count("both", "FailAfterOne", 14))
+    assert.truthy(m:match('openmesh_proxy_grpc_request_duration_seconds_count{service="echo",' ..
+      'grpc_method="echo%.Echo/Bidi"} 1'), "no duration for the bidi call")
+  end)
+
+  it("keeps per-method series bounded: past 63 methods they count as other", function()
+    -- refusals (no peers) count too: 80 streams of one nghttp connection
+    -- (curl 7.88 cannot reuse a prior-knowledge connection: curl#10634)
+    local urls = {}
+    for i = 1, 80 do
+      urls[#urls + 1] = proxy.url .. "/pkg.Svc/M" .. i
+    end
+    H.sh("timeout 20 nghttp -n -H 'host: nobody' -H 'content-type: application/grpc' " ..
+      table.concat(urls, " ") .. " 2>&1")
+    local m = H.sh(H.curl(5) .. " -s " .. proxy.admin .. "/metrics")
+    local named, other = 0, 0
+    for method, n in m:gmatch('openmesh_proxy_grpc_requests_total{service="nobody",' ..
+      'grpc_method="([^"]+)",grpc_status="14"} (%d+)') do
+      if method == "other" then
+        other = tonumber(n)
+      else
+        named = named + 1
+      end
+    end
+    assert.are.equal(63, named)
+    assert.are.equal(17, other)
   end)
 
   it("carries an HTTP/1.1 caller to an HTTP/2 upstream, bodies both ways", function()
