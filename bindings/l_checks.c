@@ -124,6 +124,8 @@ static int l_vary_view(lua_State *L) {
       path = 1;
       lua_getfield(L, 2, "path");
       lua_setfield(L, out, "path");
+      lua_getfield(L, 2, "grpc"); /* read from the path */
+      lua_setfield(L, out, "grpc");
     } else if (strcmp(name, ":identity") == 0) {
       lua_getfield(L, 2, "identity");
       lua_setfield(L, out, "identity");

@@ -477,6 +477,9 @@ static int vary_req_index(lua_State *L) { /* (req, k); up: method, path */
   if (strcmp(k, "path") == 0 && !lua_toboolean(L, lua_upvalueindex(2)))
     return vary_error(L, "reads req.path, which its vary does not name "
                          "(add \":path\" to vary)");
+  if (strcmp(k, "grpc") == 0 && !lua_toboolean(L, lua_upvalueindex(2)))
+    return vary_error(L, "reads req.grpc, which comes from the path its "
+                         "vary does not name (add \":path\" to vary)");
   return 0;
 }
 

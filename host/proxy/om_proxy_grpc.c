@@ -109,8 +109,8 @@ om__proxy_grpc_method_t *om__proxy_grpc_method(om__proxy_service_t *s,
            esc);
   m->latency = om_metrics_histogram(
       s->proxy->metrics, "openmesh_proxy_grpc_request_duration_seconds",
-      "gRPC calls by method, from the request head to the call's end.",
-      labels, bounds, sizeof bounds / sizeof bounds[0]);
+      "gRPC calls by method, from the request head to the call's end.", labels,
+      bounds, sizeof bounds / sizeof bounds[0]);
   s->n_grpc++;
   return m;
 }

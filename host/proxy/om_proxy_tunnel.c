@@ -87,6 +87,15 @@ int om__proxy_upgrade_classify(const om__proxy_service_t *s,
         continue;
       if (e - b == 3 && om__http_ci_eq(v + b, 3, "h2c"))
         continue; /* never forwarded: HTTP/1.1 it is */
+      if (s->set.http2) {
+        /* HTTP/2 has no Upgrade (RFC 9113 8.6) and the proxy does not
+         * speak extended CONNECT (RFC 8441) to peers */
+        snprintf(why, why_cap,
+                 "upgrade to '%.*s' cannot reach this service: its peers "
+                 "are spoken to over HTTP/2 (protocol)",
+                 (int)(e - b > 64 ? 64 : e - b), v + b);
+        return -1;
+      }
       if (!allowed(&s->set.upgrades, v + b, e - b)) {
         snprintf(why, why_cap,
                  "upgrade to '%.*s' is not allowed by the service's traffic "

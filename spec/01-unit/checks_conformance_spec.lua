@@ -130,6 +130,8 @@ describe("policy answer checks: production and library agree", function()
     { "req.headers['X-B']", "reads header 'X-B', which its vary does not name (add \"x-b\" to vary)" },
     { "req.path", "reads req.path, which its vary does not name (add \":path\" to vary)" },
     { "req.method", "reads req.method, which its vary does not name (add \":method\" to vary)" },
+    { "req.grpc", "reads req.grpc, which comes from the path its vary does not name"
+      .. " (add \":path\" to vary)" },
     { "req.metadata.zone", "reads req.metadata.zone, which its vary does not name"
       .. " (a policy that declares vary sees no metadata)" },
   } do
@@ -158,5 +160,12 @@ describe("policy answer checks: production and library agree", function()
     assert.has_error(function()
       return view.method
     end, 'reads req.method, which its vary does not name (add ":method" to vary)')
+  end)
+
+  it("the vary view shows req.grpc with the path it comes from", function()
+    local req = { service = "s", path = "/pkg.S/M", grpc = { service = "pkg.S", method = "M" } }
+    local view = om.checks.vary_view({ ":path" }, req)
+    assert.equal("M", view.grpc.method)
+    assert.equal("pkg.S", view.grpc.service)
   end)
 end)

@@ -152,6 +152,16 @@ describe("contract.validate", function()
     end)
 
     it("checks upgrade tokens and the stream idle timeout", function()
+      accepts(traffic { protocol = "h2c", grpc_retry_on = { "UNAVAILABLE", "RESOURCE_EXHAUSTED" } })
+      accepts(traffic { protocol = "http1", grpc_retry_on = {} })
+      rejects(traffic { protocol = "h3" },
+        "field 'protocol': one of 'http1', 'h2c', 'h2' expected, got 'h3'")
+      rejects(traffic { grpc_retry_on = { "unavailable" } },
+        "field 'grpc_retry_on[1]': gRPC status name (as \"UNAVAILABLE\") expected, got 'unavailable'")
+      rejects(traffic { grpc_retry_on = { "UNAVAILABLE", "UNAVAILABLE" } },
+        "field 'grpc_retry_on[2]': duplicate status 'UNAVAILABLE'")
+      rejects(traffic { grpc_retry_on = "UNAVAILABLE" },
+        "field 'grpc_retry_on': array of gRPC status names expected, got 'UNAVAILABLE'")
       accepts(traffic { upgrades = {} })
       accepts(traffic { upgrades = { "websocket", "Foo/2", "x-raw" }, stream_idle_timeout_ms = 500 })
       rejects(traffic { upgrades = "websocket" }, "field 'upgrades': array of protocol tokens expected, got 'websocket'")

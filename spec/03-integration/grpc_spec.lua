@@ -196,6 +196,13 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
       'grpc_method="echo%.Echo/Bidi"} 1'), "no duration for the bidi call")
   end)
 
+  it("refuses an upgrade to an HTTP/2 service with a reason", function()
+    local out = H.sh(H.curl(10) .. " -s -H 'Host: echo' -H 'Connection: upgrade' " ..
+      "-H 'Upgrade: websocket' -w ' %{http_code}' " .. proxy.url .. "/ws")
+    assert.are.equal('{"reason":"upgrade_not_allowed","message":"upgrade to \'websocket\' ' ..
+      'cannot reach this service: its peers are spoken to over HTTP/2 (protocol)"} 403', out)
+  end)
+
   it("keeps per-method series bounded: past 63 methods they count as other", function()
     -- refusals (no peers) count too: 80 streams of one nghttp connection
     -- (curl 7.88 cannot reuse a prior-knowledge connection: curl#10634)

@@ -38,6 +38,12 @@ local identity_shape = record {
   { "spiffe", text },
 }
 
+-- A gRPC call's service and method (from :path "/pkg.Service/Method").
+local grpc_shape = record {
+  { "service", nonempty, required = true },
+  { "method", nonempty, required = true },
+}
+
 local req_shape = record {
   { "service", text },
   { "method", text },
@@ -45,6 +51,7 @@ local req_shape = record {
   { "headers", map_of(text, lower_case) },
   { "metadata", map_of(text) },
   { "identity", identity_shape },
+  { "grpc", grpc_shape },
 }
 
 local peer_shape = record {
@@ -108,6 +115,7 @@ function M.default_req(t)
     headers = shallow_copy(t.headers),
     metadata = shallow_copy(t.metadata),
     identity = default_identity(t.identity),
+    grpc = t.grpc and { service = t.grpc.service, method = t.grpc.method },
   }
 end
 
