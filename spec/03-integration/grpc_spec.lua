@@ -200,7 +200,7 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
     local out = H.sh(H.curl(10) .. " -s -H 'Host: echo' -H 'Connection: upgrade' " ..
       "-H 'Upgrade: websocket' -w ' %{http_code}' " .. proxy.url .. "/ws")
     assert.are.equal('{"reason":"upgrade_not_allowed","message":"upgrade to \'websocket\' ' ..
-      'cannot reach this service: its peers are spoken to over HTTP/2 (protocol)"} 403', out)
+      'cannot reach this service: its peers are spoken to over HTTP/2 (protocol)"}\n 403', out)
   end)
 
   it("keeps per-method series bounded: past 63 methods they count as other", function()
