@@ -258,9 +258,21 @@ return { kind = "traffic", subset = function(_, peers) return peers end }
     local len, sha = out:match("(%d+) (%x+)")
     assert.are.equal("2000000", len, "sink said: " .. out)
     assert.are.equal(want, sha)
-    -- the inner proxy served those as HTTP/2 streams
+    -- an HTTP/2 caller to the same HTTP/2 upstream: curl, and 20
+    -- multiplexed streams of one nghttp connection
+    out = H.sh(H.curl(20) .. " -s --http2-prior-knowledge -H 'Host: up' -o /dev/null " ..
+      "-w '%{http_version} %{http_code} %{size_download}' " .. outer.url .. "/download/1000000")
+    assert.are.equal("2 200 1000000", out)
+    local urls = {}
+    for i = 1, 20 do
+      urls[#urls + 1] = outer.url .. "/download/" .. (1000 * i)
+    end
+    out = H.sh("timeout 20 nghttp -n -s -H 'host: up' " .. table.concat(urls, " ") .. " 2>&1")
+    local ok = select(2, out:gsub("ms%s+200%s+[%d.]+K? /download/", ""))
+    -- the inner proxy served all of those as HTTP/2 streams
     local m = H.sh(H.curl(5) .. " -s " .. inner.admin .. "/metrics")
     local streams = tonumber(m:match("\nopenmesh_proxy_h2_streams_total (%d+)")) or 0
-    assert.is_true(streams >= 2, "h2 streams at the inner proxy: " .. streams)
+    assert.is_true(streams >= 23, "h2 streams at the inner proxy: " .. streams .. "\n" .. out)
+    assert.are.equal(20, ok, out)
   end)
 end)
