@@ -65,6 +65,7 @@ typedef struct om__up_h2c_s {
   unsigned connected : 1, closing : 1, goaway : 1, writing : 1, in_ng : 1,
       flush_due : 1, counted_idle : 1;
   uint64_t connect_due, idle_since, idle_ms;
+  uint64_t timer_due; /* loop ms the timer fires at; 0: stopped */
   char *rbuf;
   /* TLS (an https:// peer): the engine, and the plaintext it decrypts
    * into; the connection is "connected" once the handshake selected h2 */
@@ -75,7 +76,8 @@ typedef struct om__up_h2c_s {
 } h2c_t;
 
 static void conn_flush(h2c_t *h);
-static void conn_arm(h2c_t *h);
+static void conn_rearm(h2c_t *h);
+static void conn_arm_at(h2c_t *h, uint64_t due);
 static void conn_fail(h2c_t *h, om_upstream_fail_t fail, int err,
                       const char *detail);
 
@@ -121,8 +123,9 @@ static void stream_detach(req_t *r) {
   if (--h->nstreams == 0) {
     h->idle_since = now_ms(h->pool);
     count_idle(h);
+    if (h->connected)
+      conn_arm_at(h, h->idle_since + h->idle_ms);
   }
-  conn_arm(h);
 }
 
 static int arena_put(req_t *r, const uint8_t *p, size_t n, size_t *off) {
@@ -724,7 +727,7 @@ static void tls_handshake_done(h2c_t *h, int rc) {
   }
   h->connected = 1;
   conn_flush(h);
-  conn_arm(h);
+  conn_rearm(h);
 }
 
 /* TLS: nread bytes of ciphertext in rbuf: the handshake, then the
@@ -771,10 +774,8 @@ static void tls_read(h2c_t *h, size_t nread) {
     if (h->closing)
       break;
   }
-  if (!h->closing) {
+  if (!h->closing)
     conn_flush(h);
-    conn_arm(h);
-  }
   p->api--;
   om__up_pool_maybe_finish(p);
 }
@@ -805,7 +806,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
                nghttp2_strerror((int)rc));
   } else if (!h->closing) {
     conn_flush(h);
-    conn_arm(h);
   }
   p->api--;
   om__up_pool_maybe_finish(p);
@@ -892,7 +892,7 @@ static void on_connect(uv_connect_t *cr, int status) {
   }
   h->connected = 1;
   conn_flush(h);
-  conn_arm(h);
+  conn_rearm(h);
 }
 
 /* The earliest due time of h and its streams (loop ms; 0: none). */
@@ -902,8 +902,24 @@ static uint64_t earliest(uint64_t a, uint64_t b) {
 
 static void on_timer(uv_timer_t *t);
 
-static void conn_arm(h2c_t *h) {
-  uint64_t due = 0, now;
+/*
+ * The timer is lazy: a stream that starts brings the timer forward to
+ * its own earliest due time (conn_arm_at, O(1)); nothing moves it back
+ * when a stream gets its head or ends, so it may fire early, and then
+ * on_timer looks at every stream once and sets it to the real earliest
+ * (conn_rearm). The hot path never walks the streams.
+ */
+static void conn_arm_at(h2c_t *h, uint64_t due) {
+  uint64_t now;
+  if (h->closing || due == 0 || (h->timer_due != 0 && h->timer_due <= due))
+    return;
+  h->timer_due = due;
+  now = now_ms(h->pool);
+  uv_timer_start(&h->timer, on_timer, due > now ? due - now : 0, 0);
+}
+
+static void conn_rearm(h2c_t *h) {
+  uint64_t due = 0;
   if (h->closing)
     return;
   if (!h->connected)
@@ -920,18 +936,16 @@ static void conn_arm(h2c_t *h) {
   }
   if (h->nstreams == 0 && h->connected)
     due = earliest(due, h->idle_since + h->idle_ms);
-  if (due == 0) {
-    uv_timer_stop(&h->timer);
-    return;
-  }
-  now = now_ms(h->pool);
-  uv_timer_start(&h->timer, on_timer, due > now ? due - now : 0, 0);
+  uv_timer_stop(&h->timer);
+  h->timer_due = 0;
+  conn_arm_at(h, due);
 }
 
 static void on_timer(uv_timer_t *t) {
   h2c_t *h = t->data;
   om_upstream_pool_t *p = h->pool;
   uint64_t now = now_ms(p);
+  h->timer_due = 0;
   if (h->closing)
     return;
   if (h->nstreams == 0 && h->connected) {
@@ -977,7 +991,7 @@ static void on_timer(uv_timer_t *t) {
   }
   if (!h->closing) {
     conn_flush(h);
-    conn_arm(h);
+    conn_rearm(h);
   }
   p->api--;
 }
@@ -1247,8 +1261,12 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
     r->first_byte_due = now_ms(p) + r->first_byte_ms;
   if (h->idle_ms < r->idle_ms)
     h->idle_ms = r->idle_ms;
+  conn_arm_at(h, earliest(earliest(r->total_due, r->head_due),
+                          earliest(r->first_byte_due,
+                                   h->connected ? 0 : r->connect_due)));
+  if (!h->connected)
+    conn_arm_at(h, h->connect_due);
   conn_flush(h);
-  conn_arm(h);
   return 0;
 }
 
@@ -1320,7 +1338,7 @@ void om__up_h2_body_more(req_t *r) {
   }
   if (r->body_ended && r->first_byte_ms != 0 && !r->h2_head) {
     r->first_byte_due = now_ms(r->pool) + r->first_byte_ms;
-    conn_arm(h);
+    conn_arm_at(h, r->first_byte_due);
   }
   conn_flush(h);
 }
