@@ -202,6 +202,16 @@ static void handler(om_http_request_t *req, void *ud) {
     om_http_response_write(req, "", 0); /* must not end the stream */
     om_http_response_write(req, "world", 5);
     om_http_response_end(req);
+  } else if (strcmp(p, "/trailers") == 0) {
+    /* a chunked body, then trailers: a framing field among them never
+     * travels, nor one whose value is not field-content */
+    om_http_header_t t[] = {{"grpc-status", "0", 0, 0},
+                            {"Content-Length", "9", 0, 0},
+                            {"x-bad", "a\r\nX-Injected: 1", 0, 0},
+                            {"x-sum", "abc", 0, 0}};
+    om_http_response_start(req, 200, NULL, 0);
+    om_http_response_write(req, "body", 4);
+    om_http_response_end_trailers(req, t, 4);
   } else if (strcmp(p, "/fixed") == 0) {
     om_http_header_t h[] = {{"Content-Length", "5", 0, 0}};
     om_http_response_start(req, 200, h, 1);
@@ -1450,6 +1460,32 @@ static void streaming_responses(void **state) {
 }
 
 /*
+ * Trailers go in the trailer section of a chunked response when the
+ * request's TE lists "trailers" (RFC 9110 10.1.4), are dropped without
+ * it, and never carry a framing field or a CR/LF.
+ */
+static void trailers_only_when_te_lists_them(void **state) {
+  fx_t *fx = fx_new(NULL);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  (void)state;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "GET /trailers HTTP/1.1\r\nHost: t\r\n"
+                             "TE: gzip, trailers\r\n\r\n" GET("/trailers")),
+                   0);
+  assert_int_equal(wait_responses(fx, c, NULL, 2, 2000), 2);
+  assert_string_equal(R[0].body, "body");
+  assert_string_equal(R[1].body, "body");
+  /* the first, and only the first, ends with its trailer section */
+  assert_non_null(
+      strstr(c->buf, "4\r\nbody\r\n0\r\ngrpc-status: 0\r\nx-sum: abc\r\n\r\n"));
+  assert_non_null(strstr(c->buf, "4\r\nbody\r\n0\r\n\r\n"));
+  assert_null(strstr(c->buf, "X-Injected"));
+  assert_null(strstr(c->buf, "Content-Length: 9"));
+  htc_free(c);
+  fx_free(fx);
+}
+
+/*
  * A lent buffer is not copied: what the kernel does not take waits as a
  * pointer into it (pending counts it), and its release runs exactly once,
  * after the client took every byte, or when the client leaves mid-way; a
@@ -1962,6 +1998,7 @@ int main(void) {
       cmocka_unit_test(random_garbage_is_refused_and_the_server_lives),
       cmocka_unit_test(streaming_responses),
       cmocka_unit_test(lent_writes_are_released_once),
+      cmocka_unit_test(trailers_only_when_te_lists_them),
       cmocka_unit_test(client_close_mid_stream_runs_on_close),
       cmocka_unit_test(byte_classes_follow_the_grammar),
       cmocka_unit_test(response_api_misuse_is_refused),

@@ -9,15 +9,21 @@
  * losing the connection, a refused connect says nothing was sent, and
  * closing the pool ends what is in flight. Over TLS (certificates from
  * tests/fixtures/tls_certs.sh): h2 by ALPN, and a server that does not
- * select h2 fails the connect.
+ * select h2 fails the connect. Against a misbehaving server scripted here
+ * with nghttp2's server side: a refused stream and one above a GOAWAY's
+ * last stream id end with nothing sent (any method may go again), a
+ * reset after the head is a cut body, a head over max_header_bytes is
+ * malformed.
  */
 #include "om_test.h"
 
+#include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <nghttp2/nghttp2.h>
 #include <uv.h>
 
 #include "om_errno.h"
@@ -541,6 +547,184 @@ static void server_without_h2_fails_the_connect(void **state) {
   fx_free(fx);
 }
 
+/* ------------------------------------------------------------------ */
+/* a scripted HTTP/2 server: raw nghttp2 on a libuv socket */
+
+enum { RAW_REFUSE, RAW_GOAWAY, RAW_RESET_AFTER_HEAD, RAW_BIG_HEAD };
+
+typedef struct raw_s {
+  uv_tcp_t lis, conn;
+  nghttp2_session *ss;
+  int mode, port, accepted;
+  int32_t reset_id; /* reset after the head went out */
+  char rbuf[65536];
+} raw_t;
+
+static void raw_send(raw_t *rs) {
+  const uint8_t *d;
+  ssize_t n;
+  while ((n = nghttp2_session_mem_send(rs->ss, &d)) > 0) {
+    uv_buf_t b = uv_buf_init((char *)d, (unsigned)n);
+    /* small frames: the kernel takes them at once on loopback */
+    assert_int_equal(uv_try_write((uv_stream_t *)&rs->conn, &b, 1), n);
+  }
+}
+
+static int raw_frame(nghttp2_session *ss, const nghttp2_frame *f, void *ud) {
+  raw_t *rs = ud;
+  static char big[2000];
+  int32_t id = f->hd.stream_id;
+  if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
+    return 0;
+  switch (rs->mode) {
+  case RAW_REFUSE:
+    nghttp2_submit_rst_stream(ss, NGHTTP2_FLAG_NONE, id,
+                              NGHTTP2_REFUSED_STREAM);
+    break;
+  case RAW_GOAWAY: /* nothing was processed */
+    nghttp2_submit_goaway(ss, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR, NULL, 0);
+    break;
+  case RAW_RESET_AFTER_HEAD: {
+    nghttp2_nv nv[] = {{(uint8_t *)":status", (uint8_t *)"200", 7, 3, 0}};
+    nghttp2_submit_headers(ss, NGHTTP2_FLAG_NONE, id, NULL, nv, 1, NULL);
+    rs->reset_id = id; /* once the head is on the wire (raw_read) */
+    break;
+  }
+  case RAW_BIG_HEAD: {
+    nghttp2_nv nv[] = {{(uint8_t *)":status", (uint8_t *)"200", 7, 3, 0},
+                       {(uint8_t *)"x-big", (uint8_t *)big, 5, sizeof big, 0}};
+    memset(big, 'b', sizeof big);
+    nghttp2_submit_headers(ss, NGHTTP2_FLAG_END_STREAM, id, NULL, nv, 2, NULL);
+    break;
+  }
+  }
+  return 0;
+}
+
+static void raw_alloc(uv_handle_t *h, size_t sz, uv_buf_t *b) {
+  raw_t *rs = h->data;
+  (void)sz;
+  *b = uv_buf_init(rs->rbuf, sizeof rs->rbuf);
+}
+
+static void raw_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
+  raw_t *rs = st->data;
+  if (n <= 0)
+    return;
+  assert_true(nghttp2_session_mem_recv(rs->ss, (const uint8_t *)b->base,
+                                       (size_t)n) >= 0);
+  raw_send(rs);
+  if (rs->reset_id > 0) {
+    nghttp2_submit_rst_stream(rs->ss, NGHTTP2_FLAG_NONE, rs->reset_id,
+                              NGHTTP2_INTERNAL_ERROR);
+    rs->reset_id = 0;
+    raw_send(rs);
+  }
+}
+
+static void raw_accept(uv_stream_t *lis, int status) {
+  raw_t *rs = lis->data;
+  nghttp2_session_callbacks *cbs;
+  nghttp2_settings_entry iv = {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 100};
+  assert_int_equal(status, 0);
+  assert_int_equal(rs->accepted++, 0);
+  uv_tcp_init(lis->loop, &rs->conn);
+  rs->conn.data = rs;
+  assert_int_equal(uv_accept(lis, (uv_stream_t *)&rs->conn), 0);
+  nghttp2_session_callbacks_new(&cbs);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, raw_frame);
+  assert_int_equal(nghttp2_session_server_new(&rs->ss, cbs, rs), 0);
+  nghttp2_session_callbacks_del(cbs);
+  nghttp2_submit_settings(rs->ss, NGHTTP2_FLAG_NONE, &iv, 1);
+  uv_read_start((uv_stream_t *)&rs->conn, raw_alloc, raw_read);
+}
+
+static void raw_start(fx_t *fx, raw_t *rs, int mode) {
+  struct sockaddr_in sa;
+  int len = sizeof sa;
+  memset(rs, 0, sizeof *rs);
+  rs->mode = mode;
+  uv_tcp_init(&fx->loop, &rs->lis);
+  rs->lis.data = rs;
+  uv_ip4_addr("127.0.0.1", 0, &sa);
+  assert_int_equal(uv_tcp_bind(&rs->lis, (struct sockaddr *)&sa, 0), 0);
+  assert_int_equal(uv_listen((uv_stream_t *)&rs->lis, 8, raw_accept), 0);
+  uv_tcp_getsockname(&rs->lis, (struct sockaddr *)&sa, &len);
+  rs->port = ntohs(sa.sin_port);
+}
+
+static void raw_stop(fx_t *fx, raw_t *rs) {
+  uv_close((uv_handle_t *)&rs->lis, NULL);
+  if (rs->accepted)
+    uv_close((uv_handle_t *)&rs->conn, NULL);
+  run_for(fx, 10);
+  nghttp2_session_del(rs->ss);
+}
+
+/* One POST to the scripted server in mode, from a pool whose response
+ * heads may be max_header_bytes (0: the default); how it ended. */
+static void raw_post(int mode, size_t max_header_bytes, call_t *c) {
+  fx_t *fx = fx_new();
+  raw_t rs;
+  om_upstream_target_t t;
+  om_upstream_request_t q;
+  if (max_header_bytes != 0) {
+    om_upstream_pool_opts_t po = {.max_header_bytes = max_header_bytes};
+    om_upstream_pool_close(fx->pool, NULL, NULL);
+    assert_int_equal(om_upstream_pool_new(&fx->loop, &po, &fx->pool), 0);
+  }
+  raw_start(fx, &rs, mode);
+  assert_int_equal(om_upstream_target_init(&t, "127.0.0.1", rs.port), 0);
+  memset(c, 0, sizeof *c);
+  memset(&q, 0, sizeof q);
+  q.method = "POST";
+  q.target = "/pay";
+  q.body = "{}";
+  q.body_len = 2;
+  q.http2 = 1;
+  assert_int_equal(om_upstream_send(fx->pool, &t, &q, &CB, c, &c->r), 0);
+  run_until(fx, &c->done, 3000);
+  assert_int_equal(c->done, 1);
+  om_upstream_pool_close(fx->pool, on_pool_closed, fx);
+  run_until(fx, &fx->pool_closed, 3000);
+  raw_stop(fx, &rs);
+  fx_free(fx);
+}
+
+static void refused_stream_was_not_processed(void **state) {
+  call_t c;
+  (void)state;
+  raw_post(RAW_REFUSE, 0, &c);
+  assert_int_equal(c.fail, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE);
+  assert_int_equal(c.sent, 0); /* RFC 9113 8.7: safe to send again */
+}
+
+static void stream_past_goaway_was_not_processed(void **state) {
+  call_t c;
+  (void)state;
+  raw_post(RAW_GOAWAY, 0, &c);
+  assert_int_equal(c.fail, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE);
+  assert_int_equal(c.sent, 0);
+}
+
+static void reset_after_head_cuts_the_body(void **state) {
+  call_t c;
+  (void)state;
+  raw_post(RAW_RESET_AFTER_HEAD, 0, &c);
+  assert_int_equal(c.status, 200);
+  assert_int_equal(c.fail, OM_UPSTREAM_FAIL_RESET_MID_BODY);
+  assert_int_equal(c.sent, 1);
+}
+
+static void head_over_the_limit_is_malformed(void **state) {
+  call_t c;
+  (void)state;
+  raw_post(RAW_BIG_HEAD, 1024, &c); /* 2,000 bytes sent */
+  assert_int_equal(c.status, 0);    /* never delivered */
+  assert_int_equal(c.fail, OM_UPSTREAM_FAIL_MALFORMED);
+  assert_int_equal(c.err, OM_ETOOBIG);
+}
+
 static int group_setup(void **state) {
   char cmd[1024];
   (void)state;
@@ -573,6 +757,10 @@ int main(void) {
       cmocka_unit_test(allocation_failures_in_send_leave_nothing),
       cmocka_unit_test(h2_over_tls_by_alpn),
       cmocka_unit_test(server_without_h2_fails_the_connect),
+      cmocka_unit_test(refused_stream_was_not_processed),
+      cmocka_unit_test(stream_past_goaway_was_not_processed),
+      cmocka_unit_test(reset_after_head_cuts_the_body),
+      cmocka_unit_test(head_over_the_limit_is_malformed),
   };
   signal(SIGPIPE, SIG_IGN);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -278,10 +278,20 @@ static inline long htc_parse(const char *b, size_t n, int is_head, int eof,
         return -1;
       k += 2;
       if (sz == 0) {
-        if (k + 2 > n)
-          return 0;
-        if (b[k] != '\r' || b[k + 1] != '\n')
-          return -1;
+        /* the trailer section: field lines up to an empty line */
+        for (;;) {
+          const char *eol;
+          if (k + 2 > n)
+            return 0;
+          if (b[k] == '\r' && b[k + 1] == '\n')
+            break;
+          eol = memchr(b + k, '\n', n - k);
+          if (eol == NULL)
+            return 0;
+          if (eol == b + k || eol[-1] != '\r')
+            return -1;
+          k = (size_t)(eol - b) + 1;
+        }
         r->wire_len = k + 2;
         return (long)r->wire_len;
       }
