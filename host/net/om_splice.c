@@ -24,7 +24,9 @@
 
 #include "om_errno.h"
 
-#define PIPE_WANT (1u << 20) /* asked of F_SETPIPE_SZ; the default is 64 KiB */
+#define PIPE_WANT                                                              \
+  (1u << 20) /* asked of F_SETPIPE_SZ; the default is 64 KiB                   \
+              */
 
 struct om_splice_s {
   uv_poll_t pin, pout;
@@ -57,12 +59,11 @@ static void teardown(om_splice_t *s) {
   uv_close((uv_handle_t *)&s->pout, on_closed);
 }
 
-static void on_in(uv_poll_t *p, int status, int events);
-static void on_out(uv_poll_t *p, int status, int events);
+static void on_ready(uv_poll_t *p, int status, int events);
 
 static void want_in(om_splice_t *s, int on) {
   if (on && !s->in_on)
-    uv_poll_start(&s->pin, UV_READABLE | UV_DISCONNECT, on_in);
+    uv_poll_start(&s->pin, UV_READABLE | UV_DISCONNECT, on_ready);
   else if (!on && s->in_on)
     uv_poll_stop(&s->pin);
   s->in_on = on ? 1 : 0;
@@ -70,7 +71,7 @@ static void want_in(om_splice_t *s, int on) {
 
 static void want_out(om_splice_t *s, int on) {
   if (on && !s->out_on)
-    uv_poll_start(&s->pout, UV_WRITABLE | UV_DISCONNECT, on_out);
+    uv_poll_start(&s->pout, UV_WRITABLE | UV_DISCONNECT, on_ready);
   else if (!on && s->out_on)
     uv_poll_stop(&s->pout);
   s->out_on = on ? 1 : 0;
@@ -141,19 +142,8 @@ static void pump(om_splice_t *s) {
     s->cb.on_progress(s->ud, s->moved);
 }
 
-static void on_in(uv_poll_t *p, int status, int events) {
-  om_splice_t *s = p->data;
-  (void)events;
-  if (s->ended)
-    return;
-  if (status < 0) {
-    finish(s, OM_EIO);
-    return;
-  }
-  pump(s);
-}
-
-static void on_out(uv_poll_t *p, int status, int events) {
+/* Either side is ready (or failed): pump. */
+static void on_ready(uv_poll_t *p, int status, int events) {
   om_splice_t *s = p->data;
   (void)events;
   if (s->ended)
@@ -176,8 +166,7 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
   om_splice_t *s;
   int fds[2];
   if (loop == NULL || src < 0 || dst < 0 || len == 0 || cb == NULL ||
-      cb->on_done == NULL || out == NULL || !is_socket(src) ||
-      !is_socket(dst))
+      cb->on_done == NULL || out == NULL || !is_socket(src) || !is_socket(dst))
     return OM_EINVAL;
   s = calloc(1, sizeof *s);
   if (s == NULL)

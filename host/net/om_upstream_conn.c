@@ -369,7 +369,7 @@ void om__up_conn_start(conn_t *c) {
  * connect(2) says EADDRNOTAVAIL when the local port range is spent), so
  * the peer is not to blame; CONNECT otherwise (refused, unreachable, ...).
  */
-static om_upstream_fail_t connect_class(int uverr) {
+om_upstream_fail_t om__up_connect_class(int uverr) {
   switch (uverr) {
   case UV_EMFILE:
   case UV_ENFILE:
@@ -388,7 +388,7 @@ static void on_connect(uv_connect_t *cr, int status) {
     return;
   if (status < 0) {
     c->req->res.os_err = status;
-    attempt_fail(c, connect_class(status), 0, uv_strerror(status));
+    attempt_fail(c, om__up_connect_class(status), 0, uv_strerror(status));
     return;
   }
   if (c->peer->target.tls) {
@@ -446,7 +446,7 @@ int om__up_conn_connect(req_t *r) {
     om__up_detach(c);
     om__up_conn_close(c);
     r->res.os_err = rc;
-    om__up_req_end(r, connect_class(rc), 0, uv_strerror(rc));
+    om__up_req_end(r, om__up_connect_class(rc), 0, uv_strerror(rc));
     return 0;
   }
   conn_arm(c);

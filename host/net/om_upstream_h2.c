@@ -811,19 +811,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   om__up_pool_maybe_finish(p);
 }
 
-static om_upstream_fail_t connect_class(int uverr) {
-  switch (uverr) {
-  case UV_EMFILE:
-  case UV_ENFILE:
-  case UV_ENOBUFS:
-  case UV_ENOMEM:
-  case UV_EADDRNOTAVAIL:
-    return OM_UPSTREAM_FAIL_LOCAL;
-  default:
-    return OM_UPSTREAM_FAIL_CONNECT;
-  }
-}
-
 /* Every stream of h failed to get a connection (nothing was sent). */
 static void connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
                            const char *detail) {
@@ -876,7 +863,8 @@ static void on_connect(uv_connect_t *cr, int status) {
   if (h->closing)
     return;
   if (status < 0) {
-    connect_failed(h, connect_class(status), status, uv_strerror(status));
+    connect_failed(h, om__up_connect_class(status), status,
+                   uv_strerror(status));
     return;
   }
   if (uv_read_start((uv_stream_t *)&h->tcp, on_alloc, on_read) != 0) {
@@ -1248,7 +1236,7 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
     rc =
         uv_tcp_connect(&h->creq, &h->tcp, &h->peer->target.addr.sa, on_connect);
     if (rc != 0) {
-      connect_failed(h, connect_class(rc), rc, uv_strerror(rc));
+      connect_failed(h, om__up_connect_class(rc), rc, uv_strerror(rc));
       return 0;
     }
   } else {

@@ -333,6 +333,9 @@ void om__up_conn_process(conn_t *c);
  * retry when allowed, else the request ends. */
 void om__up_attempt_fail(conn_t *c, om_upstream_fail_t fail, int err,
                          const char *detail);
+/* The class of a failed connect (libuv code): LOCAL for this process's
+ * own want of descriptors, buffers or ports, else CONNECT. */
+om_upstream_fail_t om__up_connect_class(int uverr);
 /* Make room in c's read buffer (compact, grow) and return it. */
 size_t om__up_buf_room(conn_t *c);
 /* EOF (UV_EOF) or a read error on a connection carrying a request. */
