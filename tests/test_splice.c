@@ -233,10 +233,8 @@ static void refuses_what_it_cannot_splice(void **state) {
   tcp_pair(&w, &src);
   assert_int_equal(om_splice_start(&loop, p[0], src, 10, &CB, NULL, &s),
                    OM_EINVAL);
-  assert_int_equal(om_splice_start(&loop, src, w, 0, &CB, NULL, &s),
-                   OM_EINVAL);
-  assert_int_equal(om_splice_start(&loop, -1, w, 10, &CB, NULL, &s),
-                   OM_EINVAL);
+  assert_int_equal(om_splice_start(&loop, src, w, 0, &CB, NULL, &s), OM_EINVAL);
+  assert_int_equal(om_splice_start(&loop, -1, w, 10, &CB, NULL, &s), OM_EINVAL);
   assert_null(s);
   close(p[0]);
   close(p[1]);
