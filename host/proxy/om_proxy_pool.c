@@ -102,6 +102,7 @@ static uint64_t idle_now(const om__proxy_service_t *s) {
     const om__proxy_peer_t *peer = s->view->peers[i];
     om_upstream_request_t ur = {0};
     om_upstream_stats_t st;
+    ur.http2 = s->set.http2; /* HTTP/2 connections are a key of their own */
     if (peer->target.addr.sa.sa_family == AF_UNSPEC)
       continue; /* a name not resolved yet: no connection */
     if (peer->target.tls)

@@ -104,6 +104,13 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
     assert.truthy(r.reply:match("^a|%-?%d+|hello$"), line)
     local st = H.json(H.sh(H.curl(5) .. " -s " .. proxy.admin .. "/status"))
     assert.are.equal("h2", st.services.echo.protocol)
+    -- the HTTP/2 connection stays for the next call, and /status sees it
+    assert.are.equal(1, st.services.echo.upstream_pool.idle)
+    r, line = call("echo", "unary")
+    assert.are.equal("OK", r.code, line)
+    st = H.json(H.sh(H.curl(5) .. " -s " .. proxy.admin .. "/status"))
+    assert.are.equal(1, st.services.echo.upstream_pool.connections_new)
+    assert.are.equal(1, st.services.echo.upstream_pool.connections_reused)
   end)
 
   it("carries server, client and bidirectional streaming calls", function()
@@ -186,8 +193,8 @@ describe("gRPC through the real openmesh proxy to HTTP/2 upstreams", function()
         '",grpc_method="echo%.Echo/' .. method .. '",grpc_status="' .. status .. '"} (%d+)')) or 0
     end
     assert.are.equal(1, count("echo", "Forbidden", 7))
-    -- the three unary calls to echo above: every one OK
-    assert.are.equal(3, count("echo", "Unary", 0))
+    -- the four unary calls to echo above: every one OK
+    assert.are.equal(4, count("echo", "Unary", 0))
     -- UNAVAILABLE from every peer: what the caller saw
     assert.are.equal(1, count("half", "Unavailable", 14))
     -- answered one message, then failed: the status of its trailers
