@@ -35,7 +35,6 @@
 #include "om_proxy_cache.h"
 #include "om_proxy_internal.h"
 
-#define NS_PER_MS UINT64_C(1000000)
 /* response heads up to this many fields go through a stack array */
 #define STACK_HEADERS 128
 
@@ -63,69 +62,6 @@ static int parse_ms(const char *v, size_t len, uint64_t *out) {
   }
   *out = x;
   return 0;
-}
-
-/*
- * grpc-timeout (the gRPC HTTP/2 protocol): 1 to 8 digits and a unit (H
- * hours, M minutes, S seconds, m milliseconds, u microseconds, n
- * nanoseconds), in ms rounded up; -1 when malformed (then ignored, as a
- * malformed x-openmesh-deadline-ms is).
- */
-static int parse_grpc_timeout(const char *v, size_t len, uint64_t *out) {
-  uint64_t x = 0;
-  if (v == NULL || len < 2 || len > 9)
-    return -1;
-  for (size_t i = 0; i + 1 < len; i++) {
-    if (v[i] < '0' || v[i] > '9')
-      return -1;
-    x = x * 10 + (uint64_t)(v[i] - '0');
-  }
-  switch (v[len - 1]) {
-  case 'H':
-    *out = x * 3600000u;
-    return 0;
-  case 'M':
-    *out = x * 60000u;
-    return 0;
-  case 'S':
-    *out = x * 1000u;
-    return 0;
-  case 'm':
-    *out = x;
-    return 0;
-  case 'u':
-    *out = (x + 999u) / 1000u;
-    return 0;
-  case 'n':
-    *out = (x + 999999u) / 1000000u;
-    return 0;
-  default:
-    return -1;
-  }
-}
-
-/*
- * ns as a grpc-timeout value (at most 8 digits and a unit), rounded
- * down so the next hop never waits longer than we do: microseconds below
- * 100 s, then milliseconds, seconds, hours. Returns its length.
- */
-static size_t grpc_timeout_format(char *buf, uint64_t ns) {
-  static const struct {
-    uint64_t div;
-    char unit;
-  } units[] = {{1000u, 'u'},
-               {1000000u, 'm'},
-               {1000000000u, 'S'},
-               {UINT64_C(3600000000000), 'H'}};
-  size_t i = 0, k;
-  while (i + 1 < sizeof units / sizeof units[0] &&
-         ns / units[i].div > 99999999u)
-    i++;
-  k = om__http_u64_dec(buf, ns / units[i].div > 99999999u ? 99999999u
-                                                          : ns / units[i].div);
-  buf[k++] = units[i].unit;
-  buf[k] = '\0';
-  return k;
 }
 
 /* ------------------------------------------------------------------ */
@@ -335,51 +271,6 @@ static void on_discard_timeout(uv_timer_t *t) {
   start_attempt(c);
 }
 
-/*
- * A gRPC Trailers-Only answer (no body follows the head) with a status
- * of the policy's grpc_retry_on: its code, with *push_ns and *has_push
- * from grpc-retry-pushback-ms (proposal A6: a malformed or negative
- * pushback means "do not retry": -1). 0 when it is not one.
- */
-static int grpc_retryable(const om__proxy_call_t *c,
-                          const om_upstream_response_t *r, uint64_t *push_ns,
-                          int *has_push) {
-  int code = -1;
-  *has_push = 0;
-  if (!c->grpc || r->has_body || r->status != 200)
-    return 0;
-  for (size_t i = 0; i < r->n_headers; i++) {
-    const om_http_header_t *f = &r->headers[i];
-    if (f->name_len == 11 && strncasecmp(f->name, "grpc-status", 11) == 0 &&
-        f->value_len >= 1 && f->value_len <= 2) {
-      code = 0;
-      for (size_t k = 0; k < f->value_len; k++)
-        code = f->value[k] >= '0' && f->value[k] <= '9' && code >= 0
-                   ? code * 10 + (f->value[k] - '0')
-                   : -1;
-    }
-  }
-  if (code < 1 || code > 16 || !(c->set.grpc_retry_mask >> code & 1u))
-    return 0;
-  for (size_t i = 0; i < r->n_headers; i++) {
-    const om_http_header_t *f = &r->headers[i];
-    uint64_t ms = 0;
-    if (f->name_len != 22 ||
-        strncasecmp(f->name, "grpc-retry-pushback-ms", 22) != 0)
-      continue;
-    if (f->value_len == 0 || f->value_len > 10)
-      return -1;
-    for (size_t k = 0; k < f->value_len; k++) {
-      if (f->value[k] < '0' || f->value[k] > '9')
-        return -1;
-      ms = ms * 10 + (uint64_t)(f->value[k] - '0');
-    }
-    *push_ns = ms * NS_PER_MS;
-    *has_push = 1;
-  }
-  return code;
-}
-
 static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   om__proxy_call_t *c = ud;
   om_proxy_t *p = c->p;
@@ -387,7 +278,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
   om_http_header_t stack[STACK_HEADERS], *h = stack;
   uint64_t now = uv_hrtime(), ra = 0, wait, push = 0;
   int has_ra = 0, ok = r->status < 500, rc, has_push = 0;
-  int grpc = grpc_retryable(c, r, &push, &has_push);
+  int grpc = om__proxy_grpc_retryable(c, r, &push, &has_push);
   char att[24];
   size_t n = 0, att_len;
   if (c->req == NULL)
@@ -779,7 +670,7 @@ static void start_attempt(om__proxy_call_t *c) {
     if (c->grpc_deadline) /* deadlines propagate hop by hop: what is left */
       c->fwd[c->n_fwd++] = (om_http_header_t){
           "grpc-timeout", c->grpc_timeout_buf, 12,
-          grpc_timeout_format(c->grpc_timeout_buf, remaining)};
+          om__proxy_grpc_timeout_format(c->grpc_timeout_buf, remaining)};
   }
   build_target(c, peer);
   memset(&ur, 0, sizeof ur);
@@ -1240,7 +1131,7 @@ void om__proxy_on_request(om_http_request_t *req, void *ud) {
   if (v == NULL || parse_ms(v, vlen, &budget_ms) != 0) {
     /* a gRPC caller's grpc-timeout, when it sent no deadline of ours */
     v = om_http_request_header(req, "grpc-timeout", &vlen);
-    if (v != NULL && parse_grpc_timeout(v, vlen, &budget_ms) != 0)
+    if (v != NULL && om__proxy_grpc_timeout_parse(v, vlen, &budget_ms) != 0)
       v = NULL;
   }
   /* a gRPC caller that set a deadline gets it propagated (start_attempt);

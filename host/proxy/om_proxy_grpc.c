@@ -1,6 +1,7 @@
 /*
  * om_proxy_grpc.c: what the proxy knows of a gRPC call beyond routing
- * (docs/PROXY.md "gRPC"): its service and method from :path, the
+ * (docs/PROXY.md "gRPC"): its service and method from :path, its
+ * grpc-timeout both ways, which Trailers-Only answers are retried, the
  * grpc-status it ended with, and the per-method metrics.
  *
  * openmesh_proxy_grpc_requests_total{service, grpc_method, grpc_status}
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "om_http_chars.h"
 #include "om_metrics.h"
 #include "om_proxy_internal.h"
 
@@ -141,6 +143,114 @@ void om__proxy_grpc_free(om__proxy_service_t *s) {
   free(s->grpc);
   s->grpc = NULL;
   s->n_grpc = 0;
+}
+
+/*
+ * grpc-timeout (the gRPC HTTP/2 protocol): 1 to 8 digits and a unit (H
+ * hours, M minutes, S seconds, m milliseconds, u microseconds, n
+ * nanoseconds), in ms rounded up; -1 when malformed (then ignored, as a
+ * malformed x-openmesh-deadline-ms is).
+ */
+int om__proxy_grpc_timeout_parse(const char *v, size_t len, uint64_t *out) {
+  uint64_t x = 0;
+  if (v == NULL || len < 2 || len > 9)
+    return -1;
+  for (size_t i = 0; i + 1 < len; i++) {
+    if (v[i] < '0' || v[i] > '9')
+      return -1;
+    x = x * 10 + (uint64_t)(v[i] - '0');
+  }
+  switch (v[len - 1]) {
+  case 'H':
+    *out = x * 3600000u;
+    return 0;
+  case 'M':
+    *out = x * 60000u;
+    return 0;
+  case 'S':
+    *out = x * 1000u;
+    return 0;
+  case 'm':
+    *out = x;
+    return 0;
+  case 'u':
+    *out = (x + 999u) / 1000u;
+    return 0;
+  case 'n':
+    *out = (x + 999999u) / 1000000u;
+    return 0;
+  default:
+    return -1;
+  }
+}
+
+/*
+ * ns as a grpc-timeout value (at most 8 digits and a unit), rounded
+ * down so the next hop never waits longer than we do: microseconds below
+ * 100 s, then milliseconds, seconds, hours. Returns its length.
+ */
+size_t om__proxy_grpc_timeout_format(char *buf, uint64_t ns) {
+  static const struct {
+    uint64_t div;
+    char unit;
+  } units[] = {{1000u, 'u'},
+               {1000000u, 'm'},
+               {1000000000u, 'S'},
+               {UINT64_C(3600000000000), 'H'}};
+  size_t i = 0, k;
+  while (i + 1 < sizeof units / sizeof units[0] &&
+         ns / units[i].div > 99999999u)
+    i++;
+  k = om__http_u64_dec(buf, ns / units[i].div > 99999999u ? 99999999u
+                                                          : ns / units[i].div);
+  buf[k++] = units[i].unit;
+  buf[k] = '\0';
+  return k;
+}
+
+/*
+ * A gRPC Trailers-Only answer (no body follows the head) with a status
+ * of the policy's grpc_retry_on: its code, with *push_ns and *has_push
+ * from grpc-retry-pushback-ms (proposal A6: a malformed or negative
+ * pushback means "do not retry": -1). 0 when it is not one.
+ */
+int om__proxy_grpc_retryable(const om__proxy_call_t *c,
+                             const om_upstream_response_t *r, uint64_t *push_ns,
+                             int *has_push) {
+  int code = -1;
+  *has_push = 0;
+  if (!c->grpc || r->has_body || r->status != 200)
+    return 0;
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *f = &r->headers[i];
+    if (f->name_len == 11 && strncasecmp(f->name, "grpc-status", 11) == 0 &&
+        f->value_len >= 1 && f->value_len <= 2) {
+      code = 0;
+      for (size_t k = 0; k < f->value_len; k++)
+        code = f->value[k] >= '0' && f->value[k] <= '9' && code >= 0
+                   ? code * 10 + (f->value[k] - '0')
+                   : -1;
+    }
+  }
+  if (code < 1 || code > 16 || !(c->set.grpc_retry_mask >> code & 1u))
+    return 0;
+  for (size_t i = 0; i < r->n_headers; i++) {
+    const om_http_header_t *f = &r->headers[i];
+    uint64_t ms = 0;
+    if (f->name_len != 22 ||
+        strncasecmp(f->name, "grpc-retry-pushback-ms", 22) != 0)
+      continue;
+    if (f->value_len == 0 || f->value_len > 10)
+      return -1;
+    for (size_t k = 0; k < f->value_len; k++) {
+      if (f->value[k] < '0' || f->value[k] > '9')
+        return -1;
+      ms = ms * 10 + (uint64_t)(f->value[k] - '0');
+    }
+    *push_ns = ms * NS_PER_MS;
+    *has_push = 1;
+  }
+  return code;
 }
 
 void om__proxy_refused(om_proxy_t *p, om__proxy_service_t *s,

@@ -229,6 +229,8 @@ int om__proxy_outcome_status(om__proxy_outcome_t o);
  * (14 UNAVAILABLE, 4 DEADLINE_EXCEEDED, ...); 0 when o is no refusal. */
 int om__proxy_outcome_grpc(om__proxy_outcome_t o);
 
+#define NS_PER_MS UINT64_C(1000000)
+
 /* gRPC methods a service keeps metrics for (the last is "other"), and
  * the longest "pkg.Service/Method" kept by name (om_proxy_grpc.c) */
 #define OM__PROXY_GRPC_METHODS 64
@@ -693,6 +695,15 @@ void om__proxy_grpc_count(om__proxy_service_t *s, om__proxy_grpc_method_t *m,
 void om__proxy_grpc_free(om__proxy_service_t *s);
 void om__proxy_refused(om_proxy_t *p, om__proxy_service_t *s,
                        const om_http_request_t *req, om__proxy_outcome_t o);
+/* grpc-timeout: parse a caller's into ms (0, or -1 when malformed);
+ * format ns for the next hop (its length); the code of a Trailers-Only
+ * answer the policy's grpc_retry_on lists, with its pushback (0: not
+ * one, -1: a malformed pushback, do not retry). */
+int om__proxy_grpc_timeout_parse(const char *v, size_t len, uint64_t *out);
+size_t om__proxy_grpc_timeout_format(char *buf, uint64_t ns);
+int om__proxy_grpc_retryable(const om__proxy_call_t *c,
+                             const om_upstream_response_t *r, uint64_t *push_ns,
+                             int *has_push);
 
 /* 403 forbidden for the policy's authorize refusal with its reason,
  * counted, logged at most once a second per service (proxy_denied, with

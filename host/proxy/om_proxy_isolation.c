@@ -32,7 +32,6 @@
 #include "om_policy.h"
 #include "om_proxy_internal.h"
 
-#define NS_PER_MS UINT64_C(1000000)
 #define SHED_TRIPS 5u
 #define SHED_WINDOW_NS (UINT64_C(10000) * NS_PER_MS)
 #define SHED_COOLDOWN_MS UINT64_C(10000) /* om_proxy_opts_t's default */

@@ -41,7 +41,6 @@
 #define RETRY_MIN_MS 1000u
 /* a connect failure asks for a lookup no sooner than this after the last */
 #define KICK_MIN_MS 1000u
-#define NS_PER_MS UINT64_C(1000000)
 
 typedef union {
   struct sockaddr sa;

@@ -13,8 +13,6 @@
 #include "om_errno.h"
 #include "om_proxy_internal.h"
 
-#define NS_PER_MS UINT64_C(1000000)
-
 /* ------------------------------------------------------------------ */
 /* tried peers */
 

@@ -25,8 +25,6 @@
 #include "om_log.h"
 #include "om_proxy_internal.h"
 
-#define NS_PER_MS UINT64_C(1000000)
-
 /* ns -> ms rounded up, so a timeout never fires early; 0 for "none". */
 static uint64_t ms_of(uint64_t ns) {
   if (ns == OM_DEADLINE_NEVER)

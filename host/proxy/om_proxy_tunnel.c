@@ -29,8 +29,6 @@
 #include "om_log.h"
 #include "om_proxy_internal.h"
 
-#define NS_PER_MS UINT64_C(1000000)
-
 static const char *const UPG_NAMES[OM__PROXY_UPG_COUNT] = {
     "switched", "declined", "not_allowed", "failed"};
 
