@@ -1,7 +1,8 @@
 /*
  * om_upstream_h2.c: the upstream client's HTTP/2 connections (RFC 9113),
  * an nghttp2 client session per connection driven from the libuv loop
- * (om_upstream.h, "HTTP/2").
+ * (om_upstream.h, "HTTP/2"); TLS connections (h2 by ALPN) are
+ * om_upstream_h2_tls.c's.
  *
  * A connection carries up to the peer's SETTINGS_MAX_CONCURRENT_STREAMS
  * (at most H2_MAX_STREAMS) requests; om_upstream_send puts a request on
@@ -37,49 +38,10 @@
 
 #include "om_errno.h"
 #include "om_http_chars.h"
+#include "om_upstream_h2_internal.h"
 #include "om_upstream_internal.h"
 
-#define H2_MAX_STREAMS 100u
-#define H2_STREAM_WINDOW (256u * 1024u)
-#define H2_CONN_WINDOW (4u << 20)
-#define H2_OUT_HIGH (64u * 1024u)
-#define H2_READ (64u * 1024u)
-
-typedef struct om__up_h2f_s {
-  size_t no, nl, vo, vl; /* offsets and lengths in the request's harena */
-} h2f_t;
-
-typedef struct om__up_h2c_s {
-  uv_tcp_t tcp;
-  uv_timer_t timer;
-  uv_connect_t creq;
-  uv_write_t wreq;
-  om_upstream_pool_t *pool;
-  peer_t *peer;
-  om_list_t link;    /* the pool's h2conns */
-  om_list_t plink;   /* the peer's h2 */
-  om_list_t streams; /* req_t by h2link */
-  size_t nstreams;
-  nghttp2_session *ss;
-  int handles;
-  unsigned connected : 1, closing : 1, goaway : 1, writing : 1, in_ng : 1,
-      flush_due : 1, counted_idle : 1;
-  uint64_t connect_due, idle_since, idle_ms;
-  uint64_t timer_due; /* loop ms the timer fires at; 0: stopped */
-  char *rbuf;
-  /* TLS (an https:// peer): the engine, and the plaintext it decrypts
-   * into; the connection is "connected" once the handshake selected h2 */
-  om_tls_t *tls;
-  char *pbuf;
-  char *wbuf, *qbuf; /* in flight, and gathered meanwhile */
-  size_t wlen, wcap, qlen, qcap;
-} h2c_t;
-
-static void conn_flush(h2c_t *h);
-static void conn_rearm(h2c_t *h);
 static void conn_arm_at(h2c_t *h, uint64_t due);
-static void conn_fail(h2c_t *h, om_upstream_fail_t fail, int err,
-                      const char *detail);
 
 /* ------------------------------------------------------------------ */
 /* streams */
@@ -526,8 +488,8 @@ static void on_closed(uv_handle_t *hd) {
 
 /* Close h: every stream on it ends with fail (a stream's own class when
  * it reached its head, see stream_broke). */
-static void conn_close(h2c_t *h, om_upstream_fail_t fail, int err,
-                       const char *detail) {
+void om__h2c_close(h2c_t *h, om_upstream_fail_t fail, int err,
+                   const char *detail) {
   om_list_t *it;
   if (h->closing)
     return;
@@ -555,68 +517,38 @@ static void conn_close(h2c_t *h, om_upstream_fail_t fail, int err,
   uv_close((uv_handle_t *)&h->timer, on_closed);
 }
 
-static void conn_fail(h2c_t *h, om_upstream_fail_t fail, int err,
-                      const char *detail) {
+void om__h2c_fail(h2c_t *h, om_upstream_fail_t fail, int err,
+                  const char *detail) {
   om_upstream_pool_t *p = h->pool;
   p->api++; /* on_done from the kick */
-  conn_close(h, fail, err, detail);
+  om__h2c_close(h, fail, err, detail);
   p->api--;
 }
 
-static void on_write(uv_write_t *w, int status) {
+void om__h2c_on_write(uv_write_t *w, int status) {
   h2c_t *h = w->data;
   h->writing = 0;
   h->wlen = 0;
   if (h->closing)
     return;
   if (status < 0) {
-    conn_fail(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-              "the connection failed while writing");
+    om__h2c_fail(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                 "the connection failed while writing");
     return;
   }
-  conn_flush(h);
-}
-
-/* TLS: encrypt the frames gathered and write the ciphertext waiting
- * (the handshake's too) when no write is in flight. 0 or a libuv error. */
-static int tls_push(h2c_t *h) {
-  size_t n;
-  uv_buf_t b;
-  if (h->writing)
-    return 0;
-  if (h->qlen > 0 && h->connected) {
-    if (om_tls_write(h->tls, h->qbuf, h->qlen) != 0)
-      return UV_EIO;
-    h->qlen = 0;
-  }
-  n = om_tls_out_pending(h->tls);
-  if (n == 0)
-    return 0;
-  if (n > h->wcap) {
-    char *nb = realloc(h->wbuf, n);
-    if (nb == NULL)
-      return UV_ENOMEM;
-    h->wbuf = nb;
-    h->wcap = n;
-  }
-  h->wlen = om_tls_out_take(h->tls, h->wbuf, n);
-  b = uv_buf_init(h->wbuf, (unsigned)h->wlen);
-  h->wreq.data = h;
-  if (uv_write(&h->wreq, (uv_stream_t *)&h->tcp, &b, 1, on_write) != 0)
-    return UV_EIO;
-  h->writing = 1;
-  return 0;
+  om__h2c_flush(h);
 }
 
 /* Produce frames while little waits, and write what was produced. */
-static void conn_flush(h2c_t *h) {
+void om__h2c_flush(h2c_t *h) {
   uv_buf_t b;
   if (h->closing)
     return;
   if (!h->connected) {
     /* a TLS handshake under way: only its own bytes go */
-    if (h->tls != NULL && tls_push(h) != 0)
-      conn_fail(h, OM_UPSTREAM_FAIL_CONNECT, 0, "cannot write the handshake");
+    if (h->tls != NULL && om__h2c_tls_push(h) != 0)
+      om__h2c_fail(h, OM_UPSTREAM_FAIL_CONNECT, 0,
+                   "cannot write the handshake");
     return;
   }
   if (h->in_ng) {
@@ -630,8 +562,8 @@ static void conn_flush(h2c_t *h) {
     ssize_t n = nghttp2_session_mem_send(h->ss, &data);
     if (n < 0) {
       h->in_ng = 0;
-      conn_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
-                 nghttp2_strerror((int)n));
+      om__h2c_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+                    nghttp2_strerror((int)n));
       h->pool->api--;
       return;
     }
@@ -645,8 +577,8 @@ static void conn_flush(h2c_t *h) {
       nb = realloc(h->qbuf, cap);
       if (nb == NULL) {
         h->in_ng = 0;
-        conn_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
-                   "out of memory for HTTP/2 frames");
+        om__h2c_close(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
+                      "out of memory for HTTP/2 frames");
         h->pool->api--;
         return;
       }
@@ -659,9 +591,9 @@ static void conn_flush(h2c_t *h) {
   h->in_ng = 0;
   h->flush_due = 0;
   if (h->tls != NULL) {
-    if (tls_push(h) != 0)
-      conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 "the connection failed while writing");
+    if (om__h2c_tls_push(h) != 0)
+      om__h2c_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                    "the connection failed while writing");
   } else if (!h->writing && h->qlen > 0) {
     char *t = h->wbuf;
     size_t tc = h->wcap;
@@ -673,9 +605,10 @@ static void conn_flush(h2c_t *h) {
     h->qlen = 0;
     b = uv_buf_init(h->wbuf, (unsigned)h->wlen);
     h->wreq.data = h;
-    if (uv_write(&h->wreq, (uv_stream_t *)&h->tcp, &b, 1, on_write) != 0) {
-      conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 "the connection failed while writing");
+    if (uv_write(&h->wreq, (uv_stream_t *)&h->tcp, &b, 1, om__h2c_on_write) !=
+        0) {
+      om__h2c_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                    "the connection failed while writing");
       h->pool->api--;
       return;
     }
@@ -683,8 +616,8 @@ static void conn_flush(h2c_t *h) {
   }
   if (!h->writing && !nghttp2_session_want_read(h->ss) &&
       !nghttp2_session_want_write(h->ss))
-    conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-               "the server ended the connection (GOAWAY)");
+    om__h2c_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                  "the server ended the connection (GOAWAY)");
   h->pool->api--;
 }
 
@@ -695,91 +628,6 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   buf->len = H2_READ;
 }
 
-static void connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
-                           const char *detail);
-
-/* The handshake of h ended (rc 0) or failed: the streams learn how. */
-static void tls_handshake_done(h2c_t *h, int rc) {
-  char alpn[16];
-  int tls_fail = rc != 0 ? (int)om_tls_fail(h->tls) : 0;
-  int resumed = rc == 0 && om_tls_session_reused(h->tls);
-  OM_LIST_FOREACH(it, &h->streams) {
-    req_t *r = OM_LIST_ENTRY(it, req_t, h2link);
-    r->res.tls_fail = tls_fail;
-    r->res.tls_handshake = rc == 0 ? (resumed ? 2 : 1) : 0;
-  }
-  if (rc != 0) {
-    h->peer->st.tls_failures++;
-    h->pool->st.tls_failures++;
-    connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, om_tls_reason(h->tls));
-    return;
-  }
-  h->peer->st.tls_handshakes++;
-  h->pool->st.tls_handshakes++;
-  if (resumed) {
-    h->peer->st.tls_resumed++;
-    h->pool->st.tls_resumed++;
-  }
-  if (om_tls_alpn(h->tls, alpn, sizeof alpn) != 2 || memcmp(alpn, "h2", 2)) {
-    connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0,
-                   "the server did not select h2 by ALPN");
-    return;
-  }
-  h->connected = 1;
-  conn_flush(h);
-  conn_rearm(h);
-}
-
-/* TLS: nread bytes of ciphertext in rbuf: the handshake, then the
- * plaintext to nghttp2. */
-static void tls_read(h2c_t *h, size_t nread) {
-  om_upstream_pool_t *p = h->pool;
-  int rc;
-  if (om_tls_feed(h->tls, h->rbuf, nread) != 0) {
-    conn_fail(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
-              "out of memory for TLS input");
-    return;
-  }
-  if (!h->connected) {
-    rc = om_tls_handshake(h->tls);
-    if (rc == OM_TLS_WANT_READ) {
-      conn_flush(h);
-      return;
-    }
-    tls_handshake_done(h, rc);
-    if (h->closing || !h->connected)
-      return;
-  }
-  p->api++;
-  for (;;) {
-    size_t n = 0;
-    ssize_t used;
-    rc = om_tls_read(h->tls, h->pbuf, H2_READ, &n);
-    if (rc == OM_TLS_WANT_READ)
-      break;
-    if (rc != 0) {
-      conn_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 rc == OM_TLS_CLOSED ? "the server closed the TLS session"
-                                     : om_tls_reason(h->tls));
-      break;
-    }
-    h->in_ng = 1;
-    used = nghttp2_session_mem_recv(h->ss, (const uint8_t *)h->pbuf, n);
-    h->in_ng = 0;
-    if (used < 0) {
-      conn_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
-                 nghttp2_strerror((int)used));
-      break;
-    }
-    if (h->closing)
-      break;
-  }
-  if (!h->closing)
-    conn_flush(h);
-  p->api--;
-  om__up_pool_maybe_finish(p);
-}
-
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   h2c_t *h = s->data;
   om_upstream_pool_t *p = h->pool;
@@ -788,13 +636,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (h->closing || nread == 0)
     return;
   if (nread < 0) {
-    conn_fail(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-              nread == UV_EOF ? "the server closed the connection"
-                              : "the connection was reset");
+    om__h2c_fail(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
+                 nread == UV_EOF ? "the server closed the connection"
+                                 : "the connection was reset");
     return;
   }
   if (h->tls != NULL) {
-    tls_read(h, (size_t)nread);
+    om__h2c_tls_read(h, (size_t)nread);
     return;
   }
   p->api++;
@@ -802,60 +650,24 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   rc = nghttp2_session_mem_recv(h->ss, (const uint8_t *)h->rbuf, (size_t)nread);
   h->in_ng = 0;
   if (rc < 0) {
-    conn_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
-               nghttp2_strerror((int)rc));
+    om__h2c_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
+                  nghttp2_strerror((int)rc));
   } else if (!h->closing) {
-    conn_flush(h);
+    om__h2c_flush(h);
   }
   p->api--;
   om__up_pool_maybe_finish(p);
 }
 
 /* Every stream of h failed to get a connection (nothing was sent). */
-static void connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
-                           const char *detail) {
+void om__h2c_connect_failed(h2c_t *h, om_upstream_fail_t fail, int os_err,
+                            const char *detail) {
   OM_LIST_FOREACH(it, &h->streams) {
     req_t *r = OM_LIST_ENTRY(it, req_t, h2link);
     r->res.os_err = os_err;
     r->res.sent = 0;
   }
-  conn_fail(h, fail, 0, detail);
-}
-
-/* The TLS engine of h, its ClientHello queued. 0, or h failed. */
-static int tls_start(h2c_t *h) {
-  peer_t *e = h->peer;
-  char ip[64], key[64 + 16 + sizeof e->target.host];
-  unsigned port;
-  const char *name = e->server_name[0] ? e->server_name : e->target.host;
-  om_tls_conn_opts_t o = {.host = name, .session_key = key, .alpn = "h2"};
-  int rc;
-  /* the session cache key: this address, the name it must prove, h2 */
-  if (e->target.addr.sa.sa_family == AF_INET6) {
-    uv_ip6_name(&e->target.addr.in6, ip, sizeof ip);
-    port = ntohs(e->target.addr.in6.sin6_port);
-  } else {
-    uv_ip4_name(&e->target.addr.in4, ip, sizeof ip);
-    port = ntohs(e->target.addr.in4.sin_port);
-  }
-  snprintf(key, sizeof key, "%s:%u|%s|h2", ip, port, name);
-  h->pbuf = malloc(H2_READ);
-  rc = h->pbuf == NULL ? OM_ENOMEM
-                       : om_tls_new(e->tls_ctx, &o, &h->tls, NULL, 0);
-  if (rc == 0) {
-    rc = om_tls_handshake(h->tls);
-    rc = rc == OM_TLS_WANT_READ ? 0 : rc;
-  }
-  if (rc != 0) {
-    connect_failed(h,
-                   rc == OM_ENOMEM ? OM_UPSTREAM_FAIL_INTERNAL
-                                   : OM_UPSTREAM_FAIL_CONNECT,
-                   0,
-                   rc == OM_ENOMEM ? "out of memory for TLS"
-                                   : "the TLS handshake could not start");
-    return -1;
-  }
-  return 0;
+  om__h2c_fail(h, fail, 0, detail);
 }
 
 static void on_connect(uv_connect_t *cr, int status) {
@@ -863,24 +675,24 @@ static void on_connect(uv_connect_t *cr, int status) {
   if (h->closing)
     return;
   if (status < 0) {
-    connect_failed(h, om__up_connect_class(status), status,
-                   uv_strerror(status));
+    om__h2c_connect_failed(h, om__up_connect_class(status), status,
+                           uv_strerror(status));
     return;
   }
   if (uv_read_start((uv_stream_t *)&h->tcp, on_alloc, on_read) != 0) {
-    connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, "cannot read");
+    om__h2c_connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, "cannot read");
     return;
   }
   if (h->peer->target.tls) {
     /* the handshake first, offering h2 only: the connect timeout covers
      * it, and nothing of a request goes before the peer proved its name */
-    if (tls_start(h) == 0)
-      conn_flush(h);
+    if (om__h2c_tls_start(h) == 0)
+      om__h2c_flush(h);
     return;
   }
   h->connected = 1;
-  conn_flush(h);
-  conn_rearm(h);
+  om__h2c_flush(h);
+  om__h2c_rearm(h);
 }
 
 /* The earliest due time of h and its streams (loop ms; 0: none). */
@@ -906,7 +718,7 @@ static void conn_arm_at(h2c_t *h, uint64_t due) {
   uv_timer_start(&h->timer, on_timer, due > now ? due - now : 0, 0);
 }
 
-static void conn_rearm(h2c_t *h) {
+void om__h2c_rearm(h2c_t *h) {
   uint64_t due = 0;
   if (h->closing)
     return;
@@ -938,13 +750,13 @@ static void on_timer(uv_timer_t *t) {
     return;
   if (h->nstreams == 0 && h->connected) {
     if (h->idle_since + h->idle_ms <= now) {
-      conn_fail(h, OM_UPSTREAM_FAIL_CLOSED, 0, "idle");
+      om__h2c_fail(h, OM_UPSTREAM_FAIL_CLOSED, 0, "idle");
       return;
     }
   }
   if (!h->connected && h->connect_due != 0 && h->connect_due <= now) {
-    connect_failed(h, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, 0,
-                   "connect_timeout_ms passed");
+    om__h2c_connect_failed(h, OM_UPSTREAM_FAIL_TIMEOUT_CONNECT, 0,
+                           "connect_timeout_ms passed");
     return;
   }
   p->api++;
@@ -978,8 +790,8 @@ static void on_timer(uv_timer_t *t) {
     stream_closed(r);
   }
   if (!h->closing) {
-    conn_flush(h);
-    conn_rearm(h);
+    om__h2c_flush(h);
+    om__h2c_rearm(h);
   }
   p->api--;
 }
@@ -1222,7 +1034,7 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
   if (rc != 0) {
     if (fresh) {
       h->counted_idle = 0;
-      conn_close(h, OM_UPSTREAM_FAIL_CLOSED, 0, NULL);
+      om__h2c_close(h, OM_UPSTREAM_FAIL_CLOSED, 0, NULL);
     }
     return rc;
   }
@@ -1236,7 +1048,7 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
     rc =
         uv_tcp_connect(&h->creq, &h->tcp, &h->peer->target.addr.sa, on_connect);
     if (rc != 0) {
-      connect_failed(h, om__up_connect_class(rc), rc, uv_strerror(rc));
+      om__h2c_connect_failed(h, om__up_connect_class(rc), rc, uv_strerror(rc));
       return 0;
     }
   } else {
@@ -1254,7 +1066,7 @@ int om__up_h2_send(req_t *r, const om_upstream_target_t *t,
                                    h->connected ? 0 : r->connect_due)));
   if (!h->connected)
     conn_arm_at(h, h->connect_due);
-  conn_flush(h);
+  om__h2c_flush(h);
   return 0;
 }
 
@@ -1265,7 +1077,7 @@ void om__up_h2_cancel(req_t *r) {
   if (r->sid > 0 && !h->closing)
     nghttp2_submit_rst_stream(h->ss, NGHTTP2_FLAG_NONE, r->sid, NGHTTP2_CANCEL);
   stream_detach(r);
-  conn_flush(h);
+  om__h2c_flush(h);
 }
 
 void om__up_h2_resume(req_t *r) {
@@ -1311,7 +1123,7 @@ void om__up_h2_process(req_t *r) {
   if (r->held_len == r->held_off)
     r->held_off = r->held_len = 0;
   if (h != NULL)
-    conn_flush(h); /* the WINDOW_UPDATEs */
+    om__h2c_flush(h); /* the WINDOW_UPDATEs */
   else if (r->h2_closed && !r->paused)
     stream_finish(r);
 }
@@ -1328,14 +1140,14 @@ void om__up_h2_body_more(req_t *r) {
     r->first_byte_due = now_ms(r->pool) + r->first_byte_ms;
     conn_arm_at(h, r->first_byte_due);
   }
-  conn_flush(h);
+  om__h2c_flush(h);
 }
 
 void om__up_h2_close_all(om_upstream_pool_t *p) {
   om_list_t *it;
   while ((it = om_list_first(&p->h2conns)) != NULL)
-    conn_close(OM_LIST_ENTRY(it, h2c_t, link), OM_UPSTREAM_FAIL_CLOSED, 0,
-               "the pool was closed");
+    om__h2c_close(OM_LIST_ENTRY(it, h2c_t, link), OM_UPSTREAM_FAIL_CLOSED, 0,
+                  "the pool was closed");
 }
 
 void om__up_h2_req_free(req_t *r) {

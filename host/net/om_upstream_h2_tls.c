@@ -57,7 +57,8 @@ static void tls_handshake_done(h2c_t *h, int rc) {
   if (rc != 0) {
     h->peer->st.tls_failures++;
     h->pool->st.tls_failures++;
-    om__h2c_connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0, om_tls_reason(h->tls));
+    om__h2c_connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0,
+                           om_tls_reason(h->tls));
     return;
   }
   h->peer->st.tls_handshakes++;
@@ -68,7 +69,7 @@ static void tls_handshake_done(h2c_t *h, int rc) {
   }
   if (om_tls_alpn(h->tls, alpn, sizeof alpn) != 2 || memcmp(alpn, "h2", 2)) {
     om__h2c_connect_failed(h, OM_UPSTREAM_FAIL_CONNECT, 0,
-                   "the server did not select h2 by ALPN");
+                           "the server did not select h2 by ALPN");
     return;
   }
   h->connected = 1;
@@ -83,7 +84,7 @@ void om__h2c_tls_read(h2c_t *h, size_t nread) {
   int rc;
   if (om_tls_feed(h->tls, h->rbuf, nread) != 0) {
     om__h2c_fail(h, OM_UPSTREAM_FAIL_INTERNAL, OM_ENOMEM,
-              "out of memory for TLS input");
+                 "out of memory for TLS input");
     return;
   }
   if (!h->connected) {
@@ -105,8 +106,8 @@ void om__h2c_tls_read(h2c_t *h, size_t nread) {
       break;
     if (rc != 0) {
       om__h2c_close(h, OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, 0,
-                 rc == OM_TLS_CLOSED ? "the server closed the TLS session"
-                                     : om_tls_reason(h->tls));
+                    rc == OM_TLS_CLOSED ? "the server closed the TLS session"
+                                        : om_tls_reason(h->tls));
       break;
     }
     h->in_ng = 1;
@@ -114,7 +115,7 @@ void om__h2c_tls_read(h2c_t *h, size_t nread) {
     h->in_ng = 0;
     if (used < 0) {
       om__h2c_close(h, OM_UPSTREAM_FAIL_MALFORMED, OM_EPARSE,
-                 nghttp2_strerror((int)used));
+                    nghttp2_strerror((int)used));
       break;
     }
     if (h->closing)
@@ -151,14 +152,13 @@ int om__h2c_tls_start(h2c_t *h) {
     rc = rc == OM_TLS_WANT_READ ? 0 : rc;
   }
   if (rc != 0) {
-    om__h2c_connect_failed(h,
-                   rc == OM_ENOMEM ? OM_UPSTREAM_FAIL_INTERNAL
-                                   : OM_UPSTREAM_FAIL_CONNECT,
-                   0,
-                   rc == OM_ENOMEM ? "out of memory for TLS"
-                                   : "the TLS handshake could not start");
+    om__h2c_connect_failed(
+        h,
+        rc == OM_ENOMEM ? OM_UPSTREAM_FAIL_INTERNAL : OM_UPSTREAM_FAIL_CONNECT,
+        0,
+        rc == OM_ENOMEM ? "out of memory for TLS"
+                        : "the TLS handshake could not start");
     return -1;
   }
   return 0;
 }
-
