@@ -1845,7 +1845,10 @@ static void stream_cut_after_headers_is_an_error_never_replayed(void **state) {
   env_close(&e);
 }
 
-static void slow_reader_pauses_the_upstream(void **state) {
+/* A client that reads nothing for a while, then everything: the
+ * ordinary relay pauses the upstream (splice off), a splice waits for the
+ * client's socket; either way every byte arrives, in order. */
+static void slow_reader_run(int splice) {
   env_t e;
   fx_t *a;
   om_proxy_opts_t o;
@@ -1854,12 +1857,13 @@ static void slow_reader_pauses_the_upstream(void **state) {
   uint64_t t0;
   size_t head = 0;
   const size_t total = (size_t)24 << 20;
-  (void)state;
   env_init(&e);
   a = env_fx(&e, "a", FX_STREAM_BIG);
   a->big_total = total;
   memset(&o, 0, sizeof o);
   o.high_water = 64 * 1024;
+  if (!splice)
+    o.splice_min_bytes = UINT64_MAX;
   env_proxy(&e, &o, policy_file("all.lua", ""));
   env_topology(&e, "orders", 1);
   c = htc_new("127.0.0.1", e.port);
@@ -1869,7 +1873,8 @@ static void slow_reader_pauses_the_upstream(void **state) {
   /* do not read for a while: the proxy must stop reading upstream */
   spin(&e, 400);
   assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
-  OM_ASSERT_CMP(st.paused, >=, 1);
+  if (!splice)
+    OM_ASSERT_CMP(st.paused, >=, 1);
   /* then read everything: nothing lost */
   t0 = htc_now_ms();
   while (htc_now_ms() - t0 < 15000) {
@@ -1887,8 +1892,26 @@ static void slow_reader_pauses_the_upstream(void **state) {
   OM_ASSERT_CMP(head, >, 0);
   assert_int_equal(c->total, head + total);
   assert_non_null(strstr(c->buf, "content-length: 25165824"));
+  assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+  OM_TEST_NOTE("slow reader, splice %s: %llu bytes spliced of %zu",
+               splice ? "on" : "off", (unsigned long long)st.spliced_bytes,
+               total);
+  if (splice) /* all but what the first reads held */
+    OM_ASSERT_CMP(st.spliced_bytes, >=, (uint64_t)total - (1u << 20));
+  else
+    assert_int_equal(st.spliced_bytes, 0);
   htc_free(c);
   env_close(&e);
+}
+
+static void slow_reader_pauses_the_upstream(void **state) {
+  (void)state;
+  slow_reader_run(0);
+}
+
+static void slow_reader_over_a_splice_gets_every_byte(void **state) {
+  (void)state;
+  slow_reader_run(1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -3407,7 +3430,7 @@ static void content_length_cut_is_a_short_read(void **state) {
  * bytes waiting for the caller are not silence (whether it reads at all
  * is the listener's write-progress timeout to judge).
  */
-static void slow_reader_is_traffic_not_idle(void **state) {
+static void slow_reader_idle_run(int splice) {
   env_t e;
   fx_t *a;
   om_proxy_opts_t o;
@@ -3418,12 +3441,13 @@ static void slow_reader_is_traffic_not_idle(void **state) {
   int fd, rcv = 4096, eof = 0;
   size_t got = 0;
   uint64_t t0;
-  (void)state;
   env_init(&e);
   a = env_fx(&e, "a", FX_STREAM_BIG);
   a->big_total = (size_t)24 << 20;
   memset(&o, 0, sizeof o);
   o.high_water = 64 * 1024;
+  if (!splice)
+    o.splice_min_bytes = UINT64_MAX;
   env_proxy(&e, &o,
             policy_file("slowread.lua", "stream_idle_timeout_ms = 300,"));
   env_topology(&e, "orders", 1);
@@ -3451,11 +3475,15 @@ static void slow_reader_is_traffic_not_idle(void **state) {
       eof = 1;
   }
   assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
-  OM_TEST_NOTE("slow reader, idle 300 ms: %zu bytes in %llu ms, eof %d, "
-               "paused %llu time(s)",
-               got, (unsigned long long)(htc_now_ms() - t0), eof,
-               (unsigned long long)st.paused);
-  OM_ASSERT_CMP(st.paused, >=, 1);
+  OM_TEST_NOTE(
+      "slow reader, idle 300 ms, splice %s: %zu bytes in %llu ms, "
+      "eof %d, paused %llu time(s), %llu bytes spliced",
+      splice ? "on" : "off", got, (unsigned long long)(htc_now_ms() - t0), eof,
+      (unsigned long long)st.paused, (unsigned long long)st.spliced_bytes);
+  if (splice)
+    OM_ASSERT_CMP(st.spliced_bytes, >, 0);
+  else
+    OM_ASSERT_CMP(st.paused, >=, 1);
   assert_int_equal(eof, 0);
   OM_ASSERT_CMP(got, >=, (size_t)64 * 1024);
   OM_ASSERT_CMP(metric_value(&e, "openmesh_proxy_streams_cut_total{service="
@@ -3463,6 +3491,67 @@ static void slow_reader_is_traffic_not_idle(void **state) {
                 ==, 0.0);
   close(fd);
   env_close(&e);
+}
+
+/* A client that stops reading in the middle of a spliced body: the
+ * splice waits for its socket, so the stream is not idle; the listener's
+ * write-progress timeout (server idle_timeout_ms) judges the client and
+ * closes it, which ends the call. */
+static void a_client_that_stops_reading_a_splice_is_cut(void **state) {
+  env_t e;
+  fx_t *a;
+  om_proxy_opts_t o;
+  om_proxy_stats_t st;
+  struct sockaddr_in sa;
+  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
+  int fd, rcv = 4096;
+  uint64_t t0, took = 0;
+  (void)state;
+  env_init(&e);
+  a = env_fx(&e, "a", FX_STREAM_BIG);
+  a->big_total = (size_t)24 << 20;
+  memset(&o, 0, sizeof o);
+  o.server.idle_timeout_ms = 400;
+  env_proxy(&e, &o, policy_file("stopread.lua", ""));
+  env_topology(&e, "orders", 1);
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  OM_ASSERT_CMP(fd, >=, 0);
+  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)e.port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
+                (ssize_t)(sizeof req - 1));
+  t0 = htc_now_ms();
+  /* the call is in flight, then ends once the write stalls long enough */
+  while (htc_now_ms() - t0 < 5000) {
+    spin(&e, 20);
+    assert_int_equal(om_proxy_stats(e.proxy, "orders", &st), 0);
+    if (st.spliced_bytes > 0 && st.inflight == 0) {
+      took = htc_now_ms() - t0;
+      break;
+    }
+  }
+  OM_TEST_NOTE("a client that never reads: %llu bytes spliced, the call "
+               "ended after %llu ms",
+               (unsigned long long)st.spliced_bytes, (unsigned long long)took);
+  OM_ASSERT_CMP(st.spliced_bytes, >, 0);
+  assert_int_equal(st.inflight, 0);
+  OM_ASSERT_CMP(took, >=, (uint64_t)400);
+  close(fd);
+  env_close(&e);
+}
+
+static void slow_reader_is_traffic_not_idle(void **state) {
+  (void)state;
+  slow_reader_idle_run(0);
+}
+
+static void slow_reader_over_a_splice_is_traffic_not_idle(void **state) {
+  (void)state;
+  slow_reader_idle_run(1);
 }
 
 /* Before the commit the deadline bounds everything, also the discarded
@@ -3941,6 +4030,7 @@ int main(void) {
       cmocka_unit_test(policy_sets_the_circuits),
       cmocka_unit_test(stream_cut_after_headers_is_an_error_never_replayed),
       cmocka_unit_test(slow_reader_pauses_the_upstream),
+      cmocka_unit_test(slow_reader_over_a_splice_gets_every_byte),
       cmocka_unit_test(policy_error_never_widens),
       cmocka_unit_test(overrunning_policy_is_shed_then_probed),
       cmocka_unit_test(policies_hot_reload_and_keep_the_last_good_one),
@@ -3965,6 +4055,8 @@ int main(void) {
       cmocka_unit_test(max_stream_cuts_a_flowing_stream),
       cmocka_unit_test(content_length_cut_is_a_short_read),
       cmocka_unit_test(slow_reader_is_traffic_not_idle),
+      cmocka_unit_test(slow_reader_over_a_splice_is_traffic_not_idle),
+      cmocka_unit_test(a_client_that_stops_reading_a_splice_is_cut),
       cmocka_unit_test(stalled_discarded_body_is_bounded_by_the_deadline),
       cmocka_unit_test(slow_first_byte_is_waited_for_within_the_deadline),
       cmocka_unit_test(deadline_header_is_capped_at_max_deadline),

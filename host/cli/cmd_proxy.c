@@ -43,7 +43,8 @@ static void usage(FILE *out) {
       "                      [--drain-timeout DURATION] [--retry-429]\n"
       "                      [--circuit-failures N] [--circuit-cooldown "
       "DURATION]\n"
-      "                      [--max-body-bytes SIZE] [--log-level LEVEL]\n"
+      "                      [--max-body-bytes SIZE] [--splice-min SIZE|off]\n"
+      "                      [--log-level LEVEL]\n"
       "                      [--workers N] [--access-log FILE]\n"
       "                      [--tls-cert FILE --tls-key FILE]\n"
       "                      [--tls-client-ca FILE]\n"
@@ -114,6 +115,11 @@ static void usage(FILE *out) {
       "buffered;\n"
       "                              a policy's max_body_bytes overrides "
       "it)\n"
+      "  --splice-min SIZE|off       relay a response body this large or "
+      "larger\n"
+      "                              socket to socket with splice(2) "
+      "(plaintext\n"
+      "                              HTTP/1.1 both ways; default 1MiB)\n"
       "  --log-level LEVEL           debug, info (default), warn, error\n"
       "  --workers N                 event loops serving calls, one thread "
       "each,\n"
@@ -381,6 +387,7 @@ int om_cmd_proxy(int argc, char **argv) {
       {"policy-cache", required_argument, NULL, 1005},
       {"id", required_argument, NULL, 1006},
       {"access-log", required_argument, NULL, 1007},
+      {"splice-min", required_argument, NULL, 1008},
       {"help", no_argument, NULL, 'h'},
       OM_CLI_TLS_LONGOPTS,
       OM_CLI_CONTROL_TLS_LONGOPTS,
@@ -511,6 +518,15 @@ int om_cmd_proxy(int argc, char **argv) {
     }
     case 1005:
       policy_cache = optarg;
+      break;
+    case 1008:
+      if (strcmp(optarg, "off") == 0)
+        o.splice_min_bytes = UINT64_MAX;
+      else if (parse_size(optarg, &o.splice_min_bytes) != 0 ||
+               o.splice_min_bytes == 0)
+        return fail_usage("--splice-min: '%s' is not 'off' or a size like "
+                          "1MiB",
+                          optarg);
       break;
     case 1007:
       access_log = optarg;

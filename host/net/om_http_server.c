@@ -868,7 +868,7 @@ int om_http_response_write_lent(om_http_request_t *req, const char *data,
   if (r == NULL || (len > 0 && data == NULL))
     goto done;
   rc = OM_ESTATE;
-  if (r->rstate != RS_STREAMING)
+  if (r->rstate != RS_STREAMING || r->lent)
     goto done;
   rc = 0;
   if (len == 0)
@@ -941,7 +941,7 @@ int om_http_response_end(om_http_request_t *req) {
     return om__http2_response_end(req);
   if (r == NULL)
     return OM_EINVAL;
-  if (r->rstate != RS_STREAMING || r->in_close_cb)
+  if (r->rstate != RS_STREAMING || r->in_close_cb || r->lent)
     return OM_ESTATE;
   c = r->conn;
   if (c == NULL) {
@@ -1097,6 +1097,54 @@ int om_http_request_set_send_buffer(om_http_request_t *req, int bytes) {
     return OM_ESTATE;
   return uv_send_buffer_size((uv_handle_t *)&r->conn->tcp, &v) == 0 ? 0
                                                                     : OM_EIO;
+}
+
+int om_http_response_lend(om_http_request_t *req, int *fd, uint64_t *left) {
+  req_t *r = (req_t *)req;
+  conn_t *c;
+  uv_os_fd_t s;
+  if (r == NULL || fd == NULL || left == NULL)
+    return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req))
+    return OM_ESTATE; /* frames, not bytes of one body */
+  c = r->conn;
+  if (c == NULL || c->phase >= PH_FAILED || c->tls != NULL || c->active != r ||
+      r->rstate != RS_STREAMING || r->in_close_cb || r->lent ||
+      r->rframe != RF_FIXED || r->resp_left == 0 ||
+      uv_fileno((const uv_handle_t *)&c->tcp, &s) != 0)
+    return OM_ESTATE;
+  om__http_conn_flush(c); /* the head, corked: in order before the body */
+  if (c->phase >= PH_FAILED)
+    return OM_ESTATE;
+  if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0)
+    return 1;
+  r->lent = 1;
+  *fd = s;
+  *left = r->resp_left;
+  c->t_write = om__http_now_ms(c);
+  om__http_conn_update(c); /* the write-progress timeout applies */
+  return 0;
+}
+
+void om_http_response_lent_progress(om_http_request_t *req) {
+  req_t *r = (req_t *)req;
+  if (r != NULL && !OM__HTTP_IS_H2(req) && r->lent && r->conn != NULL)
+    r->conn->t_write = om__http_now_ms(r->conn);
+}
+
+int om_http_response_unlend(om_http_request_t *req, uint64_t wrote) {
+  req_t *r = (req_t *)req;
+  if (r == NULL)
+    return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req) || !r->lent)
+    return OM_ESTATE;
+  if (wrote > r->resp_left)
+    return OM_EINVAL;
+  r->lent = 0;
+  r->resp_left -= wrote;
+  if (r->conn != NULL)
+    r->conn->t_write = om__http_now_ms(r->conn);
+  return 0;
 }
 
 size_t om_http_response_pending(const om_http_request_t *req) {

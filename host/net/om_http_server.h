@@ -544,6 +544,41 @@ int om_http_response_end_trailers(om_http_request_t *req,
  */
 void om_http_response_abort(om_http_request_t *req);
 
+/*
+ * om_http_response_lend: lend the caller the client's socket, to write
+ * the rest of a Content-Length body itself (splice(2) from an upstream:
+ * om_splice.h). Only for a streaming HTTP/1.1 response on a plaintext
+ * connection, declared with Content-Length, with body bytes left, and
+ * nothing of it queued: what is corked is sent first; when the kernel
+ * does not take it all, 1 is returned (nothing lent: wait for
+ * om_http_response_on_drain with low water 0, then call again). On 0,
+ * *fd is the socket and *left the body bytes still owed; until
+ * om_http_response_unlend the caller alone writes the socket, and
+ * om_http_response_write and _end are refused (OM_ESTATE); reading
+ * goes on (a client's close still reaches on_close: stop writing the
+ * socket there). om_http_response_abort ends a lent response (the
+ * connection closes). OM_EINVAL (NULL); OM_ESTATE (a condition above
+ * unmet: write the ordinary way).
+ */
+int om_http_response_lend(om_http_request_t *req, int *fd, uint64_t *left);
+
+/*
+ * om_http_response_lent_progress: bytes of a lent response reached the
+ * kernel: the connection's write-progress timeout (idle_timeout_ms, which
+ * judges a client that stops reading) restarts, as after a write of its
+ * own. While lent and without progress, that timeout closes the
+ * connection as it does a stalled queue (on_close runs).
+ */
+void om_http_response_lent_progress(om_http_request_t *req);
+
+/*
+ * om_http_response_unlend: the caller is done writing the lent socket and
+ * wrote wrote bytes of the body (at most *left of the lend); the response
+ * is the server's again, to write the rest or end. Returns 0; OM_EINVAL
+ * (NULL, or more than was owed); OM_ESTATE (not lent).
+ */
+int om_http_response_unlend(om_http_request_t *req, uint64_t wrote);
+
 /* Bytes of this connection's responses queued in memory, not yet taken by
  * the kernel; 0 when the client is gone. */
 size_t om_http_response_pending(const om_http_request_t *req);

@@ -103,7 +103,8 @@ typedef struct req_s {
   uint64_t resp_left;
   int rstate, rframe;
   unsigned keep_alive : 1, is_head : 1, want_continue : 1, continue_sent : 1,
-      in_close_cb : 1, resp_close : 1, upgrade : 1;
+      in_close_cb : 1, resp_close : 1, upgrade : 1,
+      lent : 1; /* the socket is the caller's (om_http_response_lend) */
   /* a streamed body (stream_bodies): the holder's callbacks, its idle
    * timeout; delivery started (body_on) and paused by the holder */
   om_http_body_fn on_body;

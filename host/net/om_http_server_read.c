@@ -962,7 +962,10 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
     *dl = c->t_idle + o->idle_timeout_ms;
     kind = K_IDLE;
   }
-  if (uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 &&
+  /* output waits for the client: queued here, or in a lent socket's
+   * writer (om_http_response_lend), whose progress stamps t_write */
+  if ((uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) > 0 ||
+       (c->active != NULL && c->active->lent)) &&
       c->t_write + o->idle_timeout_ms < *dl) {
     *dl = c->t_write + o->idle_timeout_ms;
     kind = K_WRITE;

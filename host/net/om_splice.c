@@ -215,6 +215,10 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
   return 0;
 }
 
+int om_splice_waits_for_dst(const om_splice_t *s) {
+  return s != NULL && !s->ended && s->out_on;
+}
+
 uint64_t om_splice_cancel(om_splice_t *s) {
   uint64_t moved;
   if (s == NULL || s->ended)

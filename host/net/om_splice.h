@@ -65,6 +65,14 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
                     om_splice_t **out);
 
 /*
+ * om_splice_waits_for_dst: nonzero while the splice waits for the
+ * destination to take bytes (its reader is slower than the source), zero
+ * while it waits for the source. What tells a slow reader from a silent
+ * writer: only the second is an idle stream.
+ */
+int om_splice_waits_for_dst(const om_splice_t *s);
+
+/*
  * om_splice_cancel: stop now. No callback runs after this returns; bytes
  * in the pipe are dropped (the caller treats the stream as cut). The
  * splice is freed from the loop. Returns how many bytes the destination

@@ -1070,6 +1070,8 @@ int om_upstream_resume(om_upstream_req_t *r) {
     return OM_EINVAL;
   if (r->state != R_ACTIVE || r->pend == PEND_DONE)
     return OM_ESTATE;
+  if (r->conn != NULL && r->conn->lent)
+    return OM_ESTATE;
   if (!r->paused)
     return 0;
   r->paused = 0;
@@ -1085,6 +1087,46 @@ int om_upstream_resume(om_upstream_req_t *r) {
     if (c->pos < c->len || (c->tls != NULL && om__up_tls_pending(c)) ||
         (c->phase == PH_BODY_CL && c->remaining == 0))
       om__up_pend_push(r, PEND_PROCESS);
+  }
+  return 0;
+}
+
+int om_upstream_body_lend(om_upstream_req_t *r, int *fd, uint64_t *left) {
+  conn_t *c;
+  uv_os_fd_t s;
+  if (r == NULL || fd == NULL || left == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (r->state != R_ACTIVE || r->pend == PEND_DONE || !r->paused || r->http2 ||
+      c == NULL || c->closing || c->lent || c->tls != NULL ||
+      c->phase != PH_BODY_CL || c->remaining == 0 || c->pos != c->len ||
+      uv_fileno((const uv_handle_t *)&c->tcp, &s) != 0)
+    return OM_ESTATE;
+  om__up_read_off(c);
+  c->lent = 1;
+  *fd = s;
+  *left = c->remaining;
+  return 0;
+}
+
+int om_upstream_body_unlend(om_upstream_req_t *r, uint64_t moved, int broken) {
+  conn_t *c;
+  if (r == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (r->state != R_ACTIVE || c == NULL || !c->lent)
+    return OM_ESTATE;
+  if (moved > c->remaining)
+    return OM_EINVAL;
+  c->lent = 0;
+  c->remaining -= moved;
+  r->res.body_bytes += moved;
+  if (broken) {
+    om_upstream_pool_t *p = r->pool;
+    p->api++; /* on_done from the loop, never from inside this call */
+    om__up_attempt_fail(c, OM_UPSTREAM_FAIL_RESET_MID_BODY, 0,
+                        "the body's socket failed while lent");
+    p->api--;
   }
   return 0;
 }

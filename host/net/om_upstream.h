@@ -644,6 +644,34 @@ int om_upstream_pause(om_upstream_req_t *req);
 int om_upstream_resume(om_upstream_req_t *req);
 
 /*
+ * om_upstream_body_lend: lend the caller the response's socket, to read
+ * the rest of a Content-Length body itself (splice(2) into a client:
+ * om_splice.h). Only for a paused request (om_upstream_pause) on a
+ * plaintext HTTP/1.1 connection whose response head was delivered, whose
+ * body has bytes left, and whose read buffer holds none of them (call it
+ * from the on_body that emptied it, after pausing). *fd is the socket and
+ * *left the bytes still to come; the connection stops reading until
+ * om_upstream_body_unlend, and om_upstream_resume is refused (OM_ESTATE)
+ * until then. Timeouts keep running (a total timeout ends the request as
+ * usual: the caller stops reading the socket in on_done). Returns 0;
+ * OM_EINVAL (NULL); OM_ESTATE (any condition above unmet: go on the
+ * ordinary way).
+ */
+int om_upstream_body_lend(om_upstream_req_t *req, int *fd, uint64_t *left);
+
+/*
+ * om_upstream_body_unlend: the caller is done with the socket it was lent
+ * and read moved bytes of the body from it (at most *left). broken 0: the
+ * request is the client's again, still paused; om_upstream_resume goes on
+ * reading (or completes the response when moved was all of it, pooling
+ * the connection). broken nonzero: bytes were read but lost, or the
+ * socket failed: the connection closes and on_done follows
+ * ("reset_mid_body") from the loop. Returns 0; OM_EINVAL (NULL, or moved
+ * over what was left); OM_ESTATE (not lent).
+ */
+int om_upstream_body_unlend(om_upstream_req_t *req, uint64_t moved, int broken);
+
+/*
  * om_upstream_take_tunnel: inside on_headers of a 101 response, take the
  * connection as a tunnel (om_http_server.h) with callbacks cb and ud; the
  * bytes the server sent behind the 101 head are its first data. When

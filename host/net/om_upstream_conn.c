@@ -115,7 +115,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void head_reset(conn_t *c);
 
 void om__up_read_on(conn_t *c) {
-  if (!c->reading && !c->closing &&
+  if (!c->reading && !c->closing && !c->lent &&
       uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
     c->reading = 1;
 }

@@ -112,6 +112,9 @@ struct conn_s {
   int phase;
   int handles; /* libuv handles not yet closed */
   unsigned closing : 1, reading : 1, writing : 1, broken : 1, keepalive : 1;
+  /* the socket is lent to the request's caller (om_upstream_body_lend):
+   * nothing reads it here until it is given back */
+  unsigned lent : 1;
   uint64_t timer_due; /* loop ms the timer is armed for; 0: not armed */
   uint64_t idle_since;
   uint64_t idle_ms; /* the idle timeout its latest request asked for */

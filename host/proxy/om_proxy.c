@@ -48,6 +48,7 @@
 #define DEF_REPLAY ((size_t)1 << 20)
 #define DEF_REPLAY_BUDGET ((size_t)64 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
+#define DEF_SPLICE_MIN (UINT64_C(1) << 20)
 /* the policy's pool fields are clamped here: the upstream client's
  * ceilings (om_upstream.h), and a request count no connection reaches */
 #define POOL_MAX_IDLE 1000000u
@@ -448,6 +449,9 @@ static void register_metrics(om_proxy_t *p, om__proxy_service_t *s) {
   s->m_body_bytes =
       om_metrics_counter(p->metrics, "openmesh_proxy_request_body_bytes_total",
                          "Request body bytes read from clients.", labels);
+  s->m_spliced = om_metrics_counter(
+      p->metrics, "openmesh_proxy_spliced_bytes_total",
+      "Response body bytes relayed socket to socket by splice(2).", labels);
   om__proxy_shed_metrics(p, s, labels);
   om__proxy_resolve_metrics(p, s, labels);
   om__proxy_pool_metrics(p, s, labels);
@@ -895,6 +899,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
     p->opts.retry_after_ceiling_ms = 10000;
   if (p->opts.high_water == 0)
     p->opts.high_water = DEF_HIGH_WATER;
+  if (p->opts.splice_min_bytes == 0)
+    p->opts.splice_min_bytes = DEF_SPLICE_MIN;
   om_rng_seed(&p->rng, opts->seed ? opts->seed : uv_hrtime() ^ (uint64_t)p);
   so = opts->server;
   /* bodies are forwarded as they come: the proxy counts them against
@@ -1025,6 +1031,7 @@ int om_proxy_stats(const om_proxy_t *p, const char *service,
   out->retries_pre_send = s->retries_pre_send;
   out->budget_exhausted = s->budget_exhausted;
   out->paused = s->paused;
+  out->spliced_bytes = s->spliced_bytes;
   out->inflight = om_admission_inflight(s->adm);
   out->queued = om_admission_queued(s->adm);
   out->limit = om_admission_limit(s->adm);

@@ -108,6 +108,11 @@ typedef struct om_proxy_opts_s {
   /* Downstream bytes queued in memory before the upstream read pauses;
    * it resumes below a quarter of it. Default 256 KiB. */
   size_t high_water;
+  /* A committed response body of at least this many bytes (by its
+   * Content-Length) goes socket to socket by splice(2) when both sides
+   * are plaintext HTTP/1.1 (docs/PROXY.md "Large bodies"). Default
+   * 1 MiB; UINT64_MAX: never. */
+  uint64_t splice_min_bytes;
   /* Seed of the proxy's generator (P2C draws, jitter, request ids); 0:
    * from the clock. */
   uint64_t seed;
@@ -289,6 +294,7 @@ typedef struct om_proxy_stats_s {
   uint64_t retries_pre_send; /* of retries: no byte of the request had left
                                 (the rest are post-send) */
   uint64_t denied; /* refused by the policy's authorize (403 forbidden) */
+  uint64_t spliced_bytes; /* response body bytes moved by splice(2) */
 } om_proxy_stats_t;
 
 /* Returns 0 and fills *out; OM_ENOTFOUND for an unknown service. */

@@ -396,8 +396,10 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
     return 1;
   }
   c->committed = 1; /* OM_ESTATE: the client is gone; on_close follows */
-  if (rc == 0 && r->has_body)
+  if (rc == 0 && r->has_body) {
     om__proxy_stream_start(c);
+    om__proxy_splice_consider(c, r);
+  }
   return 0;
 }
 
@@ -407,6 +409,8 @@ static void up_on_body(void *ud, const char *data, size_t len) {
     return;
   om__proxy_stream_activity(c);
   om_http_response_write(c->req, data, len);
+  if (c->splice_want && om__proxy_splice_body(c))
+    return; /* the rest goes socket to socket */
   if (!c->paused && om_http_response_pending(c->req) > c->p->opts.high_water) {
     /* TCP flow control pushes back on the upstream from here, until the
      * client has taken all but a quarter of the high-water mark */
@@ -471,6 +475,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
   int ok, dropped, record = res->fail != OM_UPSTREAM_FAIL_CLOSED && !local;
   int next_addr;
   c->up = NULL;
+  om__proxy_splice_stop(c); /* the attempt ended under a splice */
   om__proxy_pool_done(c->s, res);
   if (res->tls_handshake != 0 || res->tls_fail != 0)
     om__proxy_tls_done(c->s, c->peer, res, now);
@@ -725,6 +730,7 @@ static void start_attempt(om__proxy_call_t *c) {
 void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
                            const char *message) {
   stop_timer(c);
+  om__proxy_splice_stop(c);
   if (c->up != NULL) {
     om_upstream_cancel(c->up);
     c->up = NULL;
@@ -745,6 +751,7 @@ void om__proxy_call_refuse(om__proxy_call_t *c, om__proxy_outcome_t o,
 void om__proxy_call_cut(om__proxy_call_t *c) {
   om_http_request_t *req = c->req;
   c->streaming = 0;
+  om__proxy_splice_stop(c);
   if (c->up != NULL) {
     om_upstream_cancel(c->up);
     c->up = NULL;
@@ -805,6 +812,7 @@ void om__proxy_arm_queue_timer(om__proxy_service_t *s) {
 
 static void on_client_close(om_http_request_t *req) {
   om__proxy_call_t *c = req->user;
+  om__proxy_splice_stop(c); /* before the sockets' owners let go */
   c->req = NULL;
   stop_timer(c);
   c->paused = 0;

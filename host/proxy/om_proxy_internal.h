@@ -258,6 +258,8 @@ struct om__proxy_service_s {
   om_metric_t *m_attempts, *m_budget, *m_latency;
   om_metric_t *m_retries_pre, *m_retries_post; /* retries_total{phase} */
   om_metric_t *m_cut_idle, *m_cut_max;         /* streams_cut_total by reason */
+  om_metric_t *m_spliced; /* spliced_bytes_total (om_proxy_splice.c) */
+  uint64_t spliced_bytes;
   om_circuit_opts_t circuit_applied; /* what the view's circuits run on */
   om__proxy_cache_t cache;           /* the vary policy's decisions */
   /* upgrades (om_proxy_tunnel.c) */
@@ -406,7 +408,13 @@ struct om__proxy_call_s {
   int circuit_pending;  /* allowed, outcome not yet recorded */
   int deadline_limited; /* the attempt's timeout was the deadline */
   int committed, discarding, paused;
-  uint64_t wait_ns; /* backoff before the next attempt */
+  /* the response body relayed by splice(2) (om_proxy_splice.c): wanted
+   * (a large Content-Length, plaintext HTTP/1.1 both ways), waiting for
+   * the caller's output to drain, running */
+  int splice_want, splice_wait;
+  struct om_splice_s *splice;
+  uint64_t splice_counted; /* of its bytes, those counted in the metric */
+  uint64_t wait_ns;        /* backoff before the next attempt */
   /* why the latest attempt failed, for the caller's error */
   om_upstream_fail_t last_fail;
   int last_status, last_timeout, last_deadline_limited;
@@ -624,6 +632,22 @@ void om__proxy_stream_activity(om__proxy_call_t *c);
 
 /* End a call: count o, give the admission slot back, free the call. */
 void om__proxy_call_end(om__proxy_call_t *c, om__proxy_outcome_t o);
+
+/*
+ * om_proxy_splice.c: a committed response body relayed socket to socket
+ * with splice(2).
+ * _consider: from on_headers once the head is committed: whether this
+ * response's body should be spliced. _body: from on_body after its bytes
+ * were written to the caller: 1 when the splice takes the rest over (the
+ * upstream is paused for it; skip the high-water check), 0 to go on the
+ * ordinary way. _stop: cancel a splice running or waiting (before the
+ * attempt is cancelled or the caller's response ends); both sockets are
+ * given back with the bytes moved.
+ */
+void om__proxy_splice_consider(om__proxy_call_t *c,
+                               const om_upstream_response_t *r);
+int om__proxy_splice_body(om__proxy_call_t *c);
+void om__proxy_splice_stop(om__proxy_call_t *c);
 
 /* om_proxy_tunnel.c: upgrades and the tunnel relay. */
 

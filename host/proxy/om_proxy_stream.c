@@ -24,6 +24,7 @@
 
 #include "om_log.h"
 #include "om_proxy_internal.h"
+#include "om_splice.h"
 
 /* ns -> ms rounded up, so a timeout never fires early; 0 for "none". */
 static uint64_t ms_of(uint64_t ns) {
@@ -82,8 +83,11 @@ static void on_stream_timer(uv_timer_t *t) {
   /* The upstream is paused because the caller reads slower than it
    * sends: bytes are waiting for the caller, so the stream is not idle.
    * Whether the caller still reads at all is the listener's write-progress
-   * timeout to judge (the kernel's buffers hide it from here). */
-  if (c->paused)
+   * timeout to judge (the kernel's buffers hide it from here). A splice
+   * pauses the upstream too: it is the same case while the splice waits
+   * for the caller to take bytes, and an idle stream while it waits for
+   * the upstream. */
+  if (c->paused && (c->splice == NULL || om_splice_waits_for_dst(c->splice)))
     c->stream_last_ms = now;
   if (idle != 0 && now >= c->stream_last_ms + idle) {
     cut(c, 0, now);
