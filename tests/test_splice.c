@@ -44,8 +44,8 @@ static void tcp_pair(int *a, int *b) {
 }
 
 typedef struct {
-  int done, err, progress;
-  uint64_t moved;
+  int done, err, progress, src_failed;
+  uint64_t moved, taken;
 } res_t;
 
 static void on_progress(void *ud, uint64_t moved) {
@@ -54,11 +54,13 @@ static void on_progress(void *ud, uint64_t moved) {
   r->moved = moved;
 }
 
-static void on_done(void *ud, int err, uint64_t moved) {
+static void on_done(void *ud, const om_splice_result_t *res) {
   res_t *r = ud;
   r->done = 1;
-  r->err = err;
-  r->moved = moved;
+  r->err = res->err;
+  r->src_failed = res->src_failed;
+  r->moved = res->moved;
+  r->taken = res->taken;
 }
 
 static const om_splice_callbacks_t CB = {on_progress, on_done};
@@ -188,11 +190,59 @@ static void early_eof_fails_with_what_moved(void **state) {
   }
   assert_int_equal(r.done, 1);
   assert_int_equal(r.err, OM_EIO);
+  assert_int_equal(r.src_failed, 1);
   OM_ASSERT_CMP(r.moved, ==, 1000);
+  OM_ASSERT_CMP(r.taken, ==, 1000);
   uv_run(&loop, UV_RUN_NOWAIT);
   close(src);
   close(dst);
   close(rd);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+/* The reader goes away: the destination's side failed, and what was
+ * taken from the source but never delivered is told apart from what
+ * moved. */
+static void a_closed_destination_fails_on_its_side(void **state) {
+  uv_loop_t loop;
+  int w, src, dst, rd;
+  res_t r = {0};
+  om_splice_t *s;
+  uint64_t sent = 0;
+  const uint64_t len = 64u << 20;
+  (void)state;
+  uv_loop_init(&loop);
+  tcp_pair(&w, &src);
+  tcp_pair(&dst, &rd);
+  assert_int_equal(om_splice_start(&loop, src, dst, len, &CB, &r, &s), 0);
+  for (int i = 0; i < 200 && r.moved < 65536; i++) {
+    sent += write_some(w, sent, 1u << 20);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(500);
+  }
+  OM_ASSERT_CMP(r.moved, >=, 65536);
+  {
+    struct linger lg = {1, 0}; /* a reset, not a FIN */
+    setsockopt(rd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  }
+  close(rd);
+  for (int i = 0; i < 4000 && !r.done; i++) {
+    sent += write_some(w, sent, 1u << 20);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(500);
+  }
+  OM_TEST_NOTE("reader reset: moved %llu, taken %llu, written %llu",
+               (unsigned long long)r.moved, (unsigned long long)r.taken,
+               (unsigned long long)sent);
+  assert_int_equal(r.done, 1);
+  assert_int_equal(r.err, OM_EIO);
+  assert_int_equal(r.src_failed, 0);
+  OM_ASSERT_CMP(r.taken, >=, r.moved);
+  OM_ASSERT_CMP(r.taken, <=, sent);
+  uv_run(&loop, UV_RUN_NOWAIT);
+  close(w);
+  close(src);
+  close(dst);
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
@@ -211,7 +261,13 @@ static void cancel_stops_without_a_callback(void **state) {
     uv_run(&loop, UV_RUN_NOWAIT);
     usleep(1000);
   }
-  OM_ASSERT_CMP(om_splice_cancel(s), ==, 3000);
+  {
+    om_splice_result_t cr;
+    OM_ASSERT_CMP(om_splice_cancel(s, &cr), ==, 3000);
+    assert_int_equal(cr.err, 0);
+    OM_ASSERT_CMP(cr.moved, ==, 3000);
+    OM_ASSERT_CMP(cr.taken, ==, 3000);
+  }
   write_all(&loop, w, 3000, 3000);
   for (int i = 0; i < 20; i++)
     uv_run(&loop, UV_RUN_NOWAIT);
@@ -247,6 +303,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(moves_exactly_len_through_a_slow_reader),
       cmocka_unit_test(early_eof_fails_with_what_moved),
+      cmocka_unit_test(a_closed_destination_fails_on_its_side),
       cmocka_unit_test(cancel_stops_without_a_callback),
       cmocka_unit_test(refuses_what_it_cannot_splice),
   };

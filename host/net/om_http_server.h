@@ -789,4 +789,33 @@ void om_http_request_body_resume(om_http_request_t *req);
  * 0 keeps it. Returns 0, OM_EINVAL for NULL or a value over UINT32_MAX. */
 int om_http_request_body_idle_timeout(om_http_request_t *req, uint64_t ms);
 
+/*
+ * om_http_request_body_lend: lend the caller the client's socket, to read
+ * the rest of a streamed Content-Length body itself (splice(2) into an
+ * upstream: om_splice.h). Only for an HTTP/1.1 request on a plaintext
+ * connection whose body delivery started (om_http_request_body_start),
+ * with bytes of it still to come, none of them in the read buffer (call
+ * it after the on_data that emptied it), and no FIN from the client yet.
+ * *fd is the socket and *left the body bytes still to come; nothing reads
+ * the socket here until om_http_request_body_unlend. The body idle
+ * timeout keeps running (restarted by om_http_request_body_lent_progress)
+ * and ends the request as usual (on_close). Returns 0; OM_EINVAL (NULL);
+ * OM_ESTATE (a condition above unmet: go on the ordinary way).
+ */
+int om_http_request_body_lend(om_http_request_t *req, int *fd, uint64_t *left);
+
+/* om_http_request_body_lent_progress: bytes of a lent body were read: the
+ * body idle timeout restarts. */
+void om_http_request_body_lent_progress(om_http_request_t *req);
+
+/*
+ * om_http_request_body_unlend: the caller read taken bytes of the body
+ * (at most *left of the lend) from the lent socket and gives it back:
+ * delivery goes on from the rest (from the loop; a pause stays), and when
+ * nothing was left on_end follows from the loop. Returns 0; OM_EINVAL
+ * (NULL, or more than was left); OM_ESTATE (not lent). After on_close
+ * (the client went away) it only ends the lend.
+ */
+int om_http_request_body_unlend(om_http_request_t *req, uint64_t taken);
+
 #endif /* OM_HTTP_SERVER_H */

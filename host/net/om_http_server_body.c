@@ -27,7 +27,7 @@
 int om__http_body_wanted(const conn_t *c) {
   const req_t *r = c->sbody;
   return r != NULL && r == c->active && r->body_on && !r->body_paused &&
-         c->phase == PH_READING;
+         !r->body_lent && c->phase == PH_READING;
 }
 
 /* Deliver on the next loop turn, from the connection's timer. */
@@ -207,5 +207,56 @@ int om_http_request_body_idle_timeout(om_http_request_t *req, uint64_t ms) {
     if (r->conn != NULL && r->conn->phase < PH_FAILED && !r->in_close_cb)
       om__http_conn_update(r->conn);
   }
+  return 0;
+}
+
+int om_http_request_body_lend(om_http_request_t *req, int *fd, uint64_t *left) {
+  req_t *r = (req_t *)req;
+  conn_t *c;
+  uv_os_fd_t s;
+  if (r == NULL || fd == NULL || left == NULL)
+    return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req))
+    return OM_ESTATE; /* DATA frames, not bytes of one body */
+  c = r->conn;
+  if (c == NULL || c->phase != PH_READING || c->tls != NULL || c->eof ||
+      c->sbody != r || c->active != r || !r->body_on || r->body_lent ||
+      r->in_close_cb || c->dec.chunked || c->dec.left == 0 ||
+      c->in_off != c->in_len ||
+      uv_fileno((const uv_handle_t *)&c->tcp, &s) != 0)
+    return OM_ESTATE;
+  r->body_lent = 1;
+  c->t_read = om__http_now_ms(c);
+  om__http_conn_update(c); /* stops reading; the body idle timer runs */
+  *fd = s;
+  *left = c->dec.left;
+  return 0;
+}
+
+void om_http_request_body_lent_progress(om_http_request_t *req) {
+  req_t *r = (req_t *)req;
+  if (r != NULL && !OM__HTTP_IS_H2(req) && r->body_lent && r->conn != NULL)
+    r->conn->t_read = om__http_now_ms(r->conn);
+}
+
+int om_http_request_body_unlend(om_http_request_t *req, uint64_t taken) {
+  req_t *r = (req_t *)req;
+  conn_t *c;
+  if (r == NULL)
+    return OM_EINVAL;
+  if (OM__HTTP_IS_H2(req) || !r->body_lent)
+    return OM_ESTATE;
+  c = r->conn;
+  if (c == NULL || c->sbody != r) { /* gone, or its body failed */
+    r->body_lent = 0;
+    return 0;
+  }
+  if (taken > c->dec.left)
+    return OM_EINVAL;
+  r->body_lent = 0;
+  c->dec.left -= taken;
+  c->t_read = om__http_now_ms(c);
+  if (!r->in_close_cb)
+    kick(c); /* the rest, or the end, from the loop */
   return 0;
 }

@@ -111,6 +111,7 @@ typedef struct req_s {
   om_http_body_end_fn on_body_end;
   uint64_t body_idle_ms;
   unsigned body_on : 1, body_paused : 1;
+  unsigned body_lent : 1; /* the socket is the caller's to read the body */
 } req_t;
 
 /*

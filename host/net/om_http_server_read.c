@@ -957,6 +957,13 @@ static int conn_deadline(const conn_t *c, uint64_t *dl) {
       kind = K_BODY;
     }
   }
+  if (kind == K_NONE && c->phase == PH_READING && c->sbody != NULL &&
+      c->sbody->body_lent && c->sbody->body_idle_ms != 0) {
+    /* a body read by the caller (om_http_request_body_lend): its progress
+     * stamps t_read */
+    *dl = c->t_read + c->sbody->body_idle_ms;
+    kind = K_BODY;
+  }
   if (c->phase == PH_H2 && c->reading && om__http2_idle(c) &&
       uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) == 0) {
     *dl = c->t_idle + o->idle_timeout_ms;

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ struct om_splice_s {
   uint64_t to_read;     /* still to take from the source */
   uint64_t in_pipe;     /* taken, not yet written */
   uint64_t moved;       /* written to the destination */
+  uint64_t len;
   size_t pipe_cap;
   int handles;
   unsigned in_on : 1, out_on : 1, ended : 1;
@@ -77,17 +79,27 @@ static void want_out(om_splice_t *s, int on) {
   s->out_on = on ? 1 : 0;
 }
 
-static void finish(om_splice_t *s, int err) {
+static void result(const om_splice_t *s, int err, int src_failed,
+                   om_splice_result_t *out) {
+  out->err = err;
+  out->src_failed = err != 0 && src_failed;
+  out->moved = s->moved;
+  out->taken = s->len - s->to_read;
+}
+
+static void finish(om_splice_t *s, int err, int src_failed) {
+  om_splice_result_t res;
   want_in(s, 0);
   want_out(s, 0);
   s->ended = 1;
-  s->cb.on_done(s->ud, err, s->moved);
+  result(s, err, src_failed, &res);
+  s->cb.on_done(s->ud, &res);
   teardown(s);
 }
 
 static void pump(om_splice_t *s) {
   uint64_t turn = 0, before = s->moved;
-  int err = 0, end = 0; /* end: finish with err */
+  int err = 0, end = 0, src = 0; /* end: finish with err (src: its side) */
   while (!end) {
     ssize_t n;
     if (s->in_pipe > 0) {
@@ -131,11 +143,11 @@ static void pump(om_splice_t *s) {
       want_in(s, 1);
       break;
     } else {
-      err = OM_EIO, end = 1; /* EOF before len, or the source failed */
+      err = OM_EIO, end = 1, src = 1; /* EOF before len, or it failed */
     }
   }
   if (end) {
-    finish(s, err);
+    finish(s, err, src);
     return;
   }
   if (s->moved > before && s->cb.on_progress != NULL)
@@ -149,7 +161,7 @@ static void on_ready(uv_poll_t *p, int status, int events) {
   if (s->ended)
     return;
   if (status < 0) {
-    finish(s, OM_EIO);
+    finish(s, OM_EIO, p == &s->pin);
     return;
   }
   pump(s);
@@ -207,7 +219,7 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
   }
   s->pin.data = s->pout.data = s;
   s->handles = 2;
-  s->to_read = len;
+  s->to_read = s->len = len;
   s->cb = *cb;
   s->ud = ud;
   want_in(s, 1); /* nothing runs before the loop reports readiness */
@@ -219,10 +231,14 @@ int om_splice_waits_for_dst(const om_splice_t *s) {
   return s != NULL && !s->ended && s->out_on;
 }
 
-uint64_t om_splice_cancel(om_splice_t *s) {
+uint64_t om_splice_cancel(om_splice_t *s, om_splice_result_t *res) {
   uint64_t moved;
+  if (res != NULL)
+    memset(res, 0, sizeof *res);
   if (s == NULL || s->ended)
     return s != NULL ? s->moved : 0;
+  if (res != NULL)
+    result(s, 0, 0, res);
   moved = s->moved;
   want_in(s, 0);
   want_out(s, 0);

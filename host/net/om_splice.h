@@ -39,18 +39,25 @@
 
 typedef struct om_splice_s om_splice_t;
 
+/* How a splice ended (on_done), or stood when it was cancelled. */
+typedef struct om_splice_result_s {
+  int err;        /* 0: all len bytes reached the destination; OM_EIO */
+  int src_failed; /* with err: the source ended early (EOF) or failed;
+                     0: the destination failed (reset, closed) */
+  uint64_t moved; /* bytes the destination took */
+  uint64_t taken; /* bytes read from the source: moved plus what was in
+                     the pipe, lost when the splice did not finish */
+} om_splice_result_t;
+
 typedef struct om_splice_callbacks_s {
   /* (may be NULL) bytes reached the destination: moved is the total so
    * far. At most once per loop turn: what a stream idle timer needs. */
   void (*on_progress)(void *ud, uint64_t moved);
-  /* (required) the splice ended: err 0 when all len bytes reached the
-   * destination; OM_EIO when the source ended first (EOF: moved < len) or
-   * either socket failed (the peer reset, the destination closed).
-   * moved counts the bytes the destination took; bytes read from the
-   * source but not written are lost (the stream is cut either way). The
+  /* (required) the splice ended (om_splice_result_t says how; bytes
+   * taken but not moved are lost: the stream is cut either way). The
    * splice is freed when this returns; never called from inside an
    * om_splice_* call. */
-  void (*on_done)(void *ud, int err, uint64_t moved);
+  void (*on_done)(void *ud, const om_splice_result_t *res);
 } om_splice_callbacks_t;
 
 /*
@@ -76,8 +83,9 @@ int om_splice_waits_for_dst(const om_splice_t *s);
  * om_splice_cancel: stop now. No callback runs after this returns; bytes
  * in the pipe are dropped (the caller treats the stream as cut). The
  * splice is freed from the loop. Returns how many bytes the destination
- * took. NULL: 0. Not after on_done ran (the splice is gone).
+ * took, and fills *res (may be NULL; err 0) with that and what was taken
+ * from the source. NULL: 0. Not after on_done ran (the splice is gone).
  */
-uint64_t om_splice_cancel(om_splice_t *s);
+uint64_t om_splice_cancel(om_splice_t *s, om_splice_result_t *res);
 
 #endif /* OM_SPLICE_H */

@@ -1091,7 +1091,7 @@ int om_upstream_resume(om_upstream_req_t *r) {
   return 0;
 }
 
-int om_upstream_body_lend(om_upstream_req_t *r, int *fd, uint64_t *left) {
+int om_upstream_response_lend(om_upstream_req_t *r, int *fd, uint64_t *left) {
   conn_t *c;
   uv_os_fd_t s;
   if (r == NULL || fd == NULL || left == NULL)
@@ -1109,7 +1109,8 @@ int om_upstream_body_lend(om_upstream_req_t *r, int *fd, uint64_t *left) {
   return 0;
 }
 
-int om_upstream_body_unlend(om_upstream_req_t *r, uint64_t moved, int broken) {
+int om_upstream_response_unlend(om_upstream_req_t *r, uint64_t moved,
+                                int broken) {
   conn_t *c;
   if (r == NULL)
     return OM_EINVAL;

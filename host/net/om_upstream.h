@@ -644,23 +644,23 @@ int om_upstream_pause(om_upstream_req_t *req);
 int om_upstream_resume(om_upstream_req_t *req);
 
 /*
- * om_upstream_body_lend: lend the caller the response's socket, to read
+ * om_upstream_response_lend: lend the caller the response's socket, to read
  * the rest of a Content-Length body itself (splice(2) into a client:
  * om_splice.h). Only for a paused request (om_upstream_pause) on a
  * plaintext HTTP/1.1 connection whose response head was delivered, whose
  * body has bytes left, and whose read buffer holds none of them (call it
  * from the on_body that emptied it, after pausing). *fd is the socket and
  * *left the bytes still to come; the connection stops reading until
- * om_upstream_body_unlend, and om_upstream_resume is refused (OM_ESTATE)
+ * om_upstream_response_unlend, and om_upstream_resume is refused (OM_ESTATE)
  * until then. Timeouts keep running (a total timeout ends the request as
  * usual: the caller stops reading the socket in on_done). Returns 0;
  * OM_EINVAL (NULL); OM_ESTATE (any condition above unmet: go on the
  * ordinary way).
  */
-int om_upstream_body_lend(om_upstream_req_t *req, int *fd, uint64_t *left);
+int om_upstream_response_lend(om_upstream_req_t *req, int *fd, uint64_t *left);
 
 /*
- * om_upstream_body_unlend: the caller is done with the socket it was lent
+ * om_upstream_response_unlend: the caller is done with the socket it was lent
  * and read moved bytes of the body from it (at most *left). broken 0: the
  * request is the client's again, still paused; om_upstream_resume goes on
  * reading (or completes the response when moved was all of it, pooling
@@ -669,7 +669,8 @@ int om_upstream_body_lend(om_upstream_req_t *req, int *fd, uint64_t *left);
  * ("reset_mid_body") from the loop. Returns 0; OM_EINVAL (NULL, or moved
  * over what was left); OM_ESTATE (not lent).
  */
-int om_upstream_body_unlend(om_upstream_req_t *req, uint64_t moved, int broken);
+int om_upstream_response_unlend(om_upstream_req_t *req, uint64_t moved,
+                                int broken);
 
 /*
  * om_upstream_take_tunnel: inside on_headers of a 101 response, take the
@@ -738,6 +739,32 @@ int om_upstream_body_write_ref(om_upstream_req_t *req, const char *data,
  * ending); OM_ENOMEM.
  */
 int om_upstream_body_end(om_upstream_req_t *req);
+
+/*
+ * om_upstream_body_lend: lend the caller the request's socket, to write
+ * the rest of a streamed Content-Length body itself (splice(2) from a
+ * client: om_splice.h). Only on a plaintext HTTP/1.1 connection whose
+ * head went out, with nothing of the body queued or in flight
+ * (om_upstream_body_pending 0: wait for om_upstream_body_on_drain with
+ * low water 0) and body bytes still owed. *fd is the socket and *left
+ * the bytes owed; om_upstream_body_write is refused (OM_ESTATE) until
+ * om_upstream_body_unlend. The response is read as usual meanwhile (an
+ * early answer reaches on_headers; its on_done means: stop writing). The
+ * request is never re-sent transparently after this. Returns 0;
+ * OM_EINVAL (NULL); OM_ESTATE (a condition above unmet).
+ */
+int om_upstream_body_lend(om_upstream_req_t *req, int *fd, uint64_t *left);
+
+/*
+ * om_upstream_body_unlend: the caller wrote wrote bytes of the body (at
+ * most *left of the lend) to the lent socket and gives it back; the body
+ * goes on (om_upstream_body_write, _end) from there. broken nonzero: the
+ * socket failed or bytes were lost on the way: the connection closes and
+ * on_done follows from the loop ("reset_before_response" before the
+ * head, "reset_mid_body" after; sent 1). Returns 0; OM_EINVAL (NULL, or
+ * more than was owed); OM_ESTATE (not lent).
+ */
+int om_upstream_body_unlend(om_upstream_req_t *req, uint64_t wrote, int broken);
 
 /* Bytes of the streamed body queued in memory, not yet taken by the
  * kernel; 0 for NULL or a request that is not streamed. */

@@ -68,7 +68,7 @@ void om__up_body_flush(conn_t *c) {
   bchunk_t *b, *last = NULL;
   unsigned n = 0, k = 0;
   size_t bytes = 0;
-  if (r == NULL || !r->streamed || c->writing || c->closing ||
+  if (r == NULL || !r->streamed || c->writing || c->closing || c->lent_out ||
       c->phase == PH_CONNECTING || r->bq_head == NULL)
     return;
   if (c->tls != NULL) {
@@ -173,7 +173,8 @@ static int body_write(om_upstream_req_t *r, const char *data, size_t len,
   if (r == NULL || (data == NULL && len > 0) || !r->streamed ||
       len > UINT32_MAX / 2)
     return OM_EINVAL;
-  if (r->state != R_ACTIVE || r->pend == PEND_DONE || r->body_ended)
+  if (r->state != R_ACTIVE || r->pend == PEND_DONE || r->body_ended ||
+      (r->conn != NULL && r->conn->lent_out))
     return OM_ESTATE;
   if (len == 0)
     return 0;
@@ -249,5 +250,50 @@ int om_upstream_body_on_drain(om_upstream_req_t *r, size_t low_water,
   r->drain_low = low_water;
   r->on_drain = cb;
   r->drain_armed = 1;
+  return 0;
+}
+
+int om_upstream_body_lend(om_upstream_req_t *r, int *fd, uint64_t *left) {
+  conn_t *c;
+  uv_os_fd_t s;
+  if (r == NULL || fd == NULL || left == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (r->state != R_ACTIVE || r->pend == PEND_DONE || !r->streamed ||
+      r->http2 || r->body_ended || r->body_left <= 0 || r->bq_head != NULL ||
+      r->body_pending != 0 || c == NULL || c->closing || c->broken ||
+      c->lent_out || c->tls != NULL || c->phase == PH_CONNECTING ||
+      c->writing || c->inflight != NULL ||
+      uv_fileno((const uv_handle_t *)&c->tcp, &s) != 0)
+    return OM_ESTATE;
+  c->lent_out = 1;
+  r->body_moved = 1; /* bytes leave from a socket we do not see */
+  r->res.sent = 1;
+  *fd = s;
+  *left = (uint64_t)r->body_left;
+  return 0;
+}
+
+int om_upstream_body_unlend(om_upstream_req_t *r, uint64_t wrote, int broken) {
+  conn_t *c;
+  if (r == NULL)
+    return OM_EINVAL;
+  c = r->conn;
+  if (r->state != R_ACTIVE || c == NULL || !c->lent_out)
+    return OM_ESTATE;
+  if (wrote > (uint64_t)r->body_left)
+    return OM_EINVAL;
+  c->lent_out = 0;
+  r->body_left -= (int64_t)wrote;
+  if (broken) {
+    om_upstream_pool_t *p = r->pool;
+    p->api++; /* on_done from the loop, never from inside this call */
+    om__up_attempt_fail(c,
+                        c->phase == PH_HEAD
+                            ? OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE
+                            : OM_UPSTREAM_FAIL_RESET_MID_BODY,
+                        0, "the request body's socket failed while lent");
+    p->api--;
+  }
   return 0;
 }

@@ -540,8 +540,8 @@ static int msg_complete(conn_t *c) {
   req_t *r = c->req;
   om_upstream_pool_t *p = c->pool;
   /* reused only when the whole request went out, a streamed body too */
-  int reuse = c->keepalive && !c->writing && !c->broken && c->pos == c->len &&
-              !p->closing &&
+  int reuse = c->keepalive && !c->writing && !c->broken && !c->lent_out &&
+              c->pos == c->len && !p->closing &&
               (!r->streamed || (r->body_ended && r->bq_head == NULL)) &&
               (c->tls == NULL || !om__up_tls_stray(c));
   /* a connection that carried its share is retired, not pooled */

@@ -112,9 +112,12 @@ struct conn_s {
   int phase;
   int handles; /* libuv handles not yet closed */
   unsigned closing : 1, reading : 1, writing : 1, broken : 1, keepalive : 1;
-  /* the socket is lent to the request's caller (om_upstream_body_lend):
+  /* the socket is lent to the request's caller (om_upstream_response_lend):
    * nothing reads it here until it is given back */
   unsigned lent : 1;
+  /* the socket is lent to write the request body (om_upstream_body_lend):
+   * no body piece is written here until it is given back */
+  unsigned lent_out : 1;
   uint64_t timer_due; /* loop ms the timer is armed for; 0: not armed */
   uint64_t idle_since;
   uint64_t idle_ms; /* the idle timeout its latest request asked for */

@@ -56,6 +56,7 @@ void om__proxy_body_init(om__proxy_call_t *c) {
   c->replayable = 1; /* until a byte sent does not fit the replay buffer */
   if (b->streamed)
     om_http_request_body_idle_timeout(c->req, c->set.body_idle_ms);
+  om__proxy_splice_upload_consider(c);
 }
 
 void om__proxy_body_free(om__proxy_call_t *c) {
@@ -254,6 +255,8 @@ static void on_data(om_http_request_t *req, const char *data, size_t len) {
   default:
     return; /* the attempt is ending (an early answer): its on_done says */
   }
+  if (c->usplice_want && om__proxy_splice_upload(c))
+    return; /* the rest goes socket to socket */
   if (om_upstream_body_pending(c->up) > p->opts.high_water) {
     if (om_upstream_body_on_drain(c->up, p->opts.high_water / 4,
                                   on_upstream_drained) == 0)

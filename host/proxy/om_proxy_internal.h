@@ -414,7 +414,11 @@ struct om__proxy_call_s {
   int splice_want, splice_wait;
   struct om_splice_s *splice;
   uint64_t splice_counted; /* of its bytes, those counted in the metric */
-  uint64_t wait_ns;        /* backoff before the next attempt */
+  /* the request body the same way (client to upstream) */
+  int usplice_want, usplice_wait;
+  struct om_splice_s *usplice;
+  uint64_t usplice_counted;
+  uint64_t wait_ns; /* backoff before the next attempt */
   /* why the latest attempt failed, for the caller's error */
   om_upstream_fail_t last_fail;
   int last_status, last_timeout, last_deadline_limited;
@@ -648,6 +652,12 @@ void om__proxy_splice_consider(om__proxy_call_t *c,
                                const om_upstream_response_t *r);
 int om__proxy_splice_body(om__proxy_call_t *c);
 void om__proxy_splice_stop(om__proxy_call_t *c);
+/* The request body: _upload_consider once the body is known (a large
+ * Content-Length, HTTP/1.1); _upload from on_data after its span went to
+ * the upstream: 1 when the splice takes the rest over (the client's body
+ * is paused for it), 0 to go on copying. */
+void om__proxy_splice_upload_consider(om__proxy_call_t *c);
+int om__proxy_splice_upload(om__proxy_call_t *c);
 
 /* om_proxy_tunnel.c: upgrades and the tunnel relay. */
 

@@ -24,6 +24,7 @@ return {
   subset = function(_, peers) return peers end,
   deadline_ms = 5000,
   stream_idle_timeout_ms = 500,
+  body_idle_timeout_ms = 500,
 }
 ]]
 
@@ -155,6 +156,64 @@ describe("large response bodies spliced by the real openmesh proxy", function()
     assert.equal(tostring(4 * MiB), (out:gsub("%s+", "")))
     local want = want_sha(16 * MiB)
     assert.equal(want, sha_of(spliced, "/download/" .. 16 * MiB))
+    assert.is_true(H.alive(spliced.pid))
+  end)
+
+  -- An upload of SIZE pattern bytes through p (curl -T from the generator,
+  -- with its Content-Length, so the body can be spliced); curl's exit code
+  -- and what the sink answered ("LEN SHA256"), or the status.
+  local function upload(p, size, path, stall)
+    local hashfile = dir .. "/up" .. size .. ".sha"
+    -- (a client that stops sending leaves the generator a broken pipe)
+    local src = string.format("%s %s gen %d %s 2>/dev/null", H.q(PY), H.q(TOOL), size,
+      H.q(hashfile))
+    if stall then -- the first STALL bytes, then silence with the pipe open
+      src = string.format("{ %s | head -c %d; sleep 3; }", src, stall)
+    end
+    local out, rc = H.sh(string.format("%s | %s -sS -T - -H 'Host: up' " ..
+      "-H 'Transfer-Encoding:' -H 'Content-Length: %d' -w ' %%{http_code}' %s%s 2>&1", src, H.curl(60), size,
+      p.url, path or "/upload"))
+    return rc, out, hashfile
+  end
+
+  it("forwards a 64 MiB upload byte for byte, spliced past the replay limit", function()
+    local size = 64 * MiB
+    local before = metric(spliced, SPLICED)
+    local rc, out, hashfile = upload(spliced, size)
+    assert.equal(0, rc, out)
+    assert.equal((H.readfile(hashfile):gsub("%s+$", "")) .. " 200", out)
+    -- the first MiB is held for a replay, then the rest is spliced
+    local moved = metric(spliced, SPLICED) - before
+    assert.is_true(moved >= size - 3 * MiB, "spliced " .. moved .. " bytes of " .. size)
+    assert.is_true(moved <= size, "spliced " .. moved .. " bytes of " .. size)
+    assert.equal(0, metric(copied, SPLICED))
+    rc, out = upload(copied, 8 * MiB)
+    assert.equal(0, rc, out)
+    assert.equal(0, metric(copied, SPLICED))
+  end)
+
+  it("answers 502 when the upstream resets in the middle of a spliced upload", function()
+    local before = metric(spliced, SPLICED)
+    local rc, out = upload(spliced, 64 * MiB, "/upload?cut=" .. 16 * MiB)
+    assert.matches(" 502$", out)
+    assert.is_true(metric(spliced, SPLICED) - before >= 8 * MiB, "the upload was not spliced")
+    assert.is_truthy(rc == 0 or rc == 55, "curl exit " .. tostring(rc) .. ": " .. out)
+    -- and the next one goes through
+    local hashfile
+    rc, out, hashfile = upload(spliced, 4 * MiB)
+    assert.equal(0, rc, out)
+    assert.equal((H.readfile(hashfile):gsub("%s+$", "")) .. " 200", out)
+  end)
+
+  it("answers 408 when the client stalls in the middle of a spliced upload", function()
+    local before = metric(spliced, SPLICED)
+    local t0 = H.now()
+    local rc, out = upload(spliced, 64 * MiB, nil, 16 * MiB)
+    local dt = H.now() - t0
+    assert.matches(" 408$", out)
+    assert.is_true(metric(spliced, SPLICED) - before >= 8 * MiB, "the upload was not spliced")
+    assert.is_truthy(rc == 0 or rc == 55, "curl exit " .. tostring(rc) .. ": " .. out)
+    assert.is_true(dt >= 0.5, "answered after " .. dt .. " s, before the 500 ms body idle timeout")
     assert.is_true(H.alive(spliced.pid))
   end)
 end)
