@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "http_test_client.h"
 #include "om_errno.h"
@@ -30,15 +31,19 @@ typedef struct fx_s {
   om_http_request_t *req; /* the request whose body is being read */
   int64_t content_length;
   int body_streamed;
-  size_t got;       /* body bytes delivered */
-  uint64_t hash;    /* FNV-1a of them */
-  size_t spans;     /* on_data calls */
-  int ended;        /* on_end calls */
-  int close_calls;  /* on_close calls */
-  int body_error;   /* body_error seen in on_close */
-  int paused;       /* the handler paused on the first span */
-  int start_rc;     /* om_http_request_body_start's answer */
-  char echo[65536]; /* the body, for small ones */
+  size_t got;      /* body bytes delivered */
+  uint64_t hash;   /* FNV-1a of them */
+  size_t spans;    /* on_data calls */
+  int ended;       /* on_end calls */
+  int close_calls; /* on_close calls */
+  int body_error;  /* body_error seen in on_close */
+  int paused;      /* the handler paused on the first span */
+  int start_rc;    /* om_http_request_body_start's answer */
+  int lend_rc;     /* /lend: om_http_request_body_lend's answer */
+  int lend_fd;
+  uint64_t lend_left;
+  om_http_request_t *resp_req; /* /lend-resp, /lend-chunked: streaming */
+  char echo[65536];            /* the body, for small ones */
 } fx_t;
 
 static htc_resp_t R[8];
@@ -106,6 +111,8 @@ static void on_data(om_http_request_t *req, const char *p, size_t n) {
     om_http_respond(req, 200, NULL, 0, "mid", 3);
   } else if (strcmp(req->path, "/relay") == 0) {
     om_http_response_write(req, p, n);
+  } else if (strcmp(req->path, "/lend") == 0 && fx->spans == 1) {
+    fx->lend_rc = om_http_request_body_lend(req, &fx->lend_fd, &fx->lend_left);
   }
 }
 
@@ -141,6 +148,18 @@ static void handler(om_http_request_t *req, void *ud) {
   req->user = fx;
   fx->content_length = req->content_length;
   fx->body_streamed = req->body_streamed;
+  if (strcmp(p, "/lend-resp") == 0) { /* 10 bytes, 5 of them written */
+    om_http_header_t h[] = {{"Content-Length", "10", 0, 0}};
+    fx->resp_req = req;
+    om_http_response_start(req, 200, h, 1);
+    om_http_response_write(req, "hello", 5);
+    return;
+  }
+  if (strcmp(p, "/lend-chunked") == 0) {
+    fx->resp_req = req;
+    om_http_response_start(req, 200, NULL, 0);
+    return;
+  }
   if (!req->body_streamed) {
     om_http_respond(req, 200, NULL, 0, "nobody", 6);
     return;
@@ -262,6 +281,112 @@ static void content_length_body_is_streamed(void **state) {
   assert_int_equal(R[1].status, 200);
   assert_string_equal(R[1].body, "nobody");
   assert_int_equal(fx->ended, 1);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* The rest of a Content-Length body read by the caller from the lent
+ * socket: the server reads nothing meanwhile (a pipelined request behind
+ * it stays on the wire), and once given back the body ends and the next
+ * request is served. */
+static void a_lent_body_socket_carries_the_rest(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  char buf[16];
+  size_t got = 0;
+  uint64_t left = 0;
+  int fd;
+  (void)state;
+  fx->lend_rc = 1;
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "POST /lend HTTP/1.1\r\nHost: t\r\n"
+                             "Content-Length: 10\r\n\r\nhello"),
+                   0);
+  {
+    uint64_t t0 = htc_now_ms();
+    while (fx->lend_rc == 1 && htc_now_ms() - t0 < 2000)
+      htc_step(&fx->loop, c, 1);
+  }
+  assert_int_equal(fx->lend_rc, 0);
+  OM_ASSERT_CMP(fx->lend_left, ==, 5);
+  assert_int_equal(om_http_request_body_lend(fx->req, &fd, &left), OM_ESTATE);
+  assert_int_equal(htc_sends(&fx->loop, c,
+                             "world"
+                             "GET /after HTTP/1.1\r\nHost: t\r\n\r\n"),
+                   0);
+  {
+    uint64_t t0 = htc_now_ms();
+    while (got < 5 && htc_now_ms() - t0 < 2000) {
+      ssize_t k = read(fx->lend_fd, buf + got, 5 - got);
+      if (k > 0)
+        got += (size_t)k;
+      htc_step(&fx->loop, c, 1);
+    }
+  }
+  assert_int_equal(got, 5);
+  assert_int_equal(fx->spans, 1); /* nothing delivered behind our back */
+  assert_int_equal(fx->seen, 1);  /* nor the pipelined request parsed */
+  memcpy(fx->echo + fx->got, buf, 5);
+  fx->got += 5;
+  assert_int_equal(om_http_request_body_unlend(fx->req, 6), OM_EINVAL);
+  assert_int_equal(om_http_request_body_unlend(fx->req, 5), 0);
+  assert_int_equal(fx->ended, 0); /* from the loop */
+  assert_int_equal(wait_responses(fx, c, 2, 2000), 2);
+  assert_int_equal(R[0].status, 200);
+  assert_string_equal(R[0].body, "helloworld");
+  assert_int_equal(R[1].status, 200);
+  assert_string_equal(R[1].body, "nobody");
+  assert_int_equal(fx->ended, 1);
+  htc_free(c);
+  fx_free(fx);
+}
+
+/* The rest of a Content-Length response written by the caller to the lent
+ * socket, after what was corked went first; writes and the end are
+ * refused meanwhile; a chunked response is never lent. */
+static void a_lent_response_socket_carries_the_rest(void **state) {
+  fx_t *fx = fx_new(0);
+  htc_t *c = htc_new("127.0.0.1", fx->port);
+  uint64_t left = 0, t0;
+  int fd = -1, rc = 1;
+  (void)state;
+  assert_int_equal(
+      htc_sends(&fx->loop, c, "GET /lend-resp HTTP/1.1\r\nHost: t\r\n\r\n"), 0);
+  t0 = htc_now_ms();
+  while (fx->resp_req == NULL && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, c, 1);
+  assert_non_null(fx->resp_req);
+  t0 = htc_now_ms();
+  while ((rc = om_http_response_lend(fx->resp_req, &fd, &left)) == 1 &&
+         htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, c, 1);
+  assert_int_equal(rc, 0);
+  OM_ASSERT_CMP(left, ==, 5);
+  assert_int_equal(om_http_response_write(fx->resp_req, "x", 1), OM_ESTATE);
+  assert_int_equal(om_http_response_end(fx->resp_req), OM_ESTATE);
+  assert_int_equal(om_http_response_pending(fx->resp_req), 0);
+  assert_int_equal(write(fd, "world", 5), 5);
+  om_http_response_lent_progress(fx->resp_req);
+  assert_int_equal(om_http_response_unlend(fx->resp_req, 6), OM_EINVAL);
+  assert_int_equal(om_http_response_unlend(fx->resp_req, 5), 0);
+  assert_int_equal(om_http_response_unlend(fx->resp_req, 0), OM_ESTATE);
+  assert_int_equal(om_http_response_end(fx->resp_req), 0);
+  assert_int_equal(wait_responses(fx, c, 1, 2000), 1);
+  assert_int_equal(R[0].status, 200);
+  assert_string_equal(R[0].body, "helloworld");
+  assert_false(R[0].close);
+  /* chunked: not lent */
+  fx->resp_req = NULL;
+  assert_int_equal(
+      htc_sends(&fx->loop, c, "GET /lend-chunked HTTP/1.1\r\nHost: t\r\n\r\n"),
+      0);
+  t0 = htc_now_ms();
+  while (fx->resp_req == NULL && htc_now_ms() - t0 < 2000)
+    htc_step(&fx->loop, c, 1);
+  assert_non_null(fx->resp_req);
+  assert_int_equal(om_http_response_lend(fx->resp_req, &fd, &left), OM_ESTATE);
+  assert_int_equal(om_http_response_lend(NULL, &fd, &left), OM_EINVAL);
+  assert_int_equal(om_http_response_end(fx->resp_req), 0);
   htc_free(c);
   fx_free(fx);
 }
@@ -761,6 +886,8 @@ static void held_spans_outlive_a_client_gone_mid_body(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(content_length_body_is_streamed),
+      cmocka_unit_test(a_lent_body_socket_carries_the_rest),
+      cmocka_unit_test(a_lent_response_socket_carries_the_rest),
       cmocka_unit_test(chunked_body_is_streamed_and_checked),
       cmocka_unit_test(body_limits_in_streaming_mode),
       cmocka_unit_test(continue_only_when_the_body_is_asked_for),

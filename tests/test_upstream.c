@@ -2178,6 +2178,82 @@ static void streaming_with_pause_and_resume(void **state) {
   fx_free(fx);
 }
 
+/* Read up to n bytes of fd (non-blocking) into the running sum, the
+ * loop turning meanwhile; how many came. */
+static size_t lent_read(fx_t *fx, int fd, size_t n, uint64_t *sum) {
+  static char buf[65536];
+  size_t got = 0;
+  for (int i = 0; i < 20000 && got < n; i++) {
+    size_t want = n - got < sizeof buf ? n - got : sizeof buf;
+    ssize_t k = read(fd, buf, want);
+    if (k > 0) {
+      for (ssize_t j = 0; j < k; j++)
+        *sum = *sum * 31 + (unsigned char)buf[j];
+      got += (size_t)k;
+    } else {
+      spin(fx, 1);
+    }
+  }
+  return got;
+}
+
+/* The rest of a Content-Length body read from the lent socket: the
+ * response completes and the connection is pooled; given back broken,
+ * the attempt ends reset_mid_body and nothing is pooled. */
+static void response_lend_hands_over_the_rest_of_the_body(void **state) {
+  fx_t *fx = fx_new(NULL);
+  uint64_t want = 0, sum, left = 0;
+  int fd = -1;
+  size_t i;
+  (void)state;
+  for (i = 0; i < BIG; i++) {
+    big_body[i] = (char)('a' + (i * 7) % 26);
+    want = want * 31 + (unsigned char)big_body[i];
+  }
+  fx->srv.handler = h_big;
+  cap_init(&C[0], fx, M_PAUSE_BODY);
+  assert_int_equal(send_simple(&C[0], "GET", "/big"), 0);
+  /* not paused, nothing delivered yet: refused */
+  assert_int_equal(om_upstream_response_lend(C[0].req, &fd, &left), OM_ESTATE);
+  assert_int_equal(om_upstream_response_lend(NULL, &fd, &left), OM_EINVAL);
+  RUN_UNTIL(fx, C[0].body_calls == 1, 2000);
+  assert_int_equal(om_upstream_response_lend(C[0].req, &fd, &left), 0);
+  /* what the first read held went to on_body; res.body_bytes adds up
+   * both at the end */
+  OM_ASSERT_CMP(left, <, BIG);
+  OM_ASSERT_CMP(left, >, BIG / 2);
+  assert_int_equal(om_upstream_response_lend(C[0].req, &fd, &left), OM_ESTATE);
+  assert_int_equal(om_upstream_resume(C[0].req), OM_ESTATE); /* lent */
+  sum = C[0].body_sum;
+  OM_ASSERT_CMP(lent_read(fx, fd, (size_t)left, &sum), ==, left);
+  assert_int_equal(C[0].body_calls, 1); /* nothing read behind our back */
+  assert_int_equal(om_upstream_response_unlend(C[0].req, left + 1, 0),
+                   OM_EINVAL);
+  assert_int_equal(om_upstream_response_unlend(C[0].req, left, 0), 0);
+  assert_int_equal(om_upstream_response_unlend(C[0].req, 0, 0), OM_ESTATE);
+  assert_int_equal(sum, want);
+  C[0].mode = M_NONE;
+  assert_int_equal(om_upstream_resume(C[0].req), 0);
+  RUN_UNTIL(fx, C[0].done, 5000);
+  assert_int_equal(C[0].res.err, 0);
+  assert_int_equal(C[0].res.body_bytes, BIG);
+  assert_int_equal(C[0].body_calls, 1);
+  assert_int_equal(peer_st(fx).idle, 1); /* pooled after a lent body */
+  /* given back broken: the attempt fails, from the loop */
+  cap_init(&C[1], fx, M_PAUSE_BODY);
+  assert_int_equal(send_simple(&C[1], "GET", "/big"), 0);
+  RUN_UNTIL(fx, C[1].body_calls == 1, 2000);
+  assert_int_equal(om_upstream_response_lend(C[1].req, &fd, &left), 0);
+  sum = 0;
+  OM_ASSERT_CMP(lent_read(fx, fd, 1000, &sum), ==, 1000);
+  assert_int_equal(om_upstream_response_unlend(C[1].req, 1000, 1), 0);
+  assert_int_equal(C[1].done, 0); /* not from inside the call */
+  RUN_UNTIL(fx, C[1].done, 2000);
+  expect_fail(&C[1], OM_UPSTREAM_FAIL_RESET_MID_BODY, OM_EIO);
+  assert_int_equal(peer_st(fx).idle, 0);
+  fx_free(fx);
+}
+
 /* ------------------------------------------------------------------ */
 /* cancel, abort, close */
 
@@ -2557,6 +2633,60 @@ static void on_hsrv_closed(om_http_server_t *s, void *ud) {
   hsrv_closed = 1;
 }
 
+/* The rest of a streamed Content-Length body written to the lent
+ * socket: refused while pieces are pending; given back, the body ends as
+ * usual and the server sees every byte. */
+static void body_lend_hands_over_the_rest_of_the_body(void **state) {
+  fx_t *fx = fx_new(NULL);
+  om_upstream_request_t q;
+  uint64_t sum = 0, left = 0;
+  size_t i, n = 300000, off = 1000;
+  int fd = -1;
+  char want[64];
+  (void)state;
+  for (i = 0; i < n; i++) {
+    post_body[i] = (char)('a' + (i * 7) % 26);
+    sum = sum * 31 + (unsigned char)post_body[i];
+  }
+  snprintf(want, sizeof want, "%zu %llu", n, (unsigned long long)sum);
+  stream_request(&q, "PUT", "/sum", (int64_t)n);
+  cap_init(&C[0], fx, M_NONE);
+  assert_int_equal(send_full(&C[0], &q), 0);
+  RUN_UNTIL(fx, peer_st(fx).active == 1 && peer_st(fx).connects == 1, 2000);
+  spin(fx, 20); /* connected, the head written */
+  assert_int_equal(om_upstream_body_write(C[0].req, post_body, off), 0);
+  if (om_upstream_body_pending(C[0].req) > 0) /* in flight: refused */
+    assert_int_equal(om_upstream_body_lend(C[0].req, &fd, &left), OM_ESTATE);
+  RUN_UNTIL(fx, om_upstream_body_pending(C[0].req) == 0, 2000);
+  assert_int_equal(om_upstream_body_lend(C[0].req, &fd, &left), 0);
+  OM_ASSERT_CMP(left, ==, n - off);
+  assert_int_equal(om_upstream_body_write(C[0].req, "x", 1), OM_ESTATE);
+  for (i = off; i < n;) {
+    ssize_t k = write(fd, post_body + i, n - i);
+    if (k > 0)
+      i += (size_t)k;
+    else
+      spin(fx, 1);
+  }
+  assert_int_equal(om_upstream_body_unlend(C[0].req, n - off + 1, 0),
+                   OM_EINVAL);
+  assert_int_equal(om_upstream_body_unlend(C[0].req, n - off, 0), 0);
+  assert_int_equal(om_upstream_body_end(C[0].req), 0);
+  RUN_UNTIL(fx, C[0].done, 5000);
+  expect_ok(&C[0], 200, want);
+  /* broken: the attempt fails before the response, sent */
+  stream_request(&q, "PUT", "/sum", (int64_t)n);
+  cap_init(&C[1], fx, M_NONE);
+  assert_int_equal(send_full(&C[1], &q), 0);
+  RUN_UNTIL(fx, om_upstream_body_lend(C[1].req, &fd, &left) == 0, 2000);
+  assert_int_equal(om_upstream_body_unlend(C[1].req, 0, 1), 0);
+  RUN_UNTIL(fx, C[1].done, 2000);
+  expect_fail(&C[1], OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE, OM_EIO);
+  assert_int_equal(C[1].res.sent, 1);
+  assert_int_equal(C[1].res.attempts, 1); /* never re-sent transparently */
+  fx_free(fx);
+}
+
 /* Length not known up front: sent chunked, read back whole by the
  * server's strict chunked decoder. */
 static void streamed_body_chunked(void **state) {
@@ -2815,6 +2945,7 @@ int main(void) {
       cmocka_unit_test(bad_requests_are_refused_synchronously),
       cmocka_unit_test(bodiless_responses),
       cmocka_unit_test(streaming_with_pause_and_resume),
+      cmocka_unit_test(response_lend_hands_over_the_rest_of_the_body),
       cmocka_unit_test(cancel_at_every_phase),
       cmocka_unit_test(abort_from_on_headers),
       cmocka_unit_test(upgrade_101_hands_over_a_tunnel),
@@ -2823,6 +2954,7 @@ int main(void) {
       cmocka_unit_test(allocation_failures_end_cleanly),
       cmocka_unit_test(head_timeout_bounds_the_head_never_the_body),
       cmocka_unit_test(streamed_body_with_content_length),
+      cmocka_unit_test(body_lend_hands_over_the_rest_of_the_body),
       cmocka_unit_test(streamed_body_chunked),
       cmocka_unit_test(streamed_body_lent_pieces),
       cmocka_unit_test(streamed_body_backpressure),
