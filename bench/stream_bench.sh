@@ -18,7 +18,8 @@
 # off, keep-alive upstreams) moves the same bytes as the reference proxy: on
 # loopback a proxy's copies (read from one socket, write to the other) cost
 # as much as the transfer itself, so its ratio says what any copying proxy
-# gets here.
+# gets here; openmesh splices bodies this large (docs/PROXY.md "Large
+# bodies").
 # The order of direct, proxy and nginx rotates per round; each figure is the median over its rounds, and each ratio the
 # median of per-round ratios, runs next to each other. The proxy's peak RSS
 # (VmHWM) over the whole run is printed too: the streamed paths hold a fixed
@@ -28,7 +29,7 @@
 # Loopback only, ports OM_BENCH_STREAM_PORT (default 19500) ..+4; a temp
 # dir for every file; the EXIT trap stops what it started. About a minute.
 #
-# Environment: OM_BENCH_STREAM_ROUNDS (3), OM_BENCH_STREAM_BYTES (1 GiB),
+# Environment: OM_BENCH_STREAM_ROUNDS (5), OM_BENCH_STREAM_BYTES (1 GiB),
 # OM_BENCH_STREAM_PORT (19500).
 set -euo pipefail
 
@@ -38,7 +39,7 @@ if [ -z "$bin" ] || [ ! -x "$bin" ]; then
   exit 2
 fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
-rounds=${OM_BENCH_STREAM_ROUNDS:-3}
+rounds=${OM_BENCH_STREAM_ROUNDS:-5}
 bytes=${OM_BENCH_STREAM_BYTES:-1073741824}
 base=${OM_BENCH_STREAM_PORT:-19500}
 up_port=$base
