@@ -25,9 +25,10 @@
 
 #include "om_errno.h"
 
-#define PIPE_WANT                                                              \
-  (1u << 20) /* asked of F_SETPIPE_SZ; the default is 64 KiB                   \
-              */
+/* asked of F_SETPIPE_SZ (the default is 64 KiB), and the least a splice
+ * runs with */
+#define PIPE_WANT (1u << 20)
+#define PIPE_MIN (64u << 10)
 
 struct om_splice_s {
   uv_poll_t pin, pout;
@@ -190,6 +191,21 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
   }
   s->pr = fds[0];
   s->pw = fds[1];
+  {
+    /* past the user's pipe-user-pages-soft (pipe(7)) the kernel makes
+     * pipes of a page or two and refuses to grow them: splicing through
+     * that is slower than copying, so the caller copies instead */
+    int cap = fcntl(s->pw, F_SETPIPE_SZ, (int)PIPE_WANT);
+    if (cap <= 0)
+      cap = fcntl(s->pw, F_GETPIPE_SZ);
+    if (cap < (int)PIPE_MIN) {
+      close(s->pr);
+      close(s->pw);
+      free(s);
+      return OM_EIO;
+    }
+    s->pipe_cap = (size_t)cap;
+  }
   s->sfd = fcntl(src, F_DUPFD_CLOEXEC, 0);
   s->dfd = fcntl(dst, F_DUPFD_CLOEXEC, 0);
   if (s->sfd < 0 || s->dfd < 0 ||
@@ -210,12 +226,6 @@ int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
     s->ended = 1;
     uv_close((uv_handle_t *)&s->pin, on_closed);
     return OM_EIO;
-  }
-  {
-    int cap = fcntl(s->pw, F_SETPIPE_SZ, (int)PIPE_WANT);
-    if (cap <= 0)
-      cap = fcntl(s->pw, F_GETPIPE_SZ);
-    s->pipe_cap = cap > 0 ? (size_t)cap : 65536u;
   }
   s->pin.data = s->pout.data = s;
   s->handles = 2;

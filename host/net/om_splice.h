@@ -62,10 +62,12 @@ typedef struct om_splice_callbacks_s {
 
 /*
  * om_splice_start: move len bytes (at least 1) from the socket src to
- * the socket dst. Returns 0 and *out; OM_EINVAL (a negative descriptor,
- * len 0, no on_done, a descriptor that is not a socket); OM_ENOMEM, or
- * OM_EIO when a pipe or a duplicate could not be made (EMFILE: the
- * caller relays the ordinary way then). On error nothing was started.
+ * the socket dst, through a pipe of 1 MiB where the kernel allows it.
+ * Returns 0 and *out; OM_EINVAL (a negative descriptor, len 0, no
+ * on_done, a descriptor that is not a socket); OM_ENOMEM, or OM_EIO when
+ * a pipe or a duplicate could not be made (EMFILE), or the pipe is under
+ * 64 KiB (the user's pipe-user-pages-soft is spent): the caller relays
+ * the ordinary way then. On error nothing was started.
  */
 int om_splice_start(uv_loop_t *loop, int src, int dst, uint64_t len,
                     const om_splice_callbacks_t *cb, void *ud,
