@@ -367,21 +367,7 @@ static int up_on_headers(void *ud, const om_upstream_response_t *r) {
    * number: no second pass over the bytes */
   if (!r->has_body && c->req->version_major == 2 &&
       !(c->req->method_len == 4 && memcmp(c->req->method, "HEAD", 4) == 0)) {
-    /* no body: one HEADERS frame that ends the stream, which is what a
-     * gRPC Trailers-Only answer must stay (its grpc-status would
-     * otherwise arrive as headers of a stream that ends without
-     * trailers) */
-    om_http_request_t *req = c->req;
-    c->req = NULL;
-    c->finished = 1;
-    c->committed = 1;
-    c->grpc_status = om__proxy_grpc_status_of(h, n);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) /* om_http_respond frames it */
-      if (!(h[i].name_len == 14 &&
-            strncasecmp(h[i].name, "content-length", 14) == 0))
-        h[k++] = h[i];
-    (void)om_http_respond(req, r->status, h, k, NULL, 0);
+    om__proxy_grpc_respond_bodiless(c, r->status, h, n);
     if (h != stack)
       free(h);
     return 0;
@@ -422,22 +408,6 @@ static void up_on_body(void *ud, const char *data, size_t len) {
     } else if (rc == 0) {
       om_http_response_on_drain(c->req, 0, NULL);
     }
-  }
-}
-
-static om_retry_error_t retry_class(om_upstream_fail_t f) {
-  switch (f) {
-  case OM_UPSTREAM_FAIL_CONNECT:
-  case OM_UPSTREAM_FAIL_TIMEOUT_CONNECT:
-    return OM_RETRY_ERR_CONNECT;
-  case OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE:
-  case OM_UPSTREAM_FAIL_TIMEOUT_TOTAL:
-    return OM_RETRY_ERR_TIMEOUT;
-  case OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE:
-  case OM_UPSTREAM_FAIL_MALFORMED:
-    return OM_RETRY_ERR_RESET;
-  default:
-    return OM_RETRY_ERR_NONE; /* not a peer failure we retry */
   }
 }
 
@@ -553,7 +523,7 @@ static void up_on_done(void *ud, const om_upstream_result_t *res) {
     return;
   }
   {
-    om_retry_error_t rc = retry_class(res->fail);
+    om_retry_error_t rc = om__proxy_retry_class(res->fail);
     /* nothing left (res->sent 0, exact on every path): no server saw the
      * request, any method may go again; a streamed body cut under a
      * reused connection ends with sent 1 and follows the method rules */

@@ -260,3 +260,18 @@ void om__proxy_refused(om_proxy_t *p, om__proxy_service_t *s,
     om__proxy_grpc_count(s, om__proxy_grpc_method(s, req->path, req->path_len),
                          om__proxy_outcome_grpc(o), 0);
 }
+
+void om__proxy_grpc_respond_bodiless(om__proxy_call_t *c, int status,
+                                     om_http_header_t *h, size_t n) {
+  om_http_request_t *req = c->req;
+  size_t k = 0;
+  c->req = NULL;
+  c->finished = 1;
+  c->committed = 1;
+  c->grpc_status = om__proxy_grpc_status_of(h, n);
+  for (size_t i = 0; i < n; i++) /* om_http_respond frames it */
+    if (!(h[i].name_len == 14 &&
+          strncasecmp(h[i].name, "content-length", 14) == 0))
+      h[k++] = h[i];
+  (void)om_http_respond(req, status, h, k, NULL, 0);
+}

@@ -722,6 +722,13 @@ int om__proxy_grpc_split(const char *path, size_t len, const char **svc,
                          size_t *svc_len, const char **method,
                          size_t *method_len);
 int om__proxy_grpc_status_of(const om_http_header_t *h, size_t n);
+/* A committed head without a body to an HTTP/2 caller, h[0, n) its
+ * fields (reordered: Content-Length dropped): one HEADERS frame that ends
+ * the stream, which is what a gRPC Trailers-Only answer must stay (its
+ * grpc-status would otherwise arrive as headers of a stream that ends
+ * without trailers). The call is finished; c->req is released. */
+void om__proxy_grpc_respond_bodiless(om__proxy_call_t *c, int status,
+                                     om_http_header_t *h, size_t n);
 om__proxy_grpc_method_t *om__proxy_grpc_method(om__proxy_service_t *s,
                                                const char *path, size_t len);
 void om__proxy_grpc_count(om__proxy_service_t *s, om__proxy_grpc_method_t *m,
@@ -786,6 +793,10 @@ om__proxy_peer_t *om__proxy_select_peer(om__proxy_call_t *c, uint64_t now,
  * one the upstream sees) and the given outcome. */
 int om__proxy_request_allows(const om__proxy_call_t *c, int status,
                              om_retry_error_t err, om_retry_phase_t phase);
+
+/* What retry rule applies to an attempt that failed with f (NONE: not a
+ * failure of the peer that a retry could cure). */
+om_retry_error_t om__proxy_retry_class(om_upstream_fail_t f);
 
 /*
  * om__proxy_decide_retry: may c's failed attempt be retried, and after how

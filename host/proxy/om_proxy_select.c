@@ -254,3 +254,19 @@ int om__proxy_retry_after(const om_upstream_response_t *r, uint64_t ceiling_ms,
   }
   return 0;
 }
+
+om_retry_error_t om__proxy_retry_class(om_upstream_fail_t f) {
+  switch (f) {
+  case OM_UPSTREAM_FAIL_CONNECT:
+  case OM_UPSTREAM_FAIL_TIMEOUT_CONNECT:
+    return OM_RETRY_ERR_CONNECT;
+  case OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE:
+  case OM_UPSTREAM_FAIL_TIMEOUT_TOTAL:
+    return OM_RETRY_ERR_TIMEOUT;
+  case OM_UPSTREAM_FAIL_RESET_BEFORE_RESPONSE:
+  case OM_UPSTREAM_FAIL_MALFORMED:
+    return OM_RETRY_ERR_RESET;
+  default:
+    return OM_RETRY_ERR_NONE; /* not a peer failure we retry */
+  }
+}
