@@ -3430,15 +3430,31 @@ static void content_length_cut_is_a_short_read(void **state) {
  * bytes waiting for the caller are not silence (whether it reads at all
  * is the listener's write-progress timeout to judge).
  */
+/* A client with a 4 KiB receive window (so the proxy's side is what
+ * backs up) that sent GET / for orders; its descriptor. */
+static int small_window_get(int port) {
+  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
+  struct sockaddr_in sa;
+  int fd = socket(AF_INET, SOCK_STREAM, 0), rcv = 4096;
+  OM_ASSERT_CMP(fd, >=, 0);
+  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
+                (ssize_t)(sizeof req - 1));
+  return fd;
+}
+
 static void slow_reader_idle_run(int splice) {
   env_t e;
   fx_t *a;
   om_proxy_opts_t o;
   om_proxy_stats_t st;
-  struct sockaddr_in sa;
-  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
   char buf[4096];
-  int fd, rcv = 4096, eof = 0;
+  int fd, eof = 0;
   size_t got = 0;
   uint64_t t0;
   env_init(&e);
@@ -3452,17 +3468,8 @@ static void slow_reader_idle_run(int splice) {
             policy_file("slowread.lua", "stream_idle_timeout_ms = 300,"));
   env_topology(&e, "orders", 1);
   /* a small receive window, so the proxy's queue is what backs up */
-  fd = socket(AF_INET, SOCK_STREAM, 0);
-  OM_ASSERT_CMP(fd, >=, 0);
-  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)e.port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  fd = small_window_get(e.port);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
-                (ssize_t)(sizeof req - 1));
   t0 = htc_now_ms();
   /* 4 KiB every 50 ms (80 KB/s) for 1.5 s: five idle timeouts */
   while (htc_now_ms() - t0 < 1500 && !eof) {
@@ -3502,9 +3509,7 @@ static void a_client_that_stops_reading_a_splice_is_cut(void **state) {
   fx_t *a;
   om_proxy_opts_t o;
   om_proxy_stats_t st;
-  struct sockaddr_in sa;
-  static const char req[] = "GET / HTTP/1.1\r\nHost: orders\r\n\r\n";
-  int fd, rcv = 4096;
+  int fd;
   uint64_t t0, took = 0;
   (void)state;
   env_init(&e);
@@ -3514,16 +3519,7 @@ static void a_client_that_stops_reading_a_splice_is_cut(void **state) {
   o.server.idle_timeout_ms = 400;
   env_proxy(&e, &o, policy_file("stopread.lua", ""));
   env_topology(&e, "orders", 1);
-  fd = socket(AF_INET, SOCK_STREAM, 0);
-  OM_ASSERT_CMP(fd, >=, 0);
-  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)e.port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  OM_ASSERT_CMP(send(fd, req, sizeof req - 1, 0), ==,
-                (ssize_t)(sizeof req - 1));
+  fd = small_window_get(e.port);
   t0 = htc_now_ms();
   /* the call is in flight, then ends once the write stalls long enough */
   while (htc_now_ms() - t0 < 5000) {
