@@ -1061,12 +1061,9 @@ static void free_all(om_egress_t *g) {
   om_policy_watch_stop(g->fallback);
   om_policy_watch_stop(g->heuristics);
   eg_cfg_unref(g->cfg);
+  eg_names_free(g);
   om_metrics_free(g->metrics);
   free(g);
-}
-
-static void on_curl_closed(void *ud) {
-  (void)ud;
 }
 
 int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
@@ -1089,6 +1086,7 @@ int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
     return OM_ENOMEM;
   }
   g->loop = loop;
+  om_list_init(&g->names);
   om_list_init(&g->srv->turns);
   om_list_init(&g->srv->chats);
   om_rng_seed(&g->rng,
@@ -1115,7 +1113,7 @@ int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
     rc = load_channels(g, opts->channels_path, err, errlen);
   if (rc == 0 && opts->errors_path != NULL)
     rc = errors_open(opts->errors_path, &g->srv->errors, err, errlen);
-  if (rc == 0 && om_curl_uv_new(loop, &g->curl) != 0) {
+  if (rc == 0 && om_upstream_pool_new(loop, NULL, &g->pool) != 0) {
     snprintf(err, errlen, "out of memory");
     rc = OM_ENOMEM;
   }
@@ -1125,8 +1123,8 @@ int om_egress_new(uv_loop_t *loop, const om_egress_opts_t *opts,
     rc = OM_ENOMEM;
   }
   if (rc != 0) {
-    if (g->curl)
-      om_curl_uv_close(g->curl, on_curl_closed, NULL);
+    if (g->pool)
+      om_upstream_pool_close(g->pool, NULL, NULL);
     free_all(g);
     return rc;
   }
@@ -1151,7 +1149,7 @@ int om_egress_reload_policies(om_egress_t *g) {
   return bad;
 }
 
-static void on_curl_closed_final(void *ud) {
+static void on_pool_closed(void *ud) {
   om_egress_t *g = ud;
   void (*cb)(void *) = g->srv->closed_cb;
   void *cud = g->srv->closed_ud;
@@ -1214,5 +1212,5 @@ void om_egress_close(om_egress_t *g, void (*cb)(void *ud), void *ud) {
     eg_turn_free(t);
   }
   om_http_server_close(s->http, NULL);
-  om_curl_uv_close(g->curl, on_curl_closed_final, g);
+  om_upstream_pool_close(g->pool, on_pool_closed, g);
 }

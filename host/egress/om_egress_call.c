@@ -1,6 +1,6 @@
 /*
  * om_egress_call.c: Layer A for one request (see om_egress_internal.h):
- * attempts over libcurl on the loop (both provider kinds, translated by
+ * attempts over om_upstream on the loop (both provider kinds, translated by
  * om_egress_translate.c), classification and the deadline rule of
  * core/om_egress_rules.h, cooldown, the tool-call repair and the streaming
  * hold.
@@ -68,7 +68,40 @@ static int budget_for(eg_cfg_t *c, size_t i, const eg_cfg_t *prev) {
   return 0;
 }
 
+/* Where route r's calls go (docs/EGRESS.md "Provider connections"): its
+ * base_url by the mesh's URL rule, the provider call's path under it. */
+static int target_for(const om_route_t *r, size_t i, eg_target_t *t, char *err,
+                      size_t errlen) {
+  om_upstream_url_t u;
+  const char *why = "";
+  const char *call =
+      eg_route_is_anthropic(r) ? "/messages" : "/chat/completions";
+  int rc = om_upstream_parse_url(r->base_url, &u, &why);
+  if (rc == 0) {
+    rc = om_upstream_target_from_url(&t->t, r->base_url, &why);
+    t->named = rc == OM_ENOTFOUND;
+    if (t->named)
+      rc = 0;
+  }
+  if (rc != 0) {
+    snprintf(err, errlen, "field 'routes[%zu].base_url': '%.200s': %s", i + 1,
+             r->base_url, why);
+    return OM_EPOLICY;
+  }
+  snprintf(t->host, sizeof t->host, "%s", u.host);
+  t->port = u.port;
+  t->path = malloc(u.path_prefix_len + strlen(call) + 1);
+  if (t->path == NULL)
+    return OM_ENOMEM;
+  memcpy(t->path, u.path_prefix, u.path_prefix_len);
+  strcpy(t->path + u.path_prefix_len, call);
+  return 0;
+}
+
 static void cfg_arrays_free(eg_cfg_t *c) {
+  for (size_t i = 0; c->targets != NULL && i < c->n; i++)
+    free(c->targets[i].path);
+  free(c->targets);
   free(c->state);
   free(c->m_tokens);
   free(c->m_latency);
@@ -106,10 +139,14 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
   c->budget = calloc(n, sizeof *c->budget);
   c->m_cost = calloc(n, sizeof *c->m_cost);
   c->m_budget_out = calloc(n, sizeof *c->m_budget_out);
-  rc = c->state == NULL || c->m_tokens == NULL || c->m_latency == NULL ||
-               c->budget == NULL || c->m_cost == NULL || c->m_budget_out == NULL
+  c->targets = calloc(n, sizeof *c->targets);
+  rc = c->targets == NULL || c->state == NULL || c->m_tokens == NULL ||
+               c->m_latency == NULL || c->budget == NULL || c->m_cost == NULL ||
+               c->m_budget_out == NULL
            ? OM_ENOMEM
            : 0;
+  for (size_t i = 0; rc == 0 && i < c->n; i++)
+    rc = target_for(&c->routes[i], i, &c->targets[i], err, errlen);
   for (size_t i = 0; rc == 0 && i < c->n; i++)
     rc = budget_for(c, i, prev);
   if (rc != 0) {
@@ -317,78 +354,71 @@ static void stop_timer(eg_call_t *c) {
   }
 }
 
-static size_t on_header(char *buf, size_t size, size_t nmemb, void *ud) {
+/* The response head: its status and what it says about retrying. */
+static int up_on_headers(void *ud, const om_upstream_response_t *resp) {
   eg_call_t *c = ud;
-  size_t n = size * nmemb;
   struct {
     const char *name;
     char *dst;
     size_t cap;
-  } want[] = {{"retry-after:", c->retry_after, sizeof c->retry_after},
-              {"retry-after-ms:", c->retry_after_ms, sizeof c->retry_after_ms},
-              {"x-should-retry:", c->x_should_retry, sizeof c->x_should_retry}};
-  if (!c->got_byte) {
-    c->got_byte = 1;
-    stop_timer(c); /* the first-byte timeout is met */
-  }
-  if (n >= 5 && strncmp(buf, "HTTP/", 5) == 0) {
-    /* a new response (after 100-continue or a redirect): forget headers */
-    c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
-    return n;
-  }
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    size_t nl = strlen(want[i].name);
-    if (n > nl && strncasecmp(buf, want[i].name, nl) == 0) {
-      size_t vl = n - nl;
-      const char *v = buf + nl;
-      while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
-        vl--;
+  } want[] = {{"retry-after", c->retry_after, sizeof c->retry_after},
+              {"retry-after-ms", c->retry_after_ms, sizeof c->retry_after_ms},
+              {"x-should-retry", c->x_should_retry, sizeof c->x_should_retry}};
+  c->got_byte = 1;
+  c->status = resp->status;
+  for (size_t k = 0; k < resp->n_headers; k++) {
+    const om_http_header_t *h = &resp->headers[k];
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+      size_t vl = h->value_len;
+      if (h->name_len != strlen(want[i].name) ||
+          strncasecmp(h->name, want[i].name, h->name_len) != 0)
+        continue;
       if (vl >= want[i].cap)
         vl = want[i].cap - 1;
-      memcpy(want[i].dst, v, vl);
+      memcpy(want[i].dst, h->value, vl);
       want[i].dst[vl] = '\0';
     }
   }
-  return n;
+  return 0;
 }
 
-static size_t on_write(char *buf, size_t size, size_t nmemb, void *ud) {
+static void attempt_broken(eg_call_t *c, const char *detail);
+
+static void up_on_body(void *ud, const char *buf, size_t n) {
   eg_call_t *c = ud;
-  size_t n = size * nmemb;
-  long status = 0;
-  if (!c->got_byte) {
-    c->got_byte = 1;
-    stop_timer(c);
-  }
-  curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
-  if (c->stream && status >= 200 && status < 300 && c->sse != NULL) {
+  if (c->stream && c->status >= 200 && c->status < 300 && c->sse != NULL) {
     if (om_sse_parser_feed(c->sse, buf, n, on_sse_event, c) != 0)
-      return 0;
-    return n;
+      attempt_broken(c, "the provider's event stream is malformed");
+    return;
   }
-  if (c->body_len + n > EG_MAX_BODY)
-    return 0;
+  if (c->body_len + n > EG_MAX_BODY) {
+    attempt_broken(c, "the provider's answer is over 4 MiB");
+    return;
+  }
   if (c->body_len + n + 1 > c->body_cap) {
     size_t cap = (c->body_len + n + 1) * 2;
     char *nb = realloc(c->body, cap);
-    if (nb == NULL)
-      return 0;
+    if (nb == NULL) {
+      attempt_broken(c, "out of memory for the provider's answer");
+      return;
+    }
     c->body = nb;
     c->body_cap = cap;
   }
   memcpy(c->body + c->body_len, buf, n);
   c->body_len += n;
   c->body[c->body_len] = '\0';
-  return n;
 }
 
 static void release_attempt(eg_call_t *c) {
-  if (c->easy != NULL) {
-    curl_easy_cleanup(c->easy);
-    c->easy = NULL;
+  if (c->up != NULL) {
+    om_upstream_cancel(c->up);
+    c->up = NULL;
   }
-  curl_slist_free_all(c->hdrs);
-  c->hdrs = NULL;
+  if (c->waiting) {
+    eg_name_cancel(&c->wait);
+    c->waiting = 0;
+  }
   free(c->req_body);
   c->req_body = NULL;
   om_sse_parser_free(c->sse);
@@ -728,36 +758,66 @@ static void classify_and_go(eg_call_t *c, om_egress_outcome_t *o,
 /* The in-attempt repair: the model's reply and a correction, once. */
 static int start_repair(eg_call_t *c, json_t *comp);
 
-static void on_done(void *ud, CURL *easy, CURLcode res) {
+/* How om_upstream's failure classes read as the rules' transport facts
+ * (core/om_egress_rules.h). */
+static om_egress_transport_t transport_of(const eg_call_t *c,
+                                          const om_upstream_result_t *res) {
+  switch (res->fail) {
+  case OM_UPSTREAM_FAIL_CONNECT:
+  case OM_UPSTREAM_FAIL_LOCAL:
+  case OM_UPSTREAM_FAIL_INTERNAL:
+    return OM_EGRESS_T_REFUSED;
+  case OM_UPSTREAM_FAIL_TIMEOUT_CONNECT:
+  case OM_UPSTREAM_FAIL_TIMEOUT_FIRST_BYTE:
+    /* the head timeout is the route's first-byte timeout when it is the
+     * tighter bound (send_request) */
+    return c->first_byte_bound ? OM_EGRESS_T_FIRST_BYTE_TIMEOUT
+                               : OM_EGRESS_T_ATTEMPT_TIMEOUT;
+  case OM_UPSTREAM_FAIL_TIMEOUT_TOTAL:
+    return OM_EGRESS_T_ATTEMPT_TIMEOUT;
+  default:
+    return OM_EGRESS_T_RESET;
+  }
+}
+
+static int send_now(eg_call_t *c);
+
+static void on_done(void *ud, const om_upstream_result_t *res) {
   eg_call_t *c = ud;
   om_egress_outcome_t o;
-  long status = 0;
+  int status = c->status;
   char detail[512] = "";
   json_t *j = NULL, *comp = NULL;
   const om_route_t *r = &c->cfg->routes[c->cur];
-  (void)easy;
-  stop_timer(c);
+  const eg_target_t *tg = &c->cfg->targets[c->cur];
+  c->up = NULL; /* released when this returns */
   memset(&o, 0, sizeof o);
-  curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &status);
-  if (c->stream && c->committed && (res != CURLE_OK || c->stream_done != 1)) {
+  if (tg->named && res->fail == OM_UPSTREAM_FAIL_CONNECT &&
+      res->tls_fail == 0) {
+    /* that address refused: the name's next one, in the same attempt */
+    c->addr_nth++;
+    if (send_now(c) == 0)
+      return;
+  } else if (tg->named && res->fail != OM_UPSTREAM_FAIL_CONNECT) {
+    eg_name_worked(c->g, tg->host, c->addr_nth);
+  }
+  if (c->stream && c->committed && (res->err != 0 || c->stream_done != 1)) {
     /* broken after the first delta */
     o.transport = OM_EGRESS_T_RESET;
     snprintf(detail, sizeof detail, "stream broken after the first delta (%s)",
-             curl_easy_strerror(res));
+             res->err != 0 ? res->detail : "no end of stream");
     release_attempt(c);
     classify_and_go(c, &o, detail);
     return;
   }
-  if (res != CURLE_OK || status < 100 || status > 599) {
-    o.transport = res == CURLE_OPERATION_TIMEDOUT ? OM_EGRESS_T_ATTEMPT_TIMEOUT
-                  : res == CURLE_COULDNT_CONNECT  ? OM_EGRESS_T_REFUSED
-                                                  : OM_EGRESS_T_RESET;
-    snprintf(detail, sizeof detail, "%s", curl_easy_strerror(res));
+  if (res->err != 0) {
+    o.transport = transport_of(c, res);
+    snprintf(detail, sizeof detail, "%s: %s", res->reason, res->detail);
     release_attempt(c);
     classify_and_go(c, &o, detail);
     return;
   }
-  o.status = (int)status;
+  o.status = status;
   o.retry_after = c->retry_after[0] ? c->retry_after : NULL;
   o.retry_after_len = strlen(c->retry_after);
   o.retry_after_ms = c->retry_after_ms[0] ? c->retry_after_ms : NULL;
@@ -846,75 +906,107 @@ static void on_done(void *ud, CURL *easy, CURLcode res) {
   json_decref(j);
 }
 
-static void on_first_byte_timeout(uv_timer_t *t) {
-  eg_call_t *c = t->data;
+/* An attempt that cannot go on (the answer is malformed or too big):
+ * stopped, and classified as a broken transfer. */
+static void attempt_broken(eg_call_t *c, const char *detail) {
   om_egress_outcome_t o;
-  c->timer_active = 0;
-  if (c->easy == NULL || c->got_byte)
-    return;
-  om_curl_uv_cancel(c->g->curl, c->easy);
   release_attempt(c);
   memset(&o, 0, sizeof o);
-  o.transport = OM_EGRESS_T_FIRST_BYTE_TIMEOUT;
-  classify_and_go(c, &o, "no byte before the first-byte timeout");
+  o.transport = OM_EGRESS_T_RESET;
+  classify_and_go(c, &o, detail);
 }
 
-static int send_request(eg_call_t *c, json_t *provider_req) {
+static void on_name(eg_name_wait_t *w) {
+  eg_call_t *c = OM_LIST_ENTRY(w, eg_call_t, wait);
+  c->waiting = 0;
+  if (send_now(c) != 0) {
+    om_egress_outcome_t o = {.transport = OM_EGRESS_T_REFUSED};
+    release_attempt(c);
+    classify_and_go(c, &o, c->cause_name);
+  }
+}
+
+/* Send the attempt's request to the route's target (the name's nth
+ * address for a named one, waiting for its lookup when it has none). 0:
+ * sent or waiting; else it could not start (c->cause_name says why). */
+static int send_now(eg_call_t *c) {
   const om_route_t *r = &c->cfg->routes[c->cur];
-  char url[1024], hdr[1100];
-  const char *key = r->api_key_env ? getenv(r->api_key_env) : NULL;
+  const eg_target_t *tg = &c->cfg->targets[c->cur];
+  om_upstream_target_t t = tg->t;
+  om_upstream_request_t q;
+  om_upstream_callbacks_t cb = {
+      .on_headers = up_on_headers, .on_body = up_on_body, .on_done = on_done};
   uint64_t now = eg_now_ns();
   uint64_t budget =
       om_deadline_attempt_timeout(c->deadline, now, r->attempt_timeout_ms * MS);
   uint64_t fb = r->first_byte_timeout_ms;
   int rc;
+  if (tg->named) {
+    const char *why = "";
+    rc = eg_name_get(c->g, tg->host, tg->port, c->addr_nth, &t, &c->wait, &why);
+    if (rc == 1) {
+      c->waiting = 1;
+      return 0;
+    }
+    if (rc != 0) {
+      snprintf(c->cause_name, sizeof c->cause_name, "%s", why);
+      return rc;
+    }
+  }
+  memset(&q, 0, sizeof q);
+  q.method = "POST";
+  q.target = tg->path;
+  q.headers = c->hdrs;
+  q.n_headers = c->n_hdrs;
+  q.body = c->req_body;
+  q.body_len = c->req_bytes;
+  q.timeout_ms = (budget + MS - 1) / MS ? (budget + MS - 1) / MS : 1;
+  c->first_byte_bound = fb > 0 && fb * MS < budget;
+  if (c->first_byte_bound)
+    q.head_timeout_ms = fb;
+  /* a pooled connection the provider closed as we reused it: re-sent
+   * once on a fresh one (no byte of an answer came, so it was not read) */
+  q.retry_stale = 1;
+  c->got_byte = 0;
+  c->status = 0;
+  c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
+  rc = om_upstream_send(c->g->pool, &t, &q, &cb, c, &c->up);
+  if (rc != 0)
+    snprintf(c->cause_name, sizeof c->cause_name,
+             "the provider call could not start (%s)", om_strerror(rc));
+  return rc;
+}
+
+static int send_request(eg_call_t *c, json_t *provider_req) {
+  const om_route_t *r = &c->cfg->routes[c->cur];
+  const char *key = r->api_key_env ? getenv(r->api_key_env) : NULL;
   c->req_body = json_dumps(provider_req, JSON_COMPACT);
   if (c->req_body == NULL)
     return OM_ENOMEM;
   c->req_bytes = strlen(c->req_body);
-  snprintf(url, sizeof url, "%s%s", r->base_url,
-           eg_route_is_anthropic(r) ? "/messages" : "/chat/completions");
-  c->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-  c->hdrs = curl_slist_append(c->hdrs, "Expect:");
+  c->n_hdrs = 0;
+  c->hdrs[c->n_hdrs++] =
+      (om_http_header_t){"Content-Type", "application/json", 12, 16};
   if (eg_route_is_anthropic(r)) {
-    c->hdrs = curl_slist_append(c->hdrs, "anthropic-version: 2023-06-01");
+    c->hdrs[c->n_hdrs++] =
+        (om_http_header_t){"anthropic-version", "2023-06-01", 17, 10};
     if (key != NULL && *key != '\0') {
-      snprintf(hdr, sizeof hdr, "x-api-key: %s", key);
-      c->hdrs = curl_slist_append(c->hdrs, hdr);
+      snprintf(c->auth, sizeof c->auth, "%s", key);
+      c->hdrs[c->n_hdrs++] =
+          (om_http_header_t){"x-api-key", c->auth, 9, strlen(c->auth)};
     }
   } else if (key != NULL && *key != '\0') {
-    snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", key);
-    c->hdrs = curl_slist_append(c->hdrs, hdr);
+    snprintf(c->auth, sizeof c->auth, "Bearer %s", key);
+    c->hdrs[c->n_hdrs++] =
+        (om_http_header_t){"Authorization", c->auth, 13, strlen(c->auth)};
   }
   if (c->stream && om_sse_parser_new(NULL, (om_sse_parser_t **)&c->sse) != 0)
     return OM_ENOMEM;
-  c->easy = curl_easy_init();
-  if (c->easy == NULL || c->hdrs == NULL)
-    return OM_ENOMEM;
-  if ((rc = om_curl_easy_base(c->easy, url, NULL)) != 0)
-    return rc;
-  curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->hdrs);
-  curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, c->req_body);
-  curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(c->req_body));
-  curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
-  curl_easy_setopt(c->easy, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(c->easy, CURLOPT_HEADERDATA, c);
-  curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS,
-                   (long)((budget + MS - 1) / MS ? (budget + MS - 1) / MS : 1));
-  c->got_byte = 0;
   c->stream_done = 0;
   c->n_tools = 0;
   c->finish[0] = '\0';
-  c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
-  rc = om_curl_uv_add(c->g->curl, c->easy, on_done, c);
-  if (rc != 0)
-    return rc;
-  if (fb > 0 && fb * MS < budget) {
-    c->timer_active = 1;
-    uv_timer_start(&c->timer, on_first_byte_timeout, fb, 0);
-  }
-  return 0;
+  c->addr_nth = 0;
+  return send_now(c);
 }
 
 static void start_attempt(eg_call_t *c) {
@@ -1008,8 +1100,6 @@ void eg_call_free(eg_call_t *c) {
     return;
   c->closing = 1;
   stop_timer(c);
-  if (c->easy != NULL)
-    om_curl_uv_cancel(c->g->curl, c->easy);
   release_attempt(c);
   uv_close((uv_handle_t *)&c->timer, timer_closed);
 }
@@ -1099,6 +1189,7 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   c->deadline = om_deadline_after(c->started_ns, deadline_ms * MS);
   uv_timer_init(g->loop, &c->timer);
   c->timer.data = c;
+  c->wait.cb = on_name;
   if (c->request == NULL || c->context == NULL || c->done_route == NULL) {
     eg_call_free(c);
     return OM_ENOMEM;

@@ -2,14 +2,14 @@
  * om_egress_internal.h: what the gateway's files share (not public).
  *
  * om_egress_call.c runs Layer A for one request: the route order from the
- * fallback policy, attempts over libcurl (both provider kinds, JSON and
- * SSE), classification and the deadline rule from core/om_egress_rules.h, route
- * cooldown, the in-attempt tool-call repair, and the streaming hold.
- * om_egress.c is the server: /v1/chat/completions (and the plumbing
- * om_egress_messages.c and om_egress_responses.c share for /v1/messages
- * and /v1/responses), /v1/turns (Layer C, the
- * quality gate, delivery through connectors), /v1/pending, /metrics,
- * /status, and the errors file.
+ * fallback policy, attempts over om_upstream (both provider kinds, JSON
+ * and SSE; om_egress_names.c resolves routes named by host), classification and
+ * the deadline rule from core/om_egress_rules.h, route cooldown, the in-attempt
+ * tool-call repair, and the streaming hold. om_egress.c is the server:
+ * /v1/chat/completions (and the plumbing om_egress_messages.c and
+ * om_egress_responses.c share for /v1/messages and /v1/responses), /v1/turns
+ * (Layer C, the quality gate, delivery through connectors), /v1/pending,
+ * /metrics, /status, and the errors file.
  */
 #ifndef OM_EGRESS_INTERNAL_H
 #define OM_EGRESS_INTERNAL_H
@@ -20,13 +20,14 @@
 #include <jansson.h>
 #include <uv.h>
 
-#include "om_curl_uv.h"
 #include "om_egress.h"
+#include "om_list.h"
 #include "om_egress_policy.h"
 #include "om_metrics.h"
 #include "om_policy_watch.h"
 #include "om_retry.h"
 #include "om_rng.h"
+#include "om_upstream.h"
 
 /* A route's retry budget (core/om_retry.h, in the route's unit): shared
  * by the configs of every policy version that gives the route the same
@@ -38,6 +39,16 @@ typedef struct eg_budget_s {
   om_retry_budget_t *b;
 } eg_budget_t;
 
+/* Where a route's calls go: its base_url as a target, the path of each
+ * provider call, and the host to resolve when the URL names one. */
+typedef struct eg_target_s {
+  om_upstream_target_t t; /* addr unset (AF_UNSPEC) when named */
+  int named;
+  char host[254]; /* the URL's host, as written */
+  int port;
+  char *path; /* base path + "/chat/completions" or "/messages" */
+} eg_target_t;
+
 /* One version of the fallback policy's routes and settings, shared by the
  * calls that started under it (a reload never frees a route in use). */
 typedef struct eg_cfg_s {
@@ -46,6 +57,7 @@ typedef struct eg_cfg_s {
   size_t n;
   om_fallback_settings_t s;
   om_egress_route_state_t *state; /* per route: cooldown (moved on reload) */
+  eg_target_t *targets;           /* per route */
   /* per route: openmesh_egress_tokens_total{route,model,kind} for
    * kind prompt, completion, cached (registered on first use) */
   om_metric_t *(*m_tokens)[3];
@@ -88,6 +100,33 @@ typedef struct eg_attempt_s {
 
 typedef struct om_egress_s om_egress_t;
 typedef struct eg_call_s eg_call_t;
+
+/* ---- om_egress_names.c: routes named by host ---------------------------- */
+
+#define EG_NAME_MAX_ADDRS 8
+
+typedef struct eg_name_s eg_name_t;
+/* A call waiting for a lookup: cb runs once it ended (ask again). */
+typedef struct eg_name_wait_s {
+  om_list_t link;
+  eg_name_t *name;
+  void (*cb)(struct eg_name_wait_s *w);
+} eg_name_wait_t;
+
+/*
+ * eg_name_get: the nth address (0: the one that last answered) of host
+ * into t->addr, with port. 0: filled. 1: a lookup runs and w->cb follows
+ * (w must stay put until then or eg_name_cancel). OM_ENOTFOUND with *why:
+ * the name did not resolve (tried again a second later), or nth is past
+ * its addresses; OM_ENOMEM.
+ */
+int eg_name_get(om_egress_t *g, const char *host, int port, size_t nth,
+                om_upstream_target_t *t, eg_name_wait_t *w, const char **why);
+void eg_name_cancel(eg_name_wait_t *w);
+/* The nth address of host answered: later calls start there. */
+void eg_name_worked(om_egress_t *g, const char *host, size_t nth);
+/* At close, once no call is left: lookups in flight free their entry. */
+void eg_names_free(om_egress_t *g);
 
 typedef struct eg_hooks_s {
   /* Streaming only: the first non-empty content delta arrived; from now on
@@ -146,11 +185,18 @@ struct eg_call_s {
   size_t cur;                /* current route index */
   uint32_t attempts_on_route;
   /* the attempt in flight */
-  CURL *easy;
-  struct curl_slist *hdrs;
+  om_upstream_req_t *up;
+  eg_name_wait_t wait; /* for a route named by host */
+  size_t addr_nth;     /* which of its addresses */
+  int waiting;         /* for the name's lookup */
+  om_http_header_t hdrs[3];
+  size_t n_hdrs;
+  char auth[1100];
+  int first_byte_bound; /* the head timeout is the first-byte timeout */
+  char cause_name[400]; /* why the attempt could not start */
   char *req_body;
   size_t req_bytes; /* of the last attempt's body: a retry's estimate */
-  uv_timer_t timer; /* first-byte timeout, then backoff waits */
+  uv_timer_t timer; /* backoff waits */
   int timer_active, closing;
   uint64_t attempt_start_ns;
   int got_byte, repaired, status;
@@ -181,7 +227,8 @@ struct eg_call_s {
 
 struct om_egress_s {
   uv_loop_t *loop;
-  om_curl_uv_t *curl;
+  om_upstream_pool_t *pool; /* provider calls */
+  om_list_t names;          /* om_egress_names.c */
   om_policy_watch_t *fallback, *heuristics;
   eg_cfg_t *cfg;
   om_rng_t rng;

@@ -367,8 +367,8 @@ describe("openmesh egress, the real binary", function()
     end)
 
     it("resets and refused connections are retried and fall back", function()
-      -- (libcurl itself resends once on a reused connection closed before
-      -- any byte, so an attempt may consume two resets)
+      -- (a request on a reused connection closed before any byte is re-sent
+      -- once on a fresh one, so an attempt may consume two resets)
       script("t16_a", { "reset", "reset", "reset", "reset", "reset", "reset" })
       local st, body = chat("t16")
       assert.equals(200, st)
@@ -485,6 +485,66 @@ describe("openmesh egress, the real binary", function()
       assert.equals(413, st)
       st = H.request(dir, "GET", gw.url .. "/v1/chat/completions")
       assert.equals(405, st)
+    end)
+  end)
+
+  describe("provider connections", function()
+    -- routes named by host: looked up off the loop, every address tried
+    local named
+    setup(function()
+      local port = fake.url:match(":(%d+)$")
+      named = start_gateway(string.format([[
+return {
+  kind = "fallback",
+  routes = {
+    { name = "gone", provider = "openai", base_url = "http://no-such-host.invalid:%s/gone/v1", model = "gpt-fake", attempt_timeout_ms = 1500 },
+    { name = "byname", provider = "openai", base_url = "http://localhost:%s/byname/v1", model = "gpt-fake", attempt_timeout_ms = 1500 },
+  },
+  max_attempts = 2, backoff_base_ms = 5, backoff_cap_ms = 10,
+}
+]], port, port))
+    end)
+
+    local function ask()
+      return H.request(dir, "POST", named.url .. "/v1/chat/completions",
+        { body = cjson.encode({ model = "any", messages = { { role = "user", content = "hi" } } }), max_time = 10 })
+    end
+
+    it("says which name did not resolve, and only to the operator", function()
+      script("byname", { "500", "500" })
+      local st, body = ask()
+      assert.equals(502, st, body)
+      local j = H.json(body)
+      assert.equals("gone", j.error.attempts[1].route)
+      assert.equals("connection_refused", j.error.attempts[1].class)
+      assert.is_nil(body:find("no-such-host", 1, true), body)
+      local log = H.readfile(named.out)
+      assert.truthy(log:find('"event":"egress_resolve_failed","host":"no-such-host.invalid"', 1, true), log)
+    end)
+
+    it("calls a route by name, and one whose name does not resolve falls back", function()
+      local before = counts().byname or 0
+      for _ = 1, 3 do
+        local st, body = ask()
+        assert.equals(200, st, body)
+        assert.matches("from byname%.$", H.json(body).choices[1].message.content)
+      end
+      local c = counts()
+      assert.equals(before + 3, c.byname, cjson.encode(c))
+      assert.is_nil(c.gone, "a call reached the unresolvable route")
+    end)
+
+    it("refuses a base_url the mesh's URL rule does not accept, naming the field", function()
+      local n = math.random(1e6)
+      local path = dir .. "/badurl" .. n .. ".lua"
+      H.writefile(path, [[
+return { kind = "fallback", routes = {
+  { name = "q", provider = "openai", base_url = "http://127.0.0.1:1/v1?x=1", model = "m" } } }
+]])
+      local out, rc = H.sh(string.format("timeout 5 %s egress --listen 127.0.0.1:0 --fallback %s --heuristics %s 2>&1",
+        H.q(H.bin), H.q(path), H.q(dir .. "/heuristics.lua")))
+      assert.equals(2, rc, out)
+      assert.truthy(out:find("routes[1].base_url", 1, true), out)
     end)
   end)
 
