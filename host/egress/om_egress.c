@@ -487,6 +487,11 @@ void eg_chat_finish(chat_t *ch, eg_call_t *c,
       /* committed: never replayed; the API's last events end it */
       stream_end(ch, c);
       om_http_response_end(req);
+    } else if (c->ok && whole == NULL) {
+      char rid[EG_REQUEST_ID_CAP];
+      om_http_header_t h[2] = {{"Content-Type", "application/json", 0, 0},
+                               {"X-Request-Id", eg_request_id(req, rid), 0, 0}};
+      om_http_respond(req, 200, h, 2, c->raw_result, c->raw_len);
     } else if (c->ok) {
       eg_respond_json(req, 200, whole(ch, c));
     } else {
@@ -600,6 +605,8 @@ static void chat_commit(void *ud, eg_call_t *c) {
   if (ch->req == NULL)
     return;
   eg_sse_start(ch);
+  if (eg_call_relaying(c))
+    return; /* the provider's own role chunk comes first */
   eg_sse_write(ch->req,
                chunk(ch, c, json_pack("{s:s}", "role", "assistant"), NULL),
                NULL);
@@ -623,11 +630,25 @@ static void chat_tool_delta(void *ud, eg_call_t *c, json_t *tool_calls) {
                NULL);
 }
 
+/* An OpenAI route's event, passed through (docs/EGRESS.md "Pass-through"). */
+static void chat_raw(void *ud, eg_call_t *c, const char *data, size_t len) {
+  chat_t *ch = ud;
+  (void)c;
+  if (ch->req == NULL)
+    return;
+  om_http_response_write(ch->req, "data: ", 6);
+  om_http_response_write(ch->req, data, len);
+  om_http_response_write(ch->req, "\n\n", 2);
+}
+
 /* The last chunk (with the finish reason), the usage chunk when asked
- * for, [DONE]; or, failed after commit, an error event. */
+ * for, [DONE]; or, failed after commit, an error event. A relayed
+ * stream's own chunks said the first two already. */
 static void chat_stream_end(chat_t *ch, eg_call_t *c) {
   om_http_request_t *req = ch->req;
-  if (c->ok) {
+  if (c->ok && eg_call_relaying(c)) {
+    om_http_response_write(req, "data: [DONE]\n\n", 14);
+  } else if (c->ok) {
     eg_sse_write(req,
                  chunk(ch, c, json_object(), c->finish[0] ? c->finish : "stop"),
                  NULL);
@@ -655,7 +676,8 @@ static json_t *chat_whole(chat_t *ch, eg_call_t *c) {
 }
 
 static void chat_done(void *ud, eg_call_t *c) {
-  eg_chat_finish(ud, c, chat_stream_end, chat_whole);
+  eg_chat_finish(ud, c, chat_stream_end,
+                 c->raw_result != NULL ? NULL : chat_whole);
 }
 
 static json_t *parse_request(om_http_request_t *req, const char **why) {
@@ -699,7 +721,8 @@ static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   eg_hooks_t hooks = {.commit = chat_commit,
                       .delta = chat_delta,
                       .done = chat_done,
-                      .tool_delta = chat_tool_delta};
+                      .tool_delta = chat_tool_delta,
+                      .raw = chat_raw};
   if (body == NULL) {
     om_metric_inc(g->srv->m_refused[EG_API_CHAT]);
     eg_respond_error(req, 400, "invalid_request", why);

@@ -228,7 +228,7 @@ static int pick_route(eg_call_t *c, int *has_later) {
     n = a->n < 64 ? a->n : 64;
     for (k = 0; k < n; k++)
       order[k] = a->routes[k];
-  } else if (g->cfg != cfg ||
+  } else if (g->cfg != cfg || !cfg->s.has_order ||
              om_fallback_order(om_policy_watch_current(g->fallback), &ctx,
                                order, &n, err, sizeof err) != 0) {
     n = cfg->n < 64 ? cfg->n : 64;
@@ -310,6 +310,46 @@ void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls) {
     c->hooks.tool_delta(c->ud, c, tool_calls);
 }
 
+int eg_call_relaying(const eg_call_t *c) {
+  return c->hooks.raw != NULL &&
+         !eg_route_is_anthropic(&c->cfg->routes[c->cur]);
+}
+
+/* One event of a relayed stream: held until the commit (an event with
+ * content or tool calls), then the held ones and it go to the raw hook. */
+static void relay_event(eg_call_t *c, const char *d, size_t n, int commits) {
+  if (!c->committed && !commits) {
+    size_t need = c->held_len + sizeof n + n;
+    if (need > EG_MAX_BODY)
+      return; /* a provider sending empty chunks without end: not kept */
+    if (need > c->held_cap) {
+      size_t cap = need * 2;
+      char *nb = realloc(c->held, cap);
+      if (nb == NULL)
+        return;
+      c->held = nb;
+      c->held_cap = cap;
+    }
+    memcpy(c->held + c->held_len, &n, sizeof n);
+    memcpy(c->held + c->held_len + sizeof n, d, n);
+    c->held_len = need;
+    return;
+  }
+  if (!c->committed) {
+    c->committed = 1;
+    if (c->hooks.commit)
+      c->hooks.commit(c->ud, c);
+    for (size_t off = 0; off + sizeof n <= c->held_len;) {
+      size_t len;
+      memcpy(&len, c->held + off, sizeof len);
+      c->hooks.raw(c->ud, c, c->held + off + sizeof len, len);
+      off += sizeof len + len;
+    }
+    c->held_len = 0;
+  }
+  c->hooks.raw(c->ud, c, d, n);
+}
+
 static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   eg_call_t *c = ud;
   json_t *j;
@@ -330,18 +370,30 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
     json_t *tools = json_object_get(delta, "tool_calls");
     const char *t = json_string_value(json_object_get(delta, "content"));
     const char *f = json_string_value(json_object_get(ch, "finish_reason"));
-    if (t)
-      eg_call_content(c, t, strlen(t));
-    /* passed through as the provider sent them (OpenAI chat completions
-     * streaming: choices[].delta.tool_calls) */
-    if (json_is_array(tools) && json_array_size(tools) > 0)
-      eg_call_tool_calls(c, tools);
+    json_t *usage = json_object_get(j, "usage");
+    int has_tools = json_is_array(tools) && json_array_size(tools) > 0;
+    if (json_object_get(j, "error") != NULL) {
+      c->stream_done = -1;
+    } else if (eg_call_relaying(c)) {
+      /* the usage chunk (choices []) the gateway asked for itself is
+       * not the caller's */
+      if (usage == NULL || c->include_usage || json_array_size(json_object_get(
+                                                   j, "choices")) > 0)
+        relay_event(c, ev->data, ev->data_len, (t && *t) || has_tools);
+      if (t)
+        text_append(c, t, strlen(t));
+    } else {
+      if (t)
+        eg_call_content(c, t, strlen(t));
+      /* passed through as the provider sent them (OpenAI chat completions
+       * streaming: choices[].delta.tool_calls) */
+      if (has_tools)
+        eg_call_tool_calls(c, tools);
+    }
     if (f)
       snprintf(c->finish, sizeof c->finish, "%s", f);
     /* the final chunk of stream_options.include_usage: choices [] */
-    eg_usage_from_openai(json_object_get(j, "usage"), &c->usage);
-    if (json_object_get(j, "error") != NULL)
-      c->stream_done = -1;
+    eg_usage_from_openai(usage, &c->usage);
   }
   json_decref(j);
   return 0;
@@ -424,6 +476,7 @@ static void release_attempt(eg_call_t *c) {
   om_sse_parser_free(c->sse);
   c->sse = NULL;
   c->body_len = 0;
+  c->held_len = 0;
 }
 
 static void set_cause(eg_call_t *c, const char *fmt, const char *a, int st,
@@ -872,6 +925,14 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
       const char *t = json_string_value(json_object_get(msg, "content"));
       json_decref(c->result);
       c->result = json_incref(comp);
+      free(c->raw_result);
+      c->raw_result = NULL;
+      if (comp == j) { /* an OpenAI answer: kept as it came */
+        c->raw_result = c->body;
+        c->raw_len = c->body_len;
+        c->body = NULL;
+        c->body_len = c->body_cap = 0;
+      }
       c->text_len = 0;
       if (t)
         text_append(c, t, strlen(t));
@@ -1092,6 +1153,8 @@ static void timer_closed(uv_handle_t *h) {
   free(c->done_route);
   free(c->text);
   free(c->body);
+  free(c->held);
+  free(c->raw_result);
   free(c);
 }
 
@@ -1172,7 +1235,8 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   c->cfg->refs++;
   c->hooks = *hooks;
   c->ud = ud;
-  c->request = json_deep_copy(o->request);
+  /* shared, never changed: a call that needs another form copies it */
+  c->request = json_incref(o->request);
   c->stream = o->stream;
   c->agent = dup_or_null(o->agent);
   c->context = dup_or_null(o->context ? o->context : "interactive");

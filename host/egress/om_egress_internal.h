@@ -142,6 +142,14 @@ typedef struct eg_hooks_s {
    * borrowed for the call. A tool-call delta commits the stream like a
    * content delta does. May be NULL (tool calls are then dropped). */
   void (*tool_delta)(void *ud, eg_call_t *c, json_t *tool_calls);
+  /* Streaming only, may be NULL: the pass-through of an OpenAI route's
+   * stream to a caller of the same API. With it, such a route's events go
+   * to raw as the provider sent them (one event's data, a chunk's JSON,
+   * borrowed), from the commit on (those held before it first, in order),
+   * instead of to delta and tool_delta; the usage chunk only when the
+   * caller asked for it; never [DONE] (the done hook ends the stream).
+   * eg_call_relaying says which way the current route goes. */
+  void (*raw)(void *ud, eg_call_t *c, const char *data, size_t len);
 } eg_hooks_t;
 
 /* Tool calls one streamed Anthropic reply may carry (content blocks of
@@ -149,7 +157,7 @@ typedef struct eg_hooks_s {
 #define EG_MAX_STREAM_TOOLS 64
 
 typedef struct eg_call_opts_s {
-  json_t *request;     /* OpenAI chat request (borrowed; copied) */
+  json_t *request;     /* OpenAI chat request (a reference is kept; never changed) */
   int stream;          /* hold and stream content deltas */
   const char *agent;   /* for order(ctx); may be NULL */
   const char *context; /* "interactive" | "async" */
@@ -205,6 +213,10 @@ struct eg_call_s {
   size_t body_len, body_cap;
   void *sse; /* om_sse_parser_t */
   int stream_done;
+  /* a relayed stream's events before the commit: each a size_t length and
+   * its bytes */
+  char *held;
+  size_t held_len, held_cap;
   char finish[32];
   /* Anthropic stream: the content block index of each tool_use block, in
    * order; its position is the OpenAI tool_calls index */
@@ -215,6 +227,10 @@ struct eg_call_s {
   /* results */
   int ok, committed;
   json_t *result; /* OpenAI chat.completion (non-stream) */
+  /* an OpenAI route's answer as it came (result parsed from it), so an
+   * OpenAI caller gets it without a second encoding; NULL otherwise */
+  char *raw_result;
+  size_t raw_len;
   char *text;     /* the assistant content */
   size_t text_len, text_cap;
   eg_attempt_t attempts[EG_MAX_ATTEMPTS];
@@ -270,6 +286,8 @@ void eg_call_content(eg_call_t *c, const char *s, size_t n);
 /* Tool-call deltas in the OpenAI shape (borrowed): commit the stream like
  * content does, then go to the tool_delta hook. */
 void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls);
+/* 1 when the current route's stream goes to the raw hook. */
+int eg_call_relaying(const eg_call_t *c);
 
 /* ---- om_egress_translate.c (docs/EGRESS.md "Translation") --------------- */
 

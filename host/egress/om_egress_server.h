@@ -157,7 +157,8 @@ int eg_chat_run(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
  * API: count the call and track a failure; then, if the caller is still
  * there, end a committed stream with stream_end's events (ok or not: a
  * committed stream is never replayed) and the end of the response, or
- * answer 200 with whole(ch, c) (a new reference), or the final error in
+ * answer 200 with whole(ch, c) (a new reference; whole NULL: the
+ * provider's answer as it came, c->raw_result), or the final error in
  * ch's shape; then release the chat, its call and state.
  */
 void eg_chat_finish(chat_t *ch, eg_call_t *c,

@@ -557,6 +557,45 @@ return { kind = "fallback", routes = {
       return H.parse_sse(out), out
     end
 
+    it("passes an OpenAI route's stream through as sent; its usage chunk only when the caller asked", function()
+      local function run(extra)
+        local body = { model = "x", stream = true, messages = { { role = "user", content = "hi" } } }
+        for k, v in pairs(extra or {}) do body[k] = v end
+        local out = H.sh(string.format(
+          "%s -s -N -X POST -H 'x-openmesh-agent: t50_solo' --data-binary %s %s",
+          H.curl(10), H.q(cjson.encode(body)), H.q(gw.url .. "/v1/chat/completions")))
+        local chunks, usage, done = {}, 0, 0
+        for _, e in ipairs(H.parse_sse(out)) do
+          if e.data == "[DONE]" then
+            done = done + 1
+          else
+            local j = cjson.decode(e.data)
+            chunks[#chunks + 1] = j
+            if j.usage then usage = usage + 1 end
+          end
+        end
+        return chunks, usage, done, out
+      end
+      local chunks, usage, done, out = run()
+      assert.equals(1, done, out)
+      assert.equals(0, usage, out)
+      -- the provider's own chunks: its id and model, its role chunk first
+      for _, j in ipairs(chunks) do
+        assert.equals("chatcmpl-fake", j.id, out)
+        assert.equals("gpt-fake", j.model, out)
+      end
+      assert.equals("assistant", chunks[1].choices[1].delta.role, out)
+      assert.equals("stop", chunks[#chunks].choices[1].finish_reason, out)
+      -- the gateway asked the provider for usage either way
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      assert.is_true(H.json(last).body.stream_options.include_usage, last)
+      chunks, usage, done, out = run({ stream_options = { include_usage = true } })
+      assert.equals(1, done, out)
+      assert.equals(1, usage, out)
+      assert.equals(0, #chunks[#chunks].choices, out)
+      assert.is_true(chunks[#chunks].usage.completion_tokens > 0, out)
+    end)
+
     it("holds the response until the first content delta: a stream that dies before it is retried", function()
       script("t18_a", { "die_before", "ok" })
       local events, raw = stream("t18")
