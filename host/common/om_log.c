@@ -26,6 +26,10 @@ int om_log_set_level_name(const char *name) {
   return -1;
 }
 
+int om_log_enabled(om_log_level_t level) {
+  return level >= min_level;
+}
+
 void om_log(om_log_level_t level, const char *event, ...) {
   struct timespec ts;
   char stamp[64];

@@ -19,6 +19,10 @@ void om_log_set_level(om_log_level_t level);
  * takes it. Returns 0, or -1 for another name (the level is unchanged). */
 int om_log_set_level_name(const char *name);
 
+/* 1 when a line at level would be written (skip building one that is
+ * not). */
+int om_log_enabled(om_log_level_t level);
+
 /*
  * om_log: write {"ts":..., "level":..., "event": event, k1: v1, ...} for a
  * NULL-terminated list of const char * key/value pairs.

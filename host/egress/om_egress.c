@@ -23,6 +23,7 @@
 #include "om_egress_server.h"
 #include "om_errno.h"
 #include "om_http_tls.h"
+#include "om_json.h"
 #include "om_log.h"
 #include "om_message.h"
 #include "om_paths.h"
@@ -397,8 +398,8 @@ static void chat_client_gone(om_http_request_t *req) {
 }
 
 int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
-                json_t *request, const char *model, const eg_hooks_t *hooks,
-                void *st, void (*st_free)(void *)) {
+                json_t *request, const eg_req_facts_t *raw, const char *model,
+                const eg_hooks_t *hooks, void *st, void (*st_free)(void *)) {
   chat_t *ch = calloc(1, sizeof *ch);
   eg_call_opts_t o;
   char refused[256] = "";
@@ -425,8 +426,14 @@ int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
   om_http_request_on_close(req, chat_client_gone);
   memset(&o, 0, sizeof o);
   o.request = request;
+  if (request == NULL) {
+    o.raw = req->body;
+    o.raw_len = req->body_len;
+    o.raw_facts = raw;
+  }
   o.model = model;
-  o.stream = json_is_true(json_object_get(request, "stream"));
+  o.stream = request != NULL ? json_is_true(json_object_get(request, "stream"))
+                             : raw->stream;
   o.agent = om_http_request_header(req, "x-openmesh-agent", NULL);
   o.context = "interactive";
   o.why = refused;
@@ -491,7 +498,7 @@ void eg_chat_finish(chat_t *ch, eg_call_t *c,
       char rid[EG_REQUEST_ID_CAP];
       om_http_header_t h[2] = {{"Content-Type", "application/json", 0, 0},
                                {"X-Request-Id", eg_request_id(req, rid), 0, 0}};
-      om_http_respond(req, 200, h, 2, c->raw_result, c->raw_len);
+      om_http_respond(req, 200, h, 2, c->raw_result, c->raw_result_len);
     } else if (c->ok) {
       eg_respond_json(req, 200, whole(ch, c));
     } else {
@@ -636,6 +643,14 @@ static void chat_raw(void *ud, eg_call_t *c, const char *data, size_t len) {
   (void)c;
   if (ch->req == NULL)
     return;
+  if (len <= 4096) { /* one write: one chunk on the wire, not three */
+    char ev[4104];
+    memcpy(ev, "data: ", 6);
+    memcpy(ev + 6, data, len);
+    memcpy(ev + 6 + len, "\n\n", 2);
+    om_http_response_write(ch->req, ev, len + 8);
+    return;
+  }
   om_http_response_write(ch->req, "data: ", 6);
   om_http_response_write(ch->req, data, len);
   om_http_response_write(ch->req, "\n\n", 2);
@@ -717,18 +732,36 @@ static json_t *parse_request(om_http_request_t *req, const char **why) {
 
 static void handle_chat(om_egress_t *g, om_http_request_t *req) {
   const char *why = NULL;
-  json_t *body = parse_request(req, &why);
+  json_t *body;
   eg_hooks_t hooks = {.commit = chat_commit,
                       .delta = chat_delta,
                       .done = chat_done,
                       .tool_delta = chat_tool_delta,
                       .raw = chat_raw};
+  eg_req_facts_t raw;
+  /* every route speaks the caller's API: its body goes through as it is
+   * (docs/EGRESS.md "Pass-through"), read without a tree */
+  if (g->cfg != NULL && g->cfg->all_openai &&
+      eg_request_scan(req->body, req->body_len, &raw) == 0) {
+    char model[512];
+    size_t n = raw.has_model
+                   ? om_json_string(req->body + raw.model_at, raw.model_len,
+                                    model, sizeof model - 1)
+                   : 0;
+    if (n < sizeof model) {
+      model[n] = '\0';
+      eg_chat_run(g, req, EG_API_CHAT, NULL, &raw, raw.has_model ? model : NULL,
+                  &hooks, NULL, NULL);
+      return;
+    }
+  }
+  body = parse_request(req, &why);
   if (body == NULL) {
     om_metric_inc(g->srv->m_refused[EG_API_CHAT]);
     eg_respond_error(req, 400, "invalid_request", why);
     return;
   }
-  eg_chat_run(g, req, EG_API_CHAT, body,
+  eg_chat_run(g, req, EG_API_CHAT, body, NULL,
               json_string_value(json_object_get(body, "model")), &hooks, NULL,
               NULL);
   json_decref(body);

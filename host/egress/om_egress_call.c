@@ -102,6 +102,7 @@ static void cfg_arrays_free(eg_cfg_t *c) {
   for (size_t i = 0; c->targets != NULL && i < c->n; i++)
     free(c->targets[i].path);
   free(c->targets);
+  free(c->m_attempt_last);
   free(c->state);
   free(c->m_tokens);
   free(c->m_latency);
@@ -140,13 +141,18 @@ int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
   c->m_cost = calloc(n, sizeof *c->m_cost);
   c->m_budget_out = calloc(n, sizeof *c->m_budget_out);
   c->targets = calloc(n, sizeof *c->targets);
-  rc = c->targets == NULL || c->state == NULL || c->m_tokens == NULL ||
-               c->m_latency == NULL || c->budget == NULL || c->m_cost == NULL ||
-               c->m_budget_out == NULL
+  c->m_attempt_last = calloc(n, sizeof *c->m_attempt_last);
+  rc = c->targets == NULL || c->m_attempt_last == NULL || c->state == NULL ||
+               c->m_tokens == NULL || c->m_latency == NULL ||
+               c->budget == NULL || c->m_cost == NULL || c->m_budget_out == NULL
            ? OM_ENOMEM
            : 0;
   for (size_t i = 0; rc == 0 && i < c->n; i++)
     rc = target_for(&c->routes[i], i, &c->targets[i], err, errlen);
+  c->all_openai = 1;
+  for (size_t i = 0; i < c->n; i++)
+    if (eg_route_is_anthropic(&c->routes[i]))
+      c->all_openai = 0;
   for (size_t i = 0; rc == 0 && i < c->n; i++)
     rc = budget_for(c, i, prev);
   if (rc != 0) {
@@ -310,6 +316,13 @@ void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls) {
     c->hooks.tool_delta(c->ud, c, tool_calls);
 }
 
+/* The caller's request as a tree: parsed from its body on first need. */
+static json_t *call_request(eg_call_t *c) {
+  if (c->request == NULL && c->raw != NULL)
+    c->request = json_loadb(c->raw, c->raw_len, 0, NULL);
+  return c->request;
+}
+
 int eg_call_relaying(const eg_call_t *c) {
   return c->hooks.raw != NULL &&
          !eg_route_is_anthropic(&c->cfg->routes[c->cur]);
@@ -350,6 +363,30 @@ static void relay_event(eg_call_t *c, const char *d, size_t n, int commits) {
   c->hooks.raw(c->ud, c, d, n);
 }
 
+/* One chunk of an OpenAI stream read from its facts, the way the jansson
+ * path below reads it. 0 when it could not be (the scanner was not sure,
+ * or tool calls must go to the tool_delta hook as JSON): jansson then. */
+static int openai_chunk_fast(eg_call_t *c, const char *d, size_t n) {
+  eg_facts_t f;
+  if (eg_facts_scan(d, n, 1, &f, &c->scratch, &c->scratch_cap) != 0 ||
+      (f.n_tools > 0 && !eg_call_relaying(c)))
+    return 0;
+  if (f.error) {
+    c->stream_done = -1;
+  } else if (eg_call_relaying(c)) {
+    if (!f.has_usage_key || c->include_usage || f.n_choices > 0)
+      relay_event(c, d, n, f.content_len > 0 || f.n_tools > 0);
+    if (f.has_content)
+      text_append(c, f.content, f.content_len);
+  } else if (f.has_content) {
+    eg_call_content(c, f.content, f.content_len);
+  }
+  if (f.has_finish)
+    snprintf(c->finish, sizeof c->finish, "%s", f.finish);
+  eg_facts_usage(&f, &c->usage);
+  return 1;
+}
+
 static int on_sse_event(void *ud, const om_sse_event_t *ev) {
   eg_call_t *c = ud;
   json_t *j;
@@ -359,6 +396,8 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
     c->stream_done = 1;
     return 0;
   }
+  if (!eg_route_is_anthropic(r) && openai_chunk_fast(c, ev->data, ev->data_len))
+    return 0;
   j = json_loadb(ev->data, ev->data_len, 0, NULL);
   if (j == NULL)
     return 0;
@@ -377,8 +416,8 @@ static int on_sse_event(void *ud, const om_sse_event_t *ev) {
     } else if (eg_call_relaying(c)) {
       /* the usage chunk (choices []) the gateway asked for itself is
        * not the caller's */
-      if (usage == NULL || c->include_usage || json_array_size(json_object_get(
-                                                   j, "choices")) > 0)
+      if (usage == NULL || c->include_usage ||
+          json_array_size(json_object_get(j, "choices")) > 0)
         relay_event(c, ev->data, ev->data_len, (t && *t) || has_tools);
       if (t)
         text_append(c, t, strlen(t));
@@ -532,10 +571,11 @@ static void route_metrics(eg_call_t *c, const om_egress_verdict_t *v,
   static const double bounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   om_egress_t *g = c->g;
   om_metric_t **lat = &c->cfg->m_latency[c->cur];
+  struct eg_series_s *last = &c->cfg->m_attempt_last[c->cur];
   char route[128], labels[256];
   om_metric_t *m;
-  om_metrics_escape(c->cfg->routes[c->cur].name, route, sizeof route);
   if (*lat == NULL) {
+    om_metrics_escape(c->cfg->routes[c->cur].name, route, sizeof route);
     snprintf(labels, sizeof labels, "route=\"%s\"", route);
     *lat = om_metrics_histogram(
         g->metrics, "openmesh_egress_route_attempt_duration_seconds",
@@ -544,6 +584,11 @@ static void route_metrics(eg_call_t *c, const om_egress_verdict_t *v,
         labels, bounds, sizeof bounds / sizeof bounds[0]);
   }
   om_metric_observe(*lat, (double)duration_ns / 1e9);
+  if (last->m != NULL && last->cls == (int)v->cls && last->status == status) {
+    om_metric_inc(last->m);
+    return;
+  }
+  om_metrics_escape(c->cfg->routes[c->cur].name, route, sizeof route);
   snprintf(labels, sizeof labels, "route=\"%s\",class=\"%s\",status=\"%d\"",
            route, v->name, status < 0 || status > 999 ? 0 : status);
   m = NULL;
@@ -561,6 +606,8 @@ static void route_metrics(eg_call_t *c, const om_egress_verdict_t *v,
     return;
   }
   om_metric_inc(m);
+  if (m != NULL)
+    *last = (struct eg_series_s){(int)v->cls, status, m};
 }
 
 static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
@@ -579,7 +626,16 @@ static void record_attempt(eg_call_t *c, const om_egress_verdict_t *v,
   route_metrics(c, v, status, now - c->attempt_start_ns);
   if (c->n_attempts == EG_MAX_ATTEMPTS)
     return;
+  if (c->n_attempts == c->attempts_cap) {
+    size_t cap = c->attempts_cap ? c->attempts_cap * 2 : 4;
+    eg_attempt_t *na = realloc(c->attempts, cap * sizeof *na);
+    if (na == NULL)
+      return; /* counted in the metrics above; not listed */
+    c->attempts = na;
+    c->attempts_cap = cap;
+  }
   a = &c->attempts[c->n_attempts++];
+  memset(a, 0, sizeof *a);
   snprintf(a->route, sizeof a->route, "%s", c->cfg->routes[c->cur].name);
   a->status = status;
   a->cls = v->name;
@@ -723,6 +779,8 @@ static void record_usage(eg_call_t *c) {
         om_metric_add(m[k], (double)v[k]);
     }
   }
+  if (!om_log_enabled(OM_LOG_INFO))
+    return;
   snprintf(pt, sizeof pt, "%lld", (long long)u.prompt);
   snprintf(ct, sizeof ct, "%lld", (long long)u.completion);
   snprintf(cat, sizeof cat, "%lld", (long long)u.cached);
@@ -835,6 +893,41 @@ static om_egress_transport_t transport_of(const eg_call_t *c,
 
 static int send_now(eg_call_t *c);
 
+/* An OpenAI route's 2xx answer for the pass-through, read from its facts
+ * the way completion_facts reads the tree: kept as it came (raw_result)
+ * when it is a completion. 0 when it could not be (not sure, or tool
+ * calls, whose arguments the repair checks): jansson then. */
+static int openai_completion_fast(eg_call_t *c, om_egress_outcome_t *o) {
+  eg_facts_t f;
+  if (eg_facts_scan(c->body, c->body_len, 0, &f, &c->scratch,
+                    &c->scratch_cap) != 0 ||
+      f.n_tools > 0)
+    return 0;
+  if (f.n_choices == 0) {
+    o->empty_completion = 1;
+  } else if (!f.has_content || f.content_len == 0) {
+    if (f.has_finish && strcmp(f.finish, "length") == 0)
+      o->length_no_content = 1;
+    else
+      o->empty_completion = 1;
+  } else if (f.has_completion_tokens && f.usage.completion == 0) {
+    o->empty_completion = 1;
+  }
+  if (!o->empty_completion && !o->length_no_content) {
+    json_decref(c->result);
+    c->result = NULL;
+    free(c->raw_result);
+    c->raw_result = c->body;
+    c->raw_result_len = c->body_len;
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+    c->text_len = 0;
+    text_append(c, f.content, f.content_len);
+    eg_facts_usage(&f, &c->usage);
+  }
+  return 1;
+}
+
 static void on_done(void *ud, const om_upstream_result_t *res) {
   eg_call_t *c = ud;
   om_egress_outcome_t o;
@@ -896,6 +989,12 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
                                 : "no content in the stream");
     return;
   }
+  if (status >= 200 && status < 300 && eg_call_relaying(c) && c->body != NULL &&
+      openai_completion_fast(c, &o)) {
+    release_attempt(c);
+    classify_and_go(c, &o, NULL);
+    return;
+  }
   if (c->body != NULL)
     j = json_loadb(c->body, c->body_len, 0, NULL);
   if (status >= 200 && status < 300) {
@@ -929,7 +1028,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
       c->raw_result = NULL;
       if (comp == j) { /* an OpenAI answer: kept as it came */
         c->raw_result = c->body;
-        c->raw_len = c->body_len;
+        c->raw_result_len = c->body_len;
         c->body = NULL;
         c->body_len = c->body_cap = 0;
       }
@@ -1038,13 +1137,14 @@ static int send_now(eg_call_t *c) {
   return rc;
 }
 
-static int send_request(eg_call_t *c, json_t *provider_req) {
+/* Send body (taken: the attempt frees it) of len bytes to the route. */
+static int send_body(eg_call_t *c, char *body, size_t len) {
   const om_route_t *r = &c->cfg->routes[c->cur];
   const char *key = r->api_key_env ? getenv(r->api_key_env) : NULL;
-  c->req_body = json_dumps(provider_req, JSON_COMPACT);
+  c->req_body = body;
   if (c->req_body == NULL)
     return OM_ENOMEM;
-  c->req_bytes = strlen(c->req_body);
+  c->req_bytes = len;
   c->n_hdrs = 0;
   c->hdrs[c->n_hdrs++] =
       (om_http_header_t){"Content-Type", "application/json", 12, 16};
@@ -1070,6 +1170,11 @@ static int send_request(eg_call_t *c, json_t *provider_req) {
   return send_now(c);
 }
 
+static int send_request(eg_call_t *c, json_t *provider_req) {
+  char *body = json_dumps(provider_req, JSON_COMPACT);
+  return send_body(c, body, body != NULL ? strlen(body) : 0);
+}
+
 static void start_attempt(eg_call_t *c) {
   const om_route_t *r;
   json_t *preq;
@@ -1091,11 +1196,21 @@ static void start_attempt(eg_call_t *c) {
   snprintf(c->route_model, sizeof c->route_model, "%s", r->model);
   c->usage = (eg_usage_t){0};
   preq = NULL;
-  if (eg_route_is_anthropic(r))
+  if (!eg_route_is_anthropic(r) && c->raw != NULL &&
+      !(c->stream && c->raw_facts->so_object)) {
+    /* the caller's body with the route's model: no tree (Pass-through) */
+    size_t len = 0;
+    char *body =
+        eg_openai_body(c->raw, c->raw_facts, r->model, c->stream, &len);
+    rc = send_body(c, body, len);
+  } else if (call_request(c) == NULL) {
+    rc = OM_ENOMEM;
+  } else if (eg_route_is_anthropic(r)) {
     rc = eg_to_anthropic(c->request, r, c->stream, &preq, why, sizeof why);
-  else
+  } else {
     rc = (preq = eg_to_openai(c->request, r, c->stream)) ? 0 : OM_ENOMEM;
-  if (rc == 0)
+  }
+  if (rc == 0 && preq != NULL)
     rc = send_request(c, preq);
   json_decref(preq);
   if (rc != 0) {
@@ -1109,7 +1224,7 @@ static int start_repair(eg_call_t *c, json_t *comp) {
   const om_route_t *r = &c->cfg->routes[c->cur];
   json_t *msg = json_object_get(
       json_array_get(json_object_get(comp, "choices"), 0), "message");
-  json_t *req = json_deep_copy(c->request), *msgs, *preq;
+  json_t *req = json_deep_copy(call_request(c)), *msgs, *preq;
   char *reply = json_dumps(json_object_get(msg, "tool_calls"), JSON_COMPACT);
   char why[256];
   int rc;
@@ -1144,6 +1259,8 @@ static void timer_closed(uv_handle_t *h) {
   eg_call_t *c = h->data;
   eg_cfg_unref(c->cfg);
   json_decref(c->request);
+  free(c->raw);
+  free(c->raw_facts);
   json_decref(c->result);
   free(c->agent);
   free(c->context);
@@ -1154,6 +1271,8 @@ static void timer_closed(uv_handle_t *h) {
   free(c->text);
   free(c->body);
   free(c->held);
+  free(c->attempts);
+  free(c->scratch);
   free(c->raw_result);
   free(c);
 }
@@ -1198,6 +1317,8 @@ static int check_translatable(eg_call_t *c, char *why, size_t why_len) {
     if (!eg_route_is_anthropic(r) ||
         (c->only_route != NULL && strcmp(c->only_route, r->name) != 0))
       continue;
+    if (call_request(c) == NULL)
+      return OM_ENOMEM;
     rc = eg_to_anthropic(c->request, r, c->stream, &preq, buf, sizeof buf);
     json_decref(preq);
     if (rc == OM_EINVAL) {
@@ -1237,6 +1358,15 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   c->ud = ud;
   /* shared, never changed: a call that needs another form copies it */
   c->request = json_incref(o->request);
+  if (o->raw != NULL) {
+    c->raw = malloc(o->raw_len ? o->raw_len : 1);
+    c->raw_facts = malloc(sizeof *c->raw_facts);
+    if (c->raw != NULL)
+      memcpy(c->raw, o->raw, o->raw_len);
+    if (c->raw_facts != NULL)
+      *c->raw_facts = *o->raw_facts;
+    c->raw_len = o->raw_len;
+  }
   c->stream = o->stream;
   c->agent = dup_or_null(o->agent);
   c->context = dup_or_null(o->context ? o->context : "interactive");
@@ -1254,12 +1384,18 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   uv_timer_init(g->loop, &c->timer);
   c->timer.data = c;
   c->wait.cb = on_name;
-  if (c->request == NULL || c->context == NULL || c->done_route == NULL) {
+  if ((o->raw == NULL ? c->request == NULL
+                      : c->raw == NULL || c->raw_facts == NULL) ||
+      c->context == NULL || c->done_route == NULL) {
     eg_call_free(c);
     return OM_ENOMEM;
   }
-  c->include_usage = json_is_true(json_object_get(
-      json_object_get(c->request, "stream_options"), "include_usage"));
+  c->include_usage =
+      c->raw_facts != NULL
+          ? c->raw_facts->include_usage && c->raw_facts->so_object
+          : json_is_true(
+                json_object_get(json_object_get(c->request, "stream_options"),
+                                "include_usage"));
   if (c->cfg->s.n_models > 0 && o->only_route == NULL && o->model != NULL &&
       c->alias < 0) {
     eg_call_free(c);

@@ -58,12 +58,19 @@ typedef struct eg_cfg_s {
   om_fallback_settings_t s;
   om_egress_route_state_t *state; /* per route: cooldown (moved on reload) */
   eg_target_t *targets;           /* per route */
+  int all_openai; /* every route speaks the OpenAI API (Pass-through) */
   /* per route: openmesh_egress_tokens_total{route,model,kind} for
    * kind prompt, completion, cached (registered on first use) */
   om_metric_t *(*m_tokens)[3];
   /* per route: openmesh_egress_route_attempt_duration_seconds{route}
    * (registered on first use) */
   om_metric_t **m_latency;
+  /* per route: the attempts series it used last (most attempts of a
+   * route end the same way: no lookup by labels for them) */
+  struct eg_series_s {
+    int cls, status;
+    om_metric_t *m;
+  } * m_attempt_last;
   /* per route: its retry budget (NULL: none) and, registered on first
    * use, openmesh_egress_cost_usd_total{route,model} and
    * openmesh_egress_retry_budget_exhausted_total{route} */
@@ -156,8 +163,43 @@ typedef struct eg_hooks_s {
  * type tool_use); more end the attempt as a broken stream. */
 #define EG_MAX_STREAM_TOOLS 64
 
+/* The caller's chat request, read without a tree: its top-level members
+ * (offsets into the body) and what the call needs of them. */
+#define EG_REQ_MAX_MEMBERS 64
+
+enum {
+  EG_REQ_OTHER,
+  EG_REQ_MODEL,
+  EG_REQ_STREAM,
+  EG_REQ_STREAM_OPTIONS,
+  EG_REQ_MESSAGES
+};
+
+typedef struct eg_req_member_s {
+  int kind;
+  size_t start, end; /* from its name's quote to the end of its value */
+} eg_req_member_t;
+
+typedef struct eg_req_facts_s {
+  eg_req_member_t members[EG_REQ_MAX_MEMBERS];
+  size_t n_members;
+  size_t n_messages;
+  int stream;    /* "stream": true */
+  int has_model; /* a "model" string, at model_at (quotes included) */
+  size_t model_at, model_len;
+  int so_object;     /* "stream_options" is an object */
+  int include_usage; /* with "include_usage": true */
+} eg_req_facts_t;
+
 typedef struct eg_call_opts_s {
-  json_t *request;     /* OpenAI chat request (a reference is kept; never changed) */
+  /* OpenAI chat request (a reference is kept; never changed), or NULL
+   * with raw: the caller's body as read by eg_request_scan (copied), so
+   * an OpenAI route gets it without a tree; the tree is parsed from it
+   * only if a route or the repair needs one */
+  json_t *request;
+  const char *raw;
+  size_t raw_len;
+  const eg_req_facts_t *raw_facts;
   int stream;          /* hold and stream content deltas */
   const char *agent;   /* for order(ctx); may be NULL */
   const char *context; /* "interactive" | "async" */
@@ -180,7 +222,10 @@ struct eg_call_s {
   eg_cfg_t *cfg;
   eg_hooks_t hooks;
   void *ud;
-  json_t *request;
+  json_t *request; /* NULL until needed when raw is set */
+  char *raw;       /* the caller's body (eg_call_opts_t.raw), or NULL */
+  size_t raw_len;
+  eg_req_facts_t *raw_facts;
   int stream;
   int include_usage; /* the caller asked for the final usage chunk */
   char *agent, *context, *channel, *only_route, *model;
@@ -217,6 +262,8 @@ struct eg_call_s {
    * its bytes */
   char *held;
   size_t held_len, held_cap;
+  char *scratch; /* decoded content of the facts scan */
+  size_t scratch_cap;
   char finish[32];
   /* Anthropic stream: the content block index of each tool_use block, in
    * order; its position is the OpenAI tool_calls index */
@@ -230,11 +277,13 @@ struct eg_call_s {
   /* an OpenAI route's answer as it came (result parsed from it), so an
    * OpenAI caller gets it without a second encoding; NULL otherwise */
   char *raw_result;
-  size_t raw_len;
-  char *text;     /* the assistant content */
+  size_t raw_result_len;
+  char *text; /* the assistant content */
   size_t text_len, text_cap;
-  eg_attempt_t attempts[EG_MAX_ATTEMPTS];
-  size_t n_attempts, n_attempts_total;
+  /* the first EG_MAX_ATTEMPTS attempts, grown as they come (most calls
+   * make one: a call stays small to allocate and clear) */
+  eg_attempt_t *attempts;
+  size_t n_attempts, n_attempts_total, attempts_cap;
   om_egress_verdict_t last; /* the last attempt's verdict */
   const char *stop_why;
   char cause[1024]; /* internal only: never shown to a person */
@@ -288,6 +337,53 @@ void eg_call_content(eg_call_t *c, const char *s, size_t n);
 void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls);
 /* 1 when the current route's stream goes to the raw hook. */
 int eg_call_relaying(const eg_call_t *c);
+
+/* ---- om_egress_facts.c (docs/EGRESS.md "Pass-through") ------------------ */
+
+/* What the call reads of an OpenAI chat.completion or chunk. */
+typedef struct eg_facts_s {
+  size_t n_choices;    /* elements of choices (an array) */
+  const char *content; /* choices[0].{message|delta}.content, decoded */
+  size_t content_len;
+  int has_content; /* it is a string */
+  size_t n_tools;  /* elements of its tool_calls (an array) */
+  char finish[32]; /* choices[0].finish_reason */
+  int has_finish;
+  int has_usage_key; /* a usage member, of any type */
+  eg_usage_t usage;  /* its integer counts, as eg_usage_from_openai */
+  int has_prompt_tokens, has_completion_tokens, has_cached;
+  int error; /* an error member, of any type */
+} eg_facts_t;
+
+/*
+ * eg_facts_scan: the facts of text (a completion, or with chunk set one
+ * stream chunk) into *f, content decoded into *scratch (grown, *cap its
+ * size). 0; OM_EPARSE when the scanner is not sure it is a JSON object
+ * jansson would accept (read it with jansson then); OM_ENOMEM.
+ */
+int eg_facts_scan(const char *text, size_t len, int chunk, eg_facts_t *f,
+                  char **scratch, size_t *cap);
+/* The usage counts f has into *u, replacing those in *u (as
+ * eg_usage_from_openai does for a usage object). */
+void eg_facts_usage(const eg_facts_t *f, eg_usage_t *u);
+
+/*
+ * eg_request_scan: text as an OpenAI chat request the gateway accepts as
+ * it is (a JSON object jansson would take, messages a non-empty array of
+ * objects with a string role, stream a boolean, model a string), its
+ * facts into *f. 0; OM_EPARSE for anything else, which the tree path
+ * then answers (with the precise refusal).
+ */
+int eg_request_scan(const char *text, size_t len, eg_req_facts_t *f);
+/*
+ * eg_openai_body: the request text (read by eg_request_scan into f) for
+ * an OpenAI route, as eg_to_openai makes it: model set to the route's,
+ * stream with stream_options.include_usage, or neither. f must not have
+ * a stream_options object when stream is set (the tree path keeps its
+ * other fields). A new buffer of *out_len bytes; NULL when out of memory.
+ */
+char *eg_openai_body(const char *text, const eg_req_facts_t *f,
+                     const char *model, int stream, size_t *out_len);
 
 /* ---- om_egress_translate.c (docs/EGRESS.md "Translation") --------------- */
 

@@ -776,7 +776,7 @@ void eg_handle_messages(om_egress_t *g, om_http_request_t *req) {
     return;
   }
   s->open = -1;
-  eg_chat_run(g, req, EG_API_MESSAGES, chat,
+  eg_chat_run(g, req, EG_API_MESSAGES, chat, NULL,
               json_string_value(json_object_get(body, "model")), &hooks, s,
               free);
   json_decref(chat);

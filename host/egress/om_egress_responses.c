@@ -727,7 +727,7 @@ void eg_handle_responses(om_egress_t *g, om_http_request_t *req) {
     return;
   }
   s->open = -1;
-  eg_chat_run(g, req, EG_API_RESPONSES, chat,
+  eg_chat_run(g, req, EG_API_RESPONSES, chat, NULL,
               json_string_value(json_object_get(body, "model")), &hooks, s,
               resp_free);
   json_decref(chat);

@@ -142,7 +142,9 @@ void eg_sse_write(om_http_request_t *req, json_t *j, const char *event);
 void eg_sse_start(chat_t *ch);
 /*
  * eg_chat_run: run request (an OpenAI chat request, borrowed) through
- * Layer A for the caller req with hooks (their ud is the chat_t). model
+ * Layer A for the caller req with hooks (their ud is the chat_t); or,
+ * with request NULL, req's own body as eg_request_scan read it into raw
+ * (the chat API's pass-through). model
  * is the caller's model (an alias when the policy declares models). st
  * (released by st_free) is the API's state, owned by the chat from here
  * whatever happens. When the call cannot start the answer (400
@@ -150,8 +152,8 @@ void eg_sse_start(chat_t *ch);
  * api's shape and the error code returned.
  */
 int eg_chat_run(struct om_egress_s *g, om_http_request_t *req, eg_api_t api,
-                json_t *request, const char *model, const eg_hooks_t *hooks,
-                void *st, void (*st_free)(void *));
+                json_t *request, const eg_req_facts_t *raw, const char *model,
+                const eg_hooks_t *hooks, void *st, void (*st_free)(void *));
 /*
  * eg_chat_finish: a done hook's whole work, the same for every inbound
  * API: count the call and track a failure; then, if the caller is still

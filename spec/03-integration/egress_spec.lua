@@ -548,6 +548,90 @@ return { kind = "fallback", routes = {
     end)
   end)
 
+  describe("pass-through (every route OpenAI)", function()
+    local pt
+    setup(function()
+      pt = start_gateway(string.format([[
+return {
+  kind = "fallback",
+  routes = {
+    { name = "pa", provider = "openai", base_url = "%s/pa/v1", model = "gpt-route", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = 1500 },
+    { name = "pb", provider = "openai", base_url = "%s/pb/v1", model = "gpt-route-b", api_key_env = "OM_SPEC_OPENAI_KEY", attempt_timeout_ms = 1500 },
+  },
+  max_attempts = 2, backoff_base_ms = 5, backoff_cap_ms = 10,
+}
+]], fake.url, fake.url))
+    end)
+
+    local function post(body, max_time)
+      return H.request(dir, "POST", pt.url .. "/v1/chat/completions",
+        { body = body, max_time = max_time or 10 })
+    end
+
+    local function last_body()
+      local _, last = H.request(dir, "GET", fake.url .. "/_last")
+      return H.json(last).body
+    end
+
+    it("sends the caller's fields as they came, with the route's model", function()
+      local st, body = post([[{ "messages" : [{"role":"user","content":"caf\u00e9 \"q\"\n"}],
+        "model":"any", "temperature":0.25, "user":"u-1", "vendor_x":{"a":[1,2,{"b":null}]},
+        "stream":false, "max_tokens":7 }]])
+      assert.equals(200, st, body)
+      assert.matches("from pa%.$", H.json(body).choices[1].message.content)
+      local b = last_body()
+      assert.equals("gpt-route", b.model)
+      assert.equals(0.25, b.temperature)
+      assert.equals("u-1", b.user)
+      assert.equals(7, b.max_tokens)
+      assert.same({ a = { 1, 2, { b = cjson.null } } }, b.vendor_x)
+      assert.equals('café "q"\n', b.messages[1].content)
+      assert.is_nil(b.stream, "stream: false is not sent")
+      -- the answer is the provider's as it came
+      assert.equals("chatcmpl-fake", H.json(body).id)
+    end)
+
+    it("asks a streamed call for usage, keeping a caller's own stream_options", function()
+      local out = H.sh(string.format("%s -s -N -X POST --data-binary %s %s", H.curl(10),
+        H.q('{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'),
+        H.q(pt.url .. "/v1/chat/completions")))
+      assert.truthy(out:find("data: [DONE]", 1, true), out)
+      local b = last_body()
+      assert.is_true(b.stream)
+      assert.is_true(b.stream_options.include_usage)
+      assert.equals("gpt-route", b.model)
+      out = H.sh(string.format("%s -s -N -X POST --data-binary %s %s", H.curl(10),
+        H.q('{"model":"m","stream":true,"stream_options":{"include_usage":false,"x_keep":1},"messages":[{"role":"user","content":"hi"}]}'),
+        H.q(pt.url .. "/v1/chat/completions")))
+      assert.truthy(out:find("data: [DONE]", 1, true), out)
+      assert.is_nil(out:find('"choices":[]', 1, true), "a usage chunk the caller did not ask for: " .. out)
+      b = last_body()
+      assert.is_true(b.stream_options.include_usage)
+      assert.equals(1, b.stream_options.x_keep)
+    end)
+
+    it("refuses what the tree path refuses, naming the field, and forwards nothing", function()
+      local before = counts().pa or 0
+      local cases = {
+        { '{"model":"a","model":"b","messages":[{"role":"user","content":"hi"}]}', "not valid JSON" },
+        { '{"messages":[]}', "'messages'" },
+        { '{"messages":[{"content":"hi"}]}', "'messages'" },
+        { '{"messages":[{"role":1}]}', "'messages'" },
+        { '{"messages":[{"role":"user"}],"stream":"yes"}', "'stream'" },
+        { '{"messages":[{"role":"user"}],"model":7}', "'model'" },
+        { '{"messages":[{"role":"user","content":"\\ud800"}]}', "not valid JSON" },
+        { '{"messages":[{"role":"user"}]} x', "not valid JSON" },
+        { '[{"messages":[]}]', "a JSON object" },
+      }
+      for _, case in ipairs(cases) do
+        local st, body = post(case[1])
+        assert.equals(400, st, case[1] .. " -> " .. body)
+        assert.truthy(body:find(case[2], 1, true), case[1] .. " -> " .. body)
+      end
+      assert.equals(before, counts().pa or 0, "a refused request reached the provider")
+    end)
+  end)
+
   describe("streaming", function()
     local function stream(agent)
       local out = H.sh(string.format(
