@@ -13,7 +13,11 @@
 #             (a fallback policy of one route, retries on);
 #   portkey   Portkey's start-server with an x-portkey-config of a
 #             fallback strategy whose one target is the provider
-#             (custom_host), its retries on.
+#             (custom_host), its retries on;
+#   hop       nginx proxy_pass to the provider (one worker, upstream
+#             keep-alive, no buffering): one more process on the path and
+#             nothing else, the floor under any gateway's added latency
+#             on this machine in this run.
 # Per round (OM_BENCH_ROUNDS, 5), in rotated order: bench/chat_client at
 # one connection for OM_BENCH_DURATION s (JSON; then streamed, where the
 # contender streams), and wrk -c50 for the throughput. Added latency is a
@@ -56,12 +60,13 @@ done
 prov_port=$base
 om_port=$((base + 1))
 pk_port=$((base + 2))
+hop_port=$((base + 3))
 
 log() { echo "egress_gateway_bench: $*" >&2; }
 
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
-om_bench_need wrk node curl
+om_bench_need wrk node curl nginx
 for t in fast_provider chat_client; do
   if [ ! -x "$tools/$t" ]; then
     log "$tools/$t not found (build the bench targets)"
@@ -73,8 +78,8 @@ if [ ! -f "$here/portkey/node_modules/@portkey-ai/gateway/build/start-server.js"
   exit 1
 fi
 om_bench_tmp egress-gateway-bench
-om_bench_ports_free OM_BENCH_PORT_BASE "$prov_port" "$om_port" "$pk_port"
-declare -A pid_of port_of=([direct]=$prov_port [direct_b]=$prov_port [openmesh]=$om_port [portkey]=$pk_port)
+om_bench_ports_free OM_BENCH_PORT_BASE "$prov_port" "$om_port" "$pk_port" "$hop_port"
+declare -A pid_of port_of=([direct]=$prov_port [direct_b]=$prov_port [openmesh]=$om_port [portkey]=$pk_port [hop]=$hop_port)
 
 start() { # NAME PORT CMD...
   local name=$1 port=$2
@@ -103,6 +108,28 @@ pid_of[direct_b]=${pid_of[provider]}
 start openmesh "$om_port" "$bin" egress --listen "127.0.0.1:$om_port" \
   --fallback "$tmp/fallback.lua" --heuristics "$here/../policies/egress_heuristics.lua" \
   --errors "$tmp/errors.jsonl" --log-level warn
+cat >"$tmp/hop.conf" <<EOF
+worker_processes 1;
+pid $tmp/hop.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_timeout 300s;
+  keepalive_requests 1000000000;
+$(om_nginx_temp_paths "$tmp/hop-")
+  upstream provider { server 127.0.0.1:$prov_port; keepalive 64; keepalive_requests 1000000000; }
+  server {
+    listen 127.0.0.1:$hop_port;
+    location / {
+      proxy_pass http://provider;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+start hop "$hop_port" nginx -p "$tmp" -e "$tmp/hop.log" -c "$tmp/hop.conf" -g "daemon off;"
 (cd "$here/portkey" && NODE_ENV=production exec node --import ./loopback.mjs \
   node_modules/@portkey-ai/gateway/build/start-server.js --port="$pk_port" --headless) \
   >"$tmp/portkey.out" 2>&1 &
@@ -177,25 +204,28 @@ if ! client portkey stream >/dev/null 2>&1; then
   log "portkey does not stream here (its answer is in $tmp/portkey.out); streamed figures without it"
 fi
 
-contenders=(direct openmesh portkey direct_b)
+contenders=(direct openmesh portkey hop direct_b)
 for r in $(seq "$rounds"); do
   declare -A p50=() p99=() ttft=() tput=()
-  for i in 0 1 2 3; do
-    c=${contenders[$(((i + r) % 4))]}
+  for i in 0 1 2 3 4; do
+    c=${contenders[$(((i + r) % 5))]}
     read -r p50[$c] p99[$c] _ _ < <(client "$c" json)
     if [ "$c" != portkey ] || [ "$pk_streams" = 1 ]; then
       read -r _ _ ttft[$c] _ < <(client "$c" stream)
     fi
-    [ "$c" = direct_b ] || tput[$c]=$(rps "$c")
+    [ "$c" = direct_b ] || [ "$c" = hop ] || tput[$c]=$(rps "$c")
     log "round $r: $c p50 ${p50[$c]} us, p99 ${p99[$c]} us, ttft p50 ${ttft[$c]:--} us, ${tput[$c]:--} req/s"
   done
-  for c in openmesh portkey direct_b; do
+  for c in openmesh portkey hop direct_b; do
     echo "${p50[$c]} ${p50[direct]}" | awk '{ print $1 - $2 }' >>"$tmp/add50.$c"
     echo "${p99[$c]} ${p99[direct]}" | awk '{ print $1 - $2 }' >>"$tmp/add99.$c"
   done
-  for c in openmesh direct_b; do
+  for c in openmesh hop direct_b; do
     echo "${ttft[$c]} ${ttft[direct]}" | awk '{ print $1 - $2 }' >>"$tmp/ttft.$c"
   done
+  # the gateway's latency over the bare hop's, in the same round
+  echo "${p50[openmesh]} ${p50[hop]}" | awk '{ print $1 - $2 }' >>"$tmp/over_hop50"
+  echo "${ttft[openmesh]} ${ttft[hop]}" | awk '{ print $1 - $2 }' >>"$tmp/over_hop_ttft"
   if [ "$pk_streams" = 1 ]; then
     echo "${ttft[portkey]} ${ttft[direct]}" | awk '{ print $1 - $2 }' >>"$tmp/ttft.portkey"
   fi
@@ -217,6 +247,14 @@ read -r m _ _ < <(med <"$tmp/add99.openmesh")
 echo "egress_added_p99_us_c1 $m us"
 read -r m lo hi < <(med <"$tmp/ttft.openmesh")
 echo "egress_streamed_ttft_added_us $m (bar: <= 50; min $lo, max $hi; A/A direct_b $(med <"$tmp/ttft.direct_b" | cut -d' ' -f1))"
+read -r m lo hi < <(med <"$tmp/add50.hop")
+echo "hop_added_p50_us_c1 $m us (nginx proxy_pass, the floor; min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/ttft.hop")
+echo "hop_streamed_ttft_added_us $m us (min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/over_hop50")
+echo "egress_p50_over_hop_us_c1 $m us (the gateway's own share; min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/over_hop_ttft")
+echo "egress_ttft_over_hop_us $m us (min $lo, max $hi)"
 read -r m _ _ < <(med <"$tmp/add50.portkey")
 echo "portkey_added_p50_us_c1 $m us"
 read -r m _ _ < <(med <"$tmp/add99.portkey")

@@ -132,4 +132,23 @@ static inline size_t om__http_u64_dec(char *buf, unsigned long long v) {
   return n;
 }
 
+/*
+ * v in lower-case hex (a chunk-size, RFC 9112 7.1) into buf, which holds
+ * at least 17 bytes; NUL-terminated; returns the length. A streamed
+ * response writes one per chunk.
+ */
+static inline size_t om__http_u64_hex(char *buf, unsigned long long v) {
+  static const char hex[] = "0123456789abcdef";
+  char tmp[16];
+  size_t n = 0, i;
+  do {
+    tmp[n++] = hex[v & 15];
+    v >>= 4;
+  } while (v != 0);
+  for (i = 0; i < n; i++)
+    buf[i] = tmp[n - 1 - i];
+  buf[n] = '\0';
+  return n;
+}
+
 #endif /* OM_HTTP_CHARS_H */

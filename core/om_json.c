@@ -426,7 +426,7 @@ typedef struct {
   const uchar *p[OM_JSON_MAX_KEYS];
   size_t len[OM_JSON_MAX_KEYS];
   uint32_t hash[OM_JSON_MAX_KEYS];
-  uint16_t slot[OM_JSON_MAX_KEYS]; /* where in table name i is */
+  uint16_t slot[OM_JSON_MAX_KEYS]; /* where in table name i is, or NO_SLOT */
   uint16_t table[OM_JSON_SLOTS];   /* 1 + the index of a name, 0: empty */
   size_t n;
   int ready; /* table cleared: done at the first name, not per scan */
@@ -446,21 +446,57 @@ static uint32_t name_hash(const uchar *p, size_t n) {
   return (uint32_t)(h ^ (h >> 33));
 }
 
+/* An object's names are compared one by one up to this many (most
+ * objects are small: no table to clear per scan), then go to the table. */
+#define LINEAR_MAX 16
+#define NO_SLOT UINT16_MAX
+
+static void names_insert(om_json_names_t *t, size_t k) {
+  size_t i = t->hash[k] & (OM_JSON_SLOTS - 1);
+  while (t->table[i] != 0)
+    i = (i + 1) & (OM_JSON_SLOTS - 1);
+  t->slot[k] = (uint16_t)i;
+  t->table[i] = (uint16_t)(k + 1);
+}
+
 /*
  * Open the name p[0..len) in the object whose names start at index base:
  * INVALID when that object already has it, UNSURE when the stack is
- * full. Names of enclosing objects are in the table too (they stay
- * open) but below base, so they never count as duplicates.
+ * full. An object with up to LINEAR_MAX names compares them in turn; one
+ * more moves its names into the table. Names of enclosing objects may be
+ * in the table too (they stay open) but below base, so they never count
+ * as duplicates.
  */
 static om_json_result_t names_push(om_json_names_t *t, size_t base,
                                    const uchar *p, size_t len) {
-  uint32_t h = name_hash(p, len);
-  size_t i = h & (OM_JSON_SLOTS - 1);
-  if (!t->ready) {
-    memset(t->table, 0, sizeof t->table);
-    t->ready = 1;
+  int hashed = t->n > base && t->slot[base] != NO_SLOT;
+  uint32_t h;
+  size_t i;
+  if (!hashed) {
+    for (size_t k = base; k < t->n; k++)
+      if (t->len[k] == len && memcmp(t->p[k], p, len) == 0)
+        return OM_JSON_INVALID;
+    if (t->n == OM_JSON_MAX_KEYS)
+      return OM_JSON_UNSURE;
+    t->p[t->n] = p;
+    t->len[t->n] = len;
+    t->slot[t->n] = NO_SLOT;
+    t->n++;
+    if (t->n - base > LINEAR_MAX) {
+      if (!t->ready) {
+        memset(t->table, 0, sizeof t->table);
+        t->ready = 1;
+      }
+      for (size_t k = base; k < t->n; k++) {
+        t->hash[k] = name_hash(t->p[k], t->len[k]);
+        names_insert(t, k);
+      }
+    }
+    return OM_JSON_OK;
   }
-  for (; t->table[i] != 0; i = (i + 1) & (OM_JSON_SLOTS - 1)) {
+  h = name_hash(p, len);
+  for (i = h & (OM_JSON_SLOTS - 1); t->table[i] != 0;
+       i = (i + 1) & (OM_JSON_SLOTS - 1)) {
     size_t k = t->table[i] - 1u;
     if (k >= base && t->hash[k] == h && t->len[k] == len &&
         memcmp(t->p[k], p, len) == 0)
@@ -486,7 +522,8 @@ static om_json_result_t names_push(om_json_names_t *t, size_t base,
 static void names_pop(om_json_names_t *t, size_t base) {
   while (t->n > base) {
     t->n--;
-    t->table[t->slot[t->n]] = 0;
+    if (t->slot[t->n] != NO_SLOT)
+      t->table[t->slot[t->n]] = 0;
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "om_egress_server.h"
 #include "om_errno.h"
+#include "om_http_chars.h"
 #include "om_http_tls.h"
 #include "om_json.h"
 #include "om_log.h"
@@ -85,9 +86,12 @@ const char *eg_request_id(const om_http_request_t *req, char *out) {
       state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     seeded = 1;
   }
-  {
-    uint64_t a = splitmix(&state), b = splitmix(&state);
-    snprintf(out, EG_REQUEST_ID_CAP, "%016" PRIx64 "%016" PRIx64, a, b);
+  { /* 32 hex digits (a per-answer snprintf cost more than the rest) */
+    static const char hex[] = "0123456789abcdef";
+    uint64_t w[2] = {splitmix(&state), splitmix(&state)};
+    for (int k = 0; k < 32; k++)
+      out[k] = hex[(w[k >> 4] >> (60 - 4 * (k & 15))) & 15];
+    out[32] = '\0';
   }
   return out;
 }
@@ -416,11 +420,14 @@ int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
   ch->api = api;
   ch->st = st;
   ch->st_free = st_free;
-  snprintf(ch->id, sizeof ch->id, "%s%" PRIu64,
-           api == EG_API_MESSAGES    ? "msg_om"
-           : api == EG_API_RESPONSES ? "resp_om"
-                                     : "chatcmpl-om",
-           ++g->srv->seq);
+  { /* prefix and sequence (formatted by hand: per call) */
+    const char *pre = api == EG_API_MESSAGES    ? "msg_om"
+                      : api == EG_API_RESPONSES ? "resp_om"
+                                                : "chatcmpl-om";
+    size_t n = strlen(pre);
+    memcpy(ch->id, pre, n);
+    om__http_u64_dec(ch->id + n, ++g->srv->seq);
+  }
   om_list_push_front(&g->srv->chats, &ch->link);
   req->user = ch;
   om_http_request_on_close(req, chat_client_gone);

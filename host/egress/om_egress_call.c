@@ -1193,7 +1193,11 @@ static void start_attempt(eg_call_t *c) {
   c->attempts_on_route++;
   c->attempt_start_ns = eg_now_ns();
   c->repaired = 0;
-  snprintf(c->route_model, sizeof c->route_model, "%s", r->model);
+  {
+    size_t n = strnlen(r->model, sizeof c->route_model - 1);
+    memcpy(c->route_model, r->model, n);
+    c->route_model[n] = '\0';
+  }
   c->usage = (eg_usage_t){0};
   preq = NULL;
   if (!eg_route_is_anthropic(r) && c->raw != NULL &&

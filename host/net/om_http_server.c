@@ -887,7 +887,9 @@ int om_http_response_write_lent(om_http_request_t *req, const char *data,
   case RF_CHUNKED: { /* chunk = chunk-size CRLF chunk-data CRLF (7.1) */
     char line[24];
     uv_buf_t bufs[3];
-    int k = snprintf(line, sizeof line, "%zx\r\n", len);
+    size_t k = om__http_u64_hex(line, len);
+    line[k++] = '\r';
+    line[k++] = '\n';
     bufs[0] = uv_buf_init(line, (unsigned)k);
     bufs[1] = uv_buf_init((char *)data, (unsigned)len);
     bufs[2] = uv_buf_init((char *)"\r\n", 2);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_http_chars.h"
 #include "om_upstream_internal.h"
 
 #define FLUSH_PIECES 16u /* pieces per write (3 buffers at most each) */
@@ -141,9 +142,15 @@ static bchunk_t *piece(const req_t *r, const char *data, size_t len, int lent,
                        om_upstream_release_fn release, void *ud) {
   char line[24];
   int chunked = r->body_left < 0 && !r->http2; /* HTTP/2 frames it */
-  int k = chunked ? snprintf(line, sizeof line, "%zx\r\n", len) : 0;
+  int k = 0;
   size_t inner = lent ? 0 : len;
-  bchunk_t *b = malloc(sizeof *b + (size_t)k + inner + 2);
+  bchunk_t *b;
+  if (chunked) { /* chunk-size CRLF (RFC 9112 7.1) */
+    k = (int)om__http_u64_hex(line, len);
+    line[k++] = '\r';
+    line[k++] = '\n';
+  }
+  b = malloc(sizeof *b + (size_t)k + inner + 2);
   if (b == NULL)
     return NULL;
   memset(b, 0, sizeof *b);
