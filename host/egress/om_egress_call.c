@@ -1352,9 +1352,11 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   uint64_t deadline_ms;
   if (g->cfg == NULL || g->cfg->n == 0)
     return OM_ESTATE;
-  c = calloc(1, sizeof *c);
+  c = malloc(sizeof *c);
   if (c == NULL)
     return OM_ENOMEM;
+  memset(c, 0, EG_CALL_CLEAR);
+  c->auth[0] = c->cause_name[0] = c->cause[0] = '\0';
   c->g = g;
   c->cfg = g->cfg;
   c->cfg->refs++;

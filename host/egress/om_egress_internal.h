@@ -14,6 +14,7 @@
 #ifndef OM_EGRESS_INTERNAL_H
 #define OM_EGRESS_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -244,9 +245,7 @@ struct eg_call_s {
   int waiting;         /* for the name's lookup */
   om_http_header_t hdrs[3];
   size_t n_hdrs;
-  char auth[1100];
   int first_byte_bound; /* the head timeout is the first-byte timeout */
-  char cause_name[400]; /* why the attempt could not start */
   char *req_body;
   size_t req_bytes; /* of the last attempt's body: a retry's estimate */
   uv_timer_t timer; /* backoff waits */
@@ -286,9 +285,15 @@ struct eg_call_s {
   size_t n_attempts, n_attempts_total, attempts_cap;
   om_egress_verdict_t last; /* the last attempt's verdict */
   const char *stop_why;
-  char cause[1024]; /* internal only: never shown to a person */
   char route_model[128];
+  /* Texts last: eg_call_start clears the call up to here (EG_CALL_CLEAR)
+   * and only their first bytes beyond. */
+  char auth[1100];
+  char cause_name[400]; /* why the attempt could not start */
+  char cause[1024];     /* internal only: never shown to a person */
 };
+
+#define EG_CALL_CLEAR offsetof(eg_call_t, auth)
 
 struct om_egress_s {
   uv_loop_t *loop;
