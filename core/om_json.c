@@ -67,6 +67,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "om_http_chars.h"
+
 typedef unsigned char uchar;
 
 /* The longest number decided here: its digits are copied to the stack
@@ -138,23 +140,13 @@ static const uchar *first_special(const uchar *p, uint64_t m) {
 #endif
 }
 
-static int hex_val(uchar c) {
-  if (is_digit(c))
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 /* Four hex digits at p (either case) into *v; 0 when there are not. */
 static int hex4(const uchar *p, const uchar *e, unsigned *v) {
   unsigned x = 0;
   if (e - p < 4)
     return 0;
   for (int i = 0; i < 4; i++) {
-    int d = hex_val(p[i]);
+    int d = om__http_hex_val(p[i]);
     if (d < 0)
       return 0;
     x = x << 4 | (unsigned)d;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "om_errno.h"
+#include "om_http_chars.h"
 
 typedef unsigned char uchar;
 
@@ -18,16 +19,6 @@ static int is_alpha(uchar c) {
 
 static int is_digit(uchar c) {
   return c >= '0' && c <= '9';
-}
-
-static int hex_val(uchar c) {
-  if (is_digit(c))
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
 }
 
 static int prefix_nocase(const char *s, size_t n, const char *p) {
@@ -97,8 +88,8 @@ int om_url_parse_ipv6(const char *s, size_t n, unsigned char out[16]) {
   while (i < n) {
     size_t st = i, d = 0;
     unsigned v = 0;
-    while (i < n && hex_val((uchar)s[i]) >= 0 && d < 5) {
-      v = v * 16 + (unsigned)hex_val((uchar)s[i]);
+    while (i < n && om__http_hex_val((uchar)s[i]) >= 0 && d < 5) {
+      v = v * 16 + (unsigned)om__http_hex_val((uchar)s[i]);
       i++;
       d++;
     }
@@ -210,7 +201,8 @@ static const char *name_problem(const char *h, size_t n) {
     if (n - k >= 2 && h[k] == '0' && (h[k + 1] == 'x' || h[k + 1] == 'X'))
       k += 2;
     for (size_t j = k; j < n; j++)
-      if (k == last ? !is_digit((uchar)h[j]) : hex_val((uchar)h[j]) < 0)
+      if (k == last ? !is_digit((uchar)h[j])
+                    : om__http_hex_val((uchar)h[j]) < 0)
         all = 0;
     if (all)
       return "has a host name whose last label is a number (neither a "
@@ -322,8 +314,8 @@ int om_url_parse(const char *url, om_url_t *out, const char **why) {
     if (c == '#')
       return refuse(why, "must not carry a fragment");
     if (c == '%') {
-      if (i + 2 >= n || hex_val((uchar)url[i + 1]) < 0 ||
-          hex_val((uchar)url[i + 2]) < 0)
+      if (i + 2 >= n || om__http_hex_val((uchar)url[i + 1]) < 0 ||
+          om__http_hex_val((uchar)url[i + 2]) < 0)
         return refuse(why, "has an invalid percent-escape in the path");
       i += 2;
     } else if (c != '/' && !is_pchar(c)) {

@@ -38,6 +38,7 @@
 #include <jansson.h>
 
 #include "om_json.h"
+#include "om_rng.h"
 
 /* ------------------------------------------------------------------ */
 /* helpers */
@@ -650,17 +651,14 @@ static void integer(void **state) {
 }
 
 /* ------------------------------------------------------------------ */
-/* the differential run: a seeded generator (splitmix64) */
+/* the differential run: a seeded generator (core/om_rng.h) */
 
 #define DOC_MAX 16384
 
-static uint64_t rng_state;
+static om_rng_t rng;
 
 static uint64_t rnd(void) {
-  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return om_rng_next(&rng);
 }
 
 static unsigned pick(unsigned n) {
@@ -1317,7 +1315,7 @@ static void differential(void **state) {
   tally_t t;
   (void)state;
   memset(&t, 0, sizeof t);
-  rng_state = seed;
+  om_rng_seed(&rng, seed);
   fprintf(stderr, "# OM_FUZZ_SEED=%lu OM_FUZZ_COUNT=%lu\n", seed, count);
   for (i = 0; i < count; i++) {
     t.mutated += (unsigned long)gen(&d);
