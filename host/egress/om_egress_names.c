@@ -13,7 +13,8 @@
  * NAME_RETRY_NS, so a broken DNS server is not asked once per call.
  * Addresses are kept in the resolver's order (RFC 6724); a connect
  * failure moves the attempt to the next address; the one that answers
- * is where later calls start.
+ * is where later calls start. OPENMESH_RESOLVE_HOSTS answers instead of
+ * the system resolver when set (om_hosts_file.h), as for the proxy.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 
 #include "om_egress_internal.h"
 #include "om_errno.h"
+#include "om_hosts_file.h"
 #include "om_log.h"
 
 #define NAME_TTL_NS (UINT64_C(30) * 1000000000u)
@@ -31,8 +33,14 @@ struct eg_name_s {
   om_list_t link; /* g->names */
   om_egress_t *g; /* NULL: orphaned (the gateway closed under a lookup) */
   char host[254];
-  uv_getaddrinfo_t gai;
+  union {
+    uv_getaddrinfo_t gai;
+    uv_work_t work; /* the hosts-file hook (om_hosts_file.h) */
+  } req;
   int busy;
+  /* the hook's answer, written on the thread pool */
+  struct sockaddr_storage work_addrs[EG_NAME_MAX_ADDRS];
+  size_t work_n;
   struct sockaddr_storage addrs[EG_NAME_MAX_ADDRS];
   size_t n, first; /* the first address to try */
   uint64_t ok_ns, fail_ns;
@@ -49,26 +57,16 @@ static eg_name_t *name_find(om_egress_t *g, const char *host) {
   return NULL;
 }
 
-static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-  eg_name_t *e = req->data;
-  size_t n = 0;
+/* A lookup ended with n addresses (any port), or why it failed. */
+static void answer(eg_name_t *e, const struct sockaddr_storage *addrs, size_t n,
+                   const char *why) {
   e->busy = 0;
   if (e->g == NULL) {
-    uv_freeaddrinfo(res);
     free(e);
     return;
   }
-  for (struct addrinfo *ai = status == 0 ? res : NULL;
-       ai != NULL && n < EG_NAME_MAX_ADDRS; ai = ai->ai_next) {
-    if (ai->ai_addr == NULL ||
-        (ai->ai_family != AF_INET && ai->ai_family != AF_INET6))
-      continue;
-    memset(&e->addrs[n], 0, sizeof e->addrs[n]);
-    memcpy(&e->addrs[n], ai->ai_addr, ai->ai_addrlen);
-    n++;
-  }
-  uv_freeaddrinfo(res);
   if (n > 0) {
+    memcpy(e->addrs, addrs, n * sizeof *addrs);
     e->n = n;
     e->first = 0;
     e->ok_ns = eg_now_ns();
@@ -78,7 +76,7 @@ static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
     int first = e->fail_ns <= e->ok_ns;
     e->fail_ns = eg_now_ns();
     snprintf(e->error, sizeof e->error, "%s does not resolve: %s", e->host,
-             status != 0 ? uv_strerror(status) : "no IPv4 or IPv6 address");
+             why);
     if (first)
       om_log(OM_LOG_WARN, "egress_resolve_failed", "host", e->host, "error",
              e->error, "kept_addresses", e->n > 0 ? "yes" : "no", NULL);
@@ -92,15 +90,55 @@ static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   }
 }
 
+static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  eg_name_t *e = req->data;
+  struct sockaddr_storage addrs[EG_NAME_MAX_ADDRS];
+  size_t n = 0;
+  for (struct addrinfo *ai = status == 0 ? res : NULL;
+       ai != NULL && n < EG_NAME_MAX_ADDRS; ai = ai->ai_next) {
+    if (ai->ai_addr == NULL ||
+        (ai->ai_family != AF_INET && ai->ai_family != AF_INET6))
+      continue;
+    memset(&addrs[n], 0, sizeof addrs[n]);
+    memcpy(&addrs[n], ai->ai_addr, ai->ai_addrlen);
+    n++;
+  }
+  uv_freeaddrinfo(res);
+  answer(e, addrs, n,
+         status != 0 ? uv_strerror(status) : "no IPv4 or IPv6 address");
+}
+
+/* On the pool: the hook's file instead of the system resolver. */
+static void hosts_work(uv_work_t *w) {
+  eg_name_t *e = w->data;
+  e->work_n =
+      om_hosts_file_lookup(om_hosts_file_path(), e->host, e->work_addrs,
+                           EG_NAME_MAX_ADDRS, e->error, sizeof e->error);
+}
+
+static void hosts_done(uv_work_t *w, int status) {
+  eg_name_t *e = w->data;
+  char why[sizeof e->error];
+  snprintf(why, sizeof why, "%s", status != 0 ? uv_strerror(status) : e->error);
+  answer(e, e->work_addrs, status != 0 ? 0 : e->work_n, why);
+}
+
 static int lookup(eg_name_t *e) {
   struct addrinfo hints;
   int rc;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
+  /* no AI_ADDRCONFIG: on a host with loopback only it hides "localhost";
+   * an address family the host cannot reach fails its connect, and the
+   * attempt moves to the next address */
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_ADDRCONFIG;
-  e->gai.data = e;
-  rc = uv_getaddrinfo(e->g->loop, &e->gai, on_gai, e->host, NULL, &hints);
+  if (om_hosts_file_path() != NULL) {
+    e->req.work.data = e;
+    rc = uv_queue_work(e->g->loop, &e->req.work, hosts_work, hosts_done);
+  } else {
+    e->req.gai.data = e;
+    rc = uv_getaddrinfo(e->g->loop, &e->req.gai, on_gai, e->host, NULL, &hints);
+  }
   if (rc != 0) {
     e->fail_ns = eg_now_ns();
     snprintf(e->error, sizeof e->error, "%s: lookup not started: %s", e->host,
@@ -179,7 +217,7 @@ void eg_names_free(om_egress_t *g) {
     /* calls are gone by now: no waiter is left */
     if (e->busy) {
       e->g = NULL; /* its answer frees it */
-      uv_cancel((uv_req_t *)&e->gai);
+      uv_cancel((uv_req_t *)&e->req);
     } else {
       free(e);
     }

@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include "om_errno.h"
+#include "om_hosts_file.h"
 #include "om_list.h"
 #include "om_log.h"
 #include "om_proxy_internal.h"
@@ -252,42 +253,14 @@ static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
 /* On the pool: the hosts file's addresses for e->host, in file order. */
 static void hosts_work(uv_work_t *w) {
   om__proxy_name_t *e = w->data;
-  const char *path = e->res->hosts_file;
-  FILE *f = fopen(path, "r");
-  char line[1024];
+  struct sockaddr_storage found[MAX_ADDRS];
+  size_t n = om_hosts_file_lookup(e->res->hosts_file, e->host, found, MAX_ADDRS,
+                                  e->work_error, sizeof e->work_error);
   e->work_n = 0;
-  e->work_error[0] = '\0';
-  if (f == NULL) {
-    snprintf(e->work_error, sizeof e->work_error,
-             "cannot read the hosts file %s", path);
-    return;
-  }
-  while (fgets(line, sizeof line, f) != NULL) {
-    char *save = NULL, *addr, *name;
-    char *hash = strchr(line, '#');
-    addr_t a;
-    if (hash != NULL)
-      *hash = '\0';
-    addr = strtok_r(line, " \t\r\n", &save);
-    if (addr == NULL)
-      continue;
-    memset(&a, 0, sizeof a);
-    if (uv_inet_pton(AF_INET, addr, &a.in4.sin_addr) == 0)
-      a.sa.sa_family = AF_INET;
-    else if (uv_inet_pton(AF_INET6, addr, &a.in6.sin6_addr) == 0)
-      a.sa.sa_family = AF_INET6;
-    else
-      continue;
-    while ((name = strtok_r(NULL, " \t\r\n", &save)) != NULL)
-      if (strcasecmp(name, e->host) == 0) {
-        addr_add(e->work_addrs, &e->work_n, &a.sa);
-        break;
-      }
-  }
-  fclose(f);
-  if (e->work_n == 0)
-    snprintf(e->work_error, sizeof e->work_error,
-             "not found in the hosts file %s", path);
+  if (n > 0)
+    e->work_error[0] = '\0';
+  for (size_t i = 0; i < n; i++)
+    addr_add(e->work_addrs, &e->work_n, (const struct sockaddr *)&found[i]);
 }
 
 static void hosts_done(uv_work_t *w, int status) {
@@ -339,7 +312,7 @@ static om__proxy_resolver_t *resolver_of(om_proxy_t *p) {
   r = calloc(1, sizeof *r);
   if (r == NULL)
     return NULL;
-  hosts = getenv("OPENMESH_RESOLVE_HOSTS");
+  hosts = om_hosts_file_path();
   if (hosts != NULL && hosts[0] != '\0' &&
       (r->hosts_file = strdup(hosts)) == NULL) {
     free(r);

@@ -534,6 +534,34 @@ return {
       assert.is_nil(c.gone, "a call reached the unresolvable route")
     end)
 
+    it("tries a name's next address when one refuses, within the same attempt", function()
+      -- the test hook answers for the name: 127.0.0.2 first (nothing
+      -- listens there), then the fake provider's 127.0.0.1
+      local port = fake.url:match(":(%d+)$")
+      H.writefile(dir .. "/hosts", "127.0.0.2 twoaddr\n127.0.0.1 twoaddr other\n")
+      H.writefile(dir .. "/fallback_two.lua", string.format([[
+return {
+  kind = "fallback",
+  routes = {
+    { name = "two", provider = "openai", base_url = "http://twoaddr:%s/two/v1", model = "gpt-fake", attempt_timeout_ms = 1500 },
+  },
+  max_attempts = 1,
+}
+]], port))
+      local g = H.start_egress(dir, "egress_two", string.format("--fallback %s --heuristics %s",
+        H.q(dir .. "/fallback_two.lua"), H.q(dir .. "/heuristics.lua")),
+        "OPENMESH_RESOLVE_HOSTS=" .. H.q(dir .. "/hosts"))
+      for _ = 1, 2 do
+        local st, body = H.request(dir, "POST", g.url .. "/v1/chat/completions",
+          { body = cjson.encode({ model = "any", messages = { { role = "user", content = "hi" } } }), max_time = 10 })
+        assert.equals(200, st, body)
+        assert.matches("from two%.$", H.json(body).choices[1].message.content)
+      end
+      local _, m = H.request(dir, "GET", g.url .. "/metrics")
+      assert.truthy(m:find('openmesh_egress_route_attempts_total{route="two",class="ok",status="200"} 2', 1, true), m)
+      assert.is_nil(m:find('route="two",class="connection_refused"', 1, true), m)
+    end)
+
     it("refuses a base_url the mesh's URL rule does not accept, naming the field", function()
       local n = math.random(1e6)
       local path = dir .. "/badurl" .. n .. ".lua"
