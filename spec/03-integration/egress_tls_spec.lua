@@ -11,16 +11,6 @@ package.path = here .. "../support/?.lua;" .. package.path
 local H = require "control_helper"
 local cjson = require "cjson"
 
-local function nginx_path()
-  for _, p in ipairs({ "/usr/sbin/nginx", "/usr/bin/nginx" }) do
-    local f = io.open(p, "r")
-    if f then
-      f:close()
-      return p
-    end
-  end
-end
-
 describe("openmesh egress to https:// routes", function()
   if not H.bin or H.bin == "" then
     it("runs against OPENMESH_BIN", function()
@@ -28,7 +18,7 @@ describe("openmesh egress to https:// routes", function()
     end)
     return
   end
-  local nginx = nginx_path()
+  local nginx = H.nginx_path()
   if not nginx then
     it("needs nginx", function()
       pending("nginx is not installed (scripts/deps-bench)")
@@ -40,9 +30,7 @@ describe("openmesh egress to https:// routes", function()
   local P = {}
 
   local function start_nginx()
-    math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 1000)
-    for _ = 1, 4 do
-      local base = 23000 + math.random(0, 400) * 10
+    H.start_nginx(dir, nginx, 23000, 10, function(base)
       P = { good = base, untrusted = base + 1 }
       local function server(port, c)
         return ([[
@@ -54,7 +42,7 @@ describe("openmesh egress to https:// routes", function()
   }
 ]]):format(port, dir, c, dir, c, fake.url)
       end
-      H.writefile(dir .. "/nginx.conf", ([[
+      return ([[
 worker_processes 1;
 pid %s/nginx.pid;
 error_log %s/nginx.log warn;
@@ -67,24 +55,8 @@ http {
   uwsgi_temp_path %s/uwsgi;
   scgi_temp_path %s/scgi;
 %s%s}
-]]):format(dir, dir, dir, dir, dir, dir, dir, server(P.good, "server"), server(P.untrusted, "untrusted")))
-      local p = H.spawn(H.q(nginx) .. " -p " .. H.q(dir) .. " -e " .. H.q(dir .. "/nginx.log") ..
-        " -c " .. H.q(dir .. "/nginx.conf") .. " -g 'daemon off;'", dir, "nginx" .. base)
-      local ok = H.wait_for(function()
-        if H.readfile(p.rcfile) ~= "" then
-          return "exited"
-        end
-        local _, rc = H.sh("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. P.untrusted .. "' 2>/dev/null")
-        if rc == 0 then
-          return "up"
-        end
-      end, 10)
-      if ok == "up" then
-        return p
-      end
-      H.kill("-" .. p.pgid, "KILL")
-    end
-    error("nginx did not start: " .. H.readfile(dir .. "/nginx.log"))
+]]):format(dir, dir, dir, dir, dir, dir, dir, server(P.good, "server"), server(P.untrusted, "untrusted"))
+    end, function(base) return base + 1 end)
   end
 
   local function counts()

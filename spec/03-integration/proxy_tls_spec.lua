@@ -21,16 +21,6 @@ return {
 ]]):format(extra or "")
 end
 
-local function nginx_path()
-  for _, p in ipairs({ "/usr/sbin/nginx", "/usr/bin/nginx" }) do
-    local f = io.open(p, "r")
-    if f then
-      f:close()
-      return p
-    end
-  end
-end
-
 describe("openmesh proxy to https:// peers", function()
   if not H.bin or H.bin == "" then
     it("runs against OPENMESH_BIN", function()
@@ -38,7 +28,7 @@ describe("openmesh proxy to https:// peers", function()
     end)
     return
   end
-  local nginx = nginx_path()
+  local nginx = H.nginx_path()
   if not nginx then
     it("needs nginx", function()
       pending("nginx is not installed (scripts/deps-bench)")
@@ -57,11 +47,9 @@ describe("openmesh proxy to https:// peers", function()
   -- one nginx, a server block per port; keepalive_requests 1 closes every
   -- connection after its request, so the proxy opens (and resumes) anew
   local function start_nginx()
-    math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 1000)
-    for _ = 1, 4 do
-      base = 21000 + math.random(0, 400) * 20
-      P = { good = base, wrong = base + 1, expired = base + 2,
-            untrusted = base + 3, mtls = base + 4 }
+    local p
+    p, base = H.start_nginx(dir, nginx, 21000, 20, function(b)
+      P = { good = b, wrong = b + 1, expired = b + 2, untrusted = b + 3, mtls = b + 4 }
       local function server(port, c, extra)
         return ([[
   server {
@@ -73,7 +61,7 @@ describe("openmesh proxy to https:// peers", function()
   }
 ]]):format(port, cert(c), cert(c), extra or "")
       end
-      local conf = ([[
+      return ([[
 worker_processes 1;
 pid %s/nginx.pid;
 error_log %s/nginx.log warn;
@@ -92,24 +80,8 @@ http {
         server(P.expired, "expired"), server(P.untrusted, "untrusted"),
         server(P.mtls, "server", "ssl_verify_client on;\n    ssl_client_certificate " ..
           cert("ca.pem") .. ";"))
-      H.writefile(dir .. "/nginx.conf", conf)
-      local p = H.spawn(H.q(nginx) .. " -p " .. H.q(dir) .. " -e " .. H.q(dir .. "/nginx.log") ..
-        " -c " .. H.q(dir .. "/nginx.conf") .. " -g 'daemon off;'", dir, "nginx" .. base)
-      local ok = H.wait_for(function()
-        if H.readfile(p.rcfile) ~= "" then
-          return "exited"
-        end
-        local _, rc = H.sh("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. P.mtls .. "' 2>/dev/null")
-        if rc == 0 then
-          return "up"
-        end
-      end, 10)
-      if ok == "up" then
-        return p
-      end
-      H.kill("-" .. p.pgid, "KILL")
-    end
-    error("nginx did not start: " .. H.readfile(dir .. "/nginx.log"))
+    end, function(b) return b + 4 end)
+    return p
   end
 
   local function url(port, host)

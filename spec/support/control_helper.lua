@@ -391,6 +391,49 @@ function M.start_fixture(dir, name, args)
   return p
 end
 
+-- nginx's path, or nil when it is not installed (scripts/deps-bench).
+function M.nginx_path()
+  for _, p in ipairs({ "/usr/sbin/nginx", "/usr/bin/nginx" }) do
+    local f = io.open(p, "r")
+    if f then
+      f:close()
+      return p
+    end
+  end
+end
+
+--[[
+Start nginx (NGINX, from M.nginx_path) with the configuration conf(base)
+builds for a port base, trying up to four random bases from low (a
+multiple of step above it) until one starts: when it is listening on
+probe(base), the process (M.spawn's table) and the base are returned;
+errors with nginx's log otherwise. The caller's conf writes the pid and
+error log under dir.
+]]
+function M.start_nginx(dir, nginx, low, step, conf, probe)
+  math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 1000)
+  for _ = 1, 4 do
+    local base = low + math.random(0, 400) * step
+    M.writefile(dir .. "/nginx.conf", conf(base))
+    local p = M.spawn(q(nginx) .. " -p " .. q(dir) .. " -e " .. q(dir .. "/nginx.log") ..
+      " -c " .. q(dir .. "/nginx.conf") .. " -g 'daemon off;'", dir, "nginx" .. base)
+    local ok = M.wait_for(function()
+      if readfile(p.rcfile) ~= "" then
+        return "exited"
+      end
+      local _, rc = M.sh("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. probe(base) .. "' 2>/dev/null")
+      if rc == 0 then
+        return "up"
+      end
+    end, 10)
+    if ok == "up" then
+      return p, base
+    end
+    M.kill("-" .. p.pgid, "KILL")
+  end
+  error("nginx did not start: " .. readfile(dir .. "/nginx.log"))
+end
+
 --[[
 Start `openmesh egress --listen 127.0.0.1:0` with the extra command line
 args (env: assignments put before the command) and wait up to 10 s for its
