@@ -401,6 +401,27 @@ static void chat_client_gone(om_http_request_t *req) {
   chat_release(ch, ch->call);
 }
 
+/* A committed stream the caller reads slower than the provider sends:
+ * beyond this much queued for it, the call stops reading the provider
+ * until it drains to a quarter (docs/EGRESS.md "Streams and slow
+ * callers"). */
+#define CALLER_HIGH_WATER ((size_t)256 << 10)
+
+static void chat_drained(om_http_request_t *req) {
+  chat_t *ch = req->user;
+  if (ch != NULL && ch->call != NULL)
+    eg_call_resume(ch->call);
+}
+
+static int chat_backed_up(void *ud, eg_call_t *c) {
+  chat_t *ch = ud;
+  (void)c;
+  return ch->req != NULL && ch->started &&
+         om_http_response_pending(ch->req) > CALLER_HIGH_WATER &&
+         om_http_response_on_drain(ch->req, CALLER_HIGH_WATER / 4,
+                                   chat_drained) == 0;
+}
+
 int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
                 json_t *request, const eg_req_facts_t *raw, const char *model,
                 const eg_hooks_t *hooks, void *st, void (*st_free)(void *)) {
@@ -445,7 +466,11 @@ int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
   o.context = "interactive";
   o.why = refused;
   o.why_len = sizeof refused;
-  rc = eg_call_start(g, &o, hooks, ch, &ch->call);
+  {
+    eg_hooks_t h = *hooks; /* every inbound API's streams alike */
+    h.backed_up = chat_backed_up;
+    rc = eg_call_start(g, &o, &h, ch, &ch->call);
+  }
   if (rc != 0) {
     char msg[320];
     om_http_request_on_close(req, NULL);

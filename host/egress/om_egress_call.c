@@ -480,6 +480,9 @@ static void up_on_body(void *ud, const char *buf, size_t n) {
   if (c->stream && c->status >= 200 && c->status < 300 && c->sse != NULL) {
     if (om_sse_parser_feed(c->sse, buf, n, on_sse_event, c) != 0)
       attempt_broken(c, "the provider's event stream is malformed");
+    else if (c->committed && c->up != NULL && c->hooks.backed_up != NULL &&
+             c->hooks.backed_up(c->ud, c) && om_upstream_pause(c->up) == 0)
+      c->paused = 1;
     return;
   }
   if (c->body_len + n > EG_MAX_BODY) {
@@ -502,6 +505,7 @@ static void up_on_body(void *ud, const char *buf, size_t n) {
 }
 
 static void release_attempt(eg_call_t *c) {
+  c->paused = 0;
   if (c->up != NULL) {
     om_upstream_cancel(c->up);
     c->up = NULL;
@@ -1288,6 +1292,12 @@ void eg_call_free(eg_call_t *c) {
   stop_timer(c);
   release_attempt(c);
   uv_close((uv_handle_t *)&c->timer, timer_closed);
+}
+
+void eg_call_resume(eg_call_t *c) {
+  if (c->paused && c->up != NULL)
+    om_upstream_resume(c->up);
+  c->paused = 0;
 }
 
 void eg_call_cancel(eg_call_t *c) {

@@ -158,6 +158,12 @@ typedef struct eg_hooks_s {
    * caller asked for it; never [DONE] (the done hook ends the stream).
    * eg_call_relaying says which way the current route goes. */
   void (*raw)(void *ud, eg_call_t *c, const char *data, size_t len);
+  /* Streaming only, after commit, may be NULL: 1 when the caller has let
+   * so much of the stream pile up that the call should stop reading the
+   * provider; the hook's owner then calls eg_call_resume once it drained
+   * (a slow or never-reading caller must not make the gateway hold a
+   * whole stream; the attempt timeout still bounds the wait). */
+  int (*backed_up)(void *ud, eg_call_t *c);
 } eg_hooks_t;
 
 /* Tool calls one streamed Anthropic reply may carry (content blocks of
@@ -243,6 +249,7 @@ struct eg_call_s {
   eg_name_wait_t wait; /* for a route named by host */
   size_t addr_nth;     /* which of its addresses */
   int waiting;         /* for the name's lookup */
+  int paused;          /* the caller is backed up (hooks.backed_up) */
   om_http_header_t hdrs[3];
   size_t n_hdrs;
   int first_byte_bound; /* the head timeout is the first-byte timeout */
@@ -317,6 +324,8 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
  * the field that cannot be translated (eg_call_start refuses such a
  * request the same way). */
 int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len);
+/* Read the provider again after the backed_up hook said stop. */
+void eg_call_resume(eg_call_t *c);
 /* Stop a call without running its done hook (the client went away). */
 void eg_call_cancel(eg_call_t *c);
 /* After the done hook: release it. */

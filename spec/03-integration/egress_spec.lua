@@ -708,6 +708,38 @@ return {
       assert.is_true(chunks[#chunks].usage.completion_tokens > 0, out)
     end)
 
+    it("stops reading the provider while a caller does not read the stream", function()
+      -- a long stream (about 19 MB of events) to a caller that reads
+      -- nothing: the gateway may hold a few hundred KiB for it, not the
+      -- stream
+      script("t51_a", { "ok:repeat=40000" })
+      local client = dir .. "/never_reads.py"
+      H.writefile(client, [[
+import socket, sys, time
+pid, port = sys.argv[1], int(sys.argv[2])
+def rss():
+    for line in open("/proc/%s/status" % pid):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+body = b'{"model":"x","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+s = socket.create_connection(("127.0.0.1", port))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+before = rss()
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-openmesh-agent: t51_solo\r\n"
+          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+time.sleep(1.0)
+print("grew_kib", rss() - before)
+s.close()
+]])
+      local out = H.sh(string.format("python3 %s %d %s", H.q(client), gw.pid, gw.url:match(":(%d+)$")))
+      local grew = tonumber(out:match("grew_kib (%-?%d+)"))
+      assert(grew, out)
+      print(("# a never-reading stream caller: gateway RSS grew %d KiB"):format(grew))
+      assert.is_true(grew < 4096, "the gateway held " .. grew .. " KiB for a caller that reads nothing")
+      -- and the gateway still serves
+      assert.equals(200, (chat("t51")))
+    end)
+
     it("holds the response until the first content delta: a stream that dies before it is retried", function()
       script("t18_a", { "die_before", "ok" })
       local events, raw = stream("t18")
