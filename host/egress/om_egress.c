@@ -299,18 +299,39 @@ void eg_track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
 /* ---- inbound calls: what the three APIs share ----------------------------
  */
 
-void eg_sse_write(om_http_request_t *req, json_t *j, const char *event) {
-  char *s = json_dumps(j, JSON_COMPACT);
-  if (s != NULL) {
+/* One SSE event, "event: E\n" (when given) "data: D\n\n", as one write
+ * (one chunk on the wire) when it fits the stack buffer. */
+static void sse_event(om_http_request_t *req, const char *event,
+                      const char *data, size_t len) {
+  char ev[4160];
+  size_t el = event ? strlen(event) : 0, n = 0;
+  if (el + len + 16 > sizeof ev) {
     if (event) {
       om_http_response_write(req, "event: ", 7);
-      om_http_response_write(req, event, strlen(event));
+      om_http_response_write(req, event, el);
       om_http_response_write(req, "\n", 1);
     }
     om_http_response_write(req, "data: ", 6);
-    om_http_response_write(req, s, strlen(s));
+    om_http_response_write(req, data, len);
     om_http_response_write(req, "\n\n", 2);
+    return;
   }
+  if (event) {
+    memcpy(ev, "event: ", 7);
+    memcpy(ev + 7, event, el);
+    ev[7 + el] = '\n';
+    n = 8 + el;
+  }
+  memcpy(ev + n, "data: ", 6);
+  memcpy(ev + n + 6, data, len);
+  memcpy(ev + n + 6 + len, "\n\n", 2);
+  om_http_response_write(req, ev, n + len + 8);
+}
+
+void eg_sse_write(om_http_request_t *req, json_t *j, const char *event) {
+  char *s = json_dumps(j, JSON_COMPACT);
+  if (s != NULL)
+    sse_event(req, event, s, strlen(s));
   free(s);
   json_decref(j);
 }
@@ -675,17 +696,7 @@ static void chat_raw(void *ud, eg_call_t *c, const char *data, size_t len) {
   (void)c;
   if (ch->req == NULL)
     return;
-  if (len <= 4096) { /* one write: one chunk on the wire, not three */
-    char ev[4104];
-    memcpy(ev, "data: ", 6);
-    memcpy(ev + 6, data, len);
-    memcpy(ev + 6 + len, "\n\n", 2);
-    om_http_response_write(ch->req, ev, len + 8);
-    return;
-  }
-  om_http_response_write(ch->req, "data: ", 6);
-  om_http_response_write(ch->req, data, len);
-  om_http_response_write(ch->req, "\n\n", 2);
+  sse_event(ch->req, NULL, data, len);
 }
 
 /* The last chunk (with the finish reason), the usage chunk when asked
