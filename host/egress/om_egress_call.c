@@ -15,161 +15,10 @@
 #include "om_log.h"
 #include "om_sse.h"
 
-#define MS UINT64_C(1000000)
 #define EG_MAX_BODY ((size_t)4 << 20)
 
 uint64_t eg_now_ns(void) {
   return uv_hrtime();
-}
-
-/* ---- config ------------------------------------------------------------ */
-
-static void budget_unref(eg_budget_t *b) {
-  if (b == NULL || --b->refs > 0)
-    return;
-  om_retry_budget_free(b->b);
-  free(b);
-}
-
-static int budget_same(const om_budget_cfg_t *a, const om_budget_cfg_t *b) {
-  return a->unit == b->unit && a->ratio == b->ratio &&
-         a->min_per_s == b->min_per_s && a->window_ms == b->window_ms;
-}
-
-/* Route i's budget: the one prev gave a route of the same name with the
- * same settings (its balance carries over), else a new one. 0, or
- * OM_ENOMEM. */
-static int budget_for(eg_cfg_t *c, size_t i, const eg_cfg_t *prev) {
-  const om_route_t *r = &c->routes[i];
-  om_retry_budget_opts_t o;
-  eg_budget_t *b;
-  if (r->budget.unit == OM_BUDGET_NONE)
-    return 0;
-  for (size_t k = 0; prev != NULL && prev->budget != NULL && k < prev->n; k++)
-    if (prev->budget[k] != NULL && strcmp(prev->routes[k].name, r->name) == 0 &&
-        budget_same(&prev->budget[k]->cfg, &r->budget)) {
-      c->budget[i] = prev->budget[k];
-      c->budget[i]->refs++;
-      return 0;
-    }
-  if ((b = calloc(1, sizeof *b)) == NULL)
-    return OM_ENOMEM;
-  o.ratio = r->budget.ratio;
-  o.min_per_s = r->budget.min_per_s;
-  o.window_ns = r->budget.window_ms * MS;
-  if (om_retry_budget_new(&o, &b->b) != 0) {
-    free(b);
-    return OM_ENOMEM; /* the contract bounded the options */
-  }
-  b->refs = 1;
-  b->cfg = r->budget;
-  snprintf(b->route, sizeof b->route, "%s", r->name);
-  c->budget[i] = b;
-  return 0;
-}
-
-/* Where route r's calls go (docs/EGRESS.md "Provider connections"): its
- * base_url by the mesh's URL rule, the provider call's path under it. */
-static int target_for(const om_route_t *r, size_t i, eg_target_t *t, char *err,
-                      size_t errlen) {
-  om_upstream_url_t u;
-  const char *why = "";
-  const char *call =
-      eg_route_is_anthropic(r) ? "/messages" : "/chat/completions";
-  int rc = om_upstream_parse_url(r->base_url, &u, &why);
-  if (rc == 0) {
-    rc = om_upstream_target_from_url(&t->t, r->base_url, &why);
-    t->named = rc == OM_ENOTFOUND;
-    if (t->named)
-      rc = 0;
-  }
-  if (rc != 0) {
-    snprintf(err, errlen, "field 'routes[%zu].base_url': '%.200s': %s", i + 1,
-             r->base_url, why);
-    return OM_EPOLICY;
-  }
-  snprintf(t->host, sizeof t->host, "%s", u.host);
-  t->port = u.port;
-  t->path = malloc(u.path_prefix_len + strlen(call) + 1);
-  if (t->path == NULL)
-    return OM_ENOMEM;
-  memcpy(t->path, u.path_prefix, u.path_prefix_len);
-  strcpy(t->path + u.path_prefix_len, call);
-  return 0;
-}
-
-static void cfg_arrays_free(eg_cfg_t *c) {
-  for (size_t i = 0; c->targets != NULL && i < c->n; i++)
-    free(c->targets[i].path);
-  free(c->targets);
-  free(c->m_attempt_last);
-  free(c->state);
-  free(c->m_tokens);
-  free(c->m_latency);
-  free(c->budget);
-  free(c->m_cost);
-  free(c->m_budget_out);
-}
-
-void eg_cfg_unref(eg_cfg_t *cfg) {
-  if (cfg == NULL || --cfg->refs > 0)
-    return;
-  for (size_t i = 0; cfg->budget != NULL && i < cfg->n; i++)
-    budget_unref(cfg->budget[i]);
-  om_fallback_config_free(cfg->routes, cfg->n, &cfg->s);
-  cfg_arrays_free(cfg);
-  free(cfg);
-}
-
-int eg_cfg_build(om_policy_t *p, const eg_cfg_t *prev, eg_cfg_t **out,
-                 char *err, size_t errlen) {
-  eg_cfg_t *c = calloc(1, sizeof *c);
-  size_t n;
-  int rc;
-  if (c == NULL)
-    return OM_ENOMEM;
-  rc = om_fallback_config(p, &c->routes, &c->n, &c->s, err, errlen);
-  if (rc != 0) {
-    free(c);
-    return rc;
-  }
-  n = c->n ? c->n : 1;
-  c->state = calloc(n, sizeof *c->state);
-  c->m_tokens = calloc(n, sizeof *c->m_tokens);
-  c->m_latency = calloc(n, sizeof *c->m_latency);
-  c->budget = calloc(n, sizeof *c->budget);
-  c->m_cost = calloc(n, sizeof *c->m_cost);
-  c->m_budget_out = calloc(n, sizeof *c->m_budget_out);
-  c->targets = calloc(n, sizeof *c->targets);
-  c->m_attempt_last = calloc(n, sizeof *c->m_attempt_last);
-  rc = c->targets == NULL || c->m_attempt_last == NULL || c->state == NULL ||
-               c->m_tokens == NULL || c->m_latency == NULL ||
-               c->budget == NULL || c->m_cost == NULL || c->m_budget_out == NULL
-           ? OM_ENOMEM
-           : 0;
-  for (size_t i = 0; rc == 0 && i < c->n; i++)
-    rc = target_for(&c->routes[i], i, &c->targets[i], err, errlen);
-  c->all_openai = 1;
-  for (size_t i = 0; i < c->n; i++)
-    if (eg_route_is_anthropic(&c->routes[i]))
-      c->all_openai = 0;
-  for (size_t i = 0; rc == 0 && i < c->n; i++)
-    rc = budget_for(c, i, prev);
-  if (rc != 0) {
-    for (size_t i = 0; c->budget != NULL && i < c->n; i++)
-      budget_unref(c->budget[i]);
-    om_fallback_config_free(c->routes, c->n, &c->s);
-    cfg_arrays_free(c);
-    free(c);
-    return rc;
-  }
-  for (size_t i = 0; prev != NULL && i < c->n; i++)
-    for (size_t k = 0; k < prev->n; k++)
-      if (strcmp(prev->routes[k].name, c->routes[i].name) == 0)
-        c->state[i] = prev->state[k];
-  c->refs = 1;
-  *out = c;
-  return 0;
 }
 
 /* ---- routes -------------------------------------------------------------- */
@@ -278,164 +127,11 @@ static int pick_route(eg_call_t *c, int *has_later) {
 static void start_attempt(eg_call_t *c);
 static void finish(eg_call_t *c, int ok);
 
-static void text_append(eg_call_t *c, const char *s, size_t n) {
-  if (c->text_len + n + 1 > c->text_cap) {
-    size_t cap = (c->text_len + n + 1) * 2;
-    char *nb = realloc(c->text, cap);
-    if (nb == NULL)
-      return;
-    c->text = nb;
-    c->text_cap = cap;
-  }
-  memcpy(c->text + c->text_len, s, n);
-  c->text_len += n;
-  c->text[c->text_len] = '\0';
-}
-
-void eg_call_content(eg_call_t *c, const char *s, size_t n) {
-  if (n == 0)
-    return;
-  if (!c->committed) {
-    c->committed = 1;
-    if (c->hooks.commit)
-      c->hooks.commit(c->ud, c);
-  }
-  text_append(c, s, n);
-  if (c->hooks.delta)
-    c->hooks.delta(c->ud, c, s, n);
-}
-
-/* Tool-call deltas count as first content: the stream commits on them. */
-void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls) {
-  if (!c->committed) {
-    c->committed = 1;
-    if (c->hooks.commit)
-      c->hooks.commit(c->ud, c);
-  }
-  if (c->hooks.tool_delta)
-    c->hooks.tool_delta(c->ud, c, tool_calls);
-}
-
 /* The caller's request as a tree: parsed from its body on first need. */
 static json_t *call_request(eg_call_t *c) {
   if (c->request == NULL && c->raw != NULL)
     c->request = json_loadb(c->raw, c->raw_len, 0, NULL);
   return c->request;
-}
-
-int eg_call_relaying(const eg_call_t *c) {
-  return c->hooks.raw != NULL &&
-         !eg_route_is_anthropic(&c->cfg->routes[c->cur]);
-}
-
-/* One event of a relayed stream: held until the commit (an event with
- * content or tool calls), then the held ones and it go to the raw hook. */
-static void relay_event(eg_call_t *c, const char *d, size_t n, int commits) {
-  if (!c->committed && !commits) {
-    size_t need = c->held_len + sizeof n + n;
-    if (need > EG_MAX_BODY)
-      return; /* a provider sending empty chunks without end: not kept */
-    if (need > c->held_cap) {
-      size_t cap = need * 2;
-      char *nb = realloc(c->held, cap);
-      if (nb == NULL)
-        return;
-      c->held = nb;
-      c->held_cap = cap;
-    }
-    memcpy(c->held + c->held_len, &n, sizeof n);
-    memcpy(c->held + c->held_len + sizeof n, d, n);
-    c->held_len = need;
-    return;
-  }
-  if (!c->committed) {
-    c->committed = 1;
-    if (c->hooks.commit)
-      c->hooks.commit(c->ud, c);
-    for (size_t off = 0; off + sizeof n <= c->held_len;) {
-      size_t len;
-      memcpy(&len, c->held + off, sizeof len);
-      c->hooks.raw(c->ud, c, c->held + off + sizeof len, len);
-      off += sizeof len + len;
-    }
-    c->held_len = 0;
-  }
-  c->hooks.raw(c->ud, c, d, n);
-}
-
-/* One chunk of an OpenAI stream read from its facts, the way the jansson
- * path below reads it. 0 when it could not be (the scanner was not sure,
- * or tool calls must go to the tool_delta hook as JSON): jansson then. */
-static int openai_chunk_fast(eg_call_t *c, const char *d, size_t n) {
-  eg_facts_t f;
-  if (eg_facts_scan(d, n, 1, &f, &c->scratch, &c->scratch_cap) != 0 ||
-      (f.n_tools > 0 && !eg_call_relaying(c)))
-    return 0;
-  if (f.error) {
-    c->stream_done = -1;
-  } else if (eg_call_relaying(c)) {
-    if (!f.has_usage_key || c->include_usage || f.n_choices > 0)
-      relay_event(c, d, n, f.content_len > 0 || f.n_tools > 0);
-    if (f.has_content)
-      text_append(c, f.content, f.content_len);
-  } else if (f.has_content) {
-    eg_call_content(c, f.content, f.content_len);
-  }
-  if (f.has_finish)
-    snprintf(c->finish, sizeof c->finish, "%s", f.finish);
-  eg_facts_usage(&f, &c->usage);
-  return 1;
-}
-
-static int on_sse_event(void *ud, const om_sse_event_t *ev) {
-  eg_call_t *c = ud;
-  json_t *j;
-  const om_route_t *r = &c->cfg->routes[c->cur];
-  if (!eg_route_is_anthropic(r) && ev->data_len == 6 &&
-      memcmp(ev->data, "[DONE]", 6) == 0) {
-    c->stream_done = 1;
-    return 0;
-  }
-  if (!eg_route_is_anthropic(r) && openai_chunk_fast(c, ev->data, ev->data_len))
-    return 0;
-  j = json_loadb(ev->data, ev->data_len, 0, NULL);
-  if (j == NULL)
-    return 0;
-  if (eg_route_is_anthropic(r)) {
-    eg_anthropic_sse_event(c, j);
-  } else {
-    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-    json_t *delta = json_object_get(ch, "delta");
-    json_t *tools = json_object_get(delta, "tool_calls");
-    const char *t = json_string_value(json_object_get(delta, "content"));
-    const char *f = json_string_value(json_object_get(ch, "finish_reason"));
-    json_t *usage = json_object_get(j, "usage");
-    int has_tools = json_is_array(tools) && json_array_size(tools) > 0;
-    if (json_object_get(j, "error") != NULL) {
-      c->stream_done = -1;
-    } else if (eg_call_relaying(c)) {
-      /* the usage chunk (choices []) the gateway asked for itself is
-       * not the caller's */
-      if (usage == NULL || c->include_usage ||
-          json_array_size(json_object_get(j, "choices")) > 0)
-        relay_event(c, ev->data, ev->data_len, (t && *t) || has_tools);
-      if (t)
-        text_append(c, t, strlen(t));
-    } else {
-      if (t)
-        eg_call_content(c, t, strlen(t));
-      /* passed through as the provider sent them (OpenAI chat completions
-       * streaming: choices[].delta.tool_calls) */
-      if (has_tools)
-        eg_call_tool_calls(c, tools);
-    }
-    if (f)
-      snprintf(c->finish, sizeof c->finish, "%s", f);
-    /* the final chunk of stream_options.include_usage: choices [] */
-    eg_usage_from_openai(usage, &c->usage);
-  }
-  json_decref(j);
-  return 0;
 }
 
 static void stop_timer(eg_call_t *c) {
@@ -478,7 +174,7 @@ static void attempt_broken(eg_call_t *c, const char *detail);
 static void up_on_body(void *ud, const char *buf, size_t n) {
   eg_call_t *c = ud;
   if (c->stream && c->status >= 200 && c->status < 300 && c->sse != NULL) {
-    if (om_sse_parser_feed(c->sse, buf, n, on_sse_event, c) != 0)
+    if (om_sse_parser_feed(c->sse, buf, n, eg_call_sse_event, c) != 0)
       attempt_broken(c, "the provider's event stream is malformed");
     else if (c->committed && c->up != NULL && c->hooks.backed_up != NULL &&
              c->hooks.backed_up(c->ud, c) && om_upstream_pause(c->up) == 0)
@@ -926,7 +622,7 @@ static int openai_completion_fast(eg_call_t *c, om_egress_outcome_t *o) {
     c->body = NULL;
     c->body_len = c->body_cap = 0;
     c->text_len = 0;
-    text_append(c, f.content, f.content_len);
+    eg_call_text_append(c, f.content, f.content_len);
     eg_facts_usage(&f, &c->usage);
   }
   return 1;
@@ -1038,7 +734,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
       }
       c->text_len = 0;
       if (t)
-        text_append(c, t, strlen(t));
+        eg_call_text_append(c, t, strlen(t));
     }
   } else {
     json_t *e = json_object_get(j, "error");

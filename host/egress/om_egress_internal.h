@@ -2,8 +2,10 @@
  * om_egress_internal.h: what the gateway's files share (not public).
  *
  * om_egress_call.c runs Layer A for one request: the route order from the
- * fallback policy, attempts over om_upstream (both provider kinds, JSON
- * and SSE; om_egress_names.c resolves routes named by host), classification and
+ * fallback policy (a version of it: om_egress_cfg.c), attempts over
+ * om_upstream (both provider kinds, JSON and SSE; om_egress_stream.c
+ * reads a stream's events, om_egress_names.c resolves routes named by
+ * host), classification and
  * the deadline rule from core/om_egress_rules.h, route cooldown, the in-attempt
  * tool-call repair, and the streaming hold. om_egress.c is the server:
  * /v1/chat/completions (and the plumbing om_egress_messages.c and
@@ -29,6 +31,9 @@
 #include "om_retry.h"
 #include "om_rng.h"
 #include "om_upstream.h"
+
+/* Nanoseconds per millisecond: the policy speaks ms, the clocks ns. */
+#define MS UINT64_C(1000000)
 
 /* A route's retry budget (core/om_retry.h, in the route's unit): shared
  * by the configs of every policy version that gives the route the same
@@ -351,6 +356,11 @@ void eg_call_content(eg_call_t *c, const char *s, size_t n);
 void eg_call_tool_calls(eg_call_t *c, json_t *tool_calls);
 /* 1 when the current route's stream goes to the raw hook. */
 int eg_call_relaying(const eg_call_t *c);
+/* Append to the assistant content the call keeps (c->text). */
+void eg_call_text_append(eg_call_t *c, const char *s, size_t n);
+/* The attempt's SSE parser callback (om_sse.h): one provider event. */
+struct om_sse_event_s;
+int eg_call_sse_event(void *ud, const struct om_sse_event_s *ev);
 
 /* ---- om_egress_facts.c (docs/EGRESS.md "Pass-through") ------------------ */
 

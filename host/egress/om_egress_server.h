@@ -12,7 +12,6 @@
 #include "om_egress_internal.h"
 #include "om_list.h"
 
-#define MS UINT64_C(1000000)
 #define MAX_CHANNELS 64
 
 #define TURN_OF(node) OM_LIST_ENTRY(node, turn_t, link)
@@ -202,7 +201,14 @@ void eg_track_error(om_egress_t *g, turn_t *t, const eg_call_t *c,
 
 /* ---- om_egress_turns.c, for the server ---- */
 
-/* ---- om_egress_messages.c, om_egress_responses.c ---- */
+/* ---- om_egress_chat.c, om_egress_messages.c, om_egress_responses.c ---- */
+
+/* POST /v1/chat/completions (OpenAI chat API). */
+void eg_handle_chat(struct om_egress_s *g, om_http_request_t *req);
+/* One SSE event ("event: E" when event is not NULL, then "data: D"), one
+ * chunk on the wire when it fits 4 KiB. */
+void eg_sse_event(om_http_request_t *req, const char *event, const char *data,
+                  size_t len);
 
 /* POST /v1/messages (Anthropic Messages API). */
 void eg_handle_messages(struct om_egress_s *g, om_http_request_t *req);
