@@ -22,7 +22,9 @@
 # one connection for OM_BENCH_DURATION s (JSON; then streamed, where the
 # contender streams), and wrk -c50 for the throughput. Added latency is a
 # contender's p50 (p99) minus direct's in the same round, the median over
-# rounds; a ratio is the median of per-round ratios. RSS is read from
+# rounds; a ratio is the median of per-round ratios. The gateway's own
+# time per call (openmesh_egress_overhead_seconds, its mean over each of
+# its three runs of a round) is read from its /metrics. RSS is read from
 # /proc after the runs. Portkey's calls are checked to reach the provider
 # (its /_count grows by what the client counted).
 #
@@ -179,6 +181,22 @@ rps() {
   awk '/^Requests\/sec:/ { print $2 }' <<<"$out"
 }
 
+# own_time: "COUNT SUM" of the gateway's openmesh_egress_overhead_seconds
+# {api="chat"} (its own time per call: docs/EGRESS.md "The gateway's own
+# time")
+own_time() {
+  curl -sS "http://127.0.0.1:${port_of[openmesh]}/metrics" | awk '
+    /^openmesh_egress_overhead_seconds_count\{api="chat"\}/ { n = $2 }
+    /^openmesh_egress_overhead_seconds_sum\{api="chat"\}/ { s = $2 }
+    END { print n + 0, s + 0 }'
+}
+
+# own_mean N0 S0 N1 S1: the mean own time in us of the calls in between
+own_mean() {
+  awk -v n0="$1" -v s0="$2" -v n1="$3" -v s1="$4" \
+    'BEGIN { printf "%.2f\n", (n1 > n0) ? (s1 - s0) / (n1 - n0) * 1e6 : 0 }'
+}
+
 rss_mb() {
   awk '/^VmRSS:/ { printf "%.1f\n", $2 / 1024 }' "/proc/$1/status"
 }
@@ -209,11 +227,20 @@ for r in $(seq "$rounds"); do
   declare -A p50=() p99=() ttft=() tput=()
   for i in 0 1 2 3 4; do
     c=${contenders[$(((i + r) % 5))]}
+    [ "$c" != openmesh ] || read -r on0 os0 < <(own_time)
     read -r p50[$c] p99[$c] _ _ < <(client "$c" json)
+    [ "$c" != openmesh ] || read -r on1 os1 < <(own_time)
     if [ "$c" != portkey ] || [ "$pk_streams" = 1 ]; then
       read -r _ _ ttft[$c] _ < <(client "$c" stream)
     fi
+    [ "$c" != openmesh ] || read -r on2 os2 < <(own_time)
     [ "$c" = direct_b ] || [ "$c" = hop ] || tput[$c]=$(rps "$c")
+    if [ "$c" = openmesh ]; then
+      read -r on3 os3 < <(own_time)
+      own_mean "$on0" "$os0" "$on1" "$os1" >>"$tmp/own.c1"
+      own_mean "$on1" "$os1" "$on2" "$os2" >>"$tmp/own.stream"
+      own_mean "$on2" "$os2" "$on3" "$os3" >>"$tmp/own.c50"
+    fi
     log "round $r: $c p50 ${p50[$c]} us, p99 ${p99[$c]} us, ttft p50 ${ttft[$c]:--} us, ${tput[$c]:--} req/s"
   done
   for c in openmesh portkey hop direct_b; do
@@ -255,6 +282,12 @@ read -r m lo hi < <(med <"$tmp/over_hop50")
 echo "egress_p50_over_hop_us_c1 $m us (the gateway's own share; min $lo, max $hi)"
 read -r m lo hi < <(med <"$tmp/over_hop_ttft")
 echo "egress_ttft_over_hop_us $m us (min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/own.c1")
+echo "egress_own_time_mean_us_c1 $m us (openmesh_egress_overhead_seconds, JSON at one connection; min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/own.stream")
+echo "egress_own_time_mean_us_stream $m us (a whole streamed call, every event relayed; min $lo, max $hi)"
+read -r m lo hi < <(med <"$tmp/own.c50")
+echo "egress_own_time_mean_us_c50 $m us (JSON at 50 connections; min $lo, max $hi)"
 read -r m _ _ < <(med <"$tmp/add50.portkey")
 echo "portkey_added_p50_us_c1 $m us"
 read -r m _ _ < <(med <"$tmp/add99.portkey")

@@ -486,6 +486,7 @@ int eg_chat_run(om_egress_t *g, om_http_request_t *req, eg_api_t api,
   o.context = "interactive";
   o.why = refused;
   o.why_len = sizeof refused;
+  o.received_ns = g->srv->dispatch_ns;
   {
     eg_hooks_t h = *hooks; /* every inbound API's streams alike */
     h.backed_up = chat_backed_up;
@@ -539,6 +540,7 @@ static void chat_fail(chat_t *ch, eg_call_t *c) {
 void eg_chat_finish(chat_t *ch, eg_call_t *c,
                     void (*stream_end)(chat_t *ch, eg_call_t *c),
                     json_t *(*whole)(chat_t *ch, eg_call_t *c)) {
+  om_egress_t *g = ch->g;
   om_http_request_t *req = ch->req;
   chat_track(ch, c);
   if (req != NULL) {
@@ -556,6 +558,8 @@ void eg_chat_finish(chat_t *ch, eg_call_t *c,
     } else {
       chat_fail(ch, c);
     }
+    om_metric_observe(g->srv->m_overhead[ch->api],
+                      (double)eg_call_overhead_ns(c, eg_now_ns()) / 1e9);
   }
   ch->req = NULL;
   chat_release(ch, c);
@@ -756,6 +760,7 @@ static void handle_models(om_egress_t *g, om_http_request_t *req) {
 
 static void on_request(om_http_request_t *req, void *ud) {
   om_egress_t *g = ud;
+  g->srv->dispatch_ns = eg_now_ns();
   int post = req->method_len == 4 && memcmp(req->method, "POST", 4) == 0;
   int get = req->method_len == 3 && memcmp(req->method, "GET", 3) == 0;
 #define PATH_IS(p)                                                             \
@@ -965,6 +970,20 @@ static void register_metrics(om_egress_t *g) {
           "Inbound requests refused as invalid (a field of the wrong type, "
           "unknown, or over its limit), by API.",
           labels);
+    }
+    /* the gateway's own time per answered call (eg_call_overhead_ns):
+     * tens of microseconds when well, so the buckets start at 10 us */
+    static const double ob[] = {0.00001, 0.000025, 0.00005, 0.0001,
+                                0.00025, 0.0005,   0.001,   0.0025,
+                                0.005,   0.01,     0.05};
+    for (int i = 0; i < 3; i++) {
+      snprintf(labels, sizeof labels, "api=\"%s\"", apis[i]);
+      s->m_overhead[i] = om_metrics_histogram(
+          m, "openmesh_egress_overhead_seconds",
+          "The gateway's own time per answered call, by inbound API: from "
+          "the request to its answer, less the time spent waiting on "
+          "providers, name lookups and backoffs.",
+          labels, ob, sizeof ob / sizeof ob[0]);
     }
   }
   if (s->errors != NULL) {

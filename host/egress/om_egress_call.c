@@ -141,6 +141,32 @@ static void stop_timer(eg_call_t *c) {
   }
 }
 
+/*
+ * The call's own time (eg_call_overhead_ns): away() when it hands the
+ * attempt to a provider, a name lookup or a backoff timer, back() when
+ * one of its callbacks runs. Both are idempotent: a callback that starts
+ * the next attempt leaves the call away.
+ */
+static void away(eg_call_t *c) {
+  if (c->away_since_ns == 0)
+    c->away_since_ns = eg_now_ns();
+}
+
+static void back(eg_call_t *c) {
+  if (c->away_since_ns != 0) {
+    c->away_ns += eg_now_ns() - c->away_since_ns;
+    c->away_since_ns = 0;
+  }
+}
+
+uint64_t eg_call_overhead_ns(const eg_call_t *c, uint64_t now) {
+  uint64_t gone = c->away_ns;
+  uint64_t total = now > c->received_ns ? now - c->received_ns : 0;
+  if (c->away_since_ns != 0 && now > c->away_since_ns)
+    gone += now - c->away_since_ns;
+  return total > gone ? total - gone : 0;
+}
+
 /* The response head: its status and what it says about retrying. */
 static int up_on_headers(void *ud, const om_upstream_response_t *resp) {
   eg_call_t *c = ud;
@@ -169,10 +195,20 @@ static int up_on_headers(void *ud, const om_upstream_response_t *resp) {
   return 0;
 }
 
-static void attempt_broken(eg_call_t *c, const char *detail);
+static void on_body(eg_call_t *c, const char *buf, size_t n);
 
+/* A part of the answer: the call's own time while it is handled. */
 static void up_on_body(void *ud, const char *buf, size_t n) {
   eg_call_t *c = ud;
+  back(c);
+  on_body(c, buf, n);
+  if (c->up != NULL)
+    away(c); /* the exchange goes on (an attempt broken here released it) */
+}
+
+static void attempt_broken(eg_call_t *c, const char *detail);
+
+static void on_body(eg_call_t *c, const char *buf, size_t n) {
   if (c->stream && c->status >= 200 && c->status < 300 && c->sse != NULL) {
     if (om_sse_parser_feed(c->sse, buf, n, eg_call_sse_event, c) != 0)
       attempt_broken(c, "the provider's event stream is malformed");
@@ -495,6 +531,7 @@ static void record_usage(eg_call_t *c) {
 static void on_wait_done(uv_timer_t *t) {
   eg_call_t *c = t->data;
   c->timer_active = 0;
+  back(c);
   start_attempt(c);
 }
 
@@ -539,6 +576,7 @@ static void after_failure(eg_call_t *c, const om_egress_verdict_t *v) {
     start_attempt(c);
   } else {
     c->timer_active = 1;
+    away(c);
     uv_timer_start(&c->timer, on_wait_done, (st.wait_ns + MS - 1) / MS, 0);
   }
 }
@@ -636,6 +674,7 @@ static void on_done(void *ud, const om_upstream_result_t *res) {
   json_t *j = NULL, *comp = NULL;
   const om_route_t *r = &c->cfg->routes[c->cur];
   const eg_target_t *tg = &c->cfg->targets[c->cur];
+  back(c);
   c->up = NULL; /* released when this returns */
   memset(&o, 0, sizeof o);
   if (tg->named && res->fail == OM_UPSTREAM_FAIL_CONNECT &&
@@ -779,6 +818,7 @@ static void attempt_broken(eg_call_t *c, const char *detail) {
 static void on_name(eg_name_wait_t *w) {
   eg_call_t *c = OM_LIST_ENTRY(w, eg_call_t, wait);
   c->waiting = 0;
+  back(c);
   if (send_now(c) != 0) {
     om_egress_outcome_t o = {.transport = OM_EGRESS_T_REFUSED};
     release_attempt(c);
@@ -806,6 +846,7 @@ static int send_now(eg_call_t *c) {
     rc = eg_name_get(c->g, tg->host, tg->port, c->addr_nth, &t, &c->wait, &why);
     if (rc == 1) {
       c->waiting = 1;
+      away(c);
       return 0;
     }
     if (rc != 0) {
@@ -831,7 +872,9 @@ static int send_now(eg_call_t *c) {
   c->status = 0;
   c->retry_after[0] = c->retry_after_ms[0] = c->x_should_retry[0] = '\0';
   rc = om_upstream_send(c->g->pool, &t, &q, &cb, c, &c->up);
-  if (rc != 0)
+  if (rc == 0)
+    away(c);
+  else
     snprintf(c->cause_name, sizeof c->cause_name,
              "the provider call could not start (%s)", om_strerror(rc));
   return rc;
@@ -1091,6 +1134,9 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
   if (c->max_attempts == 0)
     c->max_attempts = 1;
   c->started_ns = eg_now_ns();
+  c->received_ns = o->received_ns != 0 && o->received_ns <= c->started_ns
+                       ? o->received_ns
+                       : c->started_ns;
   deadline_ms = o->deadline_ms ? o->deadline_ms : c->cfg->s.deadline_ms;
   c->deadline = om_deadline_after(c->started_ns, deadline_ms * MS);
   uv_timer_init(g->loop, &c->timer);

@@ -227,6 +227,9 @@ typedef struct eg_call_opts_s {
   size_t why_len;
   uint32_t max_attempts; /* 0: the policy's */
   uint64_t deadline_ms;  /* 0: the policy's */
+  /* when the caller's request was handed to the gateway (eg_now_ns), the
+   * start of the call's overhead; 0: when the call starts */
+  uint64_t received_ns;
 } eg_call_opts_t;
 
 struct eg_call_s {
@@ -245,6 +248,11 @@ struct eg_call_s {
   uint32_t max_attempts;
   om_deadline_t deadline;
   uint64_t started_ns;
+  /* The gateway's own time (eg_call_overhead_ns): since received_ns, less
+   * the time away: a provider exchange in flight outside the call's
+   * callbacks, a name lookup, a backoff wait. away_since_ns: 0 while the
+   * call's own code runs. */
+  uint64_t received_ns, away_ns, away_since_ns;
   /* routes */
   unsigned char *done_route; /* per cfg route: abandoned */
   size_t cur;                /* current route index */
@@ -329,6 +337,10 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
  * the field that cannot be translated (eg_call_start refuses such a
  * request the same way). */
 int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len);
+/* What the call has cost the gateway itself up to now: its time since
+ * the request was received, less the time it was waiting on a provider, a
+ * name lookup or a backoff (docs/EGRESS.md "The gateway's overhead"). */
+uint64_t eg_call_overhead_ns(const eg_call_t *c, uint64_t now);
 /* Read the provider again after the backed_up hook said stop. */
 void eg_call_resume(eg_call_t *c);
 /* Stop a call without running its done hook (the client went away). */

@@ -100,6 +100,11 @@ typedef struct eg_server_s {
       *m_reload_failed, *m_deliver_failed, *m_review;
   /* openmesh_egress_requests_refused_total{api}: by eg_api_t */
   om_metric_t *m_refused[3];
+  /* openmesh_egress_overhead_seconds{api}: by eg_api_t */
+  om_metric_t *m_overhead[3];
+  /* when the request being dispatched reached on_request (eg_now_ns):
+   * valid while its handler runs */
+  uint64_t dispatch_ns;
 } eg_server_t;
 
 /* ---- om_egress.c, for the turns and the inbound APIs ---- */

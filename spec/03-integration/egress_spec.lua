@@ -1530,6 +1530,60 @@ return {
     end)
   end)
 
+  describe("the gateway's own time (openmesh_egress_overhead_seconds)", function()
+    -- the count and sum of one API's series
+    local function overhead(api)
+      local _, text = H.request(dir, "GET", gw.url .. "/metrics")
+      local sel = ('{api="' .. api .. '"} '):gsub("%p", "%%%0")
+      local n = text:match("openmesh_egress_overhead_seconds_count" .. sel .. "(%S+)")
+      local s = text:match("openmesh_egress_overhead_seconds_sum" .. sel .. "(%S+)")
+      assert.is_not_nil(n, "no overhead series for api " .. api)
+      return tonumber(n), tonumber(s)
+    end
+
+    it("has a series per inbound API", function()
+      for _, api in ipairs({ "chat", "messages", "responses" }) do
+        local n = overhead(api)
+        assert.is_true(n >= 0)
+      end
+    end)
+
+    it("counts its own time, not the provider's answer or the backoff before a retry", function()
+      local n0, s0 = overhead("chat")
+      -- a 503 asking for 150 ms, then an answer 300 ms late: the call
+      -- takes more than 450 ms, of which the gateway's own is a sliver
+      script("t55_a", { "503:ram=150", "ok:delay=300" })
+      local st, _, elapsed = chat("t55_solo")
+      assert.equals(200, st)
+      assert.equals(2, counts().t55_a)
+      assert.is_true(elapsed > 0.45, "the call took " .. elapsed .. " s")
+      local n1, s1 = overhead("chat")
+      assert.equals(n0 + 1, n1)
+      local own = s1 - s0
+      assert.is_true(own > 0 and own < 0.05,
+        string.format("own time %.6f s of a %.3f s call", own, elapsed))
+    end)
+
+    it("counts a stream's relay, not the provider's wait", function()
+      local n0, s0 = overhead("chat")
+      script("t56_a", { "ok:delay=250:repeat=200" })
+      local t0 = H.now()
+      local st, body = H.request(dir, "POST", gw.url .. "/v1/chat/completions", {
+        body = cjson.encode({ model = "any", stream = true,
+          messages = { { role = "user", content = "Where is my order?" } } }),
+        headers = { "x-openmesh-agent: t56_solo" }, max_time = 10 })
+      local elapsed = H.now() - t0
+      assert.equals(200, st)
+      assert.matches("data: [DONE]", body, 1, true)
+      assert.is_true(elapsed > 0.25, "the call took " .. elapsed .. " s")
+      local n1, s1 = overhead("chat")
+      assert.equals(n0 + 1, n1)
+      local own = s1 - s0
+      assert.is_true(own > 0 and own < 0.1,
+        string.format("own time %.6f s of a %.3f s call", own, elapsed))
+    end)
+  end)
+
   describe("the randomized fault campaign", function()
     it("1,000 turns: the user channel never receives an error string, nothing twice", function()
       local cdir = dir .. "/campaign"
