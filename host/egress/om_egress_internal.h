@@ -339,7 +339,7 @@ int eg_call_start(om_egress_t *g, const eg_call_opts_t *o,
 int eg_call_check(om_egress_t *g, json_t *request, char *why, size_t why_len);
 /* What the call has cost the gateway itself up to now: its time since
  * the request was received, less the time it was waiting on a provider, a
- * name lookup or a backoff (docs/EGRESS.md "The gateway's overhead"). */
+ * name lookup or a backoff (docs/EGRESS.md "The gateway's own time"). */
 uint64_t eg_call_overhead_ns(const eg_call_t *c, uint64_t now);
 /* Read the provider again after the backed_up hook said stop. */
 void eg_call_resume(eg_call_t *c);
