@@ -208,13 +208,15 @@ static void new_survives_allocation_failure(void **state) {
 typedef struct {
   int done;
   long status;
-  char body[8192];
+  char body[65536];
 } resp_t;
 
 static void on_resp(void *ud, om_curl_resp_t *r) {
   resp_t *out = ud;
   out->done = 1;
   out->status = r->status;
+  /* a body cut short would hide a line the test looks for: refuse it */
+  assert_true(r->body == NULL || strlen(r->body) < sizeof out->body);
   snprintf(out->body, sizeof out->body, "%s", r->body ? r->body : "");
 }
 
