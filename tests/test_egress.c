@@ -216,7 +216,8 @@ static void on_resp(void *ud, om_curl_resp_t *r) {
   out->done = 1;
   out->status = r->status;
   /* a body cut short would hide a line the test looks for: refuse it */
-  assert_true(r->body == NULL || strlen(r->body) < sizeof out->body);
+  if (r->body != NULL) /* prints the length and the range it missed */
+    assert_in_range(strlen(r->body), 0, sizeof out->body - 1);
   snprintf(out->body, sizeof out->body, "%s", r->body ? r->body : "");
 }
 
