@@ -4,9 +4,11 @@
  * sockets (tests/support/http_test_client.h) and every wait turns the loop.
  * Each test owns its loop and closes it fully (uv_loop_close must succeed).
  */
+#define _DEFAULT_SOURCE /* struct tcp_info */
 #include "om_test.h"
 
 #include <inttypes.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1360,6 +1362,70 @@ static void max_connections_rejects_and_counts(void **state) {
   fx_free(fx);
 }
 
+/* The connections waiting in a listening socket's accept queue (Linux:
+ * TCP_INFO's tcpi_unacked on a listener). */
+static unsigned accept_queue(int lfd) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  memset(&ti, 0, sizeof ti);
+  assert_int_equal(getsockopt(lfd, IPPROTO_TCP, TCP_INFO, &ti, &len), 0);
+  return ti.tcpi_unacked;
+}
+
+/* A server on a socket of its own making (as workers share one), three
+ * connections queued on it before its loop runs: how many one turn of the
+ * loop takes. */
+static uint64_t accepted_in_one_turn(size_t batch) {
+  om_http_server_opts_t o;
+  fx_t *fx = calloc(1, sizeof *fx);
+  htc_t *c[3];
+  char err[128];
+  int lfd;
+  uint64_t t0, n;
+  memset(&o, 0, sizeof o);
+  o.accept_batch = batch;
+  assert_non_null(fx);
+  assert_int_equal(uv_loop_init(&fx->loop), 0);
+  uv_timer_init(&fx->loop, &fx->timer);
+  assert_int_equal(om_http_server_new(&fx->loop, &o, handler, fx, &fx->srv), 0);
+  assert_int_equal(om_http_listen_socket("127.0.0.1", 0, &lfd, err, sizeof err),
+                   0);
+  assert_int_equal(om_http_server_listen_fd(fx->srv, dup(lfd)), 0);
+  fx->port = om_http_server_port(fx->srv);
+  for (int i = 0; i < 3; i++)
+    assert_non_null(c[i] = htc_new("127.0.0.1", fx->port));
+  t0 = htc_now_ms();
+  while (accept_queue(lfd) < 3 && htc_now_ms() - t0 < 2000)
+    uv_sleep(1);
+  assert_int_equal(accept_queue(lfd), 3);
+  uv_run(&fx->loop, UV_RUN_NOWAIT);
+  n = M(fx)->connections_accepted;
+  for (int i = 0; i < 3; i++)
+    htc_free(c[i]);
+  close(lfd);
+  fx_free(fx);
+  return n;
+}
+
+static void accept_batch_is_what_one_turn_takes(void **state) {
+  om_http_server_opts_t o;
+  om_http_server_t *srv = NULL;
+  uv_loop_t loop;
+  (void)state;
+  /* by default a turn drains the queue; workers sharing a socket take one
+   * each, so that a burst spreads over their loops */
+  assert_int_equal(accepted_in_one_turn(0), 3);
+  assert_int_equal(accepted_in_one_turn(1), 1);
+  assert_int_equal(accepted_in_one_turn(2), 2);
+  memset(&o, 0, sizeof o);
+  o.accept_batch = 65;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(om_http_server_new(&loop, &o, handler, NULL, &srv),
+                   OM_EINVAL);
+  assert_null(srv);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* garbage */
 
@@ -1995,6 +2061,7 @@ int main(void) {
       cmocka_unit_test(idle_and_body_timeouts),
       cmocka_unit_test(write_stall_cuts_the_connection),
       cmocka_unit_test(max_connections_rejects_and_counts),
+      cmocka_unit_test(accept_batch_is_what_one_turn_takes),
       cmocka_unit_test(random_garbage_is_refused_and_the_server_lives),
       cmocka_unit_test(streaming_responses),
       cmocka_unit_test(lent_writes_are_released_once),

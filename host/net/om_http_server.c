@@ -150,7 +150,7 @@ const char *om__http_date(om_http_server_t *s) {
  * server stops watching the socket for ACCEPT_PAUSE_MS: the kernel keeps
  * queueing connections, nothing spins.
  */
-#define ACCEPT_BATCH 64     /* connections per readiness event */
+#define ACCEPT_BATCH 64     /* connections per readiness event, by default */
 #define ACCEPT_PAUSE_MS 100 /* when accept cannot make progress */
 #define ACCEPT_LOG_MS 1000  /* at most one pressure log line a second */
 
@@ -333,6 +333,7 @@ static void take_connection(om_http_server_t *s, int fd) {
   c->handles = 2;
   om_list_push_front(&s->conns, &c->link);
   s->m.connections_active++;
+  om__http_publish_open(s);
   if (uv_tcp_open(&c->tcp, fd) != 0) {
     close(fd);
     om__http_conn_close(c, 0);
@@ -373,10 +374,11 @@ static void on_acceptable(uv_poll_t *h, int status, int events) {
     accept_pause(s);
     return;
   }
-  for (int i = 0; i < ACCEPT_BATCH && !s->closing; i++) {
+  for (size_t i = 0; i < s->o.accept_batch && !s->closing; i++) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), rc;
     if (fd >= 0) {
-      take_connection(s, fd);
+      if (s->o.on_accept == NULL || !s->o.on_accept(s, fd, s->o.on_accept_ud))
+        take_connection(s, fd);
       continue;
     }
     if (errno == EINTR || errno == ECONNABORTED)
@@ -398,6 +400,14 @@ static void on_acceptable(uv_poll_t *h, int status, int events) {
     accept_pause(s); /* never spin on a socket we cannot drain */
     return;
   }
+}
+
+void om_http_server_adopt(om_http_server_t *s, int fd) {
+  if (s == NULL) {
+    close(fd);
+    return;
+  }
+  take_connection(s, fd);
 }
 
 /* ------------------------------------------------------------------ */
@@ -443,6 +453,10 @@ int om_http_server_new(uv_loop_t *loop, const om_http_server_opts_t *opts,
     return OM_EINVAL;
   if (o.max_pipelined == 0)
     o.max_pipelined = DEF_MAX_PIPELINED;
+  if (o.accept_batch == 0)
+    o.accept_batch = ACCEPT_BATCH;
+  if (o.accept_batch > ACCEPT_BATCH)
+    return OM_EINVAL;
   if (o.http2 && !o.stream_bodies)
     return OM_EINVAL;
   s = calloc(1, sizeof *s);

@@ -258,6 +258,25 @@ typedef struct om_http_server_opts_s {
    * request with version_major 2, served through the same functions as
    * an HTTP/1.1 request. Zero: such a preface is answered 505. */
   int http2;
+  /* Connections taken per readiness of the listening socket. Default 64.
+   * Servers on several loops sharing one socket (om_http_listen_socket)
+   * want 1, as nginx takes one without multi_accept: every loop's poll
+   * wakes, the first to run takes one and returns to its loop, and the
+   * others take the next ones, so a burst of connections (a client
+   * opening its pool) spreads over the loops instead of going whole to
+   * the first loop awake, and a busy loop, whose turns are longer, takes
+   * fewer than an idle one. At most 64. */
+  size_t accept_batch;
+  /* Servers on several loops sharing one socket (workers), to keep their
+   * connections level. Non-NULL open_count: the server keeps it at its
+   * open connections (relaxed atomic stores, for any thread to read;
+   * borrowed: it must outlive the server). Non-NULL on_accept: called
+   * with every connection accepted, before the server takes it; nonzero
+   * means the callee took fd (handed it to another server's loop, which
+   * calls om_http_server_adopt), zero that this server takes it. */
+  _Atomic uint32_t *open_count;
+  int (*on_accept)(om_http_server_t *srv, int fd, void *ud);
+  void *on_accept_ud;
 } om_http_server_opts_t;
 
 /*
@@ -405,6 +424,15 @@ int om_http_listen_socket(const char *host, int port, int *fd, char *err,
  * from the call on, even on error (then closed): never close it after.
  */
 int om_http_server_listen_fd(om_http_server_t *srv, int fd);
+
+/*
+ * om_http_server_adopt: serve fd, a connection another server of the same
+ * socket accepted (opts.on_accept), as if this server had accepted it:
+ * counted in connections_accepted, subject to max_connections (a 503 over
+ * it) and answered 503 while closing. Call on the server's loop; fd is
+ * the server's from the call on.
+ */
+void om_http_server_adopt(om_http_server_t *srv, int fd);
 
 /* The bound port, or OM_ESTATE when not listening. */
 int om_http_server_port(const om_http_server_t *srv);

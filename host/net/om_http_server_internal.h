@@ -10,6 +10,7 @@
 #ifndef OM_HTTP_SERVER_INTERNAL_H
 #define OM_HTTP_SERVER_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -421,5 +422,13 @@ void om__http2_body_resume(om_http_request_t *req);
 int om__http_conn_send(conn_t *c, const uv_buf_t *bufs, unsigned nb);
 /* Have c's session pumped at the end of this loop turn. */
 void om__http_conn_mark_dirty(conn_t *c);
+
+/* Keep opts.open_count, when set, at the open connections (workers read
+ * it from their threads to keep their shares level). */
+static inline void om__http_publish_open(om_http_server_t *s) {
+  if (s->o.open_count != NULL)
+    atomic_store_explicit(s->o.open_count, (uint32_t)s->m.connections_active,
+                          memory_order_relaxed);
+}
 
 #endif /* OM_HTTP_SERVER_INTERNAL_H */

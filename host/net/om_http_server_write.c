@@ -453,6 +453,7 @@ static void on_conn_handle_closed(uv_handle_t *h) {
   om_list_remove(&c->link);
   om__http_unreserve(c);
   s->m.connections_active--;
+  om__http_publish_open(s);
   ob_release(c);
   if (c->tls != NULL)
     om__http_tls_free(c);

@@ -908,6 +908,8 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
    * the caller set one) */
   so.stream_bodies = 1;
   so.http2 = 1; /* h2c prior knowledge, h2 by ALPN (docs/PROXY.md) */
+  if (p->opts.workers > 1 && so.accept_batch == 0)
+    so.accept_batch = 1; /* the workers share one socket: spread a burst */
   p->opts.server = so;
   p->own_metrics = opts->metrics == NULL;
   p->metrics = opts->metrics != NULL ? opts->metrics : om_metrics_new();

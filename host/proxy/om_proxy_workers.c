@@ -11,9 +11,20 @@
  * a worker whose thread has ended. A worker that has finished refuses
  * mail (under its mutex), and the sender handles the message itself, so
  * nothing posted is ever lost or leaked.
+ *
+ * Connections are kept level: every worker's server publishes its open
+ * connections (open), and a worker that accepts a connection while
+ * another has fewer (counting those handed to it and not yet taken,
+ * pending) hands it over (M_ADOPT). The shared socket lets the loop that
+ * is awake take the next connection, and the loop that is awake is the
+ * one already running: left alone, a client opening its pool of 32 at
+ * once gave one worker 29 and the other 4 in one try of eight, and that
+ * worker's core capped the process. Only the accept crosses threads; a
+ * connection's requests stay on the loop that took it.
  */
 #include "om_proxy_workers.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +40,7 @@
 #include "om_log.h"
 #include "om_proxy_internal.h"
 
-typedef enum { M_SNAPSHOT, M_RELOAD, M_GATHER, M_CLOSE } msg_kind_t;
+typedef enum { M_SNAPSHOT, M_RELOAD, M_GATHER, M_CLOSE, M_ADOPT } msg_kind_t;
 
 typedef struct gather_s gather_t;
 
@@ -38,6 +49,7 @@ typedef struct msg_s {
   msg_kind_t kind;
   om__proxy_topo_t *topo; /* M_SNAPSHOT: a reference of the message's */
   gather_t *gather;       /* M_GATHER */
+  int fd;                 /* M_ADOPT: a connection another worker accepted */
 } msg_t;
 
 /* One admin request waiting for every worker's part. */
@@ -64,6 +76,8 @@ typedef struct worker_s {
   om_proxy_t *proxy;
   om_http_tls_t *tls;
   int loop_ok, mu_ok, wake_ok, started;
+  _Atomic uint32_t open;    /* the server's open connections (its stores) */
+  _Atomic uint32_t pending; /* handed to this worker, not yet taken */
 } worker_t;
 
 typedef enum { G_NEW, G_RUNNING, G_CLOSING, G_DONE } phase_t;
@@ -136,7 +150,10 @@ static void gather_answer(om_proxy_group_t *g, gather_t *gt, unsigned i,
 static void msg_drop(worker_t *w, msg_t *m) {
   if (m->kind == M_SNAPSHOT)
     om__proxy_topo_unref(m->topo);
-  else if (m->kind == M_GATHER)
+  else if (m->kind == M_ADOPT) {
+    atomic_fetch_sub_explicit(&w->pending, 1, memory_order_relaxed);
+    close(m->fd); /* the process is shutting down: as a closing server */
+  } else if (m->kind == M_GATHER)
     gather_answer(w->g, m->gather, w->index, NULL, 0, NULL, 0);
   free(m);
 }
@@ -151,6 +168,43 @@ static int send_kind(worker_t *w, msg_kind_t kind, om__proxy_topo_t *topo,
   m->gather = gt;
   if (post(w, m) != 0)
     msg_drop(w, m);
+  return 0;
+}
+
+/* A worker's load for leveling: its open connections and those on their
+ * way to it. Any thread. */
+static uint32_t worker_load(worker_t *w) {
+  return atomic_load_explicit(&w->open, memory_order_relaxed) +
+         atomic_load_explicit(&w->pending, memory_order_relaxed);
+}
+
+/* The server's on_accept, on the accepting worker's loop: hand fd to the
+ * worker with the fewest connections when it has fewer than this one
+ * (1: handed over; 0: this worker takes it). A race between two workers'
+ * reads costs a connection one hop too many, never a loop: an adopted
+ * connection is not offered again. */
+static int level_accept(om_http_server_t *srv, int fd, void *ud) {
+  worker_t *w = ud, *best = w;
+  om_proxy_group_t *g = w->g;
+  uint32_t mine = worker_load(w), least = mine;
+  msg_t *m;
+  (void)srv;
+  for (unsigned i = 0; i < g->n; i++) {
+    uint32_t load = worker_load(&g->w[i]);
+    if (load < least) {
+      least = load;
+      best = &g->w[i];
+    }
+  }
+  if (best == w || (m = calloc(1, sizeof *m)) == NULL)
+    return 0;
+  m->kind = M_ADOPT;
+  m->fd = fd;
+  atomic_fetch_add_explicit(&best->pending, 1, memory_order_relaxed);
+  if (post(best, m) == 0)
+    return 1;
+  atomic_fetch_sub_explicit(&best->pending, 1, memory_order_relaxed);
+  free(m);
   return 0;
 }
 
@@ -254,6 +308,10 @@ static void on_wake(uv_async_t *h) {
       break;
     case M_CLOSE:
       (void)om_proxy_close(w->proxy, on_worker_proxy_closed, w);
+      break;
+    case M_ADOPT:
+      atomic_fetch_sub_explicit(&w->pending, 1, memory_order_relaxed);
+      om_http_server_adopt(w->proxy->server, m->fd);
       break;
     }
     free(m);
@@ -778,6 +836,11 @@ int om_proxy_group_new(uv_loop_t *control, const om_proxy_group_opts_t *opts,
       break;
     }
     po.server.tls = w->tls;
+    if (g->n > 1) {
+      po.server.open_count = &w->open;
+      po.server.on_accept = level_accept;
+      po.server.on_accept_ud = w;
+    }
     po.metrics = g->metrics;
     po.circuits = g->circuits;
     po.worker = i;

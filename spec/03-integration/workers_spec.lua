@@ -132,6 +132,48 @@ describe("openmesh proxy --workers", function()
     assert.truthy(ok and ok >= 200, "requests ok: " .. tostring(ok))
   end)
 
+  it("levels a burst of connections opened at once over both workers", function()
+    -- a client opening its pool: 32 connections, every one open before
+    -- the first request; the worker awake first used to take nearly all.
+    -- Each gets an answer (some 503 overloaded: max_inflight is 5).
+    local before = status().worker_connections_accepted
+    local script = dir .. "/burst.py"
+    H.writefile(script, [[
+import socket, sys
+socks = []
+for i in range(32):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", int(sys.argv[1])))
+    except BlockingIOError:
+        pass
+    socks.append(s)
+answered = 0
+for s in socks:
+    s.setblocking(True)
+    s.settimeout(10)
+    s.sendall(b"GET /v1/services/orders HTTP/1.1\r\nHost: orders\r\nConnection: close\r\n\r\n")
+for s in socks:
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    answered += data.startswith(b"HTTP/1.1 ")
+    s.close()
+print("answered", answered)
+]])
+    local out = H.sh("timeout 30 python3 " .. H.q(script) .. " " .. proxy.port .. " 2>&1")
+    assert.matches("answered 32", out, 1, true)
+    local after = status().worker_connections_accepted
+    local a, b = after[1] - before[1], after[2] - before[2]
+    assert.equal(32, a + b)
+    assert.truthy(math.abs(a - b) <= 4,
+      "connections per worker: " .. a .. " and " .. b .. " (at most 4 apart)")
+  end)
+
   it("reloads the policy on every worker on SIGHUP", function()
     H.writefile(dir .. "/traffic.lua", policy(9))
     H.kill(proxy.pid, "HUP")
