@@ -18,7 +18,7 @@
  * pending) hands it over (M_ADOPT). The shared socket lets the loop that
  * is awake take the next connection, and the loop that is awake is the
  * one already running: left alone, a client opening its pool of 32 at
- * once gave one worker 29 and the other 4 in one try of eight, and that
+ * once gave one worker 30 and the other 3 in one try of eight, and that
  * worker's core capped the process. Only the accept crosses threads; a
  * connection's requests stay on the loop that took it.
  */
