@@ -160,6 +160,13 @@ static void handler(om_http_request_t *req, void *ud) {
     om_http_response_start(req, 200, NULL, 0);
     return;
   }
+  if (!req->body_streamed && req->body_len > 0) { /* whole_body_max */
+    char out[128];
+    int k =
+        snprintf(out, sizeof out, "whole:%.*s", (int)req->body_len, req->body);
+    om_http_respond(req, 200, NULL, 0, out, (size_t)k);
+    return;
+  }
   if (!req->body_streamed) {
     om_http_respond(req, 200, NULL, 0, "nobody", 6);
     return;
@@ -192,6 +199,8 @@ static void on_closed(om_http_server_t *srv, void *ud) {
   fx->closed = 1;
 }
 
+static size_t whole_max; /* whole_body_max of the next fx_new only */
+
 static fx_t *fx_new(size_t max_body) {
   om_http_server_opts_t o;
   fx_t *fx = calloc(1, sizeof *fx);
@@ -200,6 +209,8 @@ static fx_t *fx_new(size_t max_body) {
   o.stream_bodies = 1;
   o.max_body_bytes = max_body;
   o.max_header_bytes = 4096;
+  o.whole_body_max = whole_max;
+  whole_max = 0; /* for this fixture only */
   assert_int_equal(uv_loop_init(&fx->loop), 0);
   uv_timer_init(&fx->loop, &fx->timer);
   fx->timer.data = fx;
@@ -283,6 +294,66 @@ static void content_length_body_is_streamed(void **state) {
   assert_int_equal(fx->ended, 1);
   htc_free(c);
   fx_free(fx);
+}
+
+/* whole_body_max: a small Content-Length body that came with its head is
+ * dispatched whole (body_streamed 0, the bytes in body); one still on its
+ * way, one over the bound, and one behind "Expect: 100-continue" are
+ * streamed as before; what follows a whole body is parsed as usual. */
+static void small_complete_body_is_whole(void **state) {
+  static const struct {
+    const char *first, *rest; /* sent apart, a turn of the loop between */
+    int streamed;
+    const char *body;
+  } cases[] = {
+      {"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
+       "helloworld",
+       "", 0, "whole:helloworld"},
+      {"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nhello",
+       "world", 1, "helloworld"},
+      {"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 17\r\n\r\n"
+       "over-the-16-bytes",
+       "", 1, "over-the-16-bytes"},
+      {"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+       "Content-Length: 5\r\n\r\nasked",
+       "", 1, "asked"},
+      {"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "3\r\nabc\r\n0\r\n\r\n",
+       "", 1, "abc"},
+  };
+  size_t i;
+  (void)state;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fx_t *fx;
+    whole_max = 16;
+    fx = fx_new(0);
+    htc_t *c = htc_new("127.0.0.1", fx->port);
+    int j, k;
+    assert_int_equal(htc_sends(&fx->loop, c, cases[i].first), 0);
+    if (cases[i].rest[0] != '\0') {
+      uint64_t t0 = htc_now_ms();
+      while (fx->seen == 0 && htc_now_ms() - t0 < 2000)
+        htc_step(&fx->loop, c, 1);
+      assert_int_equal(htc_sends(&fx->loop, c, cases[i].rest), 0);
+    }
+    assert_int_equal(
+        htc_sends(&fx->loop, c, "GET /n HTTP/1.1\r\nHost: t\r\n\r\n"), 0);
+    /* the Expect case gets its 100 Continue first */
+    j = strstr(cases[i].first, "100-continue") != NULL;
+    k = wait_responses(fx, c, 2 + j, 2000);
+    assert_int_equal(k, 2 + j);
+    if (j)
+      assert_int_equal(R[0].status, 100);
+    assert_int_equal(R[j].status, 200);
+    assert_string_equal(R[j].body, cases[i].body);
+    assert_int_equal(R[j + 1].status, 200);
+    assert_string_equal(R[j + 1].body, "nobody");
+    /* a streamed body ends through on_end, a whole one never does */
+    assert_int_equal(fx->seen, 2);
+    OM_ASSERT_CMP((size_t)fx->ended, ==, (size_t)cases[i].streamed);
+    htc_free(c);
+    fx_free(fx);
+  }
 }
 
 /* The rest of a Content-Length body read by the caller from the lent
@@ -886,6 +957,7 @@ static void held_spans_outlive_a_client_gone_mid_body(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(content_length_body_is_streamed),
+      cmocka_unit_test(small_complete_body_is_whole),
       cmocka_unit_test(a_lent_body_socket_carries_the_rest),
       cmocka_unit_test(a_lent_response_socket_carries_the_rest),
       cmocka_unit_test(chunked_body_is_streamed_and_checked),

@@ -247,6 +247,15 @@ typedef struct om_http_server_opts_s {
    * Zero (the default): the whole body is read before the handler runs,
    * as the control plane and the egress gateway want. */
   int stream_bodies;
+  /* With stream_bodies: a Content-Length body of at most this many bytes
+   * that came complete with its head (one read, the usual case for a
+   * small JSON call) is dispatched whole, as without stream_bodies
+   * (body_streamed 0, body holding its bytes): the holder can send head
+   * and body in one write. A body still on its way, a chunked one and one
+   * behind "Expect: 100-continue" are streamed whatever their size, so
+   * what a holder does at the head (limits, timeouts, the invitation to
+   * send) is unchanged for them. 0 (the default): every body streamed. */
+  size_t whole_body_max;
   /* Non-NULL: HTTPS. Every connection handshakes first (bounded by
    * header_timeout_ms) with this listener TLS (om_http_tls.h: not owned,
    * it must outlive the server). NULL (the default): plaintext. */
@@ -339,7 +348,8 @@ typedef struct om_http_request_s {
   int remote_port;
   void *user; /* the holder's slot; the server never touches it */
   /* With stream_bodies: 1 when the request has a body to be read through
-   * om_http_request_body_start (body is "" then), else 0. */
+   * om_http_request_body_start (body is "" then), else 0 (no body, or a
+   * small one dispatched whole: see whole_body_max). */
   int body_streamed;
   /* A streamed body's Content-Length; -1 when chunked (not known up
    * front); 0 without a body. */

@@ -47,6 +47,10 @@
 #define LINGER_DISCARD_MAX (64u << 20)
 #define DISCARD_MAX (1u << 20) /* bytes dropped after an error before a cut */
 #define READ_MIN 2048u         /* smallest read buffer we hand libuv */
+/* A request's first read: a head and a small body (a 4 KiB JSON call)
+ * in one, so whole_body_max can take the body whole. An idle keep-alive
+ * connection gives its buffer back, so this is per busy connection. */
+#define READ_FIRST 8192u
 #define READ_SLACK (16u * 1024u)
 /* the read buffer while a streamed body flows (freed when the connection
  * is idle again): a 1 GiB upload in 64 KiB reads, not 32 KiB ones */

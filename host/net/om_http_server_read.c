@@ -469,6 +469,15 @@ static int body_append(conn_t *c, req_t *r, const char *p, size_t k) {
   return 0;
 }
 
+/* With stream_bodies: is r's body small enough for whole_body_max and
+ * all of it in the buffer already (its head consumed)? */
+static int whole_now(const conn_t *c, const req_t *r, const head_t *h) {
+  size_t max = c->srv->o.whole_body_max;
+  return max > 0 && !h->chunked && h->cl > 0 && h->cl <= max &&
+         !r->want_continue && !r->upgrade &&
+         c->in_len - c->in_off >= (size_t)h->cl;
+}
+
 /* A complete, valid header section of `len` bytes at the buffer start. */
 static int begin_request(conn_t *c, size_t len) {
   const char *b = c->in + c->in_off;
@@ -509,6 +518,21 @@ static int begin_request(conn_t *c, size_t len) {
     return 0;
   }
   c->ps = P_BODY;
+  if (c->srv->o.stream_bodies && whole_now(c, r, &h)) {
+    /* every byte of a small body is here: copied whole, dispatched as a
+     * complete request (whole_body_max) */
+    int rc = body_append(c, r, c->in + c->in_off, (size_t)h.cl);
+    if (rc != 0) {
+      om__http_req_free(r);
+      om__http_conn_fail(c);
+      return -1;
+    }
+    c->in_off += (size_t)h.cl;
+    c->dec.left = 0;
+    c->ps = P_HEAD;
+    enqueue(c, r);
+    return 0;
+  }
   if (c->srv->o.stream_bodies) {
     /* dispatched at the head; the body is delivered to the holder */
     r->pub.body_streamed = 1;
@@ -783,7 +807,9 @@ void om__http_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     if (c->in_cap - c->in_len < READ_MIN && c->in_cap < maxcap) {
       /* a streamed body goes straight to the largest buffer: a 256 KiB
        * upload in four reads, not in a doubling series of small ones */
-      size_t cap = c->sbody != NULL ? maxcap : c->in_cap ? c->in_cap * 2 : 4096;
+      size_t cap = c->sbody != NULL ? maxcap
+                   : c->in_cap      ? c->in_cap * 2
+                                    : READ_FIRST;
       om_http_body_ref_t *nb;
       if (cap > maxcap)
         cap = maxcap;

@@ -49,6 +49,9 @@
 #define DEF_REPLAY_BUDGET ((size_t)64 << 20)
 #define DEF_HIGH_WATER ((size_t)256 << 10)
 #define DEF_SPLICE_MIN (UINT64_C(1) << 20)
+/* a body this small that came with its head is read whole, not streamed:
+ * head and body go upstream in one write (om_proxy_body.c) */
+#define WHOLE_BODY_MAX ((size_t)16 << 10)
 /* the policy's pool fields are clamped here: the upstream client's
  * ceilings (om_upstream.h), and a request count no connection reaches */
 #define POOL_MAX_IDLE 1000000u
@@ -907,6 +910,7 @@ int om_proxy_new(uv_loop_t *loop, const om_proxy_opts_t *opts, om_proxy_t **out,
    * each service's max_body_bytes (no limit of the server's own unless
    * the caller set one) */
   so.stream_bodies = 1;
+  so.whole_body_max = WHOLE_BODY_MAX;
   so.http2 = 1; /* h2c prior knowledge, h2 by ALPN (docs/PROXY.md) */
   if (p->opts.workers > 1 && so.accept_batch == 0)
     so.accept_batch = 1; /* the workers share one socket: spread a burst */

@@ -28,6 +28,11 @@
  * attempts (a backoff) the client's body is paused and what arrives is
  * held with the replay.
  *
+ * A small body that came complete with its head (up to WHOLE_BODY_MAX,
+ * the server's whole_body_max) is not streamed: the server copies it
+ * into the request, which holds it for every attempt, and the upstream
+ * gets head and body in one write, as nginx sends a buffered body.
+ *
  * Limits: max_body_bytes (0: none) refuses a Content-Length over it at
  * the head (413, before any byte of the body is read) and a body whose
  * running count passes it (the upstream request is cancelled; 413 if
@@ -45,8 +50,11 @@
 #include "om_proxy_internal.h"
 
 int om__proxy_body_too_large(uint64_t max, const om_http_request_t *req) {
-  return req->body_streamed && max != 0 && req->content_length > 0 &&
-         (uint64_t)req->content_length > max;
+  if (max == 0)
+    return 0;
+  if (!req->body_streamed) /* none, or a small one that came whole */
+    return req->body_len > max;
+  return req->content_length > 0 && (uint64_t)req->content_length > max;
 }
 
 void om__proxy_body_init(om__proxy_call_t *c) {
@@ -54,8 +62,16 @@ void om__proxy_body_init(om__proxy_call_t *c) {
   memset(b, 0, sizeof *b);
   b->streamed = c->req->body_streamed;
   c->replayable = 1; /* until a byte sent does not fit the replay buffer */
-  if (b->streamed)
+  if (b->streamed) {
     om_http_request_body_idle_timeout(c->req, c->set.body_idle_ms);
+  } else if (c->req->body_len > 0) {
+    /* a small body that came with its head (the server's whole_body_max):
+     * the request holds it, so head and body go out in one write and a
+     * retry sends it again, within replay_limit as a streamed one */
+    b->received = c->req->body_len;
+    om_metric_add(c->s->m_body_bytes, (double)c->req->body_len);
+    c->replayable = c->req->body_len <= c->set.replay_limit;
+  }
   om__proxy_splice_upload_consider(c);
 }
 
