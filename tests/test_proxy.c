@@ -3817,8 +3817,9 @@ static void upload_is_streamed_to_the_peer_whole(void **state) {
 
 /* max_body_bytes: 413 at the head for a Content-Length (readable by a
  * client that sends the body anyway), 413 when a chunked count passes
- * it; a body that stalls past body_idle_timeout_ms gets 408. The
- * settings show in /status and the refusals in /metrics. */
+ * it, 413 for a small body that came whole with its head; a body that stalls
+ * past body_idle_timeout_ms gets 408. The settings show in /status and the
+ * refusals in /metrics. */
 static void body_limits_and_stalls(void **state) {
   env_t e;
   fx_t *a;
@@ -3860,6 +3861,16 @@ static void body_limits_and_stalls(void **state) {
     assert_int_equal(r.status, 413);
     assert_string_equal(r.reason, "body_too_large");
   }
+  /* a small body that came with its head (taken whole, not streamed):
+   * refused by its length the same way, the peer never sees it */
+  {
+    static char small[2001];
+    memset(small, 's', sizeof small - 1);
+    call(&e, "PUT", "orders", "/up", NULL, small, &r);
+    assert_int_equal(r.status, 413);
+    assert_string_equal(r.reason, "body_too_large");
+    assert_int_equal(a->requests, 0);
+  }
   /* a stall: 408 after the idle timeout, not before */
   t0 = htc_now_ms();
   c = upload_call(&e,
@@ -3871,7 +3882,7 @@ static void body_limits_and_stalls(void **state) {
   OM_ASSERT_CMP(htc_now_ms() - t0, >=, 140);
   body = admin_get(&e, "/metrics", &status);
   assert_non_null(strstr(body, "openmesh_proxy_requests_total{service=\""
-                               "orders\",outcome=\"body_too_large\"} 2"));
+                               "orders\",outcome=\"body_too_large\"} 3"));
   assert_non_null(strstr(body, "openmesh_proxy_requests_total{service=\""
                                "orders\",outcome=\"request_timeout\"} 1"));
   free(body);

@@ -2790,7 +2790,15 @@ static void streamed_body_lent_pieces(void **state) {
       if (i % 4 == 0)
         spin(fx, 1);
     }
-    assert_int_equal(om_upstream_body_end(C[0].req), 0);
+    if (round == 0) {
+      assert_int_equal(om_upstream_body_end(C[0].req), 0);
+    } else {
+      /* every byte a Content-Length promised may have gone out and been
+       * answered already: the end then comes too late, and says so */
+      int rc = om_upstream_body_end(C[0].req);
+      if (rc != 0)
+        assert_int_equal(rc, OM_ESTATE);
+    }
     snprintf(want, sizeof want, "%zu %016llx", total, (unsigned long long)h);
     RUN_UNTIL(fx, C[0].done, 5000);
     expect_ok(&C[0], 200, want);
