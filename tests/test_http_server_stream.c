@@ -298,8 +298,9 @@ static void content_length_body_is_streamed(void **state) {
 
 /* whole_body_max: a small Content-Length body that came with its head is
  * dispatched whole (body_streamed 0, the bytes in body); one still on its
- * way, one over the bound, and one behind "Expect: 100-continue" are
- * streamed as before; what follows a whole body is parsed as usual. */
+ * way, one over the bound, one behind "Expect: 100-continue", a chunked
+ * one and one pipelined behind another request are streamed as before;
+ * what follows a whole body is parsed as usual. */
 static void small_complete_body_is_whole(void **state) {
   static const struct {
     const char *first, *rest; /* sent apart, a turn of the loop between */
@@ -323,6 +324,29 @@ static void small_complete_body_is_whole(void **state) {
   };
   size_t i;
   (void)state;
+  /* two small POSTs pipelined in one write: the first whole, the second
+   * (a request queued before it) streamed, so a connection never holds
+   * more than one copied body */
+  {
+    fx_t *fx;
+    htc_t *c;
+    whole_max = 16;
+    fx = fx_new(0);
+    c = htc_new("127.0.0.1", fx->port);
+    assert_int_equal(
+        htc_sends(&fx->loop, c,
+                  "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n"
+                  "one"
+                  "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n"
+                  "two"),
+        0);
+    assert_int_equal(wait_responses(fx, c, 2, 2000), 2);
+    assert_string_equal(R[0].body, "whole:one");
+    assert_string_equal(R[1].body, "two");
+    assert_int_equal(fx->ended, 1);
+    htc_free(c);
+    fx_free(fx);
+  }
   for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fx_t *fx;
     whole_max = 16;

@@ -251,10 +251,13 @@ typedef struct om_http_server_opts_s {
    * that came complete with its head (one read, the usual case for a
    * small JSON call) is dispatched whole, as without stream_bodies
    * (body_streamed 0, body holding its bytes): the holder can send head
-   * and body in one write. A body still on its way, a chunked one and one
-   * behind "Expect: 100-continue" are streamed whatever their size, so
-   * what a holder does at the head (limits, timeouts, the invitation to
-   * send) is unchanged for them. 0 (the default): every body streamed. */
+   * and body in one write. Only a request with none queued or being
+   * answered before it: a connection holds one such copy at most,
+   * however deep its pipeline. A body still on its way, a chunked one
+   * and one behind "Expect: 100-continue" are streamed whatever their
+   * size, so what a holder does at the head (limits, timeouts, the
+   * invitation to send) is unchanged for them. 0 (the default): every
+   * body streamed. */
   size_t whole_body_max;
   /* Non-NULL: HTTPS. Every connection handshakes first (bounded by
    * header_timeout_ms) with this listener TLS (om_http_tls.h: not owned,

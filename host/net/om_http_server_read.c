@@ -470,11 +470,15 @@ static int body_append(conn_t *c, req_t *r, const char *p, size_t k) {
 }
 
 /* With stream_bodies: is r's body small enough for whole_body_max and
- * all of it in the buffer already (its head consumed)? */
+ * all of it in the buffer already (its head consumed)? Only while no
+ * other request is queued or being answered: a streamed body holds the
+ * parse until it is read, so requests pipelined behind a whole one are
+ * streamed, and a connection holds at most one copied body (not one per
+ * max_pipelined). */
 static int whole_now(const conn_t *c, const req_t *r, const head_t *h) {
   size_t max = c->srv->o.whole_body_max;
-  return max > 0 && !h->chunked && h->cl > 0 && h->cl <= max &&
-         !r->want_continue && !r->upgrade &&
+  return max > 0 && c->q_len == 0 && c->active == NULL && !h->chunked &&
+         h->cl > 0 && h->cl <= max && !r->want_continue && !r->upgrade &&
          c->in_len - c->in_off >= (size_t)h->cl;
 }
 
